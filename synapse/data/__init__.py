@@ -1,0 +1,34 @@
+"""Data: the embedded digits default, ImageNet100, synthetic images, and a deterministic,
+resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``."""
+from synapse.data.base import DatasetInfo, EpochDataset
+from synapse.data.digits import DigitsDataset
+from synapse.data.errors import DataError
+from synapse.data.imagenet100 import ImageNet100, check_imagenet100_root, imagenet100_synsets
+from synapse.data.registry import build_dataset, dataset_info, dataset_names
+from synapse.data.sampler import (
+    BatchIndexSampler,
+    IndexBatch,
+    ResumableSampler,
+    epoch_batches,
+    iterate_batches,
+)
+from synapse.data.synthetic import SyntheticImages
+
+__all__ = [
+    "BatchIndexSampler",
+    "DataError",
+    "DatasetInfo",
+    "DigitsDataset",
+    "EpochDataset",
+    "ImageNet100",
+    "IndexBatch",
+    "ResumableSampler",
+    "SyntheticImages",
+    "build_dataset",
+    "check_imagenet100_root",
+    "dataset_info",
+    "dataset_names",
+    "epoch_batches",
+    "imagenet100_synsets",
+    "iterate_batches",
+]

@@ -1,0 +1,184 @@
+"""ImageNet100: the standard ImageNet folder tree, restricted to 100 synsets.
+
+Expected layout (ILSVRC2012 with val images sorted into synset folders)::
+
+    <root>/train/<synset>/*.JPEG
+    <root>/val/<synset>/*.JPEG
+
+Other synsets may be present (a full 1000-class tree works) and are ignored: only the
+100 synsets listed in the shipped ``imagenet100.txt`` are scanned. Class index = position
+of the synset in the *sorted* list, identical for train and val.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torchvision import transforms
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from synapse.data.base import DatasetInfo, EpochDataset, require_positive_int, require_split
+from synapse.data.errors import DataError
+from synapse.data.seeding import derive_seed
+
+IMAGENET100_NUM_CLASSES = 100
+IMAGENET100_DEFAULT_IMAGE_SIZE = 224
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CENTER_CROP_FRACTION = 0.875  # the usual 224/256 resize-then-crop ratio
+_SHOWN = 5  # how many missing names an error message lists
+_LAYOUT_HINT = ("expected <root>/train/<synset>/*.JPEG and <root>/val/<synset>/*.JPEG (the "
+                "standard ImageNet folder layout); pass the folder holding train/ and val/ "
+                "as root (data.root in the config)")
+
+
+def imagenet100_info(image_size: int = IMAGENET100_DEFAULT_IMAGE_SIZE) -> DatasetInfo:
+    require_positive_int("image_size", image_size)
+    return DatasetInfo(IMAGENET100_NUM_CLASSES, 3, image_size)
+
+
+@lru_cache(maxsize=1)
+def imagenet100_synsets() -> tuple[str, ...]:
+    """The 100 synset ids, sorted; read from the package data file ``imagenet100.txt``."""
+    text = resources.files("synapse.data").joinpath("imagenet100.txt").read_text("utf-8")
+    synsets = [line.strip() for line in text.splitlines() if line.strip()]
+    malformed = [s for s in synsets if not (len(s) == 9 and s[0] == "n" and s[1:].isdigit())]
+    if malformed or len(set(synsets)) != IMAGENET100_NUM_CLASSES:
+        raise DataError(f"package file imagenet100.txt is corrupt: {len(set(synsets))} unique "
+                        f"ids (need {IMAGENET100_NUM_CLASSES}), malformed: {malformed[:_SHOWN]}")
+    return tuple(sorted(synsets))
+
+
+def _first_few(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (", ..." if len(names) > _SHOWN else "")
+
+
+def _has_image(directory: Path) -> bool:
+    with os.scandir(directory) as entries:  # stops at the first image: cheap on big folders
+        return any(e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS) for e in entries)
+
+
+def _require_root(root: str | os.PathLike[str] | None) -> Path:
+    if root is None or str(root).strip() == "":
+        raise DataError(f"ImageNet100 root is not set; {_LAYOUT_HINT}")
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise DataError(f"ImageNet100 root {str(path)!r} does not exist; {_LAYOUT_HINT}")
+    if not path.is_dir():
+        raise DataError(f"ImageNet100 root {str(path)!r} is a file, not a folder; {_LAYOUT_HINT}")
+    return path
+
+
+def _require_split_dirs(root: Path) -> None:
+    absent = [split for split in ("train", "val") if not (root / split).is_dir()]
+    if absent:
+        found = sorted(p.name for p in root.iterdir())
+        raise DataError(f"ImageNet100 root {str(root)!r} has no {'/ or '.join(absent)}/ folder "
+                        f"(it holds: {_first_few(found) or 'nothing'}); {_LAYOUT_HINT}")
+
+
+def _check_synset_dirs(split_dir: Path, synsets: Sequence[str]) -> None:
+    split = split_dir.name
+    missing = [s for s in synsets if not (split_dir / s).is_dir()]
+    if missing:
+        hint = _LAYOUT_HINT
+        if _has_image(split_dir):
+            hint = (f"{split}/ holds image files directly: sort them into one folder per "
+                    "synset (e.g. with the usual valprep.sh script for ImageNet val); " + hint)
+        raise DataError(
+            f"ImageNet100 {split}/ folder {str(split_dir)!r} lacks {len(missing)} of "
+            f"{len(synsets)} synset folders (first missing: {_first_few(missing)}); {hint}"
+        )
+    empty = [s for s in synsets if not _has_image(split_dir / s)]
+    if empty:
+        raise DataError(
+            f"ImageNet100 {split}/ has {len(empty)} synset folders without any image file "
+            f"(extensions {IMG_EXTENSIONS}): {_first_few(empty)}; copy the images into them"
+        )
+
+
+def check_imagenet100_root(root: str | os.PathLike[str] | None) -> Path:
+    """Validate the whole folder layout without reading any image; returns the root.
+
+    Raises ``DataError`` naming what is missing and how to fix it. Cheap enough for the
+    config layer to call before any process starts (one directory listing per synset).
+    """
+    path = _require_root(root)
+    _require_split_dirs(path)
+    synsets = imagenet100_synsets()
+    for split in ("train", "val"):
+        _check_synset_dirs(path / split, synsets)
+    return path
+
+
+def imagenet100_transform(split: str, image_size: int) -> Callable[..., torch.Tensor]:
+    """train: RandomResizedCrop + flip; val: Resize(size/0.875) + CenterCrop; both normalised."""
+    require_split(split)
+    require_positive_int("image_size", image_size)
+    if split == "train":
+        geometry = [transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()]
+    else:
+        geometry = [transforms.Resize(int(image_size / CENTER_CROP_FRACTION)),
+                    transforms.CenterCrop(image_size)]
+    return transforms.Compose(
+        [*geometry, transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
+
+
+class _AllowListImageFolder(ImageFolder):
+    """ImageFolder that only sees the given class folders (never scans the others)."""
+
+    def __init__(self, root: Path, classes: Sequence[str], transform: Callable[..., torch.Tensor]):
+        self._allowed = list(classes)
+        super().__init__(str(root), transform=transform)
+
+    def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+        return list(self._allowed), {name: i for i, name in enumerate(self._allowed)}
+
+
+class ImageNet100(EpochDataset):
+    """ImageNet100 split with the usual transforms.
+
+    The random train transforms draw from torch's global RNG; each train item is produced
+    under a temporary global seed derived from (seed, epoch, index) (the caller's RNG
+    state is restored afterwards), so the crops and flips depend only on those three
+    numbers: identical for any ``num_workers`` and after a resume.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        split: str = "train",
+        image_size: int = IMAGENET100_DEFAULT_IMAGE_SIZE,
+        seed: int = 0,
+    ) -> None:
+        self.split = require_split(split)
+        self.info = imagenet100_info(image_size)
+        self.seed = require_positive_int("seed", seed, minimum=0)
+        self.root = check_imagenet100_root(root)  # validate before scanning any folder
+        self.classes = imagenet100_synsets()
+        self.folder = _AllowListImageFolder(
+            self.root / split, self.classes, imagenet100_transform(split, image_size)
+        )
+        self.epoch = 0
+
+    @property
+    def targets(self) -> list[int]:
+        return self.folder.targets
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        index = self._normalize_index(index)
+        if self.split == "val":
+            return self.folder[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, self.epoch, index))
+            return self.folder[index]

@@ -1,0 +1,71 @@
+"""Data sets by name: build one, or describe it without loading anything.
+
+``build_dataset`` and ``dataset_info`` accept the same keyword arguments (those of the
+data set's class), so the config layer can pass one config slice to both: first
+``dataset_info`` to check models against the data before any work, later
+``build_dataset``. Arguments that do not change the description (``root``, ``seed``,
+``augment`` ...) are accepted and ignored by ``dataset_info``, which reads no file.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from synapse.data.base import DatasetInfo, EpochDataset, require_split
+from synapse.data.digits import DigitsDataset, digits_info
+from synapse.data.errors import DataError
+from synapse.data.imagenet100 import ImageNet100, imagenet100_info
+from synapse.data.synthetic import SyntheticImages, synthetic_info
+
+
+@dataclass(frozen=True)
+class _Entry:
+    builder: Callable[..., EpochDataset]  # called with split=... plus the user's kwargs
+    describe: Callable[..., DatasetInfo]  # takes a subset of the builder's kwargs
+
+
+_REGISTRY: Mapping[str, _Entry] = {
+    "digits": _Entry(DigitsDataset, digits_info),
+    "imagenet100": _Entry(ImageNet100, imagenet100_info),
+    "synthetic": _Entry(SyntheticImages, synthetic_info),
+}
+
+
+def dataset_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _entry(name: object) -> _Entry:
+    if name not in _REGISTRY:
+        raise DataError(f"unknown data set {name!r}; valid names: {dataset_names()}")
+    return _REGISTRY[str(name)]
+
+
+def _parameter_names(function: Callable[..., Any]) -> list[str]:
+    return [p for p in inspect.signature(function).parameters if p != "split"]
+
+
+def _check_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
+    accepted = _parameter_names(_entry(name).builder)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise DataError(f"data set {name!r} has no argument(s) {unknown}; "
+                        f"it accepts: {accepted}")
+
+
+def build_dataset(name: str, split: str, **kwargs: Any) -> EpochDataset:
+    """Build data set ``name`` ('digits' | 'imagenet100' | 'synthetic') for ``split``."""
+    entry = _entry(name)
+    require_split(split)
+    _check_kwargs(name, kwargs)
+    return entry.builder(split=split, **kwargs)
+
+
+def dataset_info(name: str, **kwargs: Any) -> DatasetInfo:
+    """Classes, channels and image size of ``name`` with these arguments; loads no data."""
+    entry = _entry(name)
+    _check_kwargs(name, kwargs)
+    relevant = set(_parameter_names(entry.describe))
+    return entry.describe(**{k: v for k, v in kwargs.items() if k in relevant})
