@@ -1,0 +1,341 @@
+"""Structured configuration: one dataclass per component, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` merge onto these dataclasses, so a misspelt key or a value of
+the wrong type fails while Hydra composes the config. ``validate`` then checks what types
+cannot express (a temperature <= 0, a model name we do not know, a GPU id that does not exist)
+and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
+Only the entry point sees the whole tree; each component receives its own slice.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+MODES = ("kd", "teacher", "baseline")
+ACCELERATORS = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("cosine", "step", "constant")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+PARTITION_MODES = ("even", "manual", "auto")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key and how to fix it."""
+
+
+@dataclass
+class TeacherConfig:
+    name: str = MISSING
+    checkpoint: Optional[str] = None  # local weights file (the seed's --t_model); never downloaded
+    # With no checkpoint, train one on the configured data first (cached by model/data/seed).
+    auto_train: bool = True
+    auto_train_epochs: int = 5
+    auto_train_lr: float = 2e-3
+
+
+@dataclass
+class StudentConfig:
+    name: str = MISSING
+    init: Optional[str] = None  # local initial weights (the seed's --s_init)
+    drop_rate: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | imagenet100 | synthetic
+    root: Optional[str] = None  # ImageNet100: folder holding train/ and val/
+    image_size: int = 32
+    batch_size: int = 64
+    val_batch_size: int = 256
+    num_workers: int = 0
+    augment: bool = True
+    synthetic_train_size: int = 4096
+    synthetic_val_size: int = 512
+    synthetic_num_classes: int = 100
+    synthetic_in_chans: int = 3
+
+
+@dataclass
+class KDConfig:
+    mode: str = "st"  # st: soft targets (KL, T^2) | logits: MSE on logits
+    T: float = 4.0
+    lambda_kd: float = 0.9
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 2e-3
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    step_size: int = 1000  # for schedule=step
+    gamma: float = 0.1
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"  # auto: cuda if available, else cpu
+    devices: Any = 1  # CPU: number of slots; CUDA: list of GPU ids (or a count)
+    epochs: int = 6
+    max_steps: Optional[int] = None  # length of the schedule in optimizer steps (overrides epochs)
+    # Stop this launch after N steps with a checkpoint (the schedule is unchanged): splits a run
+    # into pieces that resume=auto continues, e.g. to fit a job time limit.
+    stop_after: Optional[int] = None
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    channels_last: bool = True  # CUDA only
+    cudnn_benchmark: bool = True
+    threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
+    eval_every_epochs: int = 1
+    log_every: int = 1
+    progress: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class PipelineConfig:
+    schedule: str = "1f1b"
+    # Micro-batches per step. With one device this is gradient accumulation over the same
+    # micro-batches, the reference the pipelined runtime must reproduce.
+    microbatches: int = 1
+
+
+@dataclass
+class PartitionConfig:
+    mode: str = "even"
+    teacher: Optional[list[int]] = None  # blocks per stage, for mode=manual
+    student: Optional[list[int]] = None
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # save every N optimizer steps (0: only at epoch ends and the end)
+    keep: int = 2  # how many recent checkpoints to keep
+    at_epoch_end: bool = True
+
+
+@dataclass
+class InjectionConfig:
+    name: str = "none"
+    faults: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "eta"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    description: str = ""
+
+
+@dataclass
+class SynapseConfig:
+    mode: str = "kd"
+    seed: int = 0
+    resume: Optional[str] = None  # a checkpoint path, or 'auto' for the newest one in the run dir
+    run_dir: str = MISSING
+    cache_dir: str = MISSING
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    kd: KDConfig = field(default_factory=KDConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    injection: InjectionConfig = field(default_factory=InjectionConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+def register_configs() -> None:
+    """Make the schema available to ``conf/config.yaml``'s defaults list as ``synapse_schema``."""
+    ConfigStore.instance().store(name="synapse_schema", node=SynapseConfig)
+
+
+register_configs()
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def _fail(key: str, problem: str, fix: str) -> None:
+    raise ConfigError(f"{key}: {problem}. Fix: {fix}")
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, f"{value!r} is not a valid choice", f"use one of {', '.join(choices)} (e.g. {key}={choices[0]})")
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        bound = ">= 0" if allow_zero else "> 0"
+        _fail(key, f"must be {bound}, got {value}", f"set {key} to a value {bound}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value that types cannot; raise ConfigError before any work starts."""
+    _choice("mode", cfg.mode, MODES)
+    _validate_models(cfg)
+    _validate_data(cfg.data)
+    _validate_kd(cfg.kd)
+    _validate_optim(cfg.optim)
+    _validate_trainer(cfg.trainer)
+    _validate_pipeline(cfg)
+    _validate_partition(cfg)
+    _positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
+    _positive("checkpoint.keep", cfg.checkpoint.keep)
+    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+        _fail("resume", f"checkpoint {cfg.resume!r} does not exist",
+              "give the path of a checkpoint directory, or resume=auto to take the newest in the run dir")
+
+
+def _validate_models(cfg: DictConfig) -> None:
+    from .models.factory import MODEL_REGISTRY
+
+    for key in ("teacher.name", "student.name"):
+        name = OmegaConf.select(cfg, key)
+        if name not in MODEL_REGISTRY:
+            _fail(key, f"unknown model {name!r}", f"choose one of {', '.join(sorted(MODEL_REGISTRY))}")
+    for key in ("teacher.checkpoint", "student.init"):
+        path = OmegaConf.select(cfg, key)
+        if path is not None and not Path(path).is_file():
+            _fail(key, f"file {path!r} does not exist", "give the path of a local weights file (weights are never downloaded)")
+    _positive("teacher.auto_train_epochs", cfg.teacher.auto_train_epochs, allow_zero=True)
+    _positive("teacher.auto_train_lr", cfg.teacher.auto_train_lr)
+    if not 0 <= cfg.student.drop_rate < 1:
+        _fail("student.drop_rate", f"must be in [0, 1), got {cfg.student.drop_rate}", "use e.g. student.drop_rate=0.1")
+
+
+def _validate_data(data: DictConfig) -> None:
+    from .data import check_imagenet100_root, dataset_names
+
+    _choice("data.name", data.name, tuple(dataset_names()))
+    for key in ("batch_size", "val_batch_size", "image_size"):
+        _positive(f"data.{key}", data[key])
+    _positive("data.num_workers", data.num_workers, allow_zero=True)
+    if data.name == "imagenet100":
+        if data.root is None:
+            _fail("data.root", "ImageNet100 needs a data root", "set data.root=/path/to/imagenet (holding train/ and val/)")
+        check_imagenet100_root(data.root)
+
+
+def _validate_kd(kd: DictConfig) -> None:
+    from .kd import KD_MODES
+
+    _choice("kd.mode", kd.mode, KD_MODES)
+    _positive("kd.T", kd.T)
+    if not 0.0 <= kd.lambda_kd <= 1.0:
+        _fail("kd.lambda_kd", f"must be in [0, 1], got {kd.lambda_kd}", "kd.lambda_kd=0.9 weighs KD 0.9 and cross-entropy 0.1")
+
+
+def _validate_optim(optim: DictConfig) -> None:
+    _choice("optim.name", optim.name, OPTIMIZERS)
+    _choice("optim.schedule", optim.schedule, SCHEDULES)
+    _positive("optim.lr", optim.lr)
+    _positive("optim.weight_decay", optim.weight_decay, allow_zero=True)
+    _positive("optim.warmup_steps", optim.warmup_steps, allow_zero=True)
+    _positive("optim.step_size", optim.step_size)
+    if not 0 <= optim.momentum < 1:
+        _fail("optim.momentum", f"must be in [0, 1), got {optim.momentum}", "use e.g. optim.momentum=0.9")
+
+
+def _validate_trainer(trainer: DictConfig) -> None:
+    _choice("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    _choice("trainer.precision", trainer.precision, PRECISIONS)
+    _positive("trainer.epochs", trainer.epochs, allow_zero=True)
+    if trainer.max_steps is not None:
+        _positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
+    if trainer.stop_after is not None:
+        _positive("trainer.stop_after", trainer.stop_after)
+    if trainer.threads is not None:
+        _positive("trainer.threads", trainer.threads)
+    _positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
+    _positive("trainer.log_every", trainer.log_every)
+    resolve_devices(trainer)
+
+
+def resolve_accelerator(trainer: DictConfig) -> str:
+    if trainer.accelerator != "auto":
+        return trainer.accelerator
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_devices(trainer: DictConfig) -> list[int]:
+    """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
+    accelerator = resolve_accelerator(trainer)
+    devices = trainer.devices
+    if isinstance(devices, (list, tuple, ListConfig)):
+        ids = [int(d) for d in devices]
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        ids = list(range(devices))
+    else:
+        _fail("trainer.devices", f"{devices!r} is neither a count nor a list of ids", "use trainer.devices=2 or trainer.devices=[0,1]")
+    if not ids:
+        _fail("trainer.devices", "no devices given", "use at least one device, e.g. trainer.devices=1")
+    if len(set(ids)) != len(ids):
+        _fail("trainer.devices", f"duplicate device ids in {ids}", "list each device once")
+    if min(ids) < 0:
+        _fail("trainer.devices", f"negative device id in {ids}", "device ids start at 0")
+    if accelerator == "cuda":
+        _check_gpu_ids(ids)
+    elif max(ids) >= 64:
+        _fail("trainer.devices", f"{len(ids)} CPU slots requested", "use at most 64 CPU worker processes")
+    return ids
+
+
+def _check_gpu_ids(ids: list[int]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail("trainer.accelerator", "cuda requested but no CUDA device is visible", "use trainer.accelerator=cpu")
+    count = torch.cuda.device_count()
+    missing = [i for i in ids if i >= count]
+    if missing:
+        _fail("trainer.devices", f"GPU ids {missing} do not exist (this machine has {count}: 0..{count - 1})",
+              f"choose ids below {count}")
+
+
+def _validate_pipeline(cfg: DictConfig) -> None:
+    _choice("pipeline.schedule", cfg.pipeline.schedule, PIPELINE_SCHEDULES)
+    _positive("pipeline.microbatches", cfg.pipeline.microbatches)
+    if cfg.data.batch_size % cfg.pipeline.microbatches:
+        _fail("pipeline.microbatches", f"{cfg.pipeline.microbatches} micro-batches do not divide data.batch_size="
+              f"{cfg.data.batch_size}", "choose a divisor of the batch size")
+
+
+def _validate_partition(cfg: DictConfig) -> None:
+    part = cfg.partition
+    _choice("partition.mode", part.mode, PARTITION_MODES)
+    k = len(resolve_devices(cfg.trainer))
+    if part.mode != "manual":
+        return
+    for key in ("teacher", "student"):
+        counts = part[key]
+        if counts is None:
+            _fail(f"partition.{key}", "partition.mode=manual needs blocks per stage",
+                  f"set partition.{key}=[n_0,...,n_{k - 1}] or use partition=even")
+        if len(counts) != k:
+            _fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
+        if min(counts) < 1:
+            _fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("SYNAPSE_CACHE", str(Path.home() / ".cache" / "synapse"))

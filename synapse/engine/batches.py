@@ -1,0 +1,50 @@
+"""Training batches in a deterministic, resumable order, shared by every training path.
+
+Each batch comes with its (epoch, step_in_epoch) so the trainer can checkpoint the sampler
+state *of the last consumed batch*; a resumed run therefore sees exactly the batches the
+uninterrupted run would have seen, whether or not a DataLoader prefetches ahead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..data import BatchIndexSampler, ResumableSampler, iterate_batches
+
+
+@dataclass
+class Batch:
+    epoch: int
+    step_in_epoch: int
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0) -> Iterator[Batch]:
+    """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``."""
+    if num_workers == 0:
+        # In-process: precomputed tensors are sliced directly, no collation overhead.
+        for b in iterate_batches(sampler, num_epochs):
+            images, labels = dataset.get_batch(b.indices, epoch=b.epoch)
+            yield Batch(b.epoch, b.step_in_epoch, images, labels)
+        return
+    batch_sampler = BatchIndexSampler(sampler)
+    loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=True,
+                        persistent_workers=False)
+    while batch_sampler.upcoming()[0] < num_epochs:
+        epoch, first_step = batch_sampler.upcoming()
+        dataset.set_epoch(epoch)  # before iter(loader): workers copy the data set when iteration starts
+        for i, (images, labels) in enumerate(loader):
+            yield Batch(epoch, first_step + i, images, labels)
+
+
+def eval_batches(dataset, batch_size: int, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole validation split in order, unaugmented."""
+    if num_workers == 0:
+        for start in range(0, len(dataset), batch_size):
+            yield dataset.get_batch(list(range(start, min(start + batch_size, len(dataset)))), epoch=0)
+        return
+    yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=True)

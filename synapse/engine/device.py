@@ -1,0 +1,80 @@
+"""Where and in what precision a process computes: device, autocast, memory format, threads."""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import TrainerConfig, resolve_accelerator
+
+
+@dataclass(frozen=True)
+class ComputeSetup:
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # None: full fp32
+    channels_last: bool
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def prepare_input(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True)
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def default_threads(local_processes: int) -> int:
+    """Intra-op threads per process: the cores shared out, never oversubscribed.
+
+    More threads than cores make OpenMP spin against the other processes: small CPU models
+    then run several times slower, not faster.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_processes))
+
+
+def build_compute_setup(trainer: TrainerConfig, device_id: int = 0, local_processes: int = 1) -> ComputeSetup:
+    """Device and precision for one process: bf16 autocast + channels_last on CUDA, fp32 on CPU (by default)."""
+    accelerator = resolve_accelerator(trainer)
+    torch.set_num_threads(trainer.threads or default_threads(local_processes))
+    if accelerator == "cuda":
+        torch.cuda.set_device(device_id)
+        torch.backends.cudnn.benchmark = trainer.cudnn_benchmark and not trainer.deterministic
+        device = torch.device("cuda", device_id)
+        bf16 = trainer.precision in ("auto", "bf16")
+        return ComputeSetup(device, torch.bfloat16 if bf16 else None, trainer.channels_last)
+    bf16 = trainer.precision == "bf16"
+    return ComputeSetup(torch.device("cpu"), torch.bfloat16 if bf16 else None, False)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,25 @@
+"""Validation: top-1 / top-5 of a model over the whole validation split."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .batches import eval_batches
+from .device import ComputeSetup
+from .metrics import topk_correct
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, val_ds, setup: ComputeSetup, batch_size: int, num_workers: int = 0) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    hits = {1: 0, 5: 0}
+    seen = 0
+    for images, labels in eval_batches(val_ds, batch_size, num_workers):
+        with setup.autocast():
+            logits = model(setup.prepare_input(images))
+        for k, n in topk_correct(logits.float(), labels.to(logits.device)).items():
+            hits[k] += n
+        seen += labels.numel()
+    model.train(was_training)
+    return {"top1": 100.0 * hits[1] / seen, "top5": 100.0 * hits[5] / seen, "samples": seen}

@@ -1,0 +1,73 @@
+"""Optimizer and learning-rate schedule, shared by the single-device trainer and the pipeline.
+
+Optimizer state is saved and restored *by parameter name*, so a checkpoint written by one
+partition loads into any other (each stage restores the names it owns).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from ..config import OptimConfig
+
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    params = list(params)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"optim.name={cfg.name!r} is unknown; use sgd or adamw")
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Multiplier of the base learning rate after ``step`` optimizer steps (linear warm-up, then the schedule)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "step":
+        return cfg.gamma ** (step // cfg.step_size)
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+
+
+def optimizer_state_by_name(optimizer: torch.optim.Optimizer,
+                            named_params: dict[str, nn.Parameter]) -> dict[str, dict[str, Any]]:
+    """Per-parameter optimizer state (momentum, Adam moments, step) keyed by parameter name."""
+    return {name: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()}
+            for name, p in named_params.items() if p in optimizer.state}
+
+
+def load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, named_params: dict[str, nn.Parameter],
+                                 saved: dict[str, dict[str, Any]]) -> None:
+    """Restore the state of the parameters this optimizer holds; names it does not hold are ignored."""
+    for name, param in named_params.items():
+        if name not in saved:
+            continue
+        # 'step' stays where torch keeps it (CPU) unless the optimizer is fused/capturable.
+        optimizer.state[param] = {
+            k: (v.to(param.device) if torch.is_tensor(v) and k != "step" else v) for k, v in saved[name].items()
+        }
+
+
+def scale_gradients(params: Iterable[nn.Parameter], divisor: int) -> None:
+    """Divide accumulated gradients by the micro-batch count.
+
+    Losses are summed over micro-batches and the sum divided once at the end, in the same
+    order torch.distributed.pipelining does it, so both paths compute identical gradients.
+    """
+    if divisor == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.div_(divisor)

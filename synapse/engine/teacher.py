@@ -1,0 +1,77 @@
+"""A teacher ready for distillation: loaded from a local file, or trained once and cached.
+
+The default run on the embedded data has no teacher checkpoint, so it trains one with labels
+first, stores it under ``<cache_dir>/teachers/<key>.pt`` (the key hashes everything that
+determines the weights) and reuses it on later runs. It says which of the two it did.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from ..config import ConfigError
+from ..data import dataset_info
+from .device import ComputeSetup
+from .trainer import build_trainer, data_kwargs, load_teacher
+
+
+def teacher_cache_key(cfg: DictConfig) -> str:
+    recipe = {"model": cfg.teacher.name, "data": OmegaConf.to_container(cfg.data, resolve=True),
+              "epochs": cfg.teacher.auto_train_epochs, "lr": cfg.teacher.auto_train_lr, "seed": cfg.seed, "v": 1}
+    recipe["data"].pop("num_workers", None)
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def teacher_training_config(cfg: DictConfig) -> DictConfig:
+    """The config of the label-trained teacher: same data and devices, its own epochs and learning rate."""
+    sub = OmegaConf.merge(cfg, {"mode": "teacher", "resume": None,
+                                "trainer": {"epochs": cfg.teacher.auto_train_epochs, "max_steps": None,
+                                            "stop_after": None},
+                                "optim": {"lr": cfg.teacher.auto_train_lr, "warmup_steps": 0},
+                                "pipeline": {"microbatches": 1}})
+    return sub
+
+
+def prepare_teacher(cfg: DictConfig, run_dir: Path, setup: ComputeSetup,
+                    log: Callable[[str], None] = print) -> nn.Module:
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    if cfg.teacher.checkpoint:
+        log(f"teacher: {cfg.teacher.name} from {cfg.teacher.checkpoint}")
+        return load_teacher(cfg, setup, info, cfg.teacher.checkpoint)
+    if not cfg.teacher.auto_train:
+        raise ConfigError("teacher.checkpoint: no teacher weights given and teacher.auto_train=false. Fix: set "
+                          "teacher.checkpoint=/path/to/teacher.pt, or teacher.auto_train=true to train one first")
+    cached = Path(cfg.cache_dir) / "teachers" / f"{cfg.teacher.name}-{teacher_cache_key(cfg)}.pt"
+    if cached.is_file():
+        log(f"teacher: reusing the cached {cfg.teacher.name} trained on {cfg.data.name} ({cached})")
+    else:
+        log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
+            f"for {cfg.teacher.auto_train_epochs} epochs first (cached at {cached})")
+        weights = train_label_model(teacher_training_config(cfg), run_dir / "teacher_training", cfg.teacher.name, log)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp-{os.getpid()}")
+        shutil.copyfile(weights, tmp)
+        os.replace(tmp, cached)  # atomic: a concurrent run never reads half a file
+    return load_teacher(cfg, setup, info, str(cached))
+
+
+def train_label_model(cfg: DictConfig, run_dir: Path, model_name: str, log: Callable[[str], None] = print,
+                      init: str | None = None) -> Path:
+    """Train ``model_name`` with cross-entropy; write its weights to ``run_dir/model.pt`` and return that path."""
+    import torch
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = build_trainer(cfg, run_dir, model_name, teacher=None, init_weights=init, log=log)
+    trainer.fit()
+    out = run_dir / "model.pt"
+    tmp = out.with_suffix(".tmp")
+    torch.save({k: v.detach().cpu() for k, v in trainer.student.state_dict().items()}, tmp)
+    os.replace(tmp, out)
+    return out

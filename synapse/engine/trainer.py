@@ -1,0 +1,215 @@
+"""The single-device trainer (K = 1): the fast path, and the reference for the pipeline.
+
+``build_trainer`` creates every resource from the config (validate early, create late);
+``Trainer.fit`` runs the loop: resumable batches, one ``SingleDeviceStep`` per batch, metrics
+per step, evaluation per epoch, atomic checkpoints, and a final summary.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from .. import checkpoint as ckpt
+from ..data import ResumableSampler, build_dataset, dataset_info
+from ..kd import KDLossParams
+from ..models import build_model, load_weights
+from .batches import train_batches
+from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
+from .evaluate import evaluate
+from .metrics import JsonlWriter
+from .optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
+from .progress import Progress
+from .step import SingleDeviceStep
+
+
+def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``build_dataset`` (for ``split``) or ``dataset_info`` (split None)."""
+    if data.name == "digits":
+        return {"image_size": data.image_size, **({"augment": data.augment, "seed": seed} if split == "train" else {})}
+    if data.name == "imagenet100":
+        return {"root": data.root, "image_size": data.image_size, **({"seed": seed} if split else {})}
+    kwargs = {"image_size": data.image_size, "num_classes": data.synthetic_num_classes,
+              "in_chans": data.synthetic_in_chans}
+    if split:
+        size = data.synthetic_train_size if split == "train" else data.synthetic_val_size
+        kwargs.update(num_samples=size, seed=seed)
+    return kwargs
+
+
+def build_datasets(data: DictConfig, seed: int):
+    return (build_dataset(data.name, "train", **data_kwargs(data, seed, "train")),
+            build_dataset(data.name, "val", **data_kwargs(data, seed, "val")))
+
+
+@dataclass
+class Trainer:
+    """Everything one single-device training run needs, built by ``build_trainer``."""
+
+    cfg: DictConfig
+    run_dir: Path
+    setup: ComputeSetup
+    student: nn.Module
+    teacher: nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_ds: Any
+    val_ds: Any
+    sampler: ResumableSampler
+    total_steps: int
+    num_epochs: int
+    step_fn: SingleDeviceStep
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    log: Callable[[str], None] = print
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
+        tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step)
+        named = dict(self.student.named_parameters())
+        ckpt.save_tensor_file({"model": self.student.state_dict(),
+                               "optim": optimizer_state_by_name(self.optimizer, named)}, tmp / ckpt.shard_name(0))
+        state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
+                 "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
+        ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        path = ckpt.commit_checkpoint(tmp, self.step, meta={"student": self.cfg.student.name, "world_size": 1})
+        ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        model_state, optim_state = ckpt.load_student_state(path)
+        self.student.load_state_dict(model_state, strict=True)
+        load_optimizer_state_by_name(self.optimizer, dict(self.student.named_parameters()), optim_state)
+        state = ckpt.load_run_state(path)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.log(f"resumed from {path} at step {self.step}")
+
+    # ---------------------------------------------------------------- loop
+    def fit(self) -> dict[str, Any]:
+        """Train until ``total_steps`` (or ``trainer.stop_after`` steps in this launch); return the summary."""
+        started, first_step = time.time(), self.step
+        stop_after = self.cfg.trainer.stop_after
+        every = self.cfg.checkpoint.every
+        images_per_step = self.cfg.data.batch_size
+        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress)
+        with JsonlWriter(self.run_dir / "metrics.jsonl") as metrics:
+            pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
+            tick = time.perf_counter()
+            for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers):
+                if self.step >= self.total_steps or (stop_after is not None and self.step - first_step >= stop_after):
+                    break
+                loss = self.step_fn(batch.images, batch.labels)
+                self.step += 1
+                now = time.perf_counter()
+                record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
+                          "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
+                          "images_per_s": images_per_step / max(now - tick, 1e-9)}
+                tick = now
+                pending = self._flush(metrics, pending, progress, record)
+                end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
+                last = self.step == self.total_steps
+                did_io = False
+                if (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last:
+                    self.save_checkpoint(batch.epoch, batch.step_in_epoch)
+                    did_io = True
+                if end_of_epoch and ((batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0 or last):
+                    self._evaluate(metrics, batch.epoch)
+                    did_io = True
+                if did_io:  # checkpoint and evaluation time is not step time
+                    tick = time.perf_counter()
+            self._flush(metrics, pending, progress, None)
+            if stop_after is not None and self.step < self.total_steps:
+                self.save_checkpoint(*self._position_of_last_batch())
+        progress.close()
+        return self._summary(time.time() - started, self.step - first_step)
+
+    def _position_of_last_batch(self) -> tuple[int, int]:
+        per_epoch = self.sampler.steps_per_epoch
+        return (self.step - 1) // per_epoch, (self.step - 1) % per_epoch
+
+    def _flush(self, metrics: JsonlWriter, pending, progress: Progress, new) -> dict[str, Any] | None:
+        if pending is not None:
+            pending["loss"] = float(pending["loss"])
+            metrics.write(pending)
+            progress.update(pending["step"], pending["loss"], pending["images_per_s"])
+        return new
+
+    def _evaluate(self, metrics: JsonlWriter, epoch: int) -> None:
+        result = evaluate(self.student, self.val_ds, self.setup, self.cfg.data.val_batch_size, self.cfg.data.num_workers)
+        record = {"kind": "eval", "step": self.step, "epoch": epoch, **{f"student_{k}": v for k, v in result.items()}}
+        metrics.write(record)
+        self.history.append(record)
+        self.log(f"epoch {epoch}: val top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%")
+
+    def _summary(self, seconds: float, steps: int) -> dict[str, Any]:
+        final = self.history[-1] if self.history else {}
+        summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
+                   "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
+                   "student": self.cfg.student.name, "final_eval": final}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
+                  init_weights: str | None = None, log: Callable[[str], None] = print) -> Trainer:
+    """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
+    seed_everything(cfg.seed)
+    setup = build_compute_setup(cfg.trainer)
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    train_ds, val_ds = build_datasets(cfg.data, cfg.seed)
+    student = build_model(model_name, info.num_classes, info.in_chans, info.image_size, cfg.student.drop_rate)
+    if init_weights:
+        load_weights(student, init_weights, what="student.init")
+    student = setup.prepare_model(student)
+    sampler = ResumableSampler(len(train_ds), cfg.seed, shuffle=True, drop_last=True, batch_size=cfg.data.batch_size)
+    num_epochs, total_steps = _schedule_length(cfg, sampler.steps_per_epoch)
+    optimizer = build_optimizer(student.parameters(), cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, total_steps)
+    kd = KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
+    step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches, kd, setup)
+    return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, train_ds, val_ds, sampler,
+                   total_steps, num_epochs, step_fn, log=log)
+
+
+def _schedule_length(cfg: DictConfig, steps_per_epoch: int) -> tuple[int, int]:
+    """(epochs to iterate, optimizer steps in the whole schedule); max_steps wins over epochs."""
+    if cfg.trainer.max_steps is not None:
+        return math.ceil(cfg.trainer.max_steps / steps_per_epoch), cfg.trainer.max_steps
+    return cfg.trainer.epochs, cfg.trainer.epochs * steps_per_epoch
+
+
+def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+    """The checkpoint to resume from: an explicit path, the newest valid one for 'auto', or None."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume != "auto":
+        return Path(cfg.resume)
+    ref = ckpt.latest_valid_checkpoint(run_dir / "checkpoints",
+                                       on_skip=lambda r, e: log(f"skipping checkpoint {r.path}: {e}"))
+    if ref is None:
+        log("resume=auto: no checkpoint yet, starting fresh")
+        return None
+    return ref.path
+
+
+def load_teacher(cfg: DictConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
+    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+    load_weights(teacher, path, what="teacher.checkpoint")
+    teacher = setup.prepare_model(teacher).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
