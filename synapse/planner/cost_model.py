@@ -1,0 +1,307 @@
+"""Predicted time and memory of a teacher+student pipeline partition.
+
+Stage r (on device r) holds teacher blocks [a_r, a_{r+1}) and student blocks
+[b_r, b_{r+1}). Per micro-batch, in seconds::
+
+    compute_r = alpha_r * (teacher fwd + student fwd + student bwd of its blocks)
+    comm_r    = beta_r * (teacher_out(a_{r+1}) + 2 * student_out(b_{r+1})) / link_bandwidth_r
+    t_r       = compute_r + comm_r                    (comm_{K-1} = 0: the KD loss is local)
+
+Both nets share the device, so their times add. Stage r sends the teacher and
+student boundary activations forward and receives the student gradient (same
+size as the student activation) back; that traffic is charged to the sender
+r, serially with compute (no overlap: a conservative bound).
+
+Step time of GPipe and 1F1B with heterogeneous stages (M micro-batches)::
+
+    step = sum_r t_r + (M - 1) * max_r t_r + optimizer_step_s
+
+(fill/drain through every stage once, then M - 1 micro-batches paced by the
+slowest stage). The optimizer step is a fixed per-step time (default 0): for SGD
+on ResNet-152 it is well under 1% of a step, and `Calibration.overhead_s`
+absorbs it together with the rest of the per-step overhead.
+
+Memory of stage r, in bytes::
+
+    teacher params + student params * (1 + 1 [grads] + optimizer_state_multiplier)
+    + in_flight_r * (student accum activations + teacher boundary activation)
+
+in_flight_r = M for GPipe, min(K - r, M) for 1F1B. The teacher runs under
+no_grad, so of it only the output activation at its cut is held per micro-batch.
+
+Stage times and memory are computed by one canonical expression each
+(`stage_time_s`, `stage_memory_bytes`), shared by the partitioner and by
+`evaluate`, so the two agree bit for bit. Both are non-increasing in the start
+indices (a_r, b_r), which the partitioner's binary searches rely on.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+import numpy as np
+
+from synapse.planner.profile import BYTES_PER_KB, ModelProfile
+
+MS_TO_S = 1e-3
+# Optimizer state per byte of student parameters.
+OPTIMIZER_STATE_MULTIPLIERS = {"sgd": 0.0, "sgd_momentum": 1.0, "adamw": 2.0}
+
+
+class CostModelError(ValueError):
+    """Invalid device, schedule or calibration input."""
+
+
+class Schedule(str, Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+
+    @classmethod
+    def parse(cls, value: "Schedule | str") -> "Schedule":
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(s.value for s in cls)
+            raise CostModelError(f"unknown schedule {value!r}; use one of: {allowed}") from None
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise CostModelError(message)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One pipeline device. alpha/beta: compute/comm slowdown (1.0 = as profiled).
+
+    memory_bytes = inf means unconstrained; link_bandwidth_bytes_per_s = inf means
+    free communication to the next device.
+    """
+
+    name: str
+    alpha: float = 1.0
+    beta: float = 1.0
+    memory_bytes: float = math.inf
+    link_bandwidth_bytes_per_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "DeviceSpec.name is empty; name devices e.g. 'cuda:0'")
+        for field in ("alpha", "beta"):
+            value = getattr(self, field)
+            _require(math.isfinite(value) and value > 0,
+                     f"device {self.name!r}: {field}={value!r} must be finite and > 0 (1.0 = as profiled)")
+        for field in ("memory_bytes", "link_bandwidth_bytes_per_s"):
+            value = getattr(self, field)
+            _require(not math.isnan(value) and value > 0,
+                     f"device {self.name!r}: {field}={value!r} must be > 0 (inf = unlimited)")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What one optimizer step looks like, as far as cost is concerned."""
+
+    microbatches: int
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    optimizer_state_multiplier: float = OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"]
+    optimizer_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
+        m = self.microbatches
+        _require(isinstance(m, numbers.Integral) and not isinstance(m, bool) and m >= 1,
+                 f"microbatches={m!r} must be an integer >= 1")
+        object.__setattr__(self, "microbatches", int(m))
+        multiplier = self.optimizer_state_multiplier
+        _require(math.isfinite(multiplier) and multiplier >= 0,
+                 f"optimizer_state_multiplier={multiplier!r} must be >= 0 (SGD 0, momentum 1, AdamW 2)")
+        _require(math.isfinite(self.optimizer_step_s) and self.optimizer_step_s >= 0,
+                 f"optimizer_step_s={self.optimizer_step_s!r} must be >= 0 seconds")
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Predicted per-stage and per-step cost of one partition (seconds, bytes)."""
+
+    stage_compute_s: tuple[float, ...]
+    stage_comm_s: tuple[float, ...]
+    stage_times_s: tuple[float, ...]
+    stage_memory_bytes: tuple[float, ...]
+    step_time_s: float
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
+
+
+def _shifted(values: np.ndarray) -> np.ndarray:
+    """Index k -> value of block k-1 (the block just before cut k); 0 at k = 0."""
+    return np.concatenate(([0.0], values))
+
+
+class CostModel:
+    """Prefix-sum tables of two profiles on K devices; cheap vectorised stage costs.
+
+    Indices i0 <= i1 are teacher cut positions and j0 <= j1 student cut positions
+    (block k lies between cuts k and k + 1). All methods broadcast numpy arrays.
+    """
+
+    def __init__(self, teacher: ModelProfile, student: ModelProfile, devices: Sequence[DeviceSpec], step: StepSpec):
+        _require(len(devices) >= 1, "no devices given; pass at least one DeviceSpec")
+        self.teacher, self.student, self.step = teacher, student, step
+        self.devices = tuple(devices)
+        self.num_teacher_blocks, self.num_student_blocks = len(teacher), len(student)
+        self.teacher_fwd_prefix_s = _prefix(teacher.column("forward_time_ms") * MS_TO_S)
+        student_work = student.column("forward_time_ms") + student.column("backward_time_ms")
+        self.student_work_prefix_s = _prefix(student_work * MS_TO_S)
+        self.teacher_param_prefix_bytes = _prefix(teacher.column("parameter_size_kb") * BYTES_PER_KB)
+        teacher_out = _shifted(teacher.column("output_activation_size_kb") * BYTES_PER_KB)
+        student_out = _shifted(student.column("output_activation_size_kb") * BYTES_PER_KB)
+        self._comm_s = [self._comm_table(r, teacher_out, student_out) for r in range(self.num_stages)]
+        self._teacher_held_bytes = [self.in_flight(r) * teacher_out for r in range(self.num_stages)]
+        state_per_param_byte = 2.0 + step.optimizer_state_multiplier  # params + grads + optimizer state
+        student_params = student.column("parameter_size_kb") * BYTES_PER_KB
+        student_accum = student.column("accum_activation_size_kb") * BYTES_PER_KB
+        self._student_memory_prefix = [
+            _prefix(student_params * state_per_param_byte + self.in_flight(r) * student_accum)
+            for r in range(self.num_stages)
+        ]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.devices)
+
+    def in_flight(self, stage: int) -> int:
+        """Micro-batches whose activations stage `stage` holds at its peak."""
+        m = self.step.microbatches
+        return m if self.step.schedule is Schedule.GPIPE else min(self.num_stages - stage, m)
+
+    def _comm_table(self, stage: int, teacher_out: np.ndarray, student_out: np.ndarray) -> np.ndarray:
+        if stage == self.num_stages - 1:
+            return np.zeros((teacher_out.size, student_out.size))
+        device = self.devices[stage]
+        cut_bytes = teacher_out[:, None] + 2.0 * student_out[None, :]
+        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s
+
+    def stage_time_s(self, stage: int, i0, i1, j0, j1) -> np.ndarray:
+        """Per-micro-batch time of `stage` holding teacher [i0, i1) and student [j0, j1)."""
+        parts = self.teacher_work_s(i0, i1), self.student_work_s(j0, j1), self.comm_time_s(stage, i1, j1)
+        return self.combine_stage_time(stage, *parts)
+
+    def teacher_work_s(self, i0, i1) -> np.ndarray:
+        return self.teacher_fwd_prefix_s[i1] - self.teacher_fwd_prefix_s[i0]
+
+    def student_work_s(self, j0, j1) -> np.ndarray:
+        return self.student_work_prefix_s[j1] - self.student_work_prefix_s[j0]
+
+    def combine_stage_time(self, stage: int, teacher_work_s, student_work_s, comm_s) -> np.ndarray:
+        """The one place where a stage time is assembled; callers may cache the parts."""
+        return self.devices[stage].alpha * (teacher_work_s + student_work_s) + comm_s
+
+    def comm_time_s(self, stage: int, i1, j1) -> np.ndarray:
+        """Per-micro-batch communication time of `stage` whose cuts end at teacher i1, student j1."""
+        return self._comm_s[stage][i1, j1]
+
+    def stage_memory_bytes(self, stage: int, i0, i1, j0, j1) -> np.ndarray:
+        """Peak memory of `stage` holding teacher [i0, i1) and student [j0, j1)."""
+        return self.teacher_memory_bytes(stage, i0, i1) + self.student_memory_bytes(stage, j0, j1)
+
+    def teacher_memory_bytes(self, stage: int, i0, i1) -> np.ndarray:
+        """Teacher params plus the in-flight boundary activations at cut i1 (no_grad: nothing else)."""
+        tp = self.teacher_param_prefix_bytes
+        return (tp[i1] - tp[i0]) + self._teacher_held_bytes[stage][i1]
+
+    def student_memory_bytes(self, stage: int, j0, j1) -> np.ndarray:
+        prefix = self.student_memory_prefix_bytes(stage)
+        return prefix[j1] - prefix[j0]
+
+    def student_memory_prefix_bytes(self, stage: int) -> np.ndarray:
+        """Prefix sums over student blocks of params, grads, optimizer state and held activations."""
+        return self._student_memory_prefix[stage]
+
+    def step_time_s(self, stage_times_s: Sequence[float]) -> float:
+        waiting = (self.step.microbatches - 1) * max(stage_times_s)
+        return math.fsum(stage_times_s) + waiting + self.step.optimizer_step_s
+
+    def evaluate(self, teacher_counts: Sequence[int], student_counts: Sequence[int]) -> PlanCost:
+        """Cost of a partition given as blocks per stage (each >= 1, summing to the model size)."""
+        t_cuts = _cuts(teacher_counts, self.num_teacher_blocks, self.num_stages, "teacher")
+        s_cuts = _cuts(student_counts, self.num_student_blocks, self.num_stages, "student")
+        stages = range(self.num_stages)
+        times = [float(self.stage_time_s(r, t_cuts[r], t_cuts[r + 1], s_cuts[r], s_cuts[r + 1])) for r in stages]
+        comm = [float(self.comm_time_s(r, t_cuts[r + 1], s_cuts[r + 1])) for r in stages]
+        memory = [float(self.stage_memory_bytes(r, t_cuts[r], t_cuts[r + 1], s_cuts[r], s_cuts[r + 1])) for r in stages]
+        return PlanCost(
+            stage_compute_s=tuple(t - c for t, c in zip(times, comm)),
+            stage_comm_s=tuple(comm),
+            stage_times_s=tuple(times),
+            stage_memory_bytes=tuple(memory),
+            step_time_s=self.step_time_s(times),
+        )
+
+
+def _cuts(counts: Sequence[int], num_blocks: int, num_stages: int, which: str) -> list[int]:
+    counts = list(counts)
+    _require(len(counts) == num_stages,
+             f"{which} counts {counts} have {len(counts)} entries for {num_stages} stages; give one count per device")
+    _require(all(isinstance(c, numbers.Integral) and c >= 1 for c in counts),
+             f"{which} counts {counts} must all be integers >= 1")
+    _require(sum(counts) == num_blocks,
+             f"{which} counts {counts} sum to {sum(counts)}, but the model has {num_blocks} blocks")
+    return [0, *np.cumsum(counts).tolist()]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Affine map from model seconds to measured wall seconds: scale * t + overhead_s."""
+
+    scale: float = 1.0
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.scale) and self.scale > 0,
+                 f"calibration scale={self.scale!r} must be finite and > 0")
+        _require(math.isfinite(self.overhead_s) and self.overhead_s >= 0,
+                 f"calibration overhead_s={self.overhead_s!r} must be >= 0")
+
+    def apply(self, predicted_s):
+        """Wall-time seconds for model seconds (a float, or an array of them)."""
+        result = self.scale * np.asarray(predicted_s, dtype=np.float64) + self.overhead_s
+        return float(result) if result.ndim == 0 else result
+
+    @classmethod
+    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> "Calibration":
+        """Least-squares fit of measured = scale * predicted + overhead, with overhead >= 0.
+
+        With a single pair, or when all predictions are equal, scale and overhead
+        cannot be separated: the fit is then scale-only (overhead 0).
+        """
+        x, y = _check_pairs(predicted_s, measured_s)
+        if x.size >= 2 and np.ptp(x) > 1e-12 * np.abs(x).max():
+            scale, overhead = np.polyfit(x, y, 1)
+            if overhead >= 0 and scale > 0:
+                return cls(float(scale), float(overhead))
+        # The constrained optimum lies on overhead = 0 (convex problem, one active bound).
+        scale = float(x @ y / (x @ x))
+        _require(scale > 0,
+                 f"measured times {y.tolist()} do not grow with predicted times {x.tolist()}; cannot calibrate")
+        return cls(scale, 0.0)
+
+
+def _check_pairs(predicted_s: Sequence[float], measured_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(predicted_s, dtype=np.float64)
+    y = np.asarray(measured_s, dtype=np.float64)
+    _require(x.ndim == 1 and x.shape == y.shape and x.size >= 1,
+             f"need equally long, non-empty 1-D sequences; got {x.shape} predicted and {y.shape} measured")
+    _require(bool(np.all(np.isfinite(x)) and np.all(np.isfinite(y))), "predicted and measured times must be finite")
+    _require(bool(np.all(x > 0) and np.all(y > 0)), "predicted and measured times must be > 0 seconds")
+    return x, y
+
+
+def calibration_error(predicted_s: Sequence[float], measured_s: Sequence[float]) -> float:
+    """Median relative error |predicted - measured| / measured; large means: re-calibrate."""
+    x, y = _check_pairs(predicted_s, measured_s)
+    return float(np.median(np.abs(x - y) / y))

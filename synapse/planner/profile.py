@@ -1,0 +1,249 @@
+"""Block-wise model profiles in the CSV format written by TSPipe-based tools.
+
+One CSV row describes one *block* (the unit a model is cut into) measured at one
+micro-batch size::
+
+    layer,forward_time_ms,backward_time_ms,input_activation_size_kb,
+    output_activation_size_kb,accum_activation_size_kb,parameter_size_kb
+
+Sizes are in KiB (1 KB = 1024 bytes: the shared ViT-L profile's input of
+37632 KB is exactly 64 * 3 * 224 * 224 * 4 bytes). Optional metadata (model name,
+micro-batch size, dtype, device) lives in a JSON sidecar ``<csv>.meta.json`` so
+that the CSV itself stays byte-compatible with the existing tools; the shared
+profiles have no sidecar and were measured at micro-batch 64 in fp32
+(see ``SHARED_PROFILE_MICRO_BATCH``).
+
+Pure module: csv + json + dataclasses, no torch, no pickle, no eval.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_COLUMNS: tuple[str, ...] = (
+    "layer",
+    "forward_time_ms",
+    "backward_time_ms",
+    "input_activation_size_kb",
+    "output_activation_size_kb",
+    "accum_activation_size_kb",
+    "parameter_size_kb",
+)
+NUMERIC_COLUMNS: tuple[str, ...] = PROFILE_COLUMNS[1:]
+BYTES_PER_KB = 1024
+# Micro-batch size and dtype at which /work/shared/data/synapse_profiles were measured.
+SHARED_PROFILE_MICRO_BATCH = 64
+SHARED_PROFILE_DTYPE = "float32"
+_METADATA_KEYS = ("name", "model_name", "micro_batch", "dtype", "device")
+
+
+class ProfileError(ValueError):
+    """A profile file or value is malformed; the message says where and how to fix it."""
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+
+
+def _check_quantity(value: float, where: str) -> None:
+    if not math.isfinite(value):
+        raise ProfileError(f"{where}: value {value!r} is not finite; re-run the profiler for this block")
+    if value < 0:
+        raise ProfileError(f"{where}: value {value!r} is negative; times and sizes must be >= 0")
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """Measurements of one block at the profile's micro-batch size (one CSV row)."""
+
+    layer: str
+    forward_time_ms: float
+    backward_time_ms: float
+    input_activation_size_kb: float
+    output_activation_size_kb: float
+    accum_activation_size_kb: float
+    parameter_size_kb: float
+
+    def __post_init__(self) -> None:
+        if not self.layer:
+            raise ProfileError("block layer name is empty; give every row a unique name such as 'layer0'")
+        for column in NUMERIC_COLUMNS:
+            _check_quantity(getattr(self, column), f"layer {self.layer!r}, column {column!r}")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """An ordered sequence of block profiles plus optional measurement metadata."""
+
+    name: str
+    blocks: tuple[BlockProfile, ...]
+    model_name: str | None = None
+    micro_batch: int | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        if not self.blocks:
+            raise ProfileError(f"profile {self.name!r} has no blocks; a model needs at least one block")
+        seen: set[str] = set()
+        for block in self.blocks:
+            if block.layer in seen:
+                raise ProfileError(
+                    f"profile {self.name!r}: layer name {block.layer!r} appears twice; names must be unique")
+            seen.add(block.layer)
+        if self.micro_batch is not None and not _is_positive_int(self.micro_batch):
+            raise ProfileError(
+                f"profile {self.name!r}: micro_batch={self.micro_batch!r} must be a positive integer or None")
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def column(self, name: str) -> np.ndarray:
+        """One numeric column as a float64 array (in the file's units: ms or KB)."""
+        if name not in NUMERIC_COLUMNS:
+            raise ProfileError(f"unknown column {name!r}; expected one of {', '.join(NUMERIC_COLUMNS)}")
+        return np.array([getattr(block, name) for block in self.blocks], dtype=np.float64)
+
+    def metadata(self) -> dict[str, object]:
+        return {key: getattr(self, key) for key in _METADATA_KEYS}
+
+
+def metadata_path(csv_path: str | Path) -> Path:
+    """Where the sidecar metadata of a profile CSV lives: ``<csv>.meta.json``."""
+    path = Path(csv_path)
+    return path.with_name(path.name + ".meta.json")
+
+
+def _parse_cell(text: str | None, path: Path, layer: str, column: str) -> float:
+    where = f"{path}: layer {layer!r}, column {column!r}"
+    if text is None or text.strip() == "":
+        raise ProfileError(f"{where}: value is missing; every row needs all {len(PROFILE_COLUMNS)} columns")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{where}: {text!r} is not a number; write a decimal such as 1.5") from None
+    _check_quantity(value, where)
+    return value
+
+
+def _check_header(header: list[str] | None, path: Path) -> None:
+    if header is None:
+        raise ProfileError(f"{path}: file is empty; expected the header line {','.join(PROFILE_COLUMNS)}")
+    stripped = [name.strip() for name in header]
+    missing = [name for name in PROFILE_COLUMNS if name not in stripped]
+    extra = [name for name in stripped if name not in PROFILE_COLUMNS]
+    duplicated = sorted({name for name in stripped if stripped.count(name) > 1})
+    if missing or extra or duplicated:
+        raise ProfileError(
+            f"{path}: header has missing columns {missing}, unexpected columns {extra}, "
+            f"duplicated columns {duplicated}; the header must be exactly {','.join(PROFILE_COLUMNS)}"
+        )
+
+
+def _parse_row(row: list[str], header: list[str], path: Path, line: int) -> BlockProfile:
+    if len(row) != len(header):
+        raise ProfileError(
+            f"{path}: line {line} has {len(row)} fields but the header has {len(header)}; "
+            "fix the row so that it has one value per column"
+        )
+    cells = dict(zip(header, row))
+    layer = cells["layer"].strip()
+    if not layer:
+        raise ProfileError(f"{path}: line {line}, column 'layer' is empty; give the block a unique name")
+    values = {column: _parse_cell(cells[column], path, layer, column) for column in NUMERIC_COLUMNS}
+    return BlockProfile(layer=layer, **values)
+
+
+def _load_metadata(csv_path: Path) -> dict[str, object]:
+    meta_file = metadata_path(csv_path)
+    if not meta_file.exists():
+        return {}
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as error:
+        raise ProfileError(
+            f"{meta_file}: not valid JSON ({error}); delete it or rewrite it with write_profile_csv") from None
+    if not isinstance(meta, dict):
+        raise ProfileError(f"{meta_file}: expected a JSON object with keys {list(_METADATA_KEYS)}")
+    unknown = sorted(set(meta) - set(_METADATA_KEYS))
+    if unknown:
+        raise ProfileError(f"{meta_file}: unknown keys {unknown}; allowed keys are {list(_METADATA_KEYS)}")
+    for key, value in meta.items():
+        expected = int if key == "micro_batch" else str
+        if value is not None and (isinstance(value, bool) or not isinstance(value, expected)):
+            raise ProfileError(f"{meta_file}: {key}={value!r} must be {expected.__name__} or null")
+    return meta
+
+
+def load_profile_csv(path: str | Path) -> ModelProfile:
+    """Read a profile CSV (and its optional ``.meta.json`` sidecar), validating every cell."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file; check the path (profiles are *.csv)")
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        _check_header(header, path)
+        header = [name.strip() for name in header]
+        blocks = [
+            _parse_row(row, header, path, reader.line_num)
+            for row in reader
+            if any(cell.strip() for cell in row)  # tolerate blank trailing lines
+        ]
+    if not blocks:
+        raise ProfileError(f"{path}: header but no block rows; profile the model again")
+    meta = _load_metadata(path)
+    name = meta.pop("name", None) or path.stem
+    try:
+        return ModelProfile(name=name, blocks=tuple(blocks), **meta)
+    except ProfileError as error:
+        raise ProfileError(f"{path}: {error}") from None
+
+
+def write_profile_csv(profile: ModelProfile, path: str | Path) -> Path:
+    """Write ``profile`` as CSV plus its ``.meta.json`` sidecar; floats round-trip exactly."""
+    path = Path(path)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(PROFILE_COLUMNS)
+        for block in profile.blocks:
+            # repr() is the shortest string that parses back to the same float.
+            writer.writerow([block.layer, *(repr(float(getattr(block, c))) for c in NUMERIC_COLUMNS)])
+    # The sidecar is always written so that a stale one can never describe a new CSV.
+    metadata_path(path).write_text(json.dumps(profile.metadata(), indent=2) + "\n")
+    return path
+
+
+def scale_to_micro_batch(profile: ModelProfile, micro_batch: int, from_micro_batch: int | None = None) -> ModelProfile:
+    """Estimate the profile at another micro-batch size.
+
+    Approximation: times and activation sizes are scaled linearly with the batch,
+    parameter sizes are unchanged. Activation sizes are exactly linear; times are
+    not (small batches under-use a GPU, so scaling 64 -> 8 under-estimates times).
+    Re-profile at the target size when the prediction matters.
+    """
+    source = profile.micro_batch if from_micro_batch is None else from_micro_batch
+    if source is None:
+        raise ProfileError(
+            f"profile {profile.name!r} does not record its micro-batch size; pass from_micro_batch "
+            f"(the shared TSPipe profiles were measured at {SHARED_PROFILE_MICRO_BATCH})"
+        )
+    for label, value in (("micro_batch", micro_batch), ("from_micro_batch", source)):
+        if not _is_positive_int(value):
+            raise ProfileError(f"{label}={value!r} must be a positive integer")
+    factor = micro_batch / source
+    scaled_columns = [c for c in NUMERIC_COLUMNS if c != "parameter_size_kb"]
+    blocks = tuple(
+        dataclasses.replace(block, **{c: getattr(block, c) * factor for c in scaled_columns})
+        for block in profile.blocks
+    )
+    return dataclasses.replace(profile, blocks=blocks, micro_batch=micro_batch)
