@@ -75,10 +75,15 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def new_nonce() -> str:
+    """A fresh suffix for a temporary checkpoint directory (ranks share the one rank 0 draws)."""
+    return uuid.uuid4().hex[:8]
+
+
 def begin_checkpoint(root: Path, step: int, nonce: str | None = None) -> Path:
     """Create the temporary directory every rank writes its files into."""
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{step_dir_name(step)}.tmp-{nonce or uuid.uuid4().hex[:8]}"
+    tmp = root / f"{step_dir_name(step)}.tmp-{nonce or new_nonce()}"
     tmp.mkdir(parents=True, exist_ok=True)
     return tmp
 

@@ -8,6 +8,8 @@ Only the entry point sees the whole tree; each component receives its own slice.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "constant")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+STRATEGIES = ("auto", "single", "pipeline")
 PARTITION_MODES = ("even", "manual", "auto")
 
 
@@ -83,7 +86,16 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     accelerator: str = "auto"  # auto: cuda if available, else cpu
-    devices: Any = 1  # CPU: number of slots; CUDA: list of GPU ids (or a count)
+    devices: Any = 1  # per node. CPU: number of slots; CUDA: list of GPU ids (or a count)
+    # auto: the single-device trainer for one device, the pipeline for several;
+    # pipeline: the pipeline runtime even on one device (K = 1).
+    strategy: str = "auto"
+    nodes: int = 1  # machines taking part; each runs train.py with the same config
+    node_rank: int = 0  # informational: c10d rendezvous assigns ranks
+    rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
+    rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
+    collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
+    rdzv_timeout_s: int = 60
     epochs: int = 6
     max_steps: Optional[int] = None  # length of the schedule in optimizer steps (overrides epochs)
     # Stop this launch after N steps with a checkpoint (the schedule is unchanged): splits a run
@@ -189,6 +201,7 @@ def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Check every value that types cannot; raise ConfigError before any work starts."""
+    _validate_known_keys(cfg)
     _choice("mode", cfg.mode, MODES)
     _validate_models(cfg)
     _validate_data(cfg.data)
@@ -202,6 +215,33 @@ def validate(cfg: DictConfig) -> None:
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
         _fail("resume", f"checkpoint {cfg.resume!r} does not exist",
               "give the path of a checkpoint directory, or resume=auto to take the newest in the run dir")
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys outside the schema, each with its closest valid spelling.
+
+    Hydra rejects ``trainer.epoch=3`` but then suggests ``+trainer.epoch=3``, which it accepts
+    silently even on a typed node: a misspelt setting would be ignored without a word.
+    """
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []  # free-form dicts (policy.params) take any key
+    allowed = sorted(f.name for f in dataclasses.fields(schema))
+    unknown: list[tuple[str, list[str]]] = []
+    for key in node.keys():
+        if key not in allowed:
+            unknown.append((f"{prefix}{key}", difflib.get_close_matches(str(key), allowed, n=1)))
+        elif dataclasses.is_dataclass(OmegaConf.get_type(node, key)):
+            unknown += _unknown_keys(node[key], f"{prefix}{key}.")
+    return unknown
+
+
+def _validate_known_keys(cfg: DictConfig) -> None:
+    for key, close in _unknown_keys(cfg):
+        parent = key.rpartition(".")[0]
+        suggestion = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+        _fail(key, "is not a Synapse setting (added with a '+' override?)",
+              f"remove the override{suggestion or '.'} Valid keys are the fields in synapse/config.py")
 
 
 def _validate_models(cfg: DictConfig) -> None:
@@ -257,6 +297,16 @@ def _validate_optim(optim: DictConfig) -> None:
 def _validate_trainer(trainer: DictConfig) -> None:
     _choice("trainer.accelerator", trainer.accelerator, ACCELERATORS)
     _choice("trainer.precision", trainer.precision, PRECISIONS)
+    _choice("trainer.strategy", trainer.strategy, STRATEGIES)
+    _positive("trainer.nodes", trainer.nodes)
+    _positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
+    _positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
+    if trainer.strategy == "single" and num_stages(trainer) > 1:
+        _fail("trainer.strategy", f"single runs on one device but {num_stages(trainer)} are configured",
+              "use trainer.strategy=auto (pipeline over all devices) or trainer.devices=1")
+    if trainer.nodes > 1 and not trainer.rdzv_endpoint:
+        _fail("trainer.rdzv_endpoint", f"trainer.nodes={trainer.nodes} needs a rendezvous endpoint every node can reach",
+              "set trainer.rdzv_endpoint=host:port (the same on every node)")
     _positive("trainer.epochs", trainer.epochs, allow_zero=True)
     if trainer.max_steps is not None:
         _positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
@@ -300,6 +350,15 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
     return ids
 
 
+def num_stages(trainer: DictConfig) -> int:
+    """K: pipeline stages = processes in the run (devices per node times nodes)."""
+    return len(resolve_devices(trainer)) * trainer.nodes
+
+
+def uses_pipeline(trainer: DictConfig) -> bool:
+    return trainer.strategy == "pipeline" or (trainer.strategy == "auto" and num_stages(trainer) > 1)
+
+
 def _check_gpu_ids(ids: list[int]) -> None:
     import torch
 
@@ -323,7 +382,7 @@ def _validate_pipeline(cfg: DictConfig) -> None:
 def _validate_partition(cfg: DictConfig) -> None:
     part = cfg.partition
     _choice("partition.mode", part.mode, PARTITION_MODES)
-    k = len(resolve_devices(cfg.trainer))
+    k = num_stages(cfg.trainer)
     if part.mode != "manual":
         return
     for key in ("teacher", "student"):

@@ -32,6 +32,19 @@ class JsonlWriter:
         self.close()
 
 
+class NullWriter(JsonlWriter):
+    """The writer of a process that keeps no records (e.g. a pipeline rank without the loss)."""
+
+    def __init__(self) -> None:  # opens no file
+        pass
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _jsonable(value: Any) -> Any:
     if torch.is_tensor(value):
         return value.item() if value.numel() == 1 else value.tolist()

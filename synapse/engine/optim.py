@@ -16,7 +16,9 @@ from ..config import OptimConfig
 
 
 def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = list(params)
+    # A stage may own only parameter-free blocks (activation, pooling): it still gets a real
+    # optimizer and schedule, with one empty group, so every rank runs the same code.
+    params = [{"params": list(params)}]
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adamw":

@@ -16,7 +16,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..config import ConfigError
+from ..config import ConfigError, resolve_accelerator, resolve_devices
 from ..data import dataset_info
 from .device import ComputeSetup
 from .trainer import build_trainer, data_kwargs, load_teacher
@@ -31,9 +31,11 @@ def teacher_cache_key(cfg: DictConfig) -> str:
 
 def teacher_training_config(cfg: DictConfig) -> DictConfig:
     """The config of the label-trained teacher: same data and devices, its own epochs and learning rate."""
+    first_device = resolve_devices(cfg.trainer)[0]
     sub = OmegaConf.merge(cfg, {"mode": "teacher", "resume": None,
                                 "trainer": {"epochs": cfg.teacher.auto_train_epochs, "max_steps": None,
-                                            "stop_after": None},
+                                            "stop_after": None, "strategy": "single", "nodes": 1,
+                                            "devices": [first_device] if resolve_accelerator(cfg.trainer) == "cuda" else 1},
                                 "optim": {"lr": cfg.teacher.auto_train_lr, "warmup_steps": 0},
                                 "pipeline": {"microbatches": 1}})
     return sub
@@ -42,9 +44,14 @@ def teacher_training_config(cfg: DictConfig) -> DictConfig:
 def prepare_teacher(cfg: DictConfig, run_dir: Path, setup: ComputeSetup,
                     log: Callable[[str], None] = print) -> nn.Module:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    return load_teacher(cfg, setup, info, str(teacher_weights(cfg, run_dir, log)))
+
+
+def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """The local file holding the teacher's weights: the configured one, or a cached label-trained one."""
     if cfg.teacher.checkpoint:
         log(f"teacher: {cfg.teacher.name} from {cfg.teacher.checkpoint}")
-        return load_teacher(cfg, setup, info, cfg.teacher.checkpoint)
+        return Path(cfg.teacher.checkpoint)
     if not cfg.teacher.auto_train:
         raise ConfigError("teacher.checkpoint: no teacher weights given and teacher.auto_train=false. Fix: set "
                           "teacher.checkpoint=/path/to/teacher.pt, or teacher.auto_train=true to train one first")
@@ -59,7 +66,7 @@ def prepare_teacher(cfg: DictConfig, run_dir: Path, setup: ComputeSetup,
         tmp = cached.with_suffix(f".tmp-{os.getpid()}")
         shutil.copyfile(weights, tmp)
         os.replace(tmp, cached)  # atomic: a concurrent run never reads half a file
-    return load_teacher(cfg, setup, info, str(cached))
+    return cached
 
 
 def train_label_model(cfg: DictConfig, run_dir: Path, model_name: str, log: Callable[[str], None] = print,

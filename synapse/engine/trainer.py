@@ -24,7 +24,7 @@ from ..models import build_model, load_weights
 from .batches import train_batches
 from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
 from .evaluate import evaluate
-from .metrics import JsonlWriter
+from .metrics import JsonlWriter, NullWriter
 from .optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from .progress import Progress
 from .step import SingleDeviceStep
@@ -98,6 +98,22 @@ class Trainer:
         self.step = int(state["step"])
         self.log(f"resumed from {path} at step {self.step}")
 
+    # ---------------------------------------------------------------- hooks the pipeline overrides
+    @property
+    def writes_records(self) -> bool:
+        """Whether this process writes metrics and summaries (the single device does)."""
+        return True
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        return self.step_fn(images, labels)
+
+    def step_record_extras(self) -> dict[str, Any]:
+        """Fields added to each step's metrics record (the pipeline adds per-rank timings)."""
+        return {}
+
+    def evaluate_student(self) -> dict[str, float] | None:
+        return evaluate(self.student, self.val_ds, self.setup, self.cfg.data.val_batch_size, self.cfg.data.num_workers)
+
     # ---------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
         """Train until ``total_steps`` (or ``trainer.stop_after`` steps in this launch); return the summary."""
@@ -105,19 +121,19 @@ class Trainer:
         stop_after = self.cfg.trainer.stop_after
         every = self.cfg.checkpoint.every
         images_per_step = self.cfg.data.batch_size
-        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress)
-        with JsonlWriter(self.run_dir / "metrics.jsonl") as metrics:
+        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records)
+        with (JsonlWriter(self.run_dir / "metrics.jsonl") if self.writes_records else NullWriter()) as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
             for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers):
                 if self.step >= self.total_steps or (stop_after is not None and self.step - first_step >= stop_after):
                     break
-                loss = self.step_fn(batch.images, batch.labels)
+                loss = self.train_step(batch.images, batch.labels)
                 self.step += 1
                 now = time.perf_counter()
                 record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
                           "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
-                          "images_per_s": images_per_step / max(now - tick, 1e-9)}
+                          "images_per_s": images_per_step / max(now - tick, 1e-9), **self.step_record_extras()}
                 tick = now
                 pending = self._flush(metrics, pending, progress, record)
                 end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
@@ -126,7 +142,7 @@ class Trainer:
                 if (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last:
                     self.save_checkpoint(batch.epoch, batch.step_in_epoch)
                     did_io = True
-                if end_of_epoch and ((batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0 or last):
+                if last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0):
                     self._evaluate(metrics, batch.epoch)
                     did_io = True
                 if did_io:  # checkpoint and evaluation time is not step time
@@ -143,14 +159,16 @@ class Trainer:
 
     def _flush(self, metrics: JsonlWriter, pending, progress: Progress, new) -> dict[str, Any] | None:
         if pending is not None:
-            pending["loss"] = float(pending["loss"])
+            pending["loss"] = None if pending["loss"] is None else float(pending["loss"])
             metrics.write(pending)
-            progress.update(pending["step"], pending["loss"], pending["images_per_s"])
+            progress.update(pending["step"], pending["loss"] or 0.0, pending["images_per_s"])
         return new
 
     def _evaluate(self, metrics: JsonlWriter, epoch: int) -> None:
-        result = evaluate(self.student, self.val_ds, self.setup, self.cfg.data.val_batch_size, self.cfg.data.num_workers)
-        record = {"kind": "eval", "step": self.step, "epoch": epoch, **{f"student_{k}": v for k, v in result.items()}}
+        result = self.evaluate_student()
+        if result is None:  # a pipeline rank without the logits
+            return
+        record = {"kind": "eval", "step": self.step, "epoch": epoch, **{k if k.startswith("teacher_") else f"student_{k}": v for k, v in result.items()}}
         metrics.write(record)
         self.history.append(record)
         self.log(f"epoch {epoch}: val top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%")
@@ -160,29 +178,57 @@ class Trainer:
         summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
                    "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
                    "student": self.cfg.student.name, "final_eval": final}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if self.writes_records:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
-                  init_weights: str | None = None, log: Callable[[str], None] = print) -> Trainer:
-    """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
+@dataclass
+class RunParts:
+    """What every training path builds the same way: data, the full student, sampler, schedule length."""
+
+    info: Any
+    train_ds: Any
+    val_ds: Any
+    student: nn.Module
+    sampler: ResumableSampler
+    num_epochs: int
+    total_steps: int
+
+
+def build_run_parts(cfg: DictConfig, model_name: str, init_weights: str | None) -> RunParts:
+    """Seeded construction shared by the single-device trainer and every pipeline rank.
+
+    Every rank builds the *whole* student from the same seed and keeps its own blocks, so the
+    pipeline starts from exactly the weights the single-device trainer starts from.
+    """
     seed_everything(cfg.seed)
-    setup = build_compute_setup(cfg.trainer)
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     train_ds, val_ds = build_datasets(cfg.data, cfg.seed)
     student = build_model(model_name, info.num_classes, info.in_chans, info.image_size, cfg.student.drop_rate)
     if init_weights:
         load_weights(student, init_weights, what="student.init")
-    student = setup.prepare_model(student)
     sampler = ResumableSampler(len(train_ds), cfg.seed, shuffle=True, drop_last=True, batch_size=cfg.data.batch_size)
     num_epochs, total_steps = _schedule_length(cfg, sampler.steps_per_epoch)
+    return RunParts(info, train_ds, val_ds, student, sampler, num_epochs, total_steps)
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
+                  init_weights: str | None = None, log: Callable[[str], None] = print) -> Trainer:
+    """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
+    setup = build_compute_setup(cfg.trainer)
+    parts = build_run_parts(cfg, model_name, init_weights)
+    student = setup.prepare_model(parts.student)
     optimizer = build_optimizer(student.parameters(), cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, total_steps)
-    kd = KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
-    step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches, kd, setup)
-    return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, train_ds, val_ds, sampler,
-                   total_steps, num_epochs, step_fn, log=log)
+    scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
+    step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
+                               kd_params(cfg), setup)
+    return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, parts.train_ds, parts.val_ds,
+                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log)
+
+
+def kd_params(cfg: DictConfig) -> KDLossParams:
+    return KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
 
 
 def _schedule_length(cfg: DictConfig, steps_per_epoch: int) -> tuple[int, int]:

@@ -7,11 +7,13 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import validate
+from ..config import num_stages, uses_pipeline, validate
 from ..data import dataset_info
 from ..engine.device import build_compute_setup
 from ..engine.evaluate import evaluate
-from ..engine.teacher import prepare_teacher, train_label_model
+from ..engine.teacher import prepare_teacher, teacher_weights, train_label_model
+from ..pipeline.partition import partition_for_config
+from .elastic import launch_pipeline
 from ..engine.trainer import build_trainer, data_kwargs, resolve_resume
 
 
@@ -30,6 +32,8 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
 
 
 def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    if uses_pipeline(cfg.trainer):
+        return run_pipeline(cfg, run_dir, log)
     setup = build_compute_setup(cfg.trainer)
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
@@ -45,4 +49,24 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[s
     if final:
         log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
             f"(teacher {teacher_eval['top1']:.2f}%), {summary['images_per_s']:.0f} images/s; outputs in {run_dir}")
+    return summary
+
+
+def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Pipelined KD over K devices: plan the partition here, then launch the K workers."""
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    k = num_stages(cfg.trainer)
+    partition = partition_for_config(cfg, k, info)  # fails before any process starts
+    weights = teacher_weights(cfg, run_dir, log)
+    resume = resolve_resume(cfg, run_dir, log)
+    (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
+    log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher)}, "
+        f"student blocks per stage {list(partition.student)}, {cfg.pipeline.schedule} with "
+        f"{cfg.pipeline.microbatches} micro-batches")
+    summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), str(resume) if resume else None, log=log)
+    final = summary.get("final_eval") or {}
+    if final:
+        log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
+            f"(teacher {final.get('teacher_top1', float('nan')):.2f}%), {summary['images_per_s']:.0f} "
+            f"images/s over {k} stages; outputs in {run_dir}")
     return summary

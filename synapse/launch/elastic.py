@@ -1,0 +1,78 @@
+"""Start the K pipeline workers with torch.distributed's elastic launcher.
+
+Programmatic ``elastic_launch`` with a c10d rendezvous: on one machine on a free local port
+(never a hard-coded one); across machines every node runs the same config with
+``trainer.nodes`` and ``trainer.rdzv_endpoint``. Each rank's stdout/stderr go to
+``<run_dir>/logs/``. A worker that raises fails the whole launch with that rank's error.
+"""
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ..config import resolve_devices
+from ..pipeline.worker import worker_main
+
+
+class WorkerFailure(RuntimeError):
+    """A pipeline worker failed; the message names the rank and its error."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchConfig:
+    trainer = cfg.trainer
+    endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
+    logs = DefaultLogsSpecs(log_dir=str(run_dir / "logs" / f"launch_{attempt}"), redirects=Std.ALL, tee=Std.ALL)
+    return LaunchConfig(
+        min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
+        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s},
+        max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
+        monitor_interval=0.1, start_method="spawn", logs_specs=logs,
+    )
+
+
+def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
+                    resume: str | None, attempt: str = "0", log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the pipeline to the end of this launch; return the summary of the last rank."""
+    config = launch_config(cfg, run_dir, attempt)
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    try:
+        results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition, resume)
+    except ChildFailedError as exc:
+        raise WorkerFailure(_describe_failure(exc, run_dir / "logs" / f"launch_{attempt}")) from exc
+    summaries = [r for r in results.values() if r]
+    return summaries[0] if summaries else {}
+
+
+def _describe_failure(exc: ChildFailedError, log_dir: Path) -> str:
+    """The first failure (the root cause) in full; the ranks it took down after it in one line each."""
+    first_rank, first = exc.get_first_failure()
+    lines = [f"pipeline rank {first_rank} failed first (exit code {first.exitcode}); logs in {log_dir}",
+             _failure_text(first, full=True)]
+    for rank, failure in sorted(exc.failures.items()):
+        if rank != first_rank:
+            lines.append(f"  then rank {rank} (exit code {failure.exitcode}): {_failure_text(failure, full=False)}")
+    return "\n".join(lines)
+
+
+def _failure_text(failure, full: bool) -> str:
+    message = failure.message
+    if isinstance(message, dict):
+        trace = message.get("extraInfo", {}).get("py_callstack", "")
+        message = trace if (full and trace) else message.get("message", "")
+    text = str(message).strip()
+    return text[-3000:] if full else text.splitlines()[-1][:300] if text else "(no message)"

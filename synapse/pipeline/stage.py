@@ -1,0 +1,95 @@
+"""A fused teacher+student stage: what one device runs in the TSPipe-style pipeline.
+
+Stage r holds teacher blocks [a_r, a_{r+1}) and student blocks [b_r, b_{r+1}). Its forward
+takes (teacher activation, student activation) from stage r-1, or the images on stage 0, and
+returns both activations for stage r+1. The teacher runs under no_grad in eval mode; on the
+last stage the two outputs are the logits, so the KD loss needs no extra communication.
+
+Versions: torch.distributed.pipelining before 2.13 registers a backward send for *every*
+floating-point tensor a stage receives, and fails with "has gradients None and is expecting
+to send gradients" when the no-grad teacher activation gets no gradient. ``attach_zero_grad``
+gives that input an exact zero gradient without touching the forward values (an identity,
+not ``x + 0 * t``, which would turn an inf in t into NaN). Newer versions skip the send, so
+the zeros are only produced where they are needed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.blocks import run_blocks
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# Oldest release whose pipelining accepts a received input that gets no gradient.
+NO_GRAD_INPUTS_SUPPORTED = _torch_version() >= (2, 13)
+
+
+class _AttachZeroGrad(torch.autograd.Function):
+    """Returns ``output`` unchanged; in backward gives ``companion`` a zero gradient."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
+        ctx.companion_meta = (companion.shape, companion.dtype, companion.device)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        shape, dtype, device = ctx.companion_meta
+        return grad_output, torch.zeros(shape, dtype=dtype, device=device)
+
+
+def attach_zero_grad(output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
+    return _AttachZeroGrad.apply(output, companion)
+
+
+class FusedStage(nn.Module):
+    """Teacher blocks (forward only) and student blocks (trained) of one pipeline stage."""
+
+    def __init__(self, teacher_blocks: list[nn.Module], student_blocks: list[nn.Module], is_first: bool,
+                 zero_grad_teacher_input: bool | None = None):
+        super().__init__()
+        self.teacher = nn.ModuleList(teacher_blocks)
+        self.student = nn.ModuleList(student_blocks)
+        self.is_first = is_first
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.teacher.eval()
+        if zero_grad_teacher_input is None:
+            zero_grad_teacher_input = not NO_GRAD_INPUTS_SUPPORTED
+        self.zero_grad_teacher_input = zero_grad_teacher_input and not is_first
+        self.clock = None  # set by the runtime to time teacher and student forwards
+
+    def train(self, mode: bool = True) -> "FusedStage":
+        super().train(mode)
+        self.teacher.eval()  # the teacher is frozen: BatchNorm statistics and dropout stay in eval
+        return self
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_first:
+            (images,) = inputs
+            # The teacher runs first on the same tensor; a copy keeps an in-place first block
+            # (an activation) from changing the student's input.
+            teacher_in, student_in = images.clone(), images
+        else:
+            teacher_in, student_in = inputs
+        if student_in.requires_grad and student_in.is_leaf:
+            # A received activation is a leaf; an in-place first block (ReLU(inplace=True))
+            # may not modify a leaf that requires grad. The copy is exact and autograd-transparent.
+            student_in = student_in.clone()
+        with self._timed("teacher_fwd"), torch.no_grad():
+            teacher_out = run_blocks(list(self.teacher), teacher_in.detach())
+        with self._timed("student_fwd"):
+            student_out = run_blocks(list(self.student), student_in)
+        if self.zero_grad_teacher_input and teacher_in.requires_grad:
+            student_out = attach_zero_grad(student_out, teacher_in)
+        return teacher_out, student_out
+
+    def _timed(self, name: str):
+        from contextlib import nullcontext
+
+        return self.clock.interval(name) if self.clock is not None else nullcontext()

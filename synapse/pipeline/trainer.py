@@ -1,0 +1,169 @@
+"""The pipelined trainer: the single-device trainer's loop with the step, checkpoint and
+evaluation done collectively by K ranks.
+
+Only three things differ from ``engine.trainer.Trainer``: a step is a pipeline schedule
+step; a checkpoint is one shard per rank (keyed by the original parameter names, so any
+partition can load it) committed by rank 0; evaluation is a forward-only pipeline pass whose
+logits land on the last rank. Data order, losses, optimizer, schedule and metric records are
+the same parts the single-device trainer uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from .. import checkpoint as ckpt
+from ..engine.batches import eval_batches
+from ..engine.device import ComputeSetup, rng_state, set_rng_state
+from ..engine.metrics import JsonlWriter, NullWriter, topk_correct
+from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
+from ..engine.step import training_loss
+from ..engine.trainer import Trainer, build_run_parts, kd_params
+from ..models import block_parameter_names, build_model, load_weights, model_blocks
+from .partition import StagePartition
+from .runtime import PipelineRuntime
+from .stage import FusedStage
+
+
+@dataclass
+class PipelineTrainer(Trainer):
+    runtime: PipelineRuntime | None = None
+    rank: int = 0
+    world_size: int = 1
+    # original student parameter/buffer name -> tensor held by this rank
+    owned: dict[str, torch.Tensor] = field(default_factory=dict)
+    performance: JsonlWriter | None = None
+    partition: StagePartition | None = None
+
+    @property
+    def writes_records(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        return self.runtime.train_step(images, labels)
+
+    def step_record_extras(self) -> dict[str, Any]:
+        """Gather every rank's compute/comm split of the step to the record-writing rank."""
+        timings: list[dict[str, float]] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(timings, self.runtime.last_timing)
+        if self.writes_records:
+            self.performance.write({
+                "step": self.step, "step_seconds": max(t["wall"] for t in timings),
+                "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
+                "ranks": timings, "images_per_s": self.cfg.data.batch_size / max(t["wall"] for t in timings),
+            })
+        return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate_student(self) -> dict[str, float] | None:
+        """Forward-only pipeline over the validation split, batches padded to the training shape."""
+        batch = self.cfg.data.batch_size
+        hits = {"student": {1: 0, 5: 0}, "teacher": {1: 0, 5: 0}}
+        seen = 0
+        for images, labels in eval_batches(self.val_ds, batch, self.cfg.data.num_workers):
+            real = labels.shape[0]
+            if real < batch:  # the schedule's buffers have the training micro-batch shape
+                images = torch.cat([images, images[-1:].expand(batch - real, *images.shape[1:])])
+            out = self.runtime.forward_only(images)
+            if out is None:
+                continue
+            labels = labels.to(out[0].device)
+            for name, logits in zip(("teacher", "student"), out):
+                for k, n in topk_correct(logits[:real].float(), labels).items():
+                    hits[name][k] += n
+            seen += real
+        if not self.writes_records:
+            return None
+        result = {f"top{k}": 100.0 * hits["student"][k] / seen for k in (1, 5)}
+        result.update({f"teacher_top{k}": 100.0 * hits["teacher"][k] / seen for k in (1, 5)})
+        return result
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
+        nonce = [ckpt.new_nonce() if self.rank == 0 else None]
+        dist.broadcast_object_list(nonce, src=0)
+        tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step, nonce=nonce[0])
+        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
+        ckpt.save_tensor_file({"model": {n: t.detach().cpu() for n, t in self.owned.items()},
+                               "optim": optimizer_state_by_name(self.optimizer, params),
+                               "rng": rng_state()}, tmp / ckpt.shard_name(self.rank))
+        if self.rank == 0:
+            state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
+                     "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
+            ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        dist.barrier()
+        path = self.checkpoint_root / ckpt.step_dir_name(self.step)
+        if self.rank == 0:
+            meta = {"student": self.cfg.student.name, "world_size": self.world_size,
+                    "partition": self.partition.to_dict()}
+            path = ckpt.commit_checkpoint(tmp, self.step, meta=meta)
+            ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
+        dist.barrier()  # nobody moves on before the checkpoint is committed
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Load this rank's blocks by name from a checkpoint of any partition and world size."""
+        model_state, optim_state = ckpt.load_student_state(path)
+        missing = [n for n in self.owned if n not in model_state]
+        if missing:
+            raise ckpt.CheckpointError(f"{path} lacks {len(missing)} tensors this stage needs (e.g. {missing[:3]}); "
+                                       f"it was written for another student model")
+        with torch.no_grad():
+            for name, tensor in self.owned.items():
+                tensor.copy_(model_state[name])
+        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
+        load_optimizer_state_by_name(self.optimizer, params, optim_state)
+        state = ckpt.load_run_state(path)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        manifest = ckpt.read_manifest(path)
+        if manifest["meta"].get("world_size") == self.world_size:  # same ranks: each continues its own RNG stream
+            set_rng_state(ckpt.load_file(Path(path) / ckpt.shard_name(self.rank))["rng"])
+        self.step = int(state["step"])
+        if self.writes_records:
+            self.log(f"resumed from {path} at step {self.step}")
+
+
+def build_fused_stage(cfg: DictConfig, rank: int, partition: StagePartition, teacher_weights: str,
+                      parts, setup: ComputeSetup) -> tuple[FusedStage, dict[str, torch.Tensor]]:
+    """This rank's FusedStage and the original names of the student tensors it owns."""
+    info = parts.info
+    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+    load_weights(teacher, teacher_weights, what="teacher.checkpoint")
+    teacher_blocks, student_blocks = model_blocks(teacher), model_blocks(parts.student)
+    partition.check_block_counts(len(teacher_blocks), len(student_blocks))
+    names = block_parameter_names(parts.student, student_blocks)
+    owned_range = partition.student_range(rank)
+    module = FusedStage([teacher_blocks[i] for i in partition.teacher_range(rank)],
+                        [student_blocks[i] for i in owned_range], is_first=rank == 0)
+    module = setup.prepare_model(module)
+    # Look the tensors up after the move to the device: those are the ones training updates.
+    owned = {}
+    for local_index, block_index in enumerate(owned_range):
+        block_state = module.student[local_index].state_dict(keep_vars=True)
+        for local, original in names[block_index].items():
+            owned[original] = block_state[local]
+    return module, owned
+
+
+def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: StagePartition,
+                           teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print
+                           ) -> PipelineTrainer:
+    parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
+    module, owned = build_fused_stage(cfg, rank, partition, teacher_weights, parts, setup)
+    optimizer = build_optimizer(module.student.parameters(), cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
+    kd = kd_params(cfg)
+    runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
+                              lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler)
+    last = rank == world_size - 1
+    performance = JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter()
+    return PipelineTrainer(cfg, run_dir, setup, module, None, optimizer, scheduler, parts.train_ds, parts.val_ds,
+                           parts.sampler, parts.total_steps, parts.num_epochs, step_fn=None, log=log,
+                           runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
+                           partition=partition)

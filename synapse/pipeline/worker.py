@@ -1,0 +1,51 @@
+"""The code each of the K worker processes runs, started by torch.distributed's elastic agent.
+
+The elastic agent sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the worker
+joins the process group (NCCL on GPUs, gloo on CPU) with a collective timeout, so a dead or
+hung peer fails the launch instead of hanging it, and trains its stage.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..config import resolve_accelerator, resolve_devices
+from ..engine.device import build_compute_setup
+from .partition import StagePartition
+from .trainer import build_pipeline_trainer
+
+
+@record
+def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
+                resume: str | None) -> dict[str, Any] | None:
+    cfg = OmegaConf.create(cfg_yaml)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    device_id = resolve_devices(cfg.trainer)[local_rank]
+    setup = build_compute_setup(cfg.trainer, device_id=device_id, local_processes=local_world)
+    backend = "nccl" if resolve_accelerator(cfg.trainer) == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
+    log = _rank_logger(rank)
+    try:
+        stage_partition = StagePartition(tuple(partition["teacher"]), tuple(partition["student"]))
+        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log)
+        if resume:
+            trainer.load_checkpoint(Path(resume))
+        summary = trainer.fit()
+        return summary if trainer.writes_records else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_logger(rank: int):
+    def log(message: str) -> None:
+        print(f"[rank {rank}] {message}", file=sys.stdout, flush=True)
+
+    return log

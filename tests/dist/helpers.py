@@ -1,0 +1,45 @@
+"""Shared pieces of the multi-process tests: composed configs on tiny models and CPU ranks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+import synapse.config  # noqa: F401  (registers the schema)
+from synapse.checkpoint import latest_valid_checkpoint, load_student_state
+from synapse.models import build_model
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+# Small, fast and deterministic: one thread per rank, fixed micro-batches, no augmentation.
+BASE_OVERRIDES = [
+    "trainer.accelerator=cpu", "trainer.threads=1", "trainer.progress=false", "trainer.max_steps=4",
+    "data.batch_size=16", "data.augment=false", "pipeline.microbatches=4", "checkpoint.keep=10",
+    "teacher=resnet_micro", "student=resnet_micro",
+]
+
+
+def compose_config(run_dir: Path, overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=[*BASE_OVERRIDES, f"run_dir={run_dir}",
+                                            f"cache_dir={run_dir}/cache", *overrides])
+
+
+def final_student_state(run_dir: Path) -> tuple[dict, dict]:
+    ref = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
+    assert ref is not None, f"no checkpoint in {run_dir}"
+    return load_student_state(ref.path)
+
+
+def assert_identical_states(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
+    (model_a, optim_a), (model_b, optim_b) = a, b
+    assert model_a.keys() == model_b.keys()
+    for name in model_a:
+        assert torch.equal(model_a[name], model_b[name]), f"student tensor {name} differs"
+    assert optim_a.keys() == optim_b.keys()
+    for name in optim_a:
+        for key, value in optim_a[name].items():
+            other = optim_b[name][key]
+            same = torch.equal(value, other) if torch.is_tensor(value) else value == other
+            assert same, f"optimizer state {name}.{key} differs"

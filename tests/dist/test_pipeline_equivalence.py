@@ -1,0 +1,37 @@
+"""The pipeline learns exactly what the single-device trainer learns.
+
+Same seed, same data order, same M micro-batches: the single-device trainer accumulates
+gradients over the micro-batches; the pipeline runs them through K CPU ranks (gloo) with
+GPipe or 1F1B. Every student tensor and every optimizer state must end bit-identical.
+"""
+from __future__ import annotations
+
+import pytest
+
+from synapse.launch.run import run
+
+from .helpers import assert_identical_states, compose_config, final_student_state
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, teacher_file):
+    run_dir = tmp_path_factory.mktemp("single")
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1"]), log=lambda m: None)
+    return final_student_state(run_dir)
+
+
+@pytest.mark.parametrize("devices,schedule,partition", [
+    (2, "1f1b", None),
+    (2, "gpipe", ("[3,8]", "[9,2]")),
+    (3, "1f1b", ("[5,3,3]", "[2,2,7]")),
+    (3, "gpipe", None),
+])
+def test_pipeline_matches_single_device(tmp_path, teacher_file, reference, devices, schedule, partition):
+    overrides = [f"teacher.checkpoint={teacher_file}", f"trainer.devices={devices}", f"pipeline={schedule}",
+                 "pipeline.microbatches=4"]
+    if partition:
+        overrides += ["partition=manual", f"partition.teacher={partition[0]}", f"partition.student={partition[1]}"]
+    run(compose_config(tmp_path, overrides), log=lambda m: None)
+    assert_identical_states(final_student_state(tmp_path), reference)
