@@ -210,6 +210,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_trainer(cfg.trainer)
     _validate_pipeline(cfg)
     _validate_partition(cfg)
+    _validate_injection(cfg)
     _positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
@@ -394,6 +395,15 @@ def _validate_partition(cfg: DictConfig) -> None:
             _fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
         if min(counts) < 1:
             _fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
+
+
+def _validate_injection(cfg: DictConfig) -> None:
+    from .monitor.injection import InjectionError, parse_faults
+
+    try:
+        parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
+    except (InjectionError, KeyError, TypeError, ValueError) as exc:
+        _fail("injection.faults", str(exc), "see conf/injection/ for examples")
 
 
 def default_cache_dir() -> str:

@@ -21,6 +21,7 @@ from .. import checkpoint as ckpt
 from ..data import ResumableSampler, build_dataset, dataset_info
 from ..kd import KDLossParams
 from ..models import build_model, load_weights
+from ..monitor.injection import FaultInjector, parse_faults
 from .batches import train_batches
 from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
 from .evaluate import evaluate
@@ -69,6 +70,7 @@ class Trainer:
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     log: Callable[[str], None] = print
+    injector: FaultInjector = field(default_factory=lambda: FaultInjector([], 0))
 
     @property
     def checkpoint_root(self) -> Path:
@@ -104,7 +106,7 @@ class Trainer:
         """Whether this process writes metrics and summaries (the single device does)."""
         return True
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         return self.step_fn(images, labels)
 
     def step_record_extras(self) -> dict[str, Any]:
@@ -128,7 +130,8 @@ class Trainer:
             for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers):
                 if self.step >= self.total_steps or (stop_after is not None and self.step - first_step >= stop_after):
                     break
-                loss = self.train_step(batch.images, batch.labels)
+                self.injector.on("step_start", self.step + 1)
+                loss = self.train_step(batch.images, batch.labels, self.step + 1)
                 self.step += 1
                 now = time.perf_counter()
                 record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
@@ -223,8 +226,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
                                kd_params(cfg), setup)
+    injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0)
     return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, parts.train_ds, parts.val_ds,
-                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log)
+                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log, injector=injector)
 
 
 def kd_params(cfg: DictConfig) -> KDLossParams:

@@ -8,6 +8,7 @@ Programmatic ``elastic_launch`` with a c10d rendezvous: on one machine on a free
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 from pathlib import Path
 from typing import Any, Callable
@@ -50,29 +51,40 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     """Run the pipeline to the end of this launch; return the summary of the last rank."""
     config = launch_config(cfg, run_dir, attempt)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    log_dir = run_dir / "logs" / f"launch_{attempt}"
+    failure_dir = log_dir / "failures"
     try:
-        results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition, resume)
+        results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition, resume,
+                                                      str(failure_dir))
     except ChildFailedError as exc:
-        raise WorkerFailure(_describe_failure(exc, run_dir / "logs" / f"launch_{attempt}")) from exc
+        raise WorkerFailure(describe_failures(failure_dir, exc, log_dir)) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
 
 
-def _describe_failure(exc: ChildFailedError, log_dir: Path) -> str:
-    """The first failure (the root cause) in full; the ranks it took down after it in one line each."""
-    first_rank, first = exc.get_first_failure()
-    lines = [f"pipeline rank {first_rank} failed first (exit code {first.exitcode}); logs in {log_dir}",
-             _failure_text(first, full=True)]
-    for rank, failure in sorted(exc.failures.items()):
-        if rank != first_rank:
-            lines.append(f"  then rank {rank} (exit code {failure.exitcode}): {_failure_text(failure, full=False)}")
+# Errors a rank raises because *another* rank died: never the root cause.
+_PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Read error",
+              "NCCL communicator was aborted", "Socket Timeout", "timed out", "TCPStore")
+
+
+def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
+    """The failure records workers wrote, root cause first: the earliest error that is not a
+    consequence of losing a peer (then the earliest of those)."""
+    records = [json.loads(p.read_text()) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
+    return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
+
+
+def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -> str:
+    records = read_failures(failure_dir)
+    if not records:  # killed without a word (SIGKILL, OOM): only the agent saw it
+        lines = [f"pipeline worker(s) died without reporting an error; logs in {log_dir}"]
+        for rank, failure in sorted(exc.failures.items()):
+            lines.append(f"  rank {rank}: exit code {failure.exitcode}"
+                         + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""))
+        return "\n".join(lines)
+    root = records[0]
+    lines = [f"pipeline rank {root['rank']} failed first: {root['type']}: {root['message']}; logs in {log_dir}",
+             root["traceback"].rstrip()]
+    for other in records[1:]:
+        lines.append(f"  then rank {other['rank']}: {other['type']}: {other['message'].splitlines()[0][:200]}")
     return "\n".join(lines)
-
-
-def _failure_text(failure, full: bool) -> str:
-    message = failure.message
-    if isinstance(message, dict):
-        trace = message.get("extraInfo", {}).get("py_callstack", "")
-        message = trace if (full and trace) else message.get("message", "")
-    text = str(message).strip()
-    return text[-3000:] if full else text.splitlines()[-1][:300] if text else "(no message)"

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ..engine.device import ComputeSetup
+from ..monitor.injection import FaultInjector
 from .clock import StageClock
 from .stage import FusedStage
 
@@ -26,8 +27,11 @@ class TimedPipelineStage(PipelineStage):
     """A PipelineStage whose backward passes are timed by the rank's clock."""
 
     clock: StageClock | None = None
+    phase_hook: Callable[[str], None] | None = None
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
+        if self.phase_hook is not None:
+            self.phase_hook("backward")
         if self.clock is None:
             return super().backward_one_chunk(*args, **kwargs)
         with self.clock.interval("student_bwd"):
@@ -37,7 +41,7 @@ class TimedPipelineStage(PipelineStage):
 class PipelineRuntime:
     def __init__(self, module: FusedStage, rank: int, world_size: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 group: dist.ProcessGroup | None = None):
+                 injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None):
         self.module, self.rank, self.world_size = module, rank, world_size
         self.setup, self.microbatches = setup, microbatches
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -46,6 +50,9 @@ class PipelineRuntime:
         self._loss_fn = loss_fn
         self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self.stage.clock = self.clock
+        self.injector = injector or FaultInjector([], rank)
+        self.current_step = 0
+        module.phase_hook = self.stage.phase_hook = self._phase
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
@@ -61,13 +68,17 @@ class PipelineRuntime:
     def is_last(self) -> bool:
         return self.rank == self.world_size - 1
 
+    def _phase(self, phase: str) -> None:
+        self.injector.on(phase, self.current_step)
+
     def _timed_loss(self, output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
             return self._loss_fn(student_logits, teacher_logits, target)
 
-    def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor | None:
-        """One optimizer step; returns the mean micro-batch loss on the last rank (detached, no sync)."""
+    def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
+        """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached)."""
+        self.current_step = step
         self.clock.begin_step()
         self.module.train()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
@@ -77,6 +88,7 @@ class PipelineRuntime:
             kwargs = {"target": labels.to(self.setup.device, non_blocking=True), "losses": losses}
         with self.setup.autocast():
             self.schedule.step(*args, **kwargs)
+        self._phase("optimizer")
         with self.clock.interval("optimizer"):
             self.optimizer.step()
             self.scheduler.step()
@@ -88,6 +100,7 @@ class PipelineRuntime:
 
     def forward_only(self, images: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Forward pass without backward (evaluation); the last rank gets (teacher, student) logits."""
+        self.current_step = -1  # no fault fires during evaluation
         self.module.eval()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
         with self.setup.autocast():

@@ -63,6 +63,7 @@ class FusedStage(nn.Module):
             zero_grad_teacher_input = not NO_GRAD_INPUTS_SUPPORTED
         self.zero_grad_teacher_input = zero_grad_teacher_input and not is_first
         self.clock = None  # set by the runtime to time teacher and student forwards
+        self.phase_hook = None  # set by the runtime: called with "forward" (fault injection)
 
     def train(self, mode: bool = True) -> "FusedStage":
         super().train(mode)
@@ -81,6 +82,8 @@ class FusedStage(nn.Module):
             # A received activation is a leaf; an in-place first block (ReLU(inplace=True))
             # may not modify a leaf that requires grad. The copy is exact and autograd-transparent.
             student_in = student_in.clone()
+        if self.phase_hook is not None:
+            self.phase_hook("forward")
         with self._timed("teacher_fwd"), torch.no_grad():
             teacher_out = run_blocks(list(self.teacher), teacher_in.detach())
         with self._timed("student_fwd"):

@@ -24,6 +24,7 @@ from ..engine.metrics import JsonlWriter, NullWriter, topk_correct
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
+from ..monitor.injection import FaultInjector, parse_faults
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from .partition import StagePartition
 from .runtime import PipelineRuntime
@@ -44,8 +45,8 @@ class PipelineTrainer(Trainer):
     def writes_records(self) -> bool:
         return self.rank == self.world_size - 1
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        return self.runtime.train_step(images, labels)
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        return self.runtime.train_step(images, labels, step)
 
     def step_record_extras(self) -> dict[str, Any]:
         """Gather every rank's compute/comm split of the step to the record-writing rank."""
@@ -159,11 +160,12 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg)
+    injector = FaultInjector(parse_faults(cfg.injection.faults, world_size), rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
-                              lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler)
+                              lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector)
     last = rank == world_size - 1
     performance = JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter()
     return PipelineTrainer(cfg, run_dir, setup, module, None, optimizer, scheduler, parts.train_ds, parts.val_ds,
                            parts.sampler, parts.total_steps, parts.num_epochs, step_fn=None, log=log,
                            runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
-                           partition=partition)
+                           partition=partition, injector=injector)

@@ -6,8 +6,11 @@ hung peer fails the launch instead of hanging it, and trains its stage.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,25 @@ from .trainer import build_pipeline_trainer
 
 @record
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                resume: str | None) -> dict[str, Any] | None:
+                resume: str | None, failure_dir: str) -> dict[str, Any] | None:
+    try:
+        return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume)
+    except BaseException as exc:
+        # The elastic agent may tear this rank down before it reports; a file per failing
+        # rank, with a precise time, lets the supervisor name the root cause.
+        write_failure(Path(failure_dir), int(os.environ.get("RANK", -1)), exc)
+        raise
+
+
+def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
+    failure_dir.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+              "traceback": "".join(traceback.format_exception(exc))}
+    (failure_dir / f"rank_{rank}.json").write_text(json.dumps(record, indent=1))
+
+
+def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
+                 resume: str | None) -> dict[str, Any] | None:
     cfg = OmegaConf.create(cfg_yaml)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
