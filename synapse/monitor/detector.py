@@ -1,0 +1,507 @@
+"""Per-rank slowdown detector: which rank got slower, at compute or at communication.
+
+Pure: one `StepTiming` per optimizer step in, `Detection` events out.
+
+1. Warm-up: the first ``warmup_steps`` records are ignored (compilation, allocator
+   and autotuner warm-up); again after `load_state_dict` and `rebase` (a new process).
+2. Baseline: the next ``baseline_window`` records give each rank a robust baseline
+   (medians). The detector detects *changes*: a device slow from the first step
+   is its own normal (heterogeneity is the alpha/beta estimator's job).
+3. Evaluation, every later step, on medians over the last ``window`` steps (a
+   single-step spike cannot move a median). A (rank, kind) is *in excess* when its
+   ratio to the baseline is >= ``threshold`` and, step by step, it is
+   >= ``peer_threshold`` times the median ratio of the other ranks (window median;
+   skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
+   alike does not change the best partition).
+4. ``sustain`` evaluations in a row in excess: ``Detection(event='slowdown')``.
+   While active, ``window`` evaluations in a row below `DetectorConfig.recover_below`
+   (halfway between 1 and ``threshold``): ``event='recovery'``. Recovery is
+   cautious on purpose: a false one would make the controller forget a real slowdown.
+
+The waiting rule (who is blamed for communication)
+--------------------------------------------------
+``comm_s`` includes time blocked waiting for a peer, and every rank's step lasts
+the same: when one stage slows down, all others wait longer. Waiting is the
+pipeline's, not the waiting rank's. Per step, with D = excess over the baseline::
+
+    beyond_peer_comm[r] = D comm[r] - median_{s != r} D comm[s]
+    beyond_peer_step[r] = D comm[r] + min(0, D compute[r]) - median_{s != r} (D comm[s] + D compute[s])
+
+The first removes the waiting all ranks share; the second keeps only comm growth
+beyond how much the other ranks' whole step grew (a rank whose own compute got
+shorter waits that much longer). A rank's own comm excess is the smaller of their
+window medians, less ``wait_explain_factor`` times the largest compute excess (s)
+of a rank with compute ratio >= ``threshold``: a stage computing d s more makes
+the step up to (M + K - 1)/M * d longer (<= 2 d when M >= K - 1), which covers
+runtimes in which a slow stage's neighbours wait more than distant ranks. Comm
+is in excess when own excess >= ``min_comm_s`` and >= `NOISE_Z` sd of its window
+median (sd from the baseline), and ``(baseline + own) / max(baseline,
+min_comm_s)`` passes the ratio checks.
+
+If the runtime counts *all* idle time as comm (``comm = step - compute``) and
+K >= 2, beyond_peer_step is <= 0 exactly: a waiting rank is never blamed, and
+neither is a slow link, since per-rank totals cannot say whose link it is (the
+estimator's betas still rise). Comm is attributed when comm_s carries a rank's own
+transfer time on top of shared waiting. Comm ratios are relative to the whole comm
+time, waiting included, so a 2x slower transfer reads as less than 2x.
+
+Onset: at an event, the start of the run of recent steps whose per-step excess is
+past the midpoint between the level before and now. ``latency_s`` runs from the
+start of the onset step to the end of the detecting one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from itertools import islice
+from statistics import median
+from typing import Any
+
+from synapse.monitor.timing import StepTiming
+
+COMPUTE, COMM = "compute", "comm"
+KINDS = (COMPUTE, COMM)
+SLOWDOWN, RECOVERY = "slowdown", "recovery"
+STATE_VERSION = 1
+NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
+# Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
+_MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
+_TINY_S = 1e-9  # a zero baseline must not divide by zero
+_COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
+
+
+class DetectorConfigError(ValueError):
+    """A detector setting is out of range (the message names it and the fix)."""
+
+
+class DetectorInputError(ValueError):
+    """A record, state dict or rebase argument does not fit the detector's state."""
+
+
+def _check_number(name: str, value: Any, minimum: float, *, integer: bool = False,
+                  strict: bool = False, hint: str = "") -> None:
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):
+        what = "an integer" if integer else "a finite number"
+        raise DetectorConfigError(f"{name}={value!r} must be {what} {'>' if strict else '>='} {minimum}{hint}")
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Settings of `SlowdownDetector` (roles: see the module docstring)."""
+
+    warmup_steps: int = 10
+    baseline_window: int = 50
+    window: int = 10
+    threshold: float = 1.25
+    peer_threshold: float | None = 1.15
+    sustain: int = 3
+    min_comm_s: float = 0.005
+    wait_explain_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_number("warmup_steps", self.warmup_steps, 0, integer=True)
+        for name in ("baseline_window", "window", "sustain"):
+            _check_number(name, getattr(self, name), 1, integer=True)
+        _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
+        if self.peer_threshold is not None:
+            _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
+        _check_number("min_comm_s", self.min_comm_s, 0.0, hint=" seconds (e.g. 0.005)")
+        _check_number("wait_explain_factor", self.wait_explain_factor, 0.0, hint=" (e.g. 2.0; 0 disables)")
+
+    @property
+    def recover_below(self) -> float:
+        return 1.0 + (self.threshold - 1.0) / 2.0
+
+    @property
+    def history_len(self) -> int:
+        """Steps kept for evaluation and onset estimation."""
+        return 4 * self.window + self.sustain
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A slowdown, or the recovery from one, of one rank's compute or comm."""
+
+    rank: int
+    kind: str  # COMPUTE or COMM
+    event: str  # SLOWDOWN or RECOVERY
+    ratio: float  # windowed ratio to the baseline when the event fired
+    onset_step: int  # first step of the sustained change (estimated)
+    detected_step: int
+    latency_steps: int
+    latency_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Detection:
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise DetectorInputError(f"detection record lacks {missing}; required keys: {names}")
+        return cls(**{name: data[name] for name in names})
+
+
+@dataclass
+class _CommBaseline:
+    comm_s: list[float]  # median comm per rank
+    compute_s: list[float]  # median compute over the same steps (the waiting rule's reference)
+    spread_s: list[float]  # robust per-step sd of beyond_peer_comm
+
+    def carried(self, mapping: Sequence[int], comm_scale: Sequence[float],
+                compute_scale: Sequence[float]) -> _CommBaseline:
+        return _CommBaseline([self.comm_s[old] * s for old, s in zip(mapping, comm_scale)],
+                             [self.compute_s[old] * s for old, s in zip(mapping, compute_scale)],
+                             [self.spread_s[old] * s for old, s in zip(mapping, comm_scale)])
+
+
+@dataclass
+class _Entry:
+    step: int
+    start_time: float
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
+
+
+@dataclass
+class _Tracker:
+    above: int = 0  # evaluations in a row in excess (while inactive)
+    below: int = 0  # evaluations in a row cleared (while active)
+    active: Detection | None = None
+
+
+def _others_median(values: Sequence[float], rank: int, default: float) -> float:
+    others = list(values[:rank]) + list(values[rank + 1:])
+    return median(others) if others else default
+
+
+def own_comm_per_step(compute_excess: Sequence[float],
+                      comm_excess: Sequence[float]) -> tuple[list[float], list[float]]:
+    """(beyond_peer_comm, beyond_peer_step) of one step, per rank (the waiting rule)."""
+    occupancy = [c + m for c, m in zip(compute_excess, comm_excess)]
+    ranks = range(len(comm_excess))
+    beyond_comm = [comm_excess[r] - _others_median(comm_excess, r, 0.0) for r in ranks]
+    beyond_step = [comm_excess[r] + min(0.0, compute_excess[r]) - _others_median(occupancy, r, 0.0) for r in ranks]
+    return beyond_comm, beyond_step
+
+
+def peer_ratios(ratios: Sequence[float]) -> list[float]:
+    """Each rank's ratio over the median ratio of the other ranks (1.0 without others)."""
+    return [ratio / max(_others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
+
+
+def change_index(flags: Sequence[bool]) -> int:
+    """Start of the suffix in which True most outnumbers False (the latest on ties)."""
+    best_index, best_sum, running = len(flags) - 1, -math.inf, 0
+    for index in range(len(flags) - 1, -1, -1):
+        running += 1 if flags[index] else -1
+        if running > best_sum:
+            best_index, best_sum = index, running
+    return best_index
+
+
+def _robust_sd(values: Sequence[float]) -> float:
+    center = median(values)
+    return _MAD_TO_SD * median(abs(v - center) for v in values)
+
+
+def _excess(values: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    return [v - b for v, b in zip(values, baseline)]
+
+
+class SlowdownDetector:
+    """Feed `update` one `StepTiming` per step; it returns that step's events."""
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config if config is not None else DetectorConfig()
+        self._num_ranks: int | None = None
+        self._last_step: int | None = None
+        self._steps_since_start = 0
+        self._compute_baseline: list[float] | None = None
+        self._comm_baseline: _CommBaseline | None = None
+        self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
+        self._history: deque[_Entry] = deque(maxlen=self.config.history_len)
+        self._trackers: dict[tuple[str, int], _Tracker] = {}
+        self._latest_ratios: dict[str, tuple[float, ...]] = {}
+
+    @property
+    def num_ranks(self) -> int | None:
+        return self._num_ranks
+
+    @property
+    def active(self) -> tuple[Detection, ...]:
+        """Slowdowns detected and not yet recovered, by rank then kind."""
+        found = [t.active for t in self._trackers.values() if t.active is not None]
+        return tuple(sorted(found, key=lambda d: (d.rank, KINDS.index(d.kind))))
+
+    @property
+    def latest_ratios(self) -> dict[str, tuple[float, ...]]:
+        """Per kind, each rank's ratio at the last evaluation (empty before any)."""
+        return dict(self._latest_ratios)
+
+    def baseline(self, kind: str) -> tuple[float, ...] | None:
+        """Per-rank baseline seconds of `kind`; None while it is being learnt."""
+        if _check_kind(kind) == COMPUTE:
+            return None if self._compute_baseline is None else tuple(self._compute_baseline)
+        return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
+
+    # ------------------------------------------------------------------ update
+    def update(self, timing: StepTiming) -> list[Detection]:
+        self._accept(timing)
+        self._steps_since_start += 1
+        if self._steps_since_start <= self.config.warmup_steps:
+            return []
+        self._learn_baselines(timing)
+        self._history.append(_Entry(timing.step, timing.start_time, timing.compute_s, timing.comm_s))
+        if self._compute_baseline is None or len(self._history) < self.config.window:
+            return []
+        return self._evaluate(timing)
+
+    def _accept(self, timing: StepTiming) -> None:
+        if not isinstance(timing, StepTiming):
+            raise DetectorInputError(f"update() takes a StepTiming, got {type(timing).__name__}")
+        if self._last_step is not None and timing.step <= self._last_step:
+            raise DetectorInputError(
+                f"step {timing.step} arrived after step {self._last_step}; records must come in "
+                "increasing step order (after a restart, load the detector state saved with the checkpoint)")
+        if self._num_ranks is None:
+            self._num_ranks = timing.num_ranks
+        elif timing.num_ranks != self._num_ranks:
+            raise DetectorInputError(
+                f"step {timing.step} has {timing.num_ranks} ranks but the detector tracks "
+                f"{self._num_ranks}; after a re-partition call rebase(..., previous_rank=...)")
+        self._last_step = timing.step
+
+    def _learn_baselines(self, timing: StepTiming) -> None:
+        if self._compute_baseline is not None and self._comm_baseline is not None:
+            return
+        self._learning.append((timing.compute_s, timing.comm_s))
+        if len(self._learning) < self.config.baseline_window:
+            return
+        compute_steps, comm_steps = zip(*self._learning)
+        self._learning = []
+        compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
+        if self._compute_baseline is None:
+            self._compute_baseline = compute_median
+        if self._comm_baseline is None:
+            comm_median = [median(per_rank) for per_rank in zip(*comm_steps)]
+            own = [own_comm_per_step(_excess(c, compute_median), _excess(m, comm_median))[0]
+                   for c, m in zip(compute_steps, comm_steps)]
+            self._comm_baseline = _CommBaseline(comm_median, compute_median, [_robust_sd(s) for s in zip(*own)])
+
+    # -------------------------------------------------------------- evaluation
+    def _signal(self, entry: _Entry, name: str) -> list[float]:
+        signals = entry.signals
+        if name in signals:
+            return signals[name]
+        if name.startswith(COMPUTE):
+            ratios = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute_baseline)]
+            signals.update(compute_ratio=ratios, compute_peer=peer_ratios(ratios))
+        else:
+            base = self._comm_baseline
+            beyond_comm, beyond_step = own_comm_per_step(_excess(entry.compute_s, base.compute_s),
+                                                         _excess(entry.comm_s, base.comm_s))
+            ratios = [1.0 + max(0.0, min(a, b)) / self._denominator(COMM, r)
+                      for r, (a, b) in enumerate(zip(beyond_comm, beyond_step))]
+            signals.update(comm_beyond_comm=beyond_comm, comm_beyond_step=beyond_step,
+                           comm_ratio=ratios, comm_peer=peer_ratios(ratios))
+        return signals[name]
+
+    def _evaluate(self, timing: StepTiming) -> list[Detection]:
+        recent = list(islice(self._history, len(self._history) - self.config.window, None))
+
+        def window_median(name: str) -> list[float]:
+            return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
+
+        ratios = window_median("compute_ratio")
+        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), [True] * len(ratios), timing)
+        if self._comm_baseline is None:
+            return events
+        slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
+                if ratio >= self.config.threshold]
+        explained = self.config.wait_explain_factor * max(slow, default=0.0)
+        own = [max(0.0, min(a, b) - explained)
+               for a, b in zip(window_median("comm_beyond_comm"), window_median("comm_beyond_step"))]
+        comm_ratios = [1.0 + x / self._denominator(COMM, r) for r, x in enumerate(own)]
+        above_floor = [x >= self._comm_floor(r) for r, x in enumerate(own)]
+        return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
+
+    def _denominator(self, kind: str, rank: int) -> float:
+        if kind == COMM:
+            return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
+        return max(self._compute_baseline[rank], _TINY_S)
+
+    def _comm_floor(self, rank: int) -> float:
+        """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
+        noise = NOISE_Z * _MEDIAN_SD_FACTOR * self._comm_baseline.spread_s[rank] / math.sqrt(self.config.window)
+        return max(self.config.min_comm_s, noise, _TINY_S)
+
+    def _judge(self, kind: str, ratios: list[float], peers: list[float], above_floor: list[bool],
+               timing: StepTiming) -> list[Detection]:
+        self._latest_ratios[kind] = tuple(ratios)
+        cfg, events = self.config, []
+        skip_peers = cfg.peer_threshold is None or len(ratios) == 1
+        for rank, ratio in enumerate(ratios):
+            stands_out = skip_peers or peers[rank] >= cfg.peer_threshold
+            in_excess = ratio >= cfg.threshold and above_floor[rank] and stands_out
+            cleared = ratio < cfg.recover_below or not above_floor[rank]
+            event = self._advance(kind, rank, ratio, in_excess, cleared, timing)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _advance(self, kind: str, rank: int, ratio: float, in_excess: bool, cleared: bool,
+                 timing: StepTiming) -> Detection | None:
+        tracker = self._trackers.setdefault((kind, rank), _Tracker())
+        if tracker.active is None:
+            tracker.above = tracker.above + 1 if in_excess else 0
+            if tracker.above < self.config.sustain:
+                return None
+            tracker.above, tracker.below = 0, 0
+            tracker.active = self._event(kind, rank, SLOWDOWN, ratio, timing, level_before=0.0)
+            return tracker.active
+        tracker.below = tracker.below + 1 if cleared else 0
+        if tracker.below < max(self.config.sustain, self.config.window):
+            return None
+        slowed_excess = (tracker.active.ratio - 1.0) * self._denominator(kind, rank)
+        tracker.above, tracker.below, tracker.active = 0, 0, None
+        return self._event(kind, rank, RECOVERY, ratio, timing, level_before=slowed_excess)
+
+    def _event(self, kind: str, rank: int, event: str, ratio: float, timing: StepTiming,
+               level_before: float) -> Detection:
+        if kind == COMPUTE:
+            series = [e.compute_s[rank] - self._compute_baseline[rank] for e in self._history]
+        else:
+            series = [min(self._signal(e, "comm_beyond_comm")[rank], self._signal(e, "comm_beyond_step")[rank])
+                      for e in self._history]
+        cut = (level_before + (ratio - 1.0) * self._denominator(kind, rank)) / 2.0
+        changed = [x > cut for x in series] if event == SLOWDOWN else [x < cut for x in series]
+        onset = self._history[change_index(changed)]
+        return Detection(rank=rank, kind=kind, event=event, ratio=ratio, onset_step=onset.step,
+                         detected_step=timing.step, latency_steps=timing.step - onset.step,
+                         latency_s=timing.wall_time - onset.start_time)
+
+    # -------------------------------------------------------- restart support
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-friendly: baselines, partial baseline samples, history, counters."""
+        return {
+            "version": STATE_VERSION,
+            "num_ranks": self._num_ranks,
+            "last_step": self._last_step,
+            "compute_baseline": None if self._compute_baseline is None else list(self._compute_baseline),
+            "comm_baseline": None if self._comm_baseline is None else asdict(self._comm_baseline),
+            "learning": [[list(c), list(m)] for c, m in self._learning],
+            "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)] for e in self._history],
+            "trackers": [
+                {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
+                 "active": None if t.active is None else t.active.to_dict()}
+                for (kind, rank), t in sorted(self._trackers.items())
+            ],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`. The next ``warmup_steps`` records are the restarted
+        process's warm-up and are ignored; baselines and active slowdowns carry on,
+        so a device that is still slow is still reported, not learnt as normal."""
+        try:
+            restored = self._parse_state(state)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise DetectorInputError(f"not a detector state_dict() of version {STATE_VERSION}: {error}") from None
+        (self._num_ranks, self._last_step, self._compute_baseline, self._comm_baseline, self._learning,
+         self._history, self._trackers) = restored
+        self._latest_ratios, self._steps_since_start = {}, 0
+
+    def _parse_state(self, state: Mapping[str, Any]) -> tuple:
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"version {state['version']!r}, expected {STATE_VERSION}")
+        num_ranks, width = state["num_ranks"], state["num_ranks"] or 0
+
+        def per_rank(values: Sequence[float], what: str) -> list[float]:
+            if len(values) != width:
+                raise ValueError(f"{what} has {len(values)} ranks, num_ranks is {num_ranks}")
+            return [float(v) for v in values]
+
+        compute = None if state["compute_baseline"] is None else per_rank(state["compute_baseline"], "compute_baseline")
+        comm = state["comm_baseline"]
+        if comm is not None:
+            comm = _CommBaseline(*(per_rank(comm[k], f"comm_baseline.{k}") for k in _COMM_BASELINE_FIELDS))
+        learning = [(tuple(per_rank(c, "learning")), tuple(per_rank(m, "learning"))) for c, m in state["learning"]]
+        history = deque((_Entry(int(step), float(start), tuple(per_rank(c, "history")), tuple(per_rank(m, "history")))
+                         for step, start, c, m in state["history"]), maxlen=self.config.history_len)
+        trackers = {}
+        for item in state["trackers"]:
+            kind, rank = _check_kind(item["kind"]), int(item["rank"])
+            if not 0 <= rank < width:
+                raise ValueError(f"tracker rank {rank} is outside 0..{width - 1}")
+            active = None if item["active"] is None else Detection.from_dict(item["active"])
+            trackers[(kind, rank)] = _Tracker(int(item["above"]), int(item["below"]), active)
+        return num_ranks, state["last_step"], compute, comm, learning, history, trackers
+
+    def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
+               previous_rank: Sequence[int] | None = None) -> list[Detection]:
+        """Carry the baselines over a re-partition instead of re-learning them.
+
+        Re-learning would learn a slow device as normal. New rank i's baseline is
+        ``old baseline[previous_rank[i]] * scale[i]``, ``scale[i]`` being the cost
+        model's predicted new / old time of device i's stage at nominal speed
+        (alpha = beta = 1). ``previous_rank`` (default: same K ranks) maps new ranks
+        to old ones when a device was dropped. ``comm_scale=None`` re-learns the comm
+        baseline (comm is mostly waiting, which a cost model predicts poorly).
+        Active slowdowns follow their device; returns those dropped (device gone or
+        baseline re-learnt). History is cleared; the next ``warmup_steps`` are warm-up.
+        """
+        if self._num_ranks is None:
+            raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
+        mapping = _check_mapping(previous_rank, self._num_ranks)
+        compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
+        comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
+        carried = {COMPUTE: self._compute_baseline is not None}
+        carried[COMM] = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
+        dropped, trackers = [], {}
+        for (kind, old_rank), tracker in sorted(self._trackers.items()):
+            if tracker.active is not None and old_rank in mapping and carried[kind]:
+                new_rank = mapping.index(old_rank)
+                trackers[(kind, new_rank)] = _Tracker(active=replace(tracker.active, rank=new_rank))
+            elif tracker.active is not None:
+                dropped.append(tracker.active)
+        if carried[COMPUTE]:
+            self._compute_baseline = [self._compute_baseline[old] * s for old, s in zip(mapping, compute_scale)]
+        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if carried[COMM] else None
+        self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
+        self._latest_ratios, self._steps_since_start = {}, 0
+        self._history.clear()
+        return dropped
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise DetectorInputError(f"kind={kind!r}; use one of {KINDS}")
+    return kind
+
+
+def _check_mapping(previous_rank: Sequence[int] | None, old_ranks: int) -> list[int]:
+    if previous_rank is None:
+        return list(range(old_ranks))
+    mapping = list(previous_rank)
+    valid = all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < old_ranks for r in mapping)
+    if not mapping or not valid or len(set(mapping)) != len(mapping):
+        raise DetectorInputError(
+            f"previous_rank={mapping!r} must give each new rank a distinct old rank in 0..{old_ranks - 1}")
+    return mapping
+
+
+def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[float]:
+    values = list(scales)
+    if len(values) != num_ranks:
+        raise DetectorInputError(f"{name} has {len(values)} entries; give one per new rank ({num_ranks})")
+    for rank, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise DetectorInputError(f"{name}[{rank}]={value!r} must be a finite number > 0 (new / old predicted time)")
+    return [float(v) for v in values]

@@ -1,0 +1,131 @@
+"""One optimizer step's per-rank timings: the record behind performance.jsonl.
+
+The pipeline runtime writes one `StepTiming` per optimizer step (one JSON object
+per line). The slowdown detector and the alpha/beta estimator read it; both are
+pure and never see a process group.
+
+What the fields mean (the detector's rules depend on it):
+
+* ``step``: the optimizer step (0-based, strictly increasing within a log).
+* ``wall_time``: seconds since the epoch at the *end* of the step.
+* ``step_seconds``: duration of the step (so the step began at
+  ``wall_time - step_seconds``).
+* ``compute_s[r]``: rank r's own work in the step: teacher forward, student
+  forward and backward, optimizer; measured locally, so it does not include
+  time spent waiting for other ranks.
+* ``comm_s[r]``: time rank r spent in communication, *including* time blocked
+  waiting for a peer that is not ready yet. A slow stage therefore makes its
+  neighbours' ``comm_s`` grow (see `synapse.monitor.detector` for how that is
+  told apart from a slow link).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_REQUIRED_KEYS = ("step", "wall_time", "step_seconds", "compute_s", "comm_s")
+
+
+class TimingRecordError(ValueError):
+    """A step-timing record is malformed (the message names the field and the fix)."""
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TimingRecordError(f"{name}={value!r} must be a number of seconds")
+    if not math.isfinite(value) or value < 0:
+        raise TimingRecordError(f"{name}={value!r} must be finite and >= 0 seconds")
+    return float(value)
+
+
+def _check_per_rank(name: str, values: Any) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TimingRecordError(f"{name}={values!r} must be a list with one number of seconds per rank")
+    if len(values) == 0:
+        raise TimingRecordError(f"{name} is empty; give one value per rank (at least one rank)")
+    return tuple(_check_seconds(f"{name}[{rank}]", v) for rank, v in enumerate(values))
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Per-rank timings of one optimizer step (see the module docstring)."""
+
+    step: int
+    wall_time: float
+    step_seconds: float
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise TimingRecordError(f"step={self.step!r} must be an integer >= 0")
+        # Lists are accepted (JSON gives lists) and frozen into tuples.
+        object.__setattr__(self, "wall_time", _check_seconds("wall_time", self.wall_time))
+        object.__setattr__(self, "step_seconds", _check_seconds("step_seconds", self.step_seconds))
+        object.__setattr__(self, "compute_s", _check_per_rank("compute_s", self.compute_s))
+        object.__setattr__(self, "comm_s", _check_per_rank("comm_s", self.comm_s))
+        if len(self.compute_s) != len(self.comm_s):
+            raise TimingRecordError(
+                f"step {self.step}: compute_s has {len(self.compute_s)} ranks but comm_s has "
+                f"{len(self.comm_s)}; give both one value per rank"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.compute_s)
+
+    @property
+    def start_time(self) -> float:
+        """Seconds since the epoch at the start of the step."""
+        return self.wall_time - self.step_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "wall_time": self.wall_time,
+            "step_seconds": self.step_seconds,
+            "compute_s": list(self.compute_s),
+            "comm_s": list(self.comm_s),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepTiming:
+        """Inverse of `to_dict`. Unknown keys are ignored so that the runtime may
+        add fields (e.g. the loss) without breaking older readers."""
+        if not isinstance(data, Mapping):
+            raise TimingRecordError(f"a step-timing record must be a JSON object, got {type(data).__name__}")
+        missing = [key for key in _REQUIRED_KEYS if key not in data]
+        if missing:
+            raise TimingRecordError(f"step-timing record lacks {missing}; required keys: {list(_REQUIRED_KEYS)}")
+        return cls(**{key: data[key] for key in _REQUIRED_KEYS})
+
+    def to_json_line(self) -> str:
+        """One line of performance.jsonl (no trailing newline)."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json_line(cls, line: str) -> StepTiming:
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TimingRecordError(f"not a JSON object: {line[:80]!r} ({error})") from None
+        return cls.from_dict(data)
+
+
+def read_step_timings(path: str | Path) -> list[StepTiming]:
+    """All records of a performance.jsonl file; blank lines are skipped."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(StepTiming.from_json_line(line))
+            except TimingRecordError as error:
+                raise TimingRecordError(f"{path}:{number}: {error}") from None
+    return records

@@ -1,0 +1,273 @@
+"""Per-device compute (alpha) and communication (beta) slowdown factors.
+
+Pure: measured per-rank seconds and the cost model's predicted per-rank seconds
+in, one alpha and one beta per device out (1.0 = as fast as the profile says).
+
+For each step and each rank r, running on device g::
+
+    ratio = measured_s[r] / predicted_s[r]                  (compute and comm alike)
+    alpha_g = ratio / reference_compute,  beta_g = ratio / reference_comm
+
+The reference makes the estimate independent of where the profile was taken:
+a profile measured on a faster machine, or per micro-batch instead of per step,
+makes every ratio off by the same factor, which must not read as a slowdown.
+After ``warmup_steps`` (ignored), ``baseline_steps`` steps give each device its
+median ratio, and the reference is the median of those over the devices. The
+median over devices is robust while fewer than half the devices are slow at
+the start; with two devices it is their mean, so one device slow from the start
+shifts both alphas half way. Each kind (compute, comm) has its own baseline,
+counted in steps that measured it (comm may appear only later, after a
+re-partition gives a rank a successor).
+
+Smoothing: each device keeps the last ``median_window`` normalised ratios, and
+their median (a single-step spike cannot move it) feeds an EMA of weight
+``ema_weight``. Samples are clipped to [min_alpha, max_alpha] (and the beta
+bounds): below 1 is allowed, a device may be faster than the reference (a
+heterogeneous cluster), but not absurdly so after a glitch (default 0.25, so the
+planner never loads a device with more than 4x its share on such evidence);
+the default upper bound 20 keeps costs finite: a device slower than that is
+effectively failed and dropping it (DEGRADE) is the planner's answer.
+
+Contract for the predictions:
+
+* at nominal speed (``DeviceSpec(alpha=1, beta=1)``), or a slowdown already
+  planned for is divided out and reads as 1, and the next plan forgets it;
+* a rank whose predicted time is below ``min_predicted_s`` is not measured (the
+  last stage sends nothing; infinite bandwidth predicts no comm): its factor
+  keeps its last value, 1.0 at first;
+* measured comm includes waiting for peers while the cost model predicts
+  transfers, so beta reads waiting as well; the reference removes the part
+  common to all ranks, not per-rank differences in waiting.
+
+State is keyed by device id (an int, like `synapse.planner.eta.DeviceId`), not by
+rank: alpha is a property of the device, and survives re-partitions unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+COMPUTE, COMM = "compute", "comm"
+KINDS = (COMPUTE, COMM)
+STATE_VERSION = 1
+
+
+class EstimatorConfigError(ValueError):
+    """An estimator setting is out of range (the message names it and the fix)."""
+
+
+class EstimatorInputError(ValueError):
+    """Measurements, predictions or a state dict do not fit (the message says which)."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """Settings of `AlphaBetaEstimator` (roles: see the module docstring)."""
+
+    warmup_steps: int = 10
+    baseline_steps: int = 30
+    median_window: int = 5
+    ema_weight: float = 0.2
+    min_alpha: float = 0.25
+    max_alpha: float = 20.0
+    min_beta: float = 0.25
+    max_beta: float = 20.0
+    min_predicted_s: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("warmup_steps", 0), ("baseline_steps", 1), ("median_window", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise EstimatorConfigError(f"{name}={value!r} must be an integer >= {minimum}")
+        if not (_is_number(self.ema_weight) and 0 < self.ema_weight <= 1):
+            raise EstimatorConfigError(f"ema_weight={self.ema_weight!r} must be in (0, 1] (1 = no smoothing)")
+        for low, high in (("min_alpha", "max_alpha"), ("min_beta", "max_beta")):
+            lo, hi = getattr(self, low), getattr(self, high)
+            if not (_is_number(lo) and _is_number(hi) and 0 < lo <= 1 <= hi):
+                raise EstimatorConfigError(f"{low}={lo!r}, {high}={hi!r}: need finite 0 < {low} <= 1 <= {high}")
+        if not (_is_number(self.min_predicted_s) and self.min_predicted_s > 0):
+            raise EstimatorConfigError(f"min_predicted_s={self.min_predicted_s!r} must be a finite number > 0 seconds")
+
+    def bounds(self, kind: str) -> tuple[float, float]:
+        return (self.min_alpha, self.max_alpha) if kind == COMPUTE else (self.min_beta, self.max_beta)
+
+
+@dataclass
+class _Factor:
+    """One device's smoothed factor of one kind."""
+
+    window: int
+    value: float | None = None  # None until the first smoothed sample
+    recent: deque[float] = field(init=False)  # last normalised, clipped ratios
+
+    def __post_init__(self) -> None:
+        self.recent = deque(maxlen=self.window)
+
+
+class _Kind:
+    """Reference and per-device factors of one kind (compute or comm)."""
+
+    def __init__(self, config: EstimatorConfig, kind: str) -> None:
+        self.config, self.kind = config, kind
+        self.reference: float | None = None
+        self.baseline: dict[int, list[float]] = {}  # device -> raw ratios of the baseline phase
+        self.baseline_steps = 0
+        self.factors: dict[int, _Factor] = {}
+
+    def observe(self, ratios: Mapping[int, float]) -> None:
+        """Raw measured / predicted ratios of one step, for the devices measured."""
+        if not ratios:
+            return
+        if self.reference is None:
+            self._collect(ratios)
+            return
+        for device, ratio in ratios.items():
+            self._smooth(device, ratio / self.reference)
+
+    def _collect(self, ratios: Mapping[int, float]) -> None:
+        for device, ratio in ratios.items():
+            self.baseline.setdefault(device, []).append(ratio)
+        self.baseline_steps += 1
+        if self.baseline_steps < self.config.baseline_steps:
+            return
+        device_medians = {device: median(values) for device, values in self.baseline.items()}
+        self.baseline, self.baseline_steps = {}, 0
+        if median(device_medians.values()) <= 0:
+            return  # nothing was measured (e.g. comm timed as 0): start the baseline again
+        self.reference = median(device_medians.values())
+        for device, value in device_medians.items():
+            self.factors[device] = _Factor(self.config.median_window, self._clip(value / self.reference))
+
+    def _smooth(self, device: int, normalised: float) -> None:
+        factor = self.factors.setdefault(device, _Factor(self.config.median_window))
+        factor.recent.append(self._clip(normalised))
+        if len(factor.recent) < self.config.median_window:
+            return  # too few samples for a median a spike cannot move
+        sample = median(factor.recent)
+        weight = self.config.ema_weight
+        factor.value = sample if factor.value is None else factor.value + weight * (sample - factor.value)
+
+    def _clip(self, value: float) -> float:
+        low, high = self.config.bounds(self.kind)
+        return min(max(value, low), high)
+
+    def value(self, device: int) -> float:
+        factor = self.factors.get(device)
+        return 1.0 if factor is None or factor.value is None else factor.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "baseline_steps": self.baseline_steps,
+            "baseline": [[device, list(values)] for device, values in sorted(self.baseline.items())],
+            "factors": [[device, f.value] for device, f in sorted(self.factors.items())],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        reference = state["reference"]
+        if reference is not None and not (_is_number(reference) and reference > 0):
+            raise ValueError(f"reference={reference!r} must be a number > 0 or null")
+        self.reference = reference
+        self.baseline_steps = int(state["baseline_steps"])
+        self.baseline = {_device_id(device): [float(v) for v in values] for device, values in state["baseline"]}
+        # Smoothing windows are not saved: they would hold the previous process's last steps.
+        self.factors = {_device_id(device): _Factor(self.config.median_window, None if value is None else float(value))
+                        for device, value in state["factors"]}
+
+
+def _device_id(device: Any) -> int:
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise EstimatorInputError(f"device id {device!r} must be an int (see synapse.planner.eta.DeviceId)")
+    return device
+
+
+def _check_seconds(name: str, values: Sequence[float], expected: int) -> list[float]:
+    values = list(values)
+    if len(values) != expected:
+        raise EstimatorInputError(f"{name} has {len(values)} entries; give one per rank ({expected}, as in devices)")
+    for rank, value in enumerate(values):
+        if not (_is_number(value) and value >= 0):
+            raise EstimatorInputError(f"{name}[{rank}]={value!r} must be a finite number of seconds >= 0")
+    return [float(v) for v in values]
+
+
+class AlphaBetaEstimator:
+    """Feed `update` once per step; read `alphas()` / `betas()` for the planner."""
+
+    def __init__(self, config: EstimatorConfig | None = None) -> None:
+        self.config = config if config is not None else EstimatorConfig()
+        self._kinds = {kind: _Kind(self.config, kind) for kind in KINDS}
+        self._steps_since_start = 0
+
+    def update(self, *, devices: Sequence[int], measured_compute_s: Sequence[float],
+               measured_comm_s: Sequence[float], predicted_compute_s: Sequence[float],
+               predicted_comm_s: Sequence[float]) -> None:
+        """One step. ``devices[r]`` is the device of rank r; the other sequences are
+        per rank, predictions at nominal speed (see the module docstring)."""
+        devices = [_device_id(d) for d in devices]
+        if not devices or len(set(devices)) != len(devices):
+            raise EstimatorInputError(f"devices={devices!r} must list one distinct device id per rank")
+        width = len(devices)
+        measured = {COMPUTE: _check_seconds("measured_compute_s", measured_compute_s, width),
+                    COMM: _check_seconds("measured_comm_s", measured_comm_s, width)}
+        predicted = {COMPUTE: _check_seconds("predicted_compute_s", predicted_compute_s, width),
+                     COMM: _check_seconds("predicted_comm_s", predicted_comm_s, width)}
+        self._steps_since_start += 1
+        if self._steps_since_start <= self.config.warmup_steps:
+            return
+        for kind, state in self._kinds.items():
+            state.observe({device: m / p for device, m, p in zip(devices, measured[kind], predicted[kind])
+                           if p >= self.config.min_predicted_s})
+
+    def reference(self, kind: str) -> float | None:
+        """Median measured / predicted ratio of the baseline phase; None before it ends."""
+        return self._kind(kind).reference
+
+    @property
+    def ready(self) -> bool:
+        """Whether the compute reference is known (betas may still be 1.0 by default)."""
+        return self._kinds[COMPUTE].reference is not None
+
+    def alpha(self, device: int) -> float:
+        return self._kinds[COMPUTE].value(_device_id(device))
+
+    def beta(self, device: int) -> float:
+        return self._kinds[COMM].value(_device_id(device))
+
+    def alphas(self) -> dict[int, float]:
+        """alpha of every device measured so far (unmeasured devices: assume 1.0)."""
+        return {device: self.alpha(device) for device in sorted(self._kinds[COMPUTE].factors)}
+
+    def betas(self) -> dict[int, float]:
+        return {device: self.beta(device) for device in sorted(self._kinds[COMM].factors)}
+
+    def _kind(self, kind: str) -> _Kind:
+        if kind not in self._kinds:
+            raise EstimatorInputError(f"kind={kind!r}; use one of {KINDS}")
+        return self._kinds[kind]
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-friendly: references, baseline samples, smoothed factors."""
+        return {"version": STATE_VERSION, **{kind: state.state_dict() for kind, state in self._kinds.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`. The next ``warmup_steps`` steps are the restarted
+        process's warm-up and are ignored; the smoothing windows start empty."""
+        kinds = {kind: _Kind(self.config, kind) for kind in KINDS}
+        try:
+            if state["version"] != STATE_VERSION:
+                raise ValueError(f"version {state['version']!r}, expected {STATE_VERSION}")
+            for kind, kind_state in kinds.items():
+                kind_state.load_state_dict(state[kind])
+        except (KeyError, TypeError, ValueError) as error:
+            raise EstimatorInputError(f"not an estimator state_dict() of version {STATE_VERSION}: {error}") from None
+        self._kinds, self._steps_since_start = kinds, 0
