@@ -91,7 +91,7 @@ class TrainerConfig:
     # pipeline: the pipeline runtime even on one device (K = 1).
     strategy: str = "auto"
     nodes: int = 1  # machines taking part; each runs train.py with the same config
-    node_rank: int = 0  # informational: c10d rendezvous assigns ranks
+    node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
     rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
     collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang

@@ -34,13 +34,15 @@ def free_port() -> int:
 
 def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchConfig:
     trainer = cfg.trainer
-    endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
     logs = DefaultLogsSpecs(log_dir=str(run_dir / "logs" / f"launch_{attempt}"), redirects=Std.ALL, tee=Std.ALL)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
         run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s},
+        rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s,
+                      # Node 0 hosts the c10d store; on one machine the others must not try to.
+                      "is_host": trainer.node_rank == 0},
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
         monitor_interval=0.1, start_method="spawn", logs_specs=logs,
     )
