@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-PHASES = ("step_start", "forward", "backward", "optimizer", "checkpoint_write")
+PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write")
 FAULT_KINDS = ("raise", "kill")
 
 

@@ -29,6 +29,18 @@ class TimedPipelineStage(PipelineStage):
     clock: StageClock | None = None
     phase_hook: Callable[[str], None] | None = None
 
+    def get_fwd_send_ops(self, *args: Any, **kwargs: Any):
+        # Sends are posted here: a hook at this point delays this rank's outgoing transfers
+        # (communication slowdown injection) without touching the schedule's logic.
+        if self.phase_hook is not None:
+            self.phase_hook("send")
+        return super().get_fwd_send_ops(*args, **kwargs)
+
+    def get_bwd_send_ops(self, *args: Any, **kwargs: Any):
+        if self.phase_hook is not None:
+            self.phase_hook("send")
+        return super().get_bwd_send_ops(*args, **kwargs)
+
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
         if self.phase_hook is not None:
             self.phase_hook("backward")

@@ -24,6 +24,7 @@ from ..engine.metrics import JsonlWriter, NullWriter, topk_correct
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
+from ..monitor.heartbeat import Heartbeat
 from ..monitor.injection import FaultInjector, parse_faults
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from .partition import StagePartition
@@ -40,6 +41,7 @@ class PipelineTrainer(Trainer):
     owned: dict[str, torch.Tensor] = field(default_factory=dict)
     performance: JsonlWriter | None = None
     partition: StagePartition | None = None
+    heartbeat: Heartbeat | None = None
 
     @property
     def writes_records(self) -> bool:
@@ -50,6 +52,7 @@ class PipelineTrainer(Trainer):
 
     def step_record_extras(self) -> dict[str, Any]:
         """Gather every rank's compute/comm split of the step to the record-writing rank."""
+        self.heartbeat.beat(self.step)
         timings: list[dict[str, float]] = [{} for _ in range(self.world_size)]
         dist.all_gather_object(timings, self.runtime.last_timing)
         if self.writes_records:
@@ -168,4 +171,5 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     return PipelineTrainer(cfg, run_dir, setup, module, None, optimizer, scheduler, parts.train_ds, parts.val_ds,
                            parts.sampler, parts.total_steps, parts.num_epochs, step_fn=None, log=log,
                            runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
-                           partition=partition, injector=injector)
+                           partition=partition, injector=injector,
+                           heartbeat=Heartbeat(run_dir, rank, str(setup.device)))
