@@ -39,8 +39,22 @@ def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class ResumableLambdaLR(LambdaLR):
+    """LambdaLR whose ``load_state_dict`` also puts the restored learning rate back on the optimizer.
+
+    LambdaLR restores only its own counters; the optimizer's param groups would keep the
+    learning rate of step 0 for the first step after a resume, and the resumed run would
+    drift from the uninterrupted one.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for group, lr in zip(self.optimizer.param_groups, self.get_last_lr()):
+            group["lr"] = lr
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
-    return LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+    return ResumableLambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
 
 def optimizer_state_by_name(optimizer: torch.optim.Optimizer,

@@ -75,6 +75,15 @@ class FunctionalDropout(nn.Module):
         return F.dropout(x, p=self.p, training=self.training) if self.p else x
 
 
+def _head_dropout(m: nn.Module) -> FunctionalDropout:
+    # Registered on the model (no parameters, state_dict unchanged) so that model.train() and
+    # model.eval() reach it like every other block; a free-standing module would stay in
+    # training mode and keep dropping activations after model.eval().
+    if not isinstance(getattr(m, "head_dropout_block", None), FunctionalDropout):
+        m.add_module("head_dropout_block", FunctionalDropout(m.drop_rate).train(m.training))
+    return m.head_dropout_block
+
+
 def _vit_blocks(m: nn.Module) -> list[nn.Module]:
     return [m.patch_embed, TokenEmbed(m), nn.Sequential(m.patch_drop, m.norm_pre), *m.blocks,
             m.norm, TokenPool(m), nn.Sequential(m.head_drop, m.head)]
@@ -83,12 +92,12 @@ def _vit_blocks(m: nn.Module) -> list[nn.Module]:
 def _resnet_blocks(m: nn.Module) -> list[nn.Module]:
     stages = [m.layer1, m.layer2, m.layer3, m.layer4]
     return [m.conv1, m.bn1, m.act1, m.maxpool, *(blk for stage in stages for blk in stage),
-            m.global_pool, FunctionalDropout(m.drop_rate), m.fc]
+            m.global_pool, _head_dropout(m), m.fc]
 
 
 def _efficientnet_blocks(m: nn.Module) -> list[nn.Module]:
     return [m.conv_stem, m.bn1, *(blk for stage in m.blocks for blk in stage), m.conv_head, m.bn2,
-            m.global_pool, FunctionalDropout(m.drop_rate), m.classifier]
+            m.global_pool, _head_dropout(m), m.classifier]
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
