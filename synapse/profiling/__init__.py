@@ -1,0 +1,20 @@
+"""Block-wise profiler: measure a model block by block and write the Synapse profile CSV.
+
+Measurement lives here; the planner (``synapse.planner``) only reads the CSVs it writes.
+Modules: ``request`` (what to measure, cache key), ``sweeps`` (how blocks are run and timed),
+``measure`` (timer, saved-tensor and memory counters), ``profiler`` (one profile), ``result``
+(files on disk), ``cache`` (get-or-measure, and the entry point for ``train.py mode=profile``).
+Only torch, timm and the package's models/planner are needed: no Hydra, so a bare GPU
+machine can profile.
+"""
+from .cache import PROFILES_SUBDIR, ProfilePaths, cached_profile_path, get_or_profile, profile_for_config
+from .profiler import measurement_count, profile_model, run_profile
+from .request import (DTYPES, ROLES, ProfileRequest, ProfilerError, cache_key, device_name, resolve_device,
+                      resolve_precision)
+from .result import ProfileDetails, ProfileResult, details_path, load_result, save_result
+from .sweeps import parameter_bytes
+
+__all__ = ["DTYPES", "PROFILES_SUBDIR", "ROLES", "ProfileDetails", "ProfilePaths", "ProfileRequest", "ProfileResult",
+           "ProfilerError", "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile",
+           "load_result", "measurement_count", "parameter_bytes", "profile_for_config", "profile_model",
+           "resolve_device", "resolve_precision", "run_profile", "save_result"]

@@ -1,0 +1,60 @@
+"""Profiles cached on disk, and the entry point ``python train.py mode=profile`` calls.
+
+A profile is cached under ``<cache_dir>/profiles/<key>.csv`` where the key names the model,
+role, micro-batch, dtype, hardware, image size, input channels and class count (see
+``cache_key``): the same request on the same kind of device is measured once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .profiler import Log, run_profile
+from .request import ProfileRequest, cache_key, device_name, resolve_device, resolve_precision
+from .result import ProfileResult, load_result, save_result
+
+PROFILES_SUBDIR = "profiles"
+
+
+def cached_profile_path(request: ProfileRequest, cache_dir: str | Path) -> Path:
+    """Where ``request``'s profile lives in the cache (resolving the device to name its hardware)."""
+    hardware = device_name(resolve_device(request.device))
+    return Path(cache_dir) / PROFILES_SUBDIR / f"{cache_key(request, hardware)}.csv"
+
+
+def get_or_profile(request: ProfileRequest, cache_dir: str | Path, refresh: bool = False,
+                   log: Log | None = None) -> tuple[ProfileResult, Path]:
+    """The cached profile for ``request`` if there is one (unless ``refresh``), else measure and cache it."""
+    path = cached_profile_path(request, cache_dir)
+    if path.exists() and not refresh:
+        if log:
+            log(f"{request.model_name} ({request.role}): cached profile {path}")
+        return load_result(path), path
+    result = run_profile(request, log)
+    save_result(result, path)
+    if log:
+        log(f"{request.model_name} ({request.role}): profile written to {path}")
+    return result, path
+
+
+@dataclass(frozen=True)
+class ProfilePaths:
+    teacher: Path
+    student: Path
+
+
+def profile_for_config(teacher_name: str, student_name: str, micro_batch: int, precision: str, device: str,
+                       num_classes: int, in_chans: int, image_size: int, cache_dir: str | Path,
+                       warmup: int = 3, repeats: int = 10, refresh: bool = False,
+                       log: Log | None = None) -> ProfilePaths:
+    """Profile (or find in the cache) the teacher and the student of a run; returns the two CSV paths.
+
+    ``precision`` is the trainer's ('auto' | 'fp32' | 'bf16'; auto = bf16 on CUDA, fp32 on CPU).
+    """
+    dtype = resolve_precision(precision, device)
+    paths = {}
+    for role, name in (("teacher", teacher_name), ("student", student_name)):
+        request = ProfileRequest(name, role, micro_batch, dtype, device, num_classes, in_chans, image_size,
+                                 warmup, repeats)
+        paths[role] = get_or_profile(request, cache_dir, refresh=refresh, log=log)[1]
+    return ProfilePaths(**paths)
