@@ -1,0 +1,226 @@
+"""The Hydra configuration: every file composes, every experiment runs, every bad value is refused early.
+
+Composition goes through Hydra's compose API on conf/ (what ``python train.py`` does), so these
+tests see the real defaults list, the structured schema and the group files.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+
+from synapse.config import ConfigError, validate
+from synapse.launch.run import run
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+MEMBERS = [(group, f.stem) for group in GROUPS for f in sorted((CONF_DIR / group).glob("*.yaml"))]
+EXPERIMENTS = [member for group, member in MEMBERS if group == "experiment"]
+HAS_CUDA = torch.cuda.is_available()
+
+# Group members that cannot run on this machine, even as their file documents, and the key the
+# error must name (ImageNet100 needs the data set, trainer=gpu a GPU).
+NEEDS_MORE = {("data", "imagenet100"): "data.root"}
+if not HAS_CUDA:
+    NEEDS_MORE[("trainer", "gpu")] = "trainer.accelerator"
+DOCUMENTED_COMMAND = re.compile(r"python train\.py((?: [^\s#]+)+)")
+
+
+def documented_overrides(path: Path, group: str, member: str) -> list[str]:
+    """The overrides of the ``python train.py ...`` line a file documents itself with, else just itself."""
+    for line in path.read_text().splitlines():
+        match = DOCUMENTED_COMMAND.search(line) if line.lstrip().startswith("#") else None
+        if match and f"{group}={member}" in match.group(1).split():
+            return match.group(1).split()
+    return [f"{group}={member}"]
+
+
+def yaml_leaves(node, prefix: str = ""):
+    """(dotted key, value) of every leaf of a YAML file's content, the defaults list excluded."""
+    for key, value in node.items_ex(resolve=False) if isinstance(node, DictConfig) else []:
+        if key == "defaults" and not prefix:
+            continue
+        dotted = f"{prefix}{key}"
+        if isinstance(value, DictConfig) and len(value):
+            yield from yaml_leaves(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def package_prefix(path: Path, group: str) -> str:
+    return "" if "@package _global_" in path.read_text() else f"{group}."
+
+
+# ----------------------------------------------------------------------------- composition
+
+def test_there_are_config_groups_and_experiments():
+    assert {"teacher", "student", "data", "trainer", "experiment"} <= set(GROUPS)
+    assert EXPERIMENTS
+
+
+def test_default_config_composes_and_validates(make_config):
+    cfg = make_config()
+    defaults = (cfg.mode, cfg.teacher.name, cfg.student.name, cfg.data.name)
+    assert defaults == ("kd", "resnet_mini", "resnet_micro", "digits")
+    validate(cfg)
+
+
+def test_run_dir_comes_from_hydra_unless_given(make_config, tmp_path):
+    raw = OmegaConf.load(CONF_DIR / "config.yaml")
+    assert OmegaConf.to_container(raw, resolve=False)["run_dir"] == "${hydra:runtime.output_dir}"
+    assert make_config(run_dir=tmp_path / "elsewhere").run_dir == str(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("group, member", MEMBERS, ids=[f"{g}={m}" for g, m in MEMBERS])
+def test_every_group_member_composes_is_applied_and_validates(make_config, group, member):
+    cfg = make_config(f"{group}={member}")
+    path = CONF_DIR / group / f"{member}.yaml"
+    prefix = package_prefix(path, group)
+    for key, value in yaml_leaves(OmegaConf.load(path)):
+        full_key = prefix + key
+        if value == "???":  # merged onto an Optional field, '???' leaves it unset: validate names it
+            assert OmegaConf.select(cfg, full_key) is None
+        else:
+            assert OmegaConf.select(cfg, full_key) == value, f"{path.name} sets {full_key}={value}"
+    # ... and the command the file documents validates, or the error names what this machine lacks.
+    overrides = documented_overrides(path, group, member)
+    if overrides != [f"{group}={member}"]:
+        cfg = make_config(*overrides)
+    if (group, member) not in NEEDS_MORE:
+        validate(cfg)
+        return
+    with pytest.raises(ValueError, match=re.escape(NEEDS_MORE[group, member])):
+        validate(cfg)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_smoke_runs_on_cpu(make_config, tiny_run, tmp_path, experiment):
+    # Only what makes it small and CPU-bound is overridden; models, data and the rest are the experiment's.
+    cfg = make_config(f"experiment={experiment}", "trainer.accelerator=cpu", "trainer.max_steps=2",
+                      "trainer.threads=1", "trainer.progress=false", "teacher.auto_train_epochs=0",
+                      run_dir=tmp_path / experiment)
+    summary = run(cfg, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / experiment / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
+    assert (tmp_path / experiment / "summary.json").is_file()
+
+
+# ----------------------------------------------------------------------------- errors while composing
+
+def test_misspelt_key_is_refused_while_composing(make_config):
+    with pytest.raises(ConfigCompositionException, match=r"Could not override 'trainer\.epoch'"):
+        make_config("trainer.epoch=3")
+
+
+def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
+    # Hydra's hint for the error above is '+trainer.epoch=3', which it then accepts silently.
+    cfg = make_config("+trainer.epoch=3")
+    with pytest.raises(ConfigError, match=r"^trainer\.epoch: is not a Synapse setting .*Fix: remove the override; "
+                                          r"did you mean trainer\.epochs\?"):
+        validate(cfg)
+    with pytest.raises(ConfigError, match=r"^nonsense: is not a Synapse setting"):
+        validate(make_config("+nonsense=1"))
+    validate(make_config("+policy.params.margin=0.1"))  # free-form parameter dicts take any key
+
+
+@pytest.mark.parametrize("override, cause", [
+    ("data.batch_size=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("kd.T=hot", "Value 'hot' of type 'str' could not be converted to Float"),
+    ("trainer.progress=maybe", "Value 'maybe' is not a valid bool"),
+])
+def test_wrong_type_is_refused_while_composing(make_config, override, cause):
+    with pytest.raises(ConfigCompositionException, match=f"Error merging override {override}") as error:
+        make_config(override)
+    assert cause in str(error.value.__cause__)
+    assert f"full_key: {override.split('=')[0]}" in str(error.value.__cause__)
+
+
+def test_unknown_group_member_lists_the_available_ones(make_config):
+    with pytest.raises(MissingConfigException, match=r"Could not find 'teacher/nope'") as error:
+        make_config("teacher=nope")
+    assert "Available options in 'teacher'" in str(error.value) and "resnet_micro" in str(error.value)
+
+
+# ----------------------------------------------------------------------------- errors from validate
+# (overrides, the message's start: "<key>: <problem>", a fragment of the fix)
+VALIDATION_ERRORS = [
+    (["kd.T=0"], "kd.T: must be > 0, got 0.0", "set kd.T to a value > 0"),
+    (["kd.T=-1.5"], "kd.T: must be > 0, got -1.5", "set kd.T to a value > 0"),
+    (["kd.lambda_kd=1.5"], "kd.lambda_kd: must be in [0, 1], got 1.5", "kd.lambda_kd=0.9 weighs KD 0.9"),
+    (["kd.mode=kl"], "kd.mode: 'kl' is not a valid choice", "use one of st, logits"),
+    (["data.batch_size=0"], "data.batch_size: must be > 0, got 0", "set data.batch_size to a value > 0"),
+    (["data.batch_size=-8"], "data.batch_size: must be > 0, got -8", "set data.batch_size"),
+    (["data.val_batch_size=0"], "data.val_batch_size: must be > 0", "set data.val_batch_size"),
+    (["optim.lr=0"], "optim.lr: must be > 0, got 0.0", "set optim.lr to a value > 0"),
+    (["optim.lr=-0.1"], "optim.lr: must be > 0, got -0.1", "set optim.lr"),
+    (["optim.name=adam"], "optim.name: 'adam' is not a valid choice", "use one of sgd, adamw"),
+    (["mode=distil"], "mode: 'distil' is not a valid choice", "use one of kd, teacher, baseline"),
+    (["teacher.name=nope"], "teacher.name: unknown model 'nope'", "choose one of deit_base"),
+    (["student.name=resnet9000"], "student.name: unknown model 'resnet9000'", "resnet152"),
+    (["student.drop_rate=1.0"], "student.drop_rate: must be in [0, 1), got 1.0", "student.drop_rate=0.1"),
+    (["teacher.checkpoint=/nonexistent/t.pt"], "teacher.checkpoint: file '/nonexistent/t.pt' does not exist",
+     "weights are never downloaded"),
+    (["resume=/nonexistent/step_1"], "resume: checkpoint '/nonexistent/step_1' does not exist", "resume=auto"),
+    (["pipeline.microbatches=3"], "pipeline.microbatches: 3 micro-batches do not divide data.batch_size=64",
+     "choose a divisor of the batch size"),
+    (["pipeline.microbatches=0"], "pipeline.microbatches: must be > 0", "set pipeline.microbatches"),
+    (["trainer.accelerator=cpu", "trainer.devices=[0,0]"], "trainer.devices: duplicate device ids in [0, 0]",
+     "list each device once"),
+    (["trainer.accelerator=cpu", "trainer.devices=[]"], "trainer.devices: no devices given",
+     "trainer.devices=1"),
+    (["trainer.accelerator=cpu", "trainer.devices=abc"], "trainer.devices: 'abc' is neither a count nor a list",
+     "trainer.devices=2"),
+    (["trainer.accelerator=tpu"], "trainer.accelerator: 'tpu' is not a valid choice", "auto, cpu, cuda"),
+    (["partition=manual", "partition.teacher=[5,5]", "partition.student=[4]", "trainer.accelerator=cpu",
+      "trainer.devices=2"], "partition.student: 1 stages given for 2 devices", "give exactly 2 block counts"),
+    (["partition=manual"], "partition.teacher: partition.mode=manual needs blocks per stage",
+     "or use partition=even"),
+    (["data=imagenet100"], "data.root: ImageNet100 needs a data root", "set data.root=/path/to/imagenet"),
+    (["checkpoint.keep=0"], "checkpoint.keep: must be > 0", "set checkpoint.keep"),
+]
+
+
+@pytest.mark.parametrize("overrides, problem, fix", VALIDATION_ERRORS,
+                         ids=[" ".join(o) for o, _, _ in VALIDATION_ERRORS])
+def test_bad_value_is_refused_with_key_and_fix(make_config, overrides, problem, fix):
+    with pytest.raises(ConfigError) as error:
+        validate(make_config(*overrides))
+    message = str(error.value)
+    assert message.startswith(problem), message
+    assert fix in message.split(". Fix: ", 1)[1], message
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused(make_config):
+    with pytest.raises(ConfigError, match=r"^trainer\.accelerator: cuda requested but no CUDA device is visible\. "
+                                          r"Fix: use trainer\.accelerator=cpu"):
+        validate(make_config("trainer.accelerator=cuda"))
+    with pytest.raises(ConfigError, match=r"^trainer\.accelerator: cuda requested"):
+        validate(make_config("trainer=gpu"))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_id_beyond_the_machine_is_refused(make_config):
+    count = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=rf"^trainer\.devices: GPU ids \[{count + 3}\] do not exist .*Fix: "):
+        validate(make_config("trainer.accelerator=cuda", f"trainer.devices=[{count + 3}]"))
+
+
+def test_missing_imagenet_root_folder_is_refused_before_any_work(make_config, tmp_path):
+    with pytest.raises(ValueError, match=r"ImageNet100 root '.*absent' does not exist; expected <root>/train/"
+                                         r".*\(data\.root in the config\)"):
+        validate(make_config("data=imagenet100", f"data.root={tmp_path / 'absent'}"))
+
+
+def test_run_refuses_a_bad_config_before_creating_anything(make_config, tmp_path):
+    cfg = make_config("kd.T=0", run_dir=tmp_path / "never")
+    with pytest.raises(ConfigError, match=r"^kd\.T"):
+        run(cfg, log=lambda line: None)
+    assert not (tmp_path / "never").exists()

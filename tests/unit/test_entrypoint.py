@@ -1,0 +1,50 @@
+"""``python train.py`` as a user runs it: the embedded default end to end, and bad overrides refused.
+
+Each test is a real subprocess (Hydra's own command line, logging and exit code), with this
+session's temporary SYNAPSE_CACHE and a run directory under pytest's tmp_path.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+# What Hydra itself leaves in a run directory before the job function starts.
+HYDRA_ONLY = {".hydra", "train.log"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # ~30-60 s on two idle cores; generous for a loaded machine
+def test_default_run_trains_a_teacher_then_distils_a_student_above_90_percent(train_py, tmp_path):
+    run_dir, cache = tmp_path / "default", tmp_path / "cache"  # a cache of its own: the teacher is trained here
+    result = train_py([f"hydra.run.dir={run_dir}"], timeout=880, SYNAPSE_CACHE=str(cache))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "training resnet_mini on digits with labels" in result.stdout
+    assert list((cache / "teachers").glob("resnet_mini-*.pt"))
+    match = re.search(r"distilled student resnet_micro: val top-1 (\d+\.\d+)% \(teacher (\d+\.\d+)%\)", result.stdout)
+    assert match, result.stdout[-3000:]
+    student_top1, teacher_top1 = map(float, match.groups())
+    assert student_top1 >= 90.0 and teacher_top1 >= 90.0
+    assert (run_dir / "summary.json").is_file() and (run_dir / "metrics.jsonl").is_file()
+
+
+BAD_OVERRIDES = [
+    (["kd.T=0"], "kd.T: must be > 0, got 0.0. Fix: set kd.T to a value > 0"),
+    (["teacher=nope"], "Could not find 'teacher/nope'"),
+]  # wrong types and misspelt keys: the same path, tested in-process in test_config.py
+if not torch.cuda.is_available():
+    BAD_OVERRIDES.append((["trainer.accelerator=cuda"],
+                          "trainer.accelerator: cuda requested but no CUDA device is visible. "
+                          "Fix: use trainer.accelerator=cpu"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides, message", BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
+def test_bad_override_fails_with_a_clear_message_and_no_run_output(train_py, tmp_path, overrides, message):
+    run_dir = tmp_path / "run"
+    result = train_py([*overrides, f"hydra.run.dir={run_dir}"], timeout=110)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-3000:]
+    left = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
+    assert left <= HYDRA_ONLY, f"the failed run wrote {sorted(left - HYDRA_ONLY)}"
