@@ -99,8 +99,15 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
         os.fsync(f.fileno())
     _fsync_dir(tmp)
     final = tmp.parent / step_dir_name(step)
-    if final.exists():  # the same step saved again (e.g. after a restart): replace it whole
-        shutil.rmtree(final)
+    if final.exists():
+        # The same step saved again (e.g. right after a resume). A verified copy holds the same
+        # training state: keep it, so there is never a moment without that step on disk.
+        try:
+            verify_checkpoint(final)
+            shutil.rmtree(tmp)
+            return final
+        except CheckpointError:
+            os.replace(final, final.with_name(f"{final.name}.corrupt-{new_nonce()}"))
     os.replace(tmp, final)
     _fsync_dir(tmp.parent)
     return final
@@ -160,7 +167,7 @@ def prune_checkpoints(root: Path, keep: int) -> None:
     refs = list_checkpoints(root)
     for ref in refs[: max(0, len(refs) - keep)]:
         shutil.rmtree(ref.path, ignore_errors=True)
-    for stray in Path(root).glob("step_*.tmp-*"):
+    for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
         shutil.rmtree(stray, ignore_errors=True)
 
 
