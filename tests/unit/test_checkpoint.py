@@ -99,11 +99,23 @@ def test_shards_of_several_ranks_merge_into_one_state(tmp_path):
     assert optim == {"a.weight": {"step": 0}, "b.weight": {"step": 1}}
 
 
-def test_saving_the_same_step_again_replaces_it(tmp_path):
-    write_checkpoint(tmp_path, 4, {"w": torch.zeros(2)})
-    path = write_checkpoint(tmp_path, 4, {"w": torch.ones(2)})
-    assert steps(ckpt.list_checkpoints(tmp_path)) == [4]
+def test_saving_a_step_again_keeps_its_verified_copy_and_never_leaves_a_gap(tmp_path):
+    # Training is deterministic: a step saved twice (e.g. right after a resume) holds the same
+    # state, so the copy already on disk stays and the step is never missing in between.
+    first = write_checkpoint(tmp_path, 4, {"w": torch.zeros(2)})
+    again = write_checkpoint(tmp_path, 4, {"w": torch.ones(2)})
+    assert again == first and steps(ckpt.list_checkpoints(tmp_path)) == [4]
+    assert torch.equal(ckpt.load_student_state(again)[0]["w"], torch.zeros(2))
+    assert not list(tmp_path.glob("step_*.tmp-*"))
+
+
+def test_saving_a_step_again_replaces_a_corrupt_copy(tmp_path):
+    path = write_checkpoint(tmp_path, 4, {"w": torch.zeros(2)})
+    flip_one_byte(path / ckpt.shard_name(0))
+    write_checkpoint(tmp_path, 4, {"w": torch.ones(2)})
     assert torch.equal(ckpt.load_student_state(path)[0]["w"], torch.ones(2))
+    ckpt.prune_checkpoints(tmp_path, keep=2)
+    assert not list(tmp_path.glob("step_*.corrupt-*"))
 
 
 def test_list_checkpoints_orders_by_step_and_ignores_other_entries(tmp_path):
