@@ -1,0 +1,117 @@
+"""Who is dead, who is hung: judged from the workers' heartbeat files, with no collective.
+
+A rank is *dead* when the pid in its heartbeat is gone (or a zombie not yet reaped), and
+*hung* when its pid is alive but its progress, the (step, phase) pair of its heartbeat, has
+not changed for ``hang_timeout_s``. A heartbeat with phase ``finished`` is a rank that
+ended normally: its pid going away is not a death. Heartbeats written before ``since``
+(an earlier launch of the same run) are ignored.
+
+Each problem is reported once: ``rank_dead`` once per pid, ``rank_hung`` once per
+(pid, step, phase), so a rank that recovers and hangs again later is reported again.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+FINISHED_PHASE = "finished"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie is not: it has exited, unreaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs (not Linux): os.kill said it exists
+    return state not in ("Z", "X")
+
+
+@dataclass
+class _RankProgress:
+    pid: int
+    step: int
+    phase: str
+    since: float  # wall time at which this (step, phase) was first written
+
+
+class LivenessTracker:
+    """Turns successive heartbeat snapshots into per-rank status and new events."""
+
+    def __init__(self, hang_timeout_s: float, since: float | None = None,
+                 is_alive: Callable[[int], bool] = pid_alive):
+        if hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
+        self.hang_timeout_s = hang_timeout_s
+        self.since = since
+        self._is_alive = is_alive
+        self._progress: dict[int, _RankProgress] = {}
+        self._reported: set[tuple] = set()
+
+    def update(self, beats: Mapping[int, Mapping[str, Any]], now: float | None = None
+               ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+        """(status per rank, events new since the last update) for one heartbeat snapshot."""
+        now = time.time() if now is None else now
+        status, events = {}, []
+        for rank, beat in sorted(beats.items()):
+            if self.since is not None and beat.get("time", 0.0) < self.since:
+                continue  # left by an earlier launch
+            progress = self._track(rank, beat, now)
+            rank_status, event = self._judge(rank, progress, now)
+            status[rank] = rank_status
+            if event is not None:
+                events.append(event)
+        return status, events
+
+    def _track(self, rank: int, beat: Mapping[str, Any], now: float) -> _RankProgress:
+        pid, step, phase = int(beat["pid"]), int(beat["step"]), str(beat.get("phase", ""))
+        last = self._progress.get(rank)
+        if last is None or (last.pid, last.step, last.phase) != (pid, step, phase):
+            written = float(beat.get("time", now))
+            last = self._progress[rank] = _RankProgress(pid, step, phase, min(written, now))
+        return last
+
+    def _judge(self, rank: int, p: _RankProgress, now: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        stalled = now - p.since
+        status = {"pid": p.pid, "step": p.step, "phase": p.phase, "stalled_s": round(stalled, 3)}
+        if p.phase == FINISHED_PHASE:
+            return {**status, "state": "finished"}, None
+        if not self._is_alive(p.pid):
+            return {**status, "state": "dead"}, self._once(("dead", p.pid), {
+                "event": "rank_dead", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase})
+        if stalled >= self.hang_timeout_s:
+            return {**status, "state": "hung"}, self._once(("hung", p.pid, p.step, p.phase), {
+                "event": "rank_hung", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase,
+                "stalled_s": round(stalled, 3), "hang_timeout_s": self.hang_timeout_s})
+        return {**status, "state": "alive"}, None
+
+    def _once(self, key: tuple, event: dict[str, Any]) -> dict[str, Any] | None:
+        if key in self._reported:
+            return None
+        self._reported.add(key)
+        return event
+
+
+def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | None = None,
+                      signum: int = 9) -> list[int]:
+    """Send ``signum`` (default SIGKILL) to every live worker pid of these heartbeats (written at or
+    after ``since``); the elastic agent then sees its workers fail and the launch ends at once.
+    The supervisor's teardown after a hard failure; returns the pids signalled."""
+    signalled = []
+    for beat in beats.values():
+        pid = int(beat["pid"])
+        if (since is None or beat.get("time", 0.0) >= since) and pid != os.getpid() and pid_alive(pid):
+            try:
+                os.kill(pid, signum)
+                signalled.append(pid)
+            except ProcessLookupError:
+                continue
+    return signalled
