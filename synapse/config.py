@@ -18,7 +18,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-MODES = ("kd", "teacher", "baseline")
+MODES = ("kd", "teacher", "baseline", "profile")
 ACCELERATORS = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 OPTIMIZERS = ("sgd", "adamw")
@@ -124,6 +124,12 @@ class PartitionConfig:
     mode: str = "even"
     teacher: Optional[list[int]] = None  # blocks per stage, for mode=manual
     student: Optional[list[int]] = None
+    # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
+    # link bandwidth between neighbours (None: communication not modelled), profiling effort.
+    alphas: Optional[list[float]] = None
+    link_bandwidth_gbps: Optional[float] = None
+    profile_warmup: int = 3
+    profile_repeats: int = 10
 
 
 @dataclass
@@ -137,6 +143,19 @@ class CheckpointConfig:
 class InjectionConfig:
     name: str = "none"
     faults: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class MonitorConfig:
+    """The supervisor's health monitor: worker liveness and hangs, NVML, CUDA probes."""
+
+    enabled: bool = True
+    period_s: float = 5.0
+    hang_timeout_s: float = 300.0  # covers evaluation and checkpoints, which write no heartbeat
+    nvml: bool = True
+    probe: bool = True
+    probe_every_s: float = 60.0
+    probe_timeout_s: float = 30.0
 
 
 @dataclass
@@ -168,6 +187,7 @@ class SynapseConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     injection: InjectionConfig = field(default_factory=InjectionConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
@@ -211,6 +231,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_pipeline(cfg)
     _validate_partition(cfg)
     _validate_injection(cfg)
+    _validate_monitor(cfg)
     _positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
@@ -384,6 +405,15 @@ def _validate_partition(cfg: DictConfig) -> None:
     part = cfg.partition
     _choice("partition.mode", part.mode, PARTITION_MODES)
     k = num_stages(cfg.trainer)
+    _positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
+    _positive("partition.profile_repeats", part.profile_repeats)
+    if part.link_bandwidth_gbps is not None:
+        _positive("partition.link_bandwidth_gbps", part.link_bandwidth_gbps)
+    if part.alphas is not None:
+        if len(part.alphas) != k:
+            _fail("partition.alphas", f"{len(part.alphas)} speeds given for {k} devices", f"give exactly {k} values")
+        if min(part.alphas) <= 0:
+            _fail("partition.alphas", f"slowdowns must be > 0, got {list(part.alphas)}", "use 1.0 for a nominal device")
     if part.mode != "manual":
         return
     for key in ("teacher", "student"):
@@ -404,6 +434,15 @@ def _validate_injection(cfg: DictConfig) -> None:
         parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
     except (InjectionError, KeyError, TypeError, ValueError) as exc:
         _fail("injection.faults", str(exc), "see conf/injection/ for examples")
+
+
+def _validate_monitor(cfg: DictConfig) -> None:
+    from .monitor.health import HealthConfigError, HealthSettings
+
+    try:
+        HealthSettings.from_config(cfg.monitor)
+    except HealthConfigError as exc:
+        _fail("monitor", str(exc), "see MonitorConfig in synapse/config.py")
 
 
 def default_cache_dir() -> str:

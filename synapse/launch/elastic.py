@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import socket
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +19,10 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ..config import resolve_devices
+from ..config import resolve_accelerator, resolve_devices
+from ..monitor.health import build_health_monitor
+from ..monitor.heartbeat import read_heartbeats
+from ..monitor.liveness import kill_live_workers
 from ..pipeline.worker import worker_main
 
 
@@ -55,11 +59,19 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     log_dir = run_dir / "logs" / f"launch_{attempt}"
     failure_dir = log_dir / "failures"
+    launched_at, hard_failures = time.time(), []
+
+    def tear_down(event: dict) -> None:  # on the monitor's thread: a dead or hung rank ends the launch now
+        hard_failures.append(event)
+        kill_live_workers(read_heartbeats(run_dir), since=launched_at)
+
+    gpus = resolve_devices(cfg.trainer) if resolve_accelerator(cfg.trainer) == "cuda" else ()
     try:
-        results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition, resume,
-                                                      str(failure_dir))
+        with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
+            results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
+                                                          resume, str(failure_dir))
     except ChildFailedError as exc:
-        raise WorkerFailure(describe_failures(failure_dir, exc, log_dir)) from exc
+        raise WorkerFailure(describe_failures(failure_dir, exc, log_dir, hard_failures)) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
 
@@ -76,8 +88,19 @@ def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
 
 
-def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -> str:
+def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path,
+                      hard_failures: list[dict] | None = None) -> str:
     records = read_failures(failure_dir)
+    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
+    if hard_failures:  # the health monitor saw a dead or hung rank and tore the launch down
+        first = hard_failures[0]
+        return (f"pipeline rank {first.get('rank')} failed first: {first.get('event')} "
+                f"({ {k: v for k, v in first.items() if k not in ('event', 'rank', 'time')} }); logs in {log_dir}")
+    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+        # A rank killed by a signal writes no record; the others only report losing it.
+        rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
+        return (f"pipeline rank {rank} failed first: killed by signal {failure.signal_name()}; the other ranks "
+                f"lost their peer; logs in {log_dir}")
     if not records:  # killed without a word (SIGKILL, OOM): only the agent saw it
         lines = [f"pipeline worker(s) died without reporting an error; logs in {log_dir}"]
         for rank, failure in sorted(exc.failures.items()):

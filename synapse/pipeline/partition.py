@@ -90,7 +90,8 @@ def partition_for_config(cfg, num_stages: int, info) -> StagePartition:
                                      f"use at most {blocks} devices or a deeper model")
         partition = even_partition(teacher_blocks, student_blocks, num_stages)
     else:
-        raise PartitionError(f"partition.mode={cfg.partition.mode!r} is not available yet; use even or manual")
+        raise PartitionError(f"partition.mode={cfg.partition.mode!r} is planned by synapse.launch.planning; "
+                             f"use even, manual or auto")
     if partition.num_stages != num_stages:
         raise PartitionError(f"the partition has {partition.num_stages} stages for {num_stages} devices; "
                              f"give one block count per device")

@@ -9,6 +9,7 @@ the same parts the single-device trainer uses.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_stat
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
 from ..monitor.heartbeat import Heartbeat
-from ..monitor.injection import FaultInjector, parse_faults
+from ..monitor.injection import build_fault_injector
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from .partition import StagePartition
 from .runtime import PipelineRuntime
@@ -163,9 +164,11 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg)
-    injector = FaultInjector(parse_faults(cfg.injection.faults, world_size), rank)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector)
+    injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     performance = JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter()
     return PipelineTrainer(cfg, run_dir, setup, module, None, optimizer, scheduler, parts.train_ds, parts.val_ds,

@@ -54,14 +54,18 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     backend = "nccl" if resolve_accelerator(cfg.trainer) == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
     log = _rank_logger(rank)
+    trainer = None
     try:
         stage_partition = StagePartition(tuple(partition["teacher"]), tuple(partition["student"]))
         trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log)
         if resume:
             trainer.load_checkpoint(Path(resume))
         summary = trainer.fit()
+        trainer.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
         return summary if trainer.writes_records else None
     finally:
+        if trainer is not None:
+            trainer.injector.close()  # stop background loads, record fault_cleared
         dist.destroy_process_group()
 
 
