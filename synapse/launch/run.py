@@ -12,7 +12,8 @@ from ..data import dataset_info
 from ..engine.device import build_compute_setup
 from ..engine.evaluate import evaluate
 from ..engine.teacher import prepare_teacher, teacher_weights, train_label_model
-from ..pipeline.partition import partition_for_config
+from ..pipeline.partition import count_blocks, partition_for_config
+from .planning import auto_partition, compare_plan_with_run, profile_models
 from .elastic import launch_pipeline
 from ..engine.trainer import build_trainer, data_kwargs, resolve_resume
 
@@ -22,6 +23,8 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.mode == "profile":
+        return run_profile_mode(cfg, log)
     if cfg.mode in ("teacher", "baseline"):
         name = cfg.teacher.name if cfg.mode == "teacher" else cfg.student.name
         init = cfg.student.init if cfg.mode == "baseline" else None
@@ -56,7 +59,12 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> 
     """Pipelined KD over K devices: plan the partition here, then launch the K workers."""
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
-    partition = partition_for_config(cfg, k, info)  # fails before any process starts
+    if cfg.partition.mode == "auto":
+        partition, _ = auto_partition(cfg, k, info, run_dir, log)
+        partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
+                                     count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
+    else:
+        partition = partition_for_config(cfg, k, info)  # fails before any process starts
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
@@ -64,9 +72,21 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> 
         f"student blocks per stage {list(partition.student)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")
     summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), str(resume) if resume else None, log=log)
+    comparison = compare_plan_with_run(run_dir)
+    if comparison:
+        log(f"planner: predicted step {comparison['predicted_step_s'] * 1e3:.1f} ms, measured "
+            f"{comparison['measured_step_s'] * 1e3:.1f} ms ({comparison['step_error']:+.0%}, uncalibrated)")
     final = summary.get("final_eval") or {}
     if final:
         log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
             f"(teacher {final.get('teacher_top1', float('nan')):.2f}%), {summary['images_per_s']:.0f} "
             f"images/s over {k} stages; outputs in {run_dir}")
     return summary
+
+
+def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """mode=profile: measure (or find cached) block profiles of the teacher and student and say where."""
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    paths = profile_models(cfg, info, log)
+    log(f"profiles: teacher {paths.teacher}\n          student {paths.student}")
+    return {"teacher_profile": str(paths.teacher), "student_profile": str(paths.student)}

@@ -1,0 +1,36 @@
+"""partition=auto: profile, plan, run the plan, and compare prediction with measurement."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from synapse.launch.run import run
+
+from .helpers import compose_config
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+
+def test_auto_partition_plans_runs_and_records_prediction_against_measurement(tmp_path, teacher_file):
+    cfg = compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "partition=auto",
+                                    "partition.alphas=[1,4]", "trainer.max_steps=6",
+                                    "partition.profile_repeats=3", "partition.profile_warmup=1"])
+    run(cfg, log=lambda m: None)
+    plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
+    used = json.loads((tmp_path / "partition.json").read_text())
+    assert used == {"teacher": list(plan["teacher_counts"]), "student": list(plan["student_counts"])}
+    # Device 1 is planned 4x slower: it must get the smaller share of the predicted compute.
+    assert plan["stage_compute_s"][1] < 4 * plan["stage_compute_s"][0]
+    assert sum(used["teacher"]) == 11 and sum(used["student"]) == 11
+    comparison = json.loads((tmp_path / "plan_vs_measured.json").read_text())
+    assert comparison["measured_step_s"] > 0 and len(comparison["measured_stage_compute_s"]) == 2
+    assert comparison["step_error"] == pytest.approx(comparison["predicted_step_s"] / comparison["measured_step_s"] - 1)
+
+
+def test_profile_mode_writes_both_profiles_to_the_cache(tmp_path):
+    cfg = compose_config(tmp_path, ["mode=profile", "partition.profile_repeats=2", "partition.profile_warmup=1"])
+    result = run(cfg, log=lambda m: None)
+    for key in ("teacher_profile", "student_profile"):
+        assert str(tmp_path / "cache" / "profiles") in result[key]
+        assert (tmp_path / "cache" / "profiles").is_dir()
