@@ -1,39 +1,13 @@
 """Where and in what precision a process computes: device, autocast, memory format, threads."""
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ..config import TrainerConfig, resolve_accelerator
-
-
-@dataclass(frozen=True)
-class ComputeSetup:
-    device: torch.device
-    autocast_dtype: torch.dtype | None  # None: full fp32
-    channels_last: bool
-
-    def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
-        return model.to(memory_format=torch.channels_last) if self.channels_last else model
-
-    def prepare_input(self, images: torch.Tensor) -> torch.Tensor:
-        images = images.to(self.device, non_blocking=True)
-        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+from .compute import ComputeSetup
 
 
 def default_threads(local_processes: int) -> int:

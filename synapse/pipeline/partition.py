@@ -54,13 +54,12 @@ def _range(counts: tuple[int, ...], stage: int) -> range:
 
 def even_counts(num_blocks: int, num_stages: int) -> tuple[int, ...]:
     """Equal block counts per stage; the first ``num_blocks % num_stages`` stages get one more."""
-    if num_stages < 1:
-        raise PartitionError(f"need at least one stage, got {num_stages}")
-    if num_stages > num_blocks:
-        raise PartitionError(f"{num_stages} stages but the model has only {num_blocks} blocks; "
-                             f"use at most {num_blocks} devices")
-    base, extra = divmod(num_blocks, num_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+    from ..planner.partitioner import PlanError, even_partition as planner_even
+
+    try:
+        return planner_even(num_blocks, num_stages)
+    except PlanError as exc:
+        raise PartitionError(str(exc)) from None
 
 
 def even_partition(teacher_blocks: int, student_blocks: int, num_stages: int) -> StagePartition:

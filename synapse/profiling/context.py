@@ -1,41 +1,17 @@
 """How the profiler calls a block: device, precision and memory format.
 
-Precision and layout follow the trainer (``synapse.engine.device.ComputeSetup``): bf16 under
-``torch.autocast``, channels_last for conv nets on CUDA. The few lines are repeated here rather
-than imported, because that module pulls in the Hydra config layer, and a profiling run on a
-bare GPU machine needs only torch and timm.
+Precision and layout are the trainer's own (``synapse.engine.compute.ComputeSetup``): bf16
+under ``torch.autocast``, channels_last for conv nets on CUDA.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..engine.compute import ComputeSetup
 from .request import ProfileRequest
-
-
-@dataclass(frozen=True)
-class ComputeSetup:
-    """Device, autocast dtype and memory format, as the trainer computes."""
-
-    device: torch.device
-    autocast_dtype: torch.dtype | None  # None: full fp32
-    channels_last: bool
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
-        return model.to(memory_format=torch.channels_last) if self.channels_last else model
-
-    def prepare_input(self, images: torch.Tensor) -> torch.Tensor:
-        images = images.to(self.device)
-        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
 
 
 @dataclass(frozen=True)
