@@ -184,6 +184,16 @@ VALIDATION_ERRORS = [
      "or use partition=even"),
     (["data=imagenet100"], "data.root: ImageNet100 needs a data root", "set data.root=/path/to/imagenet"),
     (["checkpoint.keep=0"], "checkpoint.keep: must be > 0", "set checkpoint.keep"),
+    (["partition=auto", "partition.alphas=[1,2]"], "partition.alphas: 2 speeds given for 1 devices",
+     "give exactly 1 values"),
+    (["partition=auto", "trainer.accelerator=cpu", "trainer.devices=2", "partition.alphas=[1,0]"],
+     "partition.alphas: slowdowns must be > 0", "use 1.0 for a nominal device"),
+    (["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=single"],
+     "trainer.strategy: single runs on one device but 2 are configured", "trainer.devices=1"),
+    (["trainer.nodes=2"], "trainer.rdzv_endpoint: trainer.nodes=2 needs a rendezvous endpoint",
+     "set trainer.rdzv_endpoint=host:port"),
+    (["trainer.accelerator=cpu", "trainer.devices=3", "injection.faults=[{kind:raise,rank:3,step:2}]"],
+     "injection.faults: injection.faults[0] targets rank 3 but the run has 3 rank(s)", "see conf/injection/"),
 ]
 
 
