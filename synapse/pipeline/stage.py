@@ -14,6 +14,8 @@ the zeros are only produced where they are needed.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -93,6 +95,4 @@ class FusedStage(nn.Module):
         return teacher_out, student_out
 
     def _timed(self, name: str):
-        from contextlib import nullcontext
-
         return self.clock.interval(name) if self.clock is not None else nullcontext()

@@ -49,11 +49,12 @@ class PipelineTrainer(Trainer):
         return self.rank == self.world_size - 1
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
-        return self.runtime.train_step(images, labels, step)
+        loss = self.runtime.train_step(images, labels, step)
+        self.heartbeat.beat(step)
+        return loss
 
     def step_record_extras(self) -> dict[str, Any]:
         """Gather every rank's compute/comm split of the step to the record-writing rank."""
-        self.heartbeat.beat(self.step)
         timings: list[dict[str, float]] = [{} for _ in range(self.world_size)]
         dist.all_gather_object(timings, self.runtime.last_timing)
         if self.writes_records:
