@@ -23,8 +23,17 @@ class Batch:
     labels: torch.Tensor
 
 
-def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0) -> Iterator[Batch]:
-    """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``."""
+def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0,
+                  load: bool = True) -> Iterator[Batch]:
+    """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``.
+
+    ``load=False`` walks the same order without reading any sample (images and labels are None):
+    for a pipeline rank that needs neither, so it keeps its sampler in step for free.
+    """
+    if not load:
+        for b in iterate_batches(sampler, num_epochs):
+            yield Batch(b.epoch, b.step_in_epoch, None, None)
+        return
     if num_workers == 0:
         # In-process: precomputed tensors are sliced directly, no collation overhead.
         for b in iterate_batches(sampler, num_epochs):

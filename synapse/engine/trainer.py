@@ -109,6 +109,11 @@ class Trainer:
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         return self.step_fn(images, labels)
 
+    @property
+    def needs_data(self) -> bool:
+        """Whether this process reads samples (a middle pipeline rank reads none)."""
+        return True
+
     def step_record_extras(self) -> dict[str, Any]:
         """Fields added to each step's metrics record (the pipeline adds per-rank timings)."""
         return {}
@@ -127,7 +132,8 @@ class Trainer:
         with (JsonlWriter(self.run_dir / "metrics.jsonl") if self.writes_records else NullWriter()) as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
-            for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers):
+            for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
+                                       load=self.needs_data):
                 if self.step >= self.total_steps or (stop_after is not None and self.step - first_step >= stop_after):
                     break
                 self.injector.on("step_start", self.step + 1)

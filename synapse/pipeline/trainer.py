@@ -48,6 +48,10 @@ class PipelineTrainer(Trainer):
     def writes_records(self) -> bool:
         return self.rank == self.world_size - 1
 
+    @property
+    def needs_data(self) -> bool:
+        return self.runtime.is_first or self.runtime.is_last  # images enter at rank 0, labels at the last
+
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         loss = self.runtime.train_step(images, labels, step)
         self.heartbeat.beat(step)
