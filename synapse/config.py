@@ -86,6 +86,7 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     accelerator: str = "auto"  # auto: cuda if available, else cpu
+    spare_devices: list[int] = field(default_factory=list)  # idle devices a REPLACE may swap in
     devices: Any = 1  # per node. CPU: number of slots; CUDA: list of GPU ids (or a count)
     # auto: the single-device trainer for one device, the pipeline for several;
     # pipeline: the pipeline runtime even on one device (K = 1).
@@ -165,6 +166,19 @@ class PolicyConfig:
 
 
 @dataclass
+class FailoverConfig:
+    """The supervisor's failover loop: watch step timings, decide by ETA, checkpoint and restart."""
+
+    enabled: bool = True  # false: a plain pipeline run (a worker failure ends the run)
+    max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together
+    decide_every: int = 1  # steps between two decisions while a slowdown is detected
+    replan_mode: str = "restart"  # restart: checkpoint, tear down, relaunch with the new partition
+    restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
+    detector: dict[str, Any] = field(default_factory=dict)  # SlowdownDetector settings (DetectorConfig)
+    estimator: dict[str, Any] = field(default_factory=dict)  # AlphaBetaEstimator settings (EstimatorConfig)
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     description: str = ""
@@ -189,6 +203,7 @@ class SynapseConfig:
     injection: InjectionConfig = field(default_factory=InjectionConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
 
@@ -232,6 +247,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_partition(cfg)
     _validate_injection(cfg)
     _validate_monitor(cfg)
+    _validate_failover(cfg)
     _positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
@@ -443,6 +459,43 @@ def _validate_monitor(cfg: DictConfig) -> None:
         HealthSettings.from_config(cfg.monitor)
     except HealthConfigError as exc:
         _fail("monitor", str(exc), "see MonitorConfig in synapse/config.py")
+
+
+REPLAN_MODES = ("restart",)
+
+
+def _validate_failover(cfg: DictConfig) -> None:
+    from .monitor.detector import DetectorConfig, DetectorConfigError
+    from .planner.estimator import EstimatorConfig, EstimatorConfigError
+    from .planner.policy import PolicyConfigError, make_policy
+
+    failover = cfg.failover
+    _positive("failover.max_restarts", failover.max_restarts, allow_zero=True)
+    _positive("failover.decide_every", failover.decide_every)
+    _choice("failover.replan_mode", failover.replan_mode, REPLAN_MODES)
+    for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
+                                 ("failover.estimator", EstimatorConfig, EstimatorConfigError)):
+        try:
+            settings(**OmegaConf.to_container(failover[key.split(".")[1]], resolve=True))
+        except TypeError as exc:
+            valid = ", ".join(f.name for f in dataclasses.fields(settings))
+            _fail(key, str(exc), f"use only these keys: {valid}")
+        except error as exc:
+            _fail(key, str(exc), f"see {settings.__name__} for the ranges")
+    try:
+        make_policy(cfg.policy.name, **OmegaConf.to_container(cfg.policy.params, resolve=True))
+    except PolicyConfigError as exc:
+        _fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
+    if failover.restart_cost_file is not None and not Path(failover.restart_cost_file).is_file():
+        _fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
+              "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
+    spares = [int(d) for d in cfg.trainer.spare_devices]
+    clash = sorted(set(spares) & set(resolve_devices(cfg.trainer)))
+    if clash or len(set(spares)) != len(spares):
+        _fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "
+              f"{resolve_devices(cfg.trainer)}", "list idle devices only, each once")
+    if resolve_accelerator(cfg.trainer) == "cuda" and spares:
+        _check_gpu_ids(spares)
 
 
 def default_cache_dir() -> str:
