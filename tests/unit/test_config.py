@@ -127,7 +127,25 @@ def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
         validate(cfg)
     with pytest.raises(ConfigError, match=r"^nonsense: is not a Synapse setting"):
         validate(make_config("+nonsense=1"))
-    validate(make_config("+policy.params.margin=0.1"))  # free-form parameter dicts take any key
+    validate(make_config("+failover.detector.window=5"))  # settings dicts take the settings' own keys
+    with pytest.raises(ConfigError, match=r"^policy: policy 'eta' has no parameter\(s\) \['margin'\]"):
+        validate(make_config("+policy.params.margin=0.1"))  # ... and nothing else
+
+
+@pytest.mark.parametrize("override, key", [
+    ("failover.max_restarts=-1", "failover.max_restarts"),
+    ("failover.decide_every=0", "failover.decide_every"),
+    ("failover.replan_mode=teleport", "failover.replan_mode"),
+    ("+failover.detector.windw=5", "failover.detector"),
+    ("+failover.detector.threshold=0.5", "failover.detector"),
+    ("+failover.estimator.ema_weight=2", "failover.estimator"),
+    ("policy.name=oracle", "policy"),
+    ("failover.restart_cost_file=/nonexistent.json", "failover.restart_cost_file"),
+    ("trainer.spare_devices=[0]", "trainer.spare_devices"),
+])
+def test_bad_failover_settings_are_refused(make_config, override, key):
+    with pytest.raises(ConfigError, match=f"^{key}: .*Fix: "):
+        validate(make_config(override))
 
 
 @pytest.mark.parametrize("override, cause", [
