@@ -12,18 +12,23 @@ A checkpoint is written into ``step_X.tmp-<nonce>/``, every file fsync'ed, the m
 and the directory renamed into place, so a process killed mid-write leaves at most a stray
 ``.tmp`` directory and the previous checkpoint untouched. Loading verifies every checksum and
 uses ``torch.load(weights_only=True)``: a checkpoint can never execute code.
+
+Manifests without ``format_version`` (none were written) count as version 1. Before a resume the
+supervisor calls ``check_resumable`` (a given path) or ``check_run_checkpoints`` (resume=auto), so
+a checkpoint of another version or another student fails once, before any worker starts.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -35,6 +40,18 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt, or from an incompatible version."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A sound checkpoint this run cannot continue from: another format version or another student.
+
+    Unlike damage, which ``latest_valid_checkpoint`` skips, this is a mistake in the run's
+    configuration, so ``check_run_checkpoints`` stops the run instead of silently starting over.
+    """
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file holding objects other than tensors and plain containers (possibly code): never loaded."""
 
 
 @dataclass(frozen=True)
@@ -114,18 +131,36 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a finished checkpoint whose format this Synapse reads (else CheckpointError)."""
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path} has no {MANIFEST}: it is not a finished checkpoint")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{manifest_path} is corrupt: {exc}") from exc
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format version {version}, this Synapse reads version "
-                              f"{FORMAT_VERSION}; resume it with the Synapse release that wrote it")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{manifest_path} is corrupt: expected a JSON object with a 'files' table")
+    check_format_version(manifest, path)
     return manifest
+
+
+def check_format_version(manifest: dict[str, Any], path: Path) -> int:
+    """The manifest's format version, if this Synapse reads it.
+
+    Checkpoints written before the manifest recorded a version are version 1 (the format has
+    not changed since), so they stay readable.
+    """
+    version = manifest.get("format_version", 1)
+    if version == FORMAT_VERSION and not isinstance(version, bool):
+        return version
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        why = "it was written by a newer Synapse: update this installation to resume it"
+    else:
+        why = f"{version!r} is not a version any Synapse release wrote: the manifest was edited or damaged"
+    raise IncompatibleCheckpointError(
+        f"{path} has checkpoint format version {version!r}, this Synapse reads version {FORMAT_VERSION}; "
+        f"resume it with the Synapse release that wrote it ({why}), or start afresh with resume=null in a new run dir")
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
@@ -171,8 +206,20 @@ def prune_checkpoints(root: Path, keep: int) -> None:
         shutil.rmtree(stray, ignore_errors=True)
 
 
-def load_file(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load_file(path: Path, *, mmap: bool = False) -> Any:
+    """``torch.load`` that can only rebuild tensors and plain containers: a pickle holding code is refused.
+
+    ``mmap`` maps the tensors' bytes instead of reading them (for checks that only need shapes).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:  # weights_only met an object it will not rebuild
+        raise UnsafeCheckpointError(f"{path} cannot be read safely ({exc}); Synapse loads checkpoints with "
+                                    f"weights_only=True and never runs code from them; use a checkpoint "
+                                    f"written by Synapse") from exc
+    except Exception as exc:  # a truncated or foreign file
+        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is damaged or not a "
+                              f"Synapse checkpoint file") from exc
 
 
 def load_student_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
@@ -190,3 +237,76 @@ def load_student_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, d
 
 def load_run_state(path: Path) -> dict[str, Any]:
     return load_file(Path(path) / STATE_FILE)
+
+
+# ----------------------------------------------------------------------------- checks before a resume
+
+def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tuple[int, ...]] | None = None
+                    ) -> dict[str, Any]:
+    """Refuse a checkpoint this run cannot continue from, before any worker starts.
+
+    Checks that it is finished and undamaged (checksums), of a format version this Synapse
+    reads, and that it holds ``student``: the name recorded at save time and, given
+    ``expected_shapes`` (parameter name -> shape of the configured student), every tensor's
+    name and shape (so another class count or width is caught too). Returns the manifest.
+    """
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    _check_student_name(path, manifest, student)
+    if expected_shapes is not None:
+        _check_student_shapes(path, manifest, student, expected_shapes)
+    return manifest
+
+
+def check_run_checkpoints(root: Path, student: str,
+                          expected_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+    """What ``resume=auto`` may pick must belong to this run: every finished checkpoint under
+    ``root`` of another format version or another student raises; damaged ones are left to
+    ``latest_valid_checkpoint``, which skips them (so no checksums are computed here)."""
+    for ref in list_checkpoints(root):
+        try:
+            manifest = read_manifest(ref.path)
+            _check_student_name(ref.path, manifest, student)
+            if expected_shapes is not None:
+                _check_student_shapes(ref.path, manifest, student, expected_shapes)
+        except (IncompatibleCheckpointError, UnsafeCheckpointError):
+            raise
+        except CheckpointError:
+            continue  # damage: skipped with a message when resume=auto chooses
+
+
+def _written_with(path: Path) -> str:
+    config = Path(path).parent.parent / "config.yaml"
+    return f" (its run's settings: {config})" if config.is_file() else ""
+
+
+def _check_student_name(path: Path, manifest: dict[str, Any], student: str) -> None:
+    saved = (manifest.get("meta") or {}).get("student")
+    if saved is not None and saved != student:
+        raise IncompatibleCheckpointError(
+            f"{path} holds the student {saved!r} but this run's student is {student!r}{_written_with(path)}; "
+            f"set student={saved} to continue that run, or start afresh with resume=null in a new run dir")
+
+
+def _check_student_shapes(path: Path, manifest: dict[str, Any], student: str,
+                          expected: Mapping[str, tuple[int, ...]]) -> None:
+    saved: dict[str, tuple[int, ...]] = {}
+    for name in sorted(manifest["files"]):
+        if name.startswith("shard_"):
+            try:
+                tensors = load_file(Path(path) / name, mmap=True)["model"]  # shapes only: no data is read
+            except (KeyError, TypeError) as exc:
+                raise CheckpointError(f"{path}: {name} is not a Synapse shard (no 'model' table)") from exc
+            saved.update({key: tuple(t.shape) for key, t in tensors.items()})
+    fix = (f"resume with the settings that wrote it{_written_with(path)}, or start afresh with resume=null "
+           f"in a new run dir")
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or extra:
+        raise IncompatibleCheckpointError(
+            f"{path} was written for another student model than {student!r}: it lacks {len(missing)} of its "
+            f"tensors (e.g. {missing[:3]}) and has {len(extra)} others (e.g. {extra[:3]}); {fix}")
+    for key, shape in expected.items():
+        if saved[key] != tuple(shape):
+            raise IncompatibleCheckpointError(
+                f"{path} does not fit the student {student!r}: {key} has shape {saved[key]} in the checkpoint "
+                f"but {tuple(shape)} in the configured model (another class count, image size or width); {fix}")

@@ -79,8 +79,12 @@ def _require_split_dirs(root: Path) -> None:
     absent = [split for split in ("train", "val") if not (root / split).is_dir()]
     if absent:
         found = sorted(p.name for p in root.iterdir())
+        hint = _LAYOUT_HINT
+        if set(found) & set(imagenet100_synsets()):  # a common slip: data.root=/imagenet/train
+            hint = (f"it holds synset folders, so it looks like a split folder itself: use its parent "
+                    f"{str(root.parent)!r} as data.root; " + hint)
         raise DataError(f"ImageNet100 root {str(root)!r} has no {'/ or '.join(absent)}/ folder "
-                        f"(it holds: {_first_few(found) or 'nothing'}); {_LAYOUT_HINT}")
+                        f"(it holds: {_first_few(found) or 'nothing'}); {hint}")
 
 
 def _check_synset_dirs(split_dir: Path, synsets: Sequence[str]) -> None:

@@ -25,7 +25,8 @@ class StagePartition:
                                  f"{len(self.student)}; give one count per device for both")
         for name, counts in (("teacher", self.teacher), ("student", self.student)):
             if not counts or min(counts) < 1:
-                raise PartitionError(f"partition.{name}={list(counts)}: every stage needs at least one block")
+                raise PartitionError(f"partition.{name}={list(counts)}: every stage needs at least one block; "
+                                     f"make every count >= 1 (or use fewer devices)")
 
     @property
     def num_stages(self) -> int:

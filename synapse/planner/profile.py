@@ -57,7 +57,8 @@ def _check_quantity(value: float, where: str) -> None:
     if not math.isfinite(value):
         raise ProfileError(f"{where}: value {value!r} is not finite; re-run the profiler for this block")
     if value < 0:
-        raise ProfileError(f"{where}: value {value!r} is negative; times and sizes must be >= 0")
+        raise ProfileError(f"{where}: value {value!r} is negative; times and sizes must be >= 0 "
+                           "(re-profile the model with mode=profile, or correct the value)")
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,8 @@ def metadata_path(csv_path: str | Path) -> Path:
     return path.with_name(path.name + ".meta.json")
 
 
-def _parse_cell(text: str | None, path: Path, layer: str, column: str) -> float:
-    where = f"{path}: layer {layer!r}, column {column!r}"
+def _parse_cell(text: str | None, path: Path, line: int, layer: str, column: str) -> float:
+    where = f"{path}: line {line}, layer {layer!r}, column {column!r}"
     if text is None or text.strip() == "":
         raise ProfileError(f"{where}: value is missing; every row needs all {len(PROFILE_COLUMNS)} columns")
     try:
@@ -142,10 +143,12 @@ def _check_header(header: list[str] | None, path: Path) -> None:
     missing = [name for name in PROFILE_COLUMNS if name not in stripped]
     extra = [name for name in stripped if name not in PROFILE_COLUMNS]
     duplicated = sorted({name for name in stripped if stripped.count(name) > 1})
-    if missing or extra or duplicated:
+    problems = [f"{what} columns {names}" for what, names in
+                (("missing", missing), ("unexpected", extra), ("duplicated", duplicated)) if names]
+    if problems:
         raise ProfileError(
-            f"{path}: header has missing columns {missing}, unexpected columns {extra}, "
-            f"duplicated columns {duplicated}; the header must be exactly {','.join(PROFILE_COLUMNS)}"
+            f"{path}: the header (line 1) has {', '.join(problems)}; the header must be exactly "
+            f"{','.join(PROFILE_COLUMNS)} (the format of TSPipe-based tools and of mode=profile)"
         )
 
 
@@ -159,7 +162,7 @@ def _parse_row(row: list[str], header: list[str], path: Path, line: int) -> Bloc
     layer = cells["layer"].strip()
     if not layer:
         raise ProfileError(f"{path}: line {line}, column 'layer' is empty; give the block a unique name")
-    values = {column: _parse_cell(cells[column], path, layer, column) for column in NUMERIC_COLUMNS}
+    values = {column: _parse_cell(cells[column], path, line, layer, column) for column in NUMERIC_COLUMNS}
     return BlockProfile(layer=layer, **values)
 
 
