@@ -172,10 +172,15 @@ class FailoverConfig:
     enabled: bool = True  # false: a plain pipeline run (a worker failure ends the run)
     max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together
     decide_every: int = 1  # steps between two decisions while a slowdown is detected
-    replan_mode: str = "restart"  # restart: checkpoint, tear down, relaunch with the new partition
+    # live: the running workers swap blocks and carry on (no checkpoint, no new processes);
+    # restart: checkpoint, tear down, relaunch with the new partition
+    replan_mode: str = "live"
     restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
     detector: dict[str, Any] = field(default_factory=dict)  # SlowdownDetector settings (DetectorConfig)
     estimator: dict[str, Any] = field(default_factory=dict)  # AlphaBetaEstimator settings (EstimatorConfig)
+    # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}] (measures a restart's
+    # cost, proves a restart changes nothing that is learned). Keys: step, action (replan|degrade|replace), device.
+    drills: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -189,6 +194,7 @@ class SynapseConfig:
     mode: str = "kd"
     seed: int = 0
     resume: Optional[str] = None  # a checkpoint path, or 'auto' for the newest one in the run dir
+    report: bool = True  # write figures and report.md (synapse.analysis) into the run dir at the end
     run_dir: str = MISSING
     cache_dir: str = MISSING
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
@@ -250,9 +256,78 @@ def validate(cfg: DictConfig) -> None:
     _validate_failover(cfg)
     _positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+    _validate_block_counts(cfg)
+    _validate_weight_files(cfg)
+    _validate_resume(cfg)
+
+
+def _validate_block_counts(cfg: DictConfig) -> None:
+    """Pipeline runs: at most one stage per block, and manual counts that sum to the models' blocks.
+
+    The models are built on the meta device to count their blocks: no memory, a few ms even for ViT-L.
+    """
+    if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
+        return
+    from .data import dataset_info
+    from .engine.trainer import data_kwargs
+    from .pipeline.partition import count_blocks, even_counts
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    k = num_stages(cfg.trainer)
+    for role in ("teacher", "student"):
+        name = cfg[role].name
+        blocks = count_blocks(name, info.num_classes, info.in_chans, info.image_size)
+        if k > blocks:
+            _fail("trainer.devices", f"{k} pipeline stages but the {role} {name} has only {blocks} blocks "
+                  f"(every stage holds at least one)", f"use at most {blocks} devices, or a deeper {role}")
+        counts = cfg.partition[role]
+        if cfg.partition.mode == "manual" and sum(counts) != blocks:
+            _fail(f"partition.{role}", f"{list(counts)} covers {sum(counts)} blocks but the {role} {name} has "
+                  f"{blocks}", f"make the counts sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
+
+
+def _validate_weight_files(cfg: DictConfig) -> None:
+    """teacher.checkpoint and student.init must fit the configured models and data (names and shapes),
+    checked here so that a wrong file fails once, not in every pipeline worker."""
+    from .data import dataset_info
+    from .engine.trainer import data_kwargs
+    from .models.factory import check_weights_file
+
+    used = {"kd": ("teacher.checkpoint", "student.init"), "baseline": ("student.init",)}.get(cfg.mode, ())
+    files = [(key, OmegaConf.select(cfg, key)) for key in used if OmegaConf.select(cfg, key)]
+    if not files:
+        return
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    for key, path in files:
+        model_name = cfg[key.split(".")[0]].name
+        check_weights_file(model_name, path, info.num_classes, info.in_chans, info.image_size, what=key)
+
+
+def _validate_resume(cfg: DictConfig) -> None:
+    """The checkpoint a KD run resumes from must be finished, of a format version this Synapse reads,
+    and hold the configured student (names and shapes): refused here, before any worker starts."""
+    if cfg.resume is None:
+        return
+    if cfg.resume != "auto" and not Path(cfg.resume).exists():
         _fail("resume", f"checkpoint {cfg.resume!r} does not exist",
               "give the path of a checkpoint directory, or resume=auto to take the newest in the run dir")
+    if cfg.mode != "kd":
+        return  # only distillation resumes
+    import torch
+
+    from . import checkpoint as ckpt
+    from .data import dataset_info
+    from .engine.trainer import data_kwargs
+    from .models import build_model
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    with torch.device("meta"):
+        student = build_model(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
+    shapes = {key: tuple(t.shape) for key, t in student.state_dict().items()}
+    if cfg.resume == "auto":
+        ckpt.check_run_checkpoints(Path(cfg.run_dir) / "checkpoints", cfg.student.name, shapes)
+    else:
+        ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
@@ -334,6 +409,7 @@ def _validate_optim(optim: DictConfig) -> None:
 
 def _validate_trainer(trainer: DictConfig) -> None:
     _choice("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    _validate_cpu_slot_ids(trainer)
     _choice("trainer.precision", trainer.precision, PRECISIONS)
     _choice("trainer.strategy", trainer.strategy, STRATEGIES)
     _positive("trainer.nodes", trainer.nodes)
@@ -355,6 +431,16 @@ def _validate_trainer(trainer: DictConfig) -> None:
     _positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
     _positive("trainer.log_every", trainer.log_every)
     resolve_devices(trainer)
+
+
+def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
+    """A CPU slot id beyond the 64 worker processes Synapse starts at most, named as such."""
+    devices = trainer.devices
+    if trainer.accelerator != "cuda" and isinstance(devices, ListConfig) and resolve_accelerator(trainer) == "cpu":
+        too_high = [d for d in devices if isinstance(d, int) and d >= 64]
+        if too_high:
+            _fail("trainer.devices", f"CPU slot ids {too_high} are out of range (slots are 0..63)",
+                  f"number CPU slots from 0, e.g. trainer.devices={len(devices)}")
 
 
 def resolve_accelerator(trainer: DictConfig) -> str:
@@ -461,7 +547,7 @@ def _validate_monitor(cfg: DictConfig) -> None:
         _fail("monitor", str(exc), "see MonitorConfig in synapse/config.py")
 
 
-REPLAN_MODES = ("restart",)
+REPLAN_MODES = ("live", "restart")
 
 
 def _validate_failover(cfg: DictConfig) -> None:
@@ -486,6 +572,11 @@ def _validate_failover(cfg: DictConfig) -> None:
         make_policy(cfg.policy.name, **OmegaConf.to_container(cfg.policy.params, resolve=True))
     except PolicyConfigError as exc:
         _fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
+    for i, drill in enumerate(failover.drills):
+        if not isinstance(drill, DictConfig) or set(drill) - {"step", "action", "device"} or "step" not in drill \
+                or drill.get("action") not in ("replan", "degrade", "replace") or int(drill.step) < 1:
+            _fail(f"failover.drills[{i}]", f"{drill!r} is not a drill",
+                  "write {step: N (>= 1), action: replan|degrade|replace, device: D (optional)}")
     if failover.restart_cost_file is not None and not Path(failover.restart_cost_file).is_file():
         _fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
               "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")

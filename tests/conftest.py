@@ -23,6 +23,9 @@ CONF_DIR = REPO_ROOT / "conf"
 # Overrides that make any run tiny and CPU-only: micro models, one thread, no progress bar, and a
 # teacher that is "trained" for zero epochs (its initial weights: enough to exercise KD).
 TINY_RUN = (
+    "trainer=cpu",  # not the default demo's 3 ranks, partition=auto and injected slowdown
+    "partition=even",
+    "injection=none",
     "teacher=resnet_micro",
     "student=resnet_micro",
     "teacher.auto_train_epochs=0",

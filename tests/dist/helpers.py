@@ -14,6 +14,7 @@ CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 # Small, fast and deterministic: one thread per rank, fixed micro-batches, no augmentation.
 BASE_OVERRIDES = [
+    "trainer=cpu", "partition=even", "injection=none",  # not the default demo's partition=auto and slowdown
     "trainer.accelerator=cpu", "trainer.threads=1", "trainer.progress=false", "trainer.max_steps=4",
     "data.batch_size=16", "data.augment=false", "pipeline.microbatches=4", "checkpoint.keep=10",
     "teacher=resnet_micro", "student=resnet_micro",

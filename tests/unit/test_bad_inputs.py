@@ -1,0 +1,436 @@
+"""The "bad inputs" and "security" rows of the reliability matrix (tests/RELIABILITY.md).
+
+Every bad input is refused with a ValueError subclass whose message names the problem and a fix,
+*before any worker starts*: pipeline cases go through ``synapse.launch.run.run`` with two CPU
+devices and then check that the run dir holds no ``logs/launch_*`` directory (the elastic launcher
+creates one per launch before it spawns a worker). Security rows prove that checkpoints, weight
+files and profiles are read without running code from them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import MissingConfigException
+
+from synapse import checkpoint as ckpt
+from synapse.config import ConfigError, validate
+from synapse.data import DataError, dataset_info, imagenet100_synsets
+from synapse.engine.optim import optimizer_state_by_name
+from synapse.launch.run import run
+from synapse.models import ModelError, build_model
+from synapse.planner.profile import PROFILE_COLUMNS, ProfileError, load_profile_csv
+from synapse.profiling.cache import cached_profile_path
+from synapse.profiling.request import ProfileRequest, resolve_precision
+
+# Two CPU ranks: any of these configs would start a pipeline of two worker processes.
+PIPELINE = ("trainer.accelerator=cpu", "trainer.devices=2")
+DIGITS = dataset_info("digits", image_size=32)  # the default data: 10 classes, 3 channels, 32 px
+HEADER = ",".join(PROFILE_COLUMNS)
+
+
+def refused_before_launch(make_config, tiny_run, tmp_path, *overrides: str, error=ValueError) -> str:
+    """Run a two-rank pipeline config that must be refused; return the error message.
+
+    Asserts the error type and that no worker was launched (no ``logs/launch_*`` in the run dir).
+    """
+    run_dir = tmp_path / "run"
+    cfg = make_config(*tiny_run, *PIPELINE, *overrides, run_dir=run_dir)
+    with pytest.raises(error) as caught:
+        run(cfg, log=lambda line: None)
+    assert not list(run_dir.glob("logs/launch_*")), "a worker was launched for a bad input"
+    return str(caught.value)
+
+
+def assert_names(message: str, *fragments: str) -> None:
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+
+
+# ----------------------------------------------------------------------------- config values
+
+def test_unknown_config_group_member_lists_the_available_ones(make_config):
+    with pytest.raises(MissingConfigException) as caught:  # Hydra, while composing: nothing has run
+        make_config("student=resnet9000")
+    assert_names(str(caught.value), "Could not find 'student/resnet9000'", "Available options in 'student'",
+                 "resnet_micro")
+
+
+def test_unknown_model_name(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "teacher.name=vit_gigantic", error=ConfigError)
+    assert_names(message, "teacher.name: unknown model 'vit_gigantic'", "Fix: choose one of", "vit_large")
+
+
+def test_partition_lengths_that_do_not_match_the_device_count(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "partition=manual", "partition.teacher=[6,5]",
+                                    "partition.student=[4,4,3]", error=ConfigError)
+    assert_names(message, "partition.student: 3 stages given for 2 devices", "Fix: give exactly 2 block counts")
+
+
+@pytest.mark.parametrize("role, counts", [("teacher", "[6,6]"), ("student", "[5,5]")])
+def test_block_counts_that_do_not_sum_to_the_model(make_config, tiny_run, tmp_path, role, counts):
+    other = "student" if role == "teacher" else "teacher"
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "partition=manual",
+                                    f"partition.{role}={counts}", f"partition.{other}=[6,5]", error=ConfigError)
+    total = sum(json.loads(counts))
+    assert_names(message, f"partition.{role}: {json.loads(counts)} covers {total} blocks but the {role} "
+                          f"resnet_micro has 11", f"Fix: make the counts sum to 11, e.g. partition.{role}=[6, 5]")
+
+
+@pytest.mark.parametrize("partition", ["even", "auto"])
+def test_more_stages_than_blocks(make_config, tiny_run, tmp_path, partition):
+    # resnet_micro has 11 blocks; 12 CPU ranks would leave a stage without one.
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"partition={partition}", "trainer.devices=12",
+                                    error=ConfigError)
+    assert_names(message, "trainer.devices: 12 pipeline stages but the teacher resnet_micro has only 11 blocks",
+                 "Fix: use at most 11 devices")
+
+
+def test_more_stages_than_blocks_in_a_manual_partition(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "partition=manual", "trainer.devices=12",
+                                    f"partition.teacher=[{','.join(['1'] * 12)}]",
+                                    f"partition.student=[{','.join(['1'] * 12)}]", error=ConfigError)
+    assert_names(message, "12 pipeline stages but the teacher resnet_micro has only 11 blocks")
+
+
+def test_duplicate_device_ids(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=[1,1]", error=ConfigError)
+    assert_names(message, "trainer.devices: duplicate device ids in [1, 1]", "Fix: list each device once")
+
+
+@pytest.mark.parametrize("devices, problem, fix", [
+    ("[-1,0]", "negative device id in [-1, 0]", "device ids start at 0"),
+    ("[0,100]", "CPU slot ids [100] are out of range (slots are 0..63)", "number CPU slots from 0, e.g. trainer.devices=2"),
+])
+def test_out_of_range_cpu_device_ids(make_config, tiny_run, tmp_path, devices, problem, fix):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"trainer.devices={devices}", error=ConfigError)
+    assert_names(message, f"trainer.devices: {problem}", f"Fix: {fix}")
+
+
+def test_out_of_range_gpu_ids(make_config, tiny_run, monkeypatch):
+    # Pretend to be a machine with one GPU: id 3 does not exist there.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError) as caught:
+        validate(make_config(*tiny_run, "trainer.accelerator=cuda", "trainer.devices=[0,3]"))
+    assert_names(str(caught.value), "trainer.devices: GPU ids [3] do not exist (this machine has 1: 0..0)",
+                 "Fix: choose ids below 1")
+
+
+def test_microbatches_that_do_not_divide_the_batch(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "pipeline.microbatches=5", error=ConfigError)
+    assert_names(message, "pipeline.microbatches: 5 micro-batches do not divide data.batch_size=64",
+                 "Fix: choose a divisor of the batch size")
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("kd.T=0", "kd.T: must be > 0, got 0.0"),
+    ("kd.T=-2", "kd.T: must be > 0, got -2.0"),
+    ("data.batch_size=0", "data.batch_size: must be > 0, got 0"),
+    ("data.batch_size=-64", "data.batch_size: must be > 0, got -64"),
+    ("optim.lr=0", "optim.lr: must be > 0, got 0.0"),
+    ("optim.lr=-0.01", "optim.lr: must be > 0, got -0.01"),
+])
+def test_zero_or_negative_temperature_batch_size_learning_rate(make_config, tiny_run, tmp_path, override, problem):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, override, error=ConfigError)
+    key = override.split("=")[0]
+    assert_names(message, problem, f"Fix: set {key} to a value > 0")
+
+
+def test_injection_aimed_at_a_rank_that_does_not_exist(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "injection.faults=[{kind:raise,rank:2,step:1}]",
+                                    error=ConfigError)
+    assert_names(message, "injection.faults: injection.faults[0] targets rank 2 but the run has 2 rank(s)",
+                 "Fix: see conf/injection/")
+
+
+# ----------------------------------------------------------------------------- data root
+
+def test_missing_data_root(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "data=imagenet100", error=ConfigError)
+    assert_names(message, "data.root: ImageNet100 needs a data root", "Fix: set data.root=/path/to/imagenet")
+
+
+def test_data_root_that_does_not_exist(make_config, tiny_run, tmp_path):
+    root = tmp_path / "imagenet"
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "data=imagenet100", f"data.root={root}",
+                                    error=DataError)
+    assert_names(message, f"ImageNet100 root '{root}' does not exist", "pass the folder holding train/ and val/")
+
+
+def test_data_root_of_the_wrong_layout(make_config, tiny_run, tmp_path):
+    root = tmp_path / "imagenet"
+    (root / "train").mkdir(parents=True)
+    (root / "validation").mkdir()
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "data=imagenet100", f"data.root={root}",
+                                    error=DataError)
+    assert_names(message, "has no val/ folder (it holds: train, validation)",
+                 "expected <root>/train/<synset>/*.JPEG and <root>/val/<synset>/*.JPEG")
+
+
+def test_data_root_that_is_a_split_folder_points_to_its_parent(make_config, tiny_run, tmp_path):
+    split = tmp_path / "imagenet" / "train"
+    for synset in imagenet100_synsets()[:3]:
+        (split / synset).mkdir(parents=True)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "data=imagenet100", f"data.root={split}",
+                                    error=DataError)
+    assert_names(message, "looks like a split folder itself", f"use its parent '{split.parent}' as data.root")
+
+
+# ----------------------------------------------------------------------------- teacher weights
+
+def save_weights(path: Path, name: str, num_classes: int = DIGITS.num_classes) -> Path:
+    torch.save(build_model(name, num_classes, DIGITS.in_chans, DIGITS.image_size).state_dict(), path)
+    return path
+
+
+def test_teacher_checkpoint_of_another_architecture(make_config, tiny_run, tmp_path):
+    weights = save_weights(tmp_path / "vit.pt", "vit_micro")
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"teacher.checkpoint={weights}",
+                                    error=ModelError)
+    assert_names(message, f"teacher.checkpoint weights '{weights}' are for another architecture",
+                 "the file holds vit_micro weights but teacher.name=resnet_micro",
+                 "Fix: pick the model name the file was trained with (teacher=vit_micro)")
+
+
+def test_teacher_checkpoint_of_another_width(make_config, tiny_run, tmp_path):
+    weights = save_weights(tmp_path / "wider.pt", "resnet_mini")  # same tensor names, other shapes
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"teacher.checkpoint={weights}",
+                                    error=ModelError)
+    assert_names(message, "the architecture differs: the file holds resnet_mini weights but teacher.name=resnet_micro",
+                 "(teacher=resnet_mini)")
+
+
+def test_teacher_checkpoint_of_another_class_count(make_config, tiny_run, tmp_path):
+    weights = save_weights(tmp_path / "imagenet100_head.pt", "resnet_micro", num_classes=100)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"teacher.checkpoint={weights}",
+                                    error=ModelError)
+    assert_names(message, "fc.weight has shape (100, 128) in the file but (10, 128) in the model",
+                 "the file was trained for 100 classes, the configured data has 10",
+                 "Fix: give weights trained on this data set")
+
+
+def test_student_init_is_checked_the_same_way(make_config, tiny_run, tmp_path):
+    weights = save_weights(tmp_path / "vit.pt", "vit_micro")
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"student.init={weights}", error=ModelError)
+    assert_names(message, "student.init weights", "student.name=resnet_micro", "(student=vit_micro)")
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def write_student_checkpoint(root: Path, step: int, student: str = "resnet_micro", num_classes: int = 10,
+                             meta_student: str | None = "resnet_micro") -> Path:
+    """A checkpoint as the single-device trainer writes it: shard 0, state.pt, manifest."""
+    model = build_model(student, num_classes, DIGITS.in_chans, DIGITS.image_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tmp = ckpt.begin_checkpoint(root, step)
+    ckpt.save_tensor_file({"model": model.state_dict(),
+                           "optim": optimizer_state_by_name(optimizer, dict(model.named_parameters()))},
+                          tmp / ckpt.shard_name(0))
+    ckpt.save_tensor_file({"step": step}, tmp / ckpt.STATE_FILE)
+    meta = {"world_size": 1, **({"student": meta_student} if meta_student else {})}
+    return ckpt.commit_checkpoint(tmp, step, meta=meta)
+
+
+def edit_manifest(path: Path, **changes) -> None:
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    for key, value in changes.items():
+        if value is None:
+            manifest.pop(key)
+        else:
+            manifest[key] = value
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("resume", ["path", "auto"])
+@pytest.mark.parametrize("version, why", [
+    (ckpt.FORMAT_VERSION + 1, "it was written by a newer Synapse: update this installation"),
+    ("one", "'one' is not a version any Synapse release wrote"),
+])
+def test_checkpoint_of_an_incompatible_version(make_config, tiny_run, tmp_path, resume, version, why):
+    path = write_student_checkpoint(tmp_path / "run" / "checkpoints", 8)
+    edit_manifest(path, format_version=version)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path if resume == 'path' else 'auto'}",
+                                    error=ckpt.IncompatibleCheckpointError)
+    assert_names(message, f"{path} has checkpoint format version {version!r}, this Synapse reads version "
+                          f"{ckpt.FORMAT_VERSION}", why, "start afresh with resume=null in a new run dir")
+
+
+def test_checkpoint_without_a_version_field_is_version_1_and_still_resumable(make_config, tiny_run, tmp_path):
+    # Checkpoints written before the manifest recorded a version: same format, so they stay readable.
+    path = write_student_checkpoint(tmp_path / "run" / "checkpoints", 8)
+    edit_manifest(path, format_version=None)
+    assert "format_version" not in json.loads((path / ckpt.MANIFEST).read_text())
+    for resume in (str(path), "auto"):
+        validate(make_config(*tiny_run, *PIPELINE, f"resume={resume}", run_dir=tmp_path / "run"))
+    assert ckpt.check_resumable(path, "resnet_micro")["step"] == 8
+
+
+@pytest.mark.parametrize("resume", ["path", "auto"])
+def test_checkpoint_of_another_student(make_config, tiny_run, tmp_path, resume):
+    path = write_student_checkpoint(tmp_path / "run" / "checkpoints", 8, student="resnet_mini",
+                                    meta_student="resnet_mini")
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path if resume == 'path' else 'auto'}",
+                                    error=ckpt.IncompatibleCheckpointError)
+    assert_names(message, f"{path} holds the student 'resnet_mini' but this run's student is 'resnet_micro'",
+                 "set student=resnet_mini to continue that run")
+
+
+def test_checkpoint_of_another_student_without_its_name_is_caught_by_shapes(make_config, tiny_run, tmp_path):
+    path = write_student_checkpoint(tmp_path / "ckpts", 8, student="vit_micro", meta_student=None)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path}",
+                                    error=ckpt.IncompatibleCheckpointError)
+    assert_names(message, f"{path} was written for another student model than 'resnet_micro'",
+                 "start afresh with resume=null")
+
+
+def test_checkpoint_of_another_class_count(make_config, tiny_run, tmp_path):
+    path = write_student_checkpoint(tmp_path / "ckpts", 8, num_classes=100)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path}",
+                                    error=ckpt.IncompatibleCheckpointError)
+    assert_names(message, "fc.weight has shape (100, 128) in the checkpoint but (10, 128) in the configured model",
+                 "resume with the settings that wrote it")
+
+
+def test_an_untouched_checkpoint_passes_every_check(make_config, tiny_run, tmp_path):
+    # The control for the refusals around it: the same writer, unedited, is resumable both ways.
+    path = write_student_checkpoint(tmp_path / "run" / "checkpoints", 8)
+    for resume in (str(path), "auto"):
+        validate(make_config(*tiny_run, *PIPELINE, f"resume={resume}", run_dir=tmp_path / "run"))
+
+
+def test_damaged_checkpoint_given_by_path(make_config, tiny_run, tmp_path):
+    path = write_student_checkpoint(tmp_path / "ckpts", 8)
+    state = path / ckpt.STATE_FILE
+    state.write_bytes(state.read_bytes()[:-10])
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path}", error=ckpt.CheckpointError)
+    assert_names(message, "state.pt is corrupt or truncated (checksum mismatch)")
+
+
+def test_resume_auto_still_skips_a_damaged_checkpoint_for_the_previous_one(make_config, tiny_run, tmp_path):
+    # Damage is what resume=auto recovers from (a crash mid-write): only *incompatible* ones stop the run.
+    root = tmp_path / "run" / "checkpoints"
+    write_student_checkpoint(root, 4)
+    (write_student_checkpoint(root, 8) / ckpt.MANIFEST).write_text("{torn")
+    validate(make_config(*tiny_run, *PIPELINE, "resume=auto", run_dir=tmp_path / "run"))
+    assert ckpt.latest_valid_checkpoint(root).step == 4
+
+
+# ----------------------------------------------------------------------------- profile CSV
+
+def write_profile(path: Path, rows: list[str], header: str = HEADER) -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("header, rows, where, problem", [
+    ("layer,forward_time_ms,backward_time_ms", ["b0,1,2"], "the header (line 1)",
+     "missing columns ['input_activation_size_kb', 'output_activation_size_kb', 'accum_activation_size_kb', "
+     "'parameter_size_kb']"),
+    (HEADER, ["b0,1,2,3,4,5,6", "b1,-0.5,2,3,4,5,6"], "line 3, layer 'b1', column 'forward_time_ms'",
+     "value -0.5 is negative; times and sizes must be >= 0"),
+    (HEADER, ["b0,1,2,3,4,5,6", "b1,1,fast,3,4,5,6"], "line 3, layer 'b1', column 'backward_time_ms'",
+     "'fast' is not a number; write a decimal such as 1.5"),
+    (HEADER, ["b0,1,2,3,4,5,6", "b1,1,,3,4,5,6"], "line 3, layer 'b1', column 'backward_time_ms'",
+     "value is missing"),
+], ids=["missing-columns", "negative-time", "non-numeric", "empty-cell"])
+def test_bad_profile_csv_names_file_row_and_column(tmp_path, header, rows, where, problem):
+    path = write_profile(tmp_path / "teacher.csv", rows, header)
+    with pytest.raises(ProfileError) as caught:
+        load_profile_csv(path)
+    assert_names(str(caught.value), f"{path}: {where}", problem)
+
+
+def test_bad_cached_profile_stops_partition_auto_before_launch(make_config, tiny_run, tmp_path):
+    # partition=auto reads the teacher's cached profile first: plant a damaged one where it will look.
+    cache = tmp_path / "cache"
+    cfg = make_config(*tiny_run, *PIPELINE, "partition=auto", f"cache_dir={cache}")
+    request = ProfileRequest("resnet_micro", "teacher", cfg.data.batch_size // cfg.pipeline.microbatches,
+                             resolve_precision(cfg.trainer.precision, "cpu"), "cpu", DIGITS.num_classes,
+                             DIGITS.in_chans, DIGITS.image_size)
+    path = cached_profile_path(request, cache)
+    path.parent.mkdir(parents=True)
+    write_profile(path, [f"block{i},1,2,3,4,5,6" for i in range(10)] + ["block10,-1,2,3,4,5,6"])
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "partition=auto", f"cache_dir={cache}",
+                                    error=ProfileError)
+    assert_names(message, f"{path}: line 12, layer 'block10', column 'forward_time_ms': value -1.0 is negative",
+                 "re-profile the model with mode=profile")
+
+
+# ----------------------------------------------------------------------------- security: nothing runs code
+
+class WritesAMarkerWhenUnpickled:
+    """A pickle payload that runs a shell command when loaded: stands in for arbitrary code."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+def test_the_payload_really_runs_code_when_unpickled_unsafely(tmp_path):
+    # Makes the tests below able to fail: the same file loaded without weights_only runs the command.
+    marker, path = tmp_path / "code-ran", tmp_path / "evil.pt"
+    torch.save({"payload": WritesAMarkerWhenUnpickled(marker)}, path)
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("resume", ["path", "auto"])
+def test_checkpoint_holding_code_is_refused_and_never_run(make_config, tiny_run, tmp_path, resume):
+    marker = tmp_path / "code-ran"
+    state = build_model("resnet_micro", 10, DIGITS.in_chans, DIGITS.image_size).state_dict()
+    tmp = ckpt.begin_checkpoint(tmp_path / "run" / "checkpoints", 8)
+    ckpt.save_tensor_file({"model": {**state, "payload": WritesAMarkerWhenUnpickled(marker)}, "optim": {}},
+                          tmp / ckpt.shard_name(0))
+    ckpt.save_tensor_file({"step": 8}, tmp / ckpt.STATE_FILE)
+    path = ckpt.commit_checkpoint(tmp, 8, meta={"student": "resnet_micro", "world_size": 1})  # checksums match
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"resume={path if resume == 'path' else 'auto'}",
+                                    error=ckpt.UnsafeCheckpointError)
+    assert_names(message, f"{path / ckpt.shard_name(0)} cannot be read safely", "Weights only load failed",
+                 "weights_only=True and never runs code")
+    with pytest.raises(ckpt.UnsafeCheckpointError, match="cannot be read safely"):
+        ckpt.load_student_state(path)  # what every worker calls
+    assert not marker.exists()
+
+
+def test_teacher_weights_holding_code_are_refused_and_never_run(make_config, tiny_run, tmp_path):
+    marker, path = tmp_path / "code-ran", tmp_path / "teacher.pt"
+    torch.save({"fc.weight": torch.zeros(1), "payload": WritesAMarkerWhenUnpickled(marker)}, path)
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"teacher.checkpoint={path}", error=ModelError)
+    assert_names(message, f"teacher.checkpoint weights '{path}' cannot be read safely", "weights_only=True")
+    assert not marker.exists()
+
+
+def test_profile_cells_are_parsed_as_numbers_never_evaluated(tmp_path):
+    marker = tmp_path / "code-ran"
+    path = write_profile(tmp_path / "p.csv", [f"b0,__import__('os').system('touch {marker}'),2,3,4,5,6"])
+    with pytest.raises(ProfileError, match="is not a number"):
+        load_profile_csv(path)
+    assert not marker.exists()
+
+
+REPO = Path(__file__).resolve().parents[2]
+UNSAFE_LOADERS = re.compile(r"\bpickle\.loads?\(|\byaml\.(?:unsafe_)?load\(|\bmarshal\.loads?\(|(?<![\w.])eval\(|"
+                            r"(?<![\w.])exec\(|allow_pickle=True")
+
+
+def test_every_loader_in_the_code_is_safe():
+    """Every torch.load passes weights_only=True; nothing unpickles, evals or yaml.loads a file
+    (synapse/, experiments/ and train.py: everything that reads checkpoints, weights or profiles)."""
+    files_with_torch_load, unsafe = set(), []
+    for file in sorted([*(REPO / "synapse").rglob("*.py"), *(REPO / "experiments").rglob("*.py"), REPO / "train.py"]):
+        text = file.read_text()
+        for match in re.finditer(r"torch\.load\(", text):
+            files_with_torch_load.add(file.name)
+            call = text[match.start(): match.start() + 200]  # the call's arguments, up to a few lines
+            if "weights_only=True" not in call:
+                unsafe.append(f"{file.relative_to(REPO)}: {call.splitlines()[0]}")
+        unsafe += [f"{file.relative_to(REPO)}: {m.group(0)}" for m in UNSAFE_LOADERS.finditer(text)]
+    assert {"checkpoint.py", "factory.py"} <= files_with_torch_load  # the scan sees the real loaders
+    assert not unsafe, unsafe
