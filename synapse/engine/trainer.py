@@ -71,6 +71,7 @@ class Trainer:
     history: list[dict[str, Any]] = field(default_factory=list)
     log: Callable[[str], None] = print
     injector: FaultInjector = field(default_factory=lambda: FaultInjector([], 0))
+    stop_requested: bool = False  # the supervisor asked every rank to stop after this step
 
     @property
     def checkpoint_root(self) -> Path:
@@ -118,6 +119,9 @@ class Trainer:
         """Fields added to each step's metrics record (the pipeline adds per-rank timings)."""
         return {}
 
+    def apply_control(self) -> None:
+        """Act on what the supervisor asked for at this step boundary (the pipeline: live re-partitions)."""
+
     def evaluate_student(self) -> dict[str, float] | None:
         return evaluate(self.student, self.val_ds, self.setup, self.cfg.data.val_batch_size, self.cfg.data.num_workers)
 
@@ -143,7 +147,8 @@ class Trainer:
                 record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
                           "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
                           "images_per_s": images_per_step / max(now - tick, 1e-9), **self.step_record_extras()}
-                tick = now
+                self.apply_control()  # e.g. a live re-partition asked for at this step (not step time)
+                tick = time.perf_counter()
                 pending = self._flush(metrics, pending, progress, record)
                 end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
                 last = self.step == self.total_steps
@@ -156,9 +161,11 @@ class Trainer:
                     did_io = True
                 if did_io:  # checkpoint and evaluation time is not step time
                     tick = time.perf_counter()
+                if self.stop_requested:
+                    break
             self._flush(metrics, pending, progress, None)
-            if stop_after is not None and self.step < self.total_steps:
-                self.save_checkpoint(*self._position_of_last_batch())
+            if (stop_after is not None or self.stop_requested) and self.step < self.total_steps:
+                self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
         progress.close()
         return self._summary(time.time() - started, self.step - first_step)
 
@@ -185,6 +192,7 @@ class Trainer:
     def _summary(self, seconds: float, steps: int) -> dict[str, Any]:
         final = self.history[-1] if self.history else {}
         summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
+                   "total_steps": self.total_steps, "stopped_on_request": self.stop_requested,
                    "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
                    "student": self.cfg.student.name, "final_eval": final}
         if self.writes_records:

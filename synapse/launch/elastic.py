@@ -8,6 +8,7 @@ Programmatic ``elastic_launch`` with a c10d rendezvous: on one machine on a free
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import json
 import time
 import socket
@@ -26,8 +27,24 @@ from ..monitor.liveness import kill_live_workers
 from ..pipeline.worker import worker_main
 
 
+# Workers are forked from a fork server that has torch and the worker code imported already:
+# a relaunch costs a fork instead of a fresh interpreter importing torch (seconds per rank),
+# and, unlike a plain fork of the supervisor, the server never saw CUDA or the monitor threads.
+START_METHOD = "forkserver"
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", "synapse.pipeline.worker"])
+
+
 class WorkerFailure(RuntimeError):
-    """A pipeline worker failed; the message names the rank and its error."""
+    """A pipeline worker failed; the message names the rank and its error.
+
+    ``rank`` is the root-cause rank (None when unknown); ``device_failure`` says whether the
+    failure is the device's or its process's (killed, hung, CUDA error, probe/XID) rather than
+    an error in the code, which no restart would fix.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, cause: str = "error", device_failure: bool = False):
+        super().__init__(message)
+        self.rank, self.cause, self.device_failure = rank, cause, device_failure
 
 
 def free_port() -> int:
@@ -48,12 +65,13 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
                       # Node 0 hosts the c10d store; on one machine the others must not try to.
                       "is_host": trainer.node_rank == 0},
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
-        monitor_interval=0.1, start_method="spawn", logs_specs=logs,
+        monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
     )
 
 
 def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
-                    resume: str | None, attempt: str = "0", log: Callable[[str], None] = print) -> dict[str, Any]:
+                    resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
+                    stage: int = 0) -> dict[str, Any]:
     """Run the pipeline to the end of this launch; return the summary of the last rank."""
     config = launch_config(cfg, run_dir, attempt)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
@@ -69,9 +87,9 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     try:
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
             results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
-                                                          resume, str(failure_dir))
+                                                          resume, str(failure_dir), stage)
     except ChildFailedError as exc:
-        raise WorkerFailure(describe_failures(failure_dir, exc, log_dir, hard_failures)) from exc
+        raise failure_of(failure_dir, exc, log_dir, hard_failures, read_heartbeats(run_dir)) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
 
@@ -86,6 +104,43 @@ def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     consequence of losing a peer (then the earliest of those)."""
     records = [json.loads(p.read_text()) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
     return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
+
+
+_DEVICE_ERRORS = ("CUDA error", "AcceleratorError", "NCCL error", "cudaError")
+
+
+def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_failures: list[dict],
+               beats: dict[int, dict]) -> WorkerFailure:
+    """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed."""
+    message = describe_failures(failure_dir, exc, log_dir, hard_failures)
+    if hard_failures:
+        first = hard_failures[0]
+        return WorkerFailure(message, _rank_of_event(first, beats), first["event"], device_failure=True)
+    records = read_failures(failure_dir)
+    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
+    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+        rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
+        return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
+    if not records:
+        rank = min(exc.failures) if exc.failures else None
+        return WorkerFailure(message, rank, "died without an error", device_failure=True)
+    root = records[0]
+    device = any(p in root["type"] or p in root["message"] for p in _DEVICE_ERRORS)
+    return WorkerFailure(message, root["rank"], f"{root['type']}: {root['message'].splitlines()[0][:200]}",
+                         device_failure=device)
+
+
+def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:
+    """The rank a health event is about: its own ``rank``, or the rank whose heartbeat names its device."""
+    if event.get("rank") is not None:
+        return int(event["rank"])
+    if event.get("ranks"):
+        return int(event["ranks"][0])
+    device = str(event.get("device", ""))
+    for rank, beat in sorted(beats.items()):
+        if str(beat.get("device")) in (device, f"cuda:{device}"):
+            return rank
+    return None
 
 
 def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path,

@@ -15,10 +15,14 @@ from ..engine.teacher import prepare_teacher, teacher_weights, train_label_model
 from ..pipeline.partition import count_blocks, partition_for_config
 from .planning import auto_partition, compare_plan_with_run, profile_models
 from .elastic import launch_pipeline
+from ..failover.report import print_failover_story
+from ..failover.run import run_with_failover
 from ..engine.trainer import build_trainer, data_kwargs, resolve_resume
 
 
-def run(cfg: DictConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run ``cfg``. ``overrides`` are the command-line overrides that composed it (inside
+    ``@hydra.main`` they are read from Hydra); restart stages are composed from them."""
     validate(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -31,12 +35,13 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         path = train_label_model(cfg, run_dir, name, log, init=init)
         log(f"{cfg.mode}: weights of {name} written to {path}")
         return json.loads((run_dir / "summary.json").read_text())
-    return run_kd(cfg, run_dir, log)
+    return run_kd(cfg, run_dir, log, overrides)
 
 
-def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+           overrides: list[str] | None = None) -> dict[str, Any]:
     if uses_pipeline(cfg.trainer):
-        return run_pipeline(cfg, run_dir, log)
+        return run_pipeline(cfg, run_dir, log, overrides)
     setup = build_compute_setup(cfg.trainer)
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
@@ -55,7 +60,8 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[s
     return summary
 
 
-def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+                 overrides: list[str] | None = None) -> dict[str, Any]:
     """Pipelined KD over K devices: plan the partition here, then launch the K workers."""
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
@@ -71,7 +77,12 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> 
     log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher)}, "
         f"student blocks per stage {list(partition.student)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")
-    summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), str(resume) if resume else None, log=log)
+    resume = str(resume) if resume else None
+    if cfg.failover.enabled and cfg.trainer.nodes == 1:
+        summary = run_with_failover(cfg, run_dir, info, partition, str(weights), resume, overrides, log)
+        print_failover_story(summary.get("experiment", {}), run_dir, log)
+    else:  # multi-node runs restart by hand: every node's supervisor would have to agree on each stage
+        summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), resume, log=log)
     comparison = compare_plan_with_run(run_dir)
     if comparison:
         log(f"planner: predicted step {comparison['predicted_step_s'] * 1e3:.1f} ms, measured "

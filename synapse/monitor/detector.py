@@ -444,6 +444,11 @@ class SlowdownDetector:
             trackers[(kind, rank)] = _Tracker(int(item["above"]), int(item["below"]), active)
         return num_ranks, state["last_step"], compute, comm, learning, history, trackers
 
+    def rewind(self, step: int) -> None:
+        """A restart resumed from a checkpoint at ``step``: the steps after it will come again."""
+        if self._last_step is not None and step < self._last_step:
+            self._last_step = step
+
     def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
                previous_rank: Sequence[int] | None = None) -> list[Detection]:
         """Carry the baselines over a re-partition instead of re-learning them.

@@ -21,6 +21,7 @@ Steps are 1-based optimizer steps, like the metrics records. Everything here is 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -34,7 +35,9 @@ FAULT_KINDS = (*INSTANT_KINDS, *SPAN_KINDS)
 # The phases each span kind may act in (the first tuple is the default).
 SPAN_PHASES = {"slow_compute": ("forward", "backward"), "slow_comm": ("send",), "background_load": ("step_start",)}
 
-_COMMON_KEYS = ("kind", "rank", "phase")
+# fault_id: the fault's index in the user's list, kept when a restarted stage renumbers ranks or
+# leaves fired faults out (events and "fired once" are keyed by it).
+_COMMON_KEYS = ("kind", "rank", "phase", "fault_id")
 _KEYS = {
     **{kind: (*_COMMON_KEYS, "step") for kind in INSTANT_KINDS},
     **{kind: (*_COMMON_KEYS, "step", "start", "end", "seconds", "factor", "ramp_steps", "on_steps", "off_steps")
@@ -73,6 +76,7 @@ class FaultSpec:
     workers: int = 1  # background_load: contending processes
     matrix_size: int = 4096  # background_load on a GPU: side of the multiplied matrices
     index: int = 0
+    fault_id: int | None = None  # the index in the user's original list (None: ``index``)
 
     @property
     def step(self) -> int:
@@ -124,7 +128,8 @@ class FaultSpec:
 
     def describe(self) -> dict[str, Any]:
         """The fault's settings as plain data (event records carry them)."""
-        fields = {"kind": self.kind, "rank": self.rank, "fault_index": self.index}
+        fields = {"kind": self.kind, "rank": self.rank,
+                  "fault_index": self.index if self.fault_id is None else self.fault_id}
         if self.instant:
             return {**fields, "step": self.start, "phase": self.phase}
         fields.update(start=self.start, end=self.end, phases=list(self.phases))
@@ -177,9 +182,10 @@ class _SpecReader:
         if "rank" not in self.spec:
             self.fail("no rank given", f"add rank: R, e.g. {_EXAMPLES[self.kind]}")
         rank = self.integer("rank", minimum=0)
-        if self.kind in INSTANT_KINDS:
-            return self.read_instant(rank)
-        return self.read_span(rank)
+        spec = self.read_instant(rank) if self.kind in INSTANT_KINDS else self.read_span(rank)
+        if "fault_id" in self.spec:
+            return dataclasses.replace(spec, fault_id=self.integer("fault_id", minimum=0))
+        return spec
 
     def read_instant(self, rank: int) -> FaultSpec:
         if "step" not in self.spec:

@@ -59,7 +59,7 @@ class PipelineRuntime:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.clock = StageClock(setup.device)
         module.clock = self.clock
-        self._loss_fn = loss_fn
+        self.loss_fn = loss_fn
         self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self.stage.clock = self.clock
         self.injector = injector or FaultInjector([], rank)
@@ -86,7 +86,7 @@ class PipelineRuntime:
     def _timed_loss(self, output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
-            return self._loss_fn(student_logits, teacher_logits, target)
+            return self.loss_fn(student_logits, teacher_logits, target)
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached)."""

@@ -10,6 +10,7 @@ the same parts the single-device trainer uses.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,10 +26,14 @@ from ..engine.metrics import JsonlWriter, NullWriter, topk_correct
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
+from ..config import resolve_devices
+from ..failover.control import stop_requested
+from ..monitor.events import EventLog, events_path
 from ..monitor.heartbeat import Heartbeat
 from ..monitor.injection import build_fault_injector
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from .partition import StagePartition
+from .repartition import exchange_blocks, payload_size_bytes, student_moves
 from .runtime import PipelineRuntime
 from .stage import FusedStage
 
@@ -43,6 +48,11 @@ class PipelineTrainer(Trainer):
     performance: JsonlWriter | None = None
     partition: StagePartition | None = None
     heartbeat: Heartbeat | None = None
+    stage: int = 0  # which stage of the run this is (stages/<n>/); a live re-partition starts the next
+    events: EventLog | None = None
+    blocks: "AllBlocks | None" = None  # every teacher and student block (for live re-partitions)
+    live_request: dict[str, Any] | None = None  # a live REPLAN to apply after this step
+    applied_requests: set = field(default_factory=set)
 
     @property
     def writes_records(self) -> bool:
@@ -58,16 +68,83 @@ class PipelineTrainer(Trainer):
         return loss
 
     def step_record_extras(self) -> dict[str, Any]:
-        """Gather every rank's compute/comm split of the step to the record-writing rank."""
-        timings: list[dict[str, float]] = [{} for _ in range(self.world_size)]
-        dist.all_gather_object(timings, self.runtime.last_timing)
+        """Gather every rank's compute/comm split of the step to the record-writing rank, and
+        whether the supervisor asked for a stop (rank 0 looks; all ranks learn it here, at the
+        same step)."""
+        request = stop_requested(self.run_dir) if self.rank == 0 else None
+        if request is not None and request.get("id") in self.applied_requests:
+            request = None  # a live re-partition already done; the file stays until the supervisor moves on
+        mine = {"timing": self.runtime.last_timing, "request": request}
+        gathered: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(gathered, mine)
+        timings = [g["timing"] for g in gathered]
+        request = gathered[0]["request"]
+        self.live_request = request if request is not None and request.get("mode") == "live" else None
+        self.stop_requested = request is not None and self.live_request is None
+        wall = max(t["wall"] for t in timings)
         if self.writes_records:
             self.performance.write({
-                "step": self.step, "step_seconds": max(t["wall"] for t in timings),
+                "step": self.step, "stage": self.stage, "devices": resolve_devices(self.cfg.trainer),
+                "total_steps": self.total_steps, "step_seconds": wall,
                 "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
-                "ranks": timings, "images_per_s": self.cfg.data.batch_size / max(t["wall"] for t in timings),
+                "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
             })
         return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
+
+    def apply_control(self) -> None:
+        if self.live_request is not None:
+            request, self.live_request = self.live_request, None
+            self.applied_requests.add(request.get("id"))
+            self.repartition(StagePartition(tuple(request["teacher"]), tuple(request["student"])))
+
+    def repartition(self, new: StagePartition) -> None:
+        """Live REPLAN: move the student blocks that change owner, rebuild stage, optimizer and schedule.
+
+        Nothing is saved or reloaded: parameters, buffers and optimizer state move by name,
+        the scheduler's state and this process's RNG carry on, so the next step computes exactly
+        what it would have computed on the old partition.
+        """
+        started = time.perf_counter()
+        moves = student_moves(self.partition, new)
+        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
+        optim_state = optimizer_state_by_name(self.optimizer, params)
+
+        sent_bytes = [0]
+
+        def payload_of(block: int) -> dict[str, Any]:
+            names = self.blocks.student_names[block].values()
+            payload = {"tensors": {n: self.owned[n].detach().cpu() for n in names},
+                       "optim": {n: optim_state[n] for n in names if n in optim_state}}
+            sent_bytes[0] += payload_size_bytes(payload)
+            return payload
+
+        received = exchange_blocks(moves, self.rank, payload_of)
+        module, owned = self.blocks.stage(self.rank, new, self.setup)
+        with torch.no_grad():
+            for payload in received.values():
+                for name, tensor in payload["tensors"].items():
+                    owned[name].copy_(tensor)
+                optim_state.update(payload["optim"])
+        self.blocks.release(self.rank, self.partition, new)
+        optimizer = build_optimizer(module.student.parameters(), self.cfg.optim)
+        params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
+        load_optimizer_state_by_name(optimizer, params, optim_state)
+        scheduler = build_scheduler(optimizer, self.cfg.optim, self.total_steps)
+        scheduler.load_state_dict(self.scheduler.state_dict())
+        old = self.runtime
+        self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
+                                       self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector)
+        self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
+        self.module, self.owned, self.optimizer, self.scheduler = module, owned, optimizer, scheduler
+        self.partition, self.stage = new, self.stage + 1
+        totals: list[Any] = [None] * self.world_size
+        dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes[0]))
+        if self.rank == 0:
+            self.events.append("live_replan", stage=self.stage, step=self.step, partition=new.to_dict(),
+                               seconds=max(t for t, _ in totals), moved_blocks=len(moves),
+                               moved_bytes=sum(b for _, b in totals))
+        self.log(f"live re-partition at step {self.step}: {len(moves)} student blocks moved, now teacher "
+                 f"{list(new.teacher)} / student {list(new.student)}")
 
     # ---------------------------------------------------------------- evaluation
     def evaluate_student(self) -> dict[str, float] | None:
@@ -95,6 +172,7 @@ class PipelineTrainer(Trainer):
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
+        started = time.perf_counter()
         nonce = [ckpt.new_nonce() if self.rank == 0 else None]
         dist.broadcast_object_list(nonce, src=0)
         tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step, nonce=nonce[0])
@@ -114,6 +192,9 @@ class PipelineTrainer(Trainer):
             path = ckpt.commit_checkpoint(tmp, self.step, meta=meta)
             ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
         dist.barrier()  # nobody moves on before the checkpoint is committed
+        if self.rank == 0:
+            self.events.append("checkpoint_saved", step=self.step, path=str(path), stage=self.stage,
+                               seconds=time.perf_counter() - started, for_stop=self.stop_requested)
         return path
 
     def load_checkpoint(self, path: Path) -> None:
@@ -139,33 +220,56 @@ class PipelineTrainer(Trainer):
             self.log(f"resumed from {path} at step {self.step}")
 
 
-def build_fused_stage(cfg: DictConfig, rank: int, partition: StagePartition, teacher_weights: str,
-                      parts, setup: ComputeSetup) -> tuple[FusedStage, dict[str, torch.Tensor]]:
-    """This rank's FusedStage and the original names of the student tensors it owns."""
+@dataclass
+class AllBlocks:
+    """Every block of both models, held by every rank; a stage is a view of some of them.
+
+    Built once per process from the seed and the teacher file. Blocks outside this rank's
+    stage stay on the CPU untouched; a live re-partition assembles the new stage from them.
+    """
+
+    teacher: list[torch.nn.Module]
+    student: list[torch.nn.Module]
+    student_names: list[dict[str, str]]  # per block: local name -> the student's state_dict name
+
+    def stage(self, rank: int, partition: StagePartition, setup: ComputeSetup
+              ) -> tuple[FusedStage, dict[str, torch.Tensor]]:
+        """This rank's FusedStage and the original names of the student tensors it owns."""
+        student_range = partition.student_range(rank)
+        module = FusedStage([self.teacher[i] for i in partition.teacher_range(rank)],
+                            [self.student[i] for i in student_range], is_first=rank == 0)
+        module = setup.prepare_model(module)
+        # Look the tensors up after the move to the device: those are the ones training updates.
+        owned = {}
+        for local_index, block_index in enumerate(student_range):
+            block_state = module.student[local_index].state_dict(keep_vars=True)
+            for local, original in self.student_names[block_index].items():
+                owned[original] = block_state[local]
+        return module, owned
+
+    def release(self, rank: int, old: StagePartition, new: StagePartition) -> None:
+        """Blocks this rank no longer runs go back to the CPU (they free device memory)."""
+        for blocks, before, after in ((self.teacher, old.teacher_range(rank), new.teacher_range(rank)),
+                                      (self.student, old.student_range(rank), new.student_range(rank))):
+            for index in set(before) - set(after):
+                blocks[index].to("cpu")
+
+
+def build_all_blocks(cfg: DictConfig, partition: StagePartition, teacher_weights: str, parts) -> AllBlocks:
     info = parts.info
     teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, teacher_weights, what="teacher.checkpoint")
     teacher_blocks, student_blocks = model_blocks(teacher), model_blocks(parts.student)
     partition.check_block_counts(len(teacher_blocks), len(student_blocks))
-    names = block_parameter_names(parts.student, student_blocks)
-    owned_range = partition.student_range(rank)
-    module = FusedStage([teacher_blocks[i] for i in partition.teacher_range(rank)],
-                        [student_blocks[i] for i in owned_range], is_first=rank == 0)
-    module = setup.prepare_model(module)
-    # Look the tensors up after the move to the device: those are the ones training updates.
-    owned = {}
-    for local_index, block_index in enumerate(owned_range):
-        block_state = module.student[local_index].state_dict(keep_vars=True)
-        for local, original in names[block_index].items():
-            owned[original] = block_state[local]
-    return module, owned
+    return AllBlocks(teacher_blocks, student_blocks, block_parameter_names(parts.student, student_blocks))
 
 
 def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: StagePartition,
-                           teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print
-                           ) -> PipelineTrainer:
+                           teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
+                           stage: int = 0) -> PipelineTrainer:
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
-    module, owned = build_fused_stage(cfg, rank, partition, teacher_weights, parts, setup)
+    blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
+    module, owned = blocks.stage(rank, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg)
@@ -180,4 +284,5 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                            parts.sampler, parts.total_steps, parts.num_epochs, step_fn=None, log=log,
                            runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
                            partition=partition, injector=injector,
-                           heartbeat=Heartbeat(run_dir, rank, str(setup.device)))
+                           heartbeat=Heartbeat(run_dir, rank, str(setup.device)), stage=stage,
+                           events=EventLog(events_path(run_dir), source="worker", rank=rank), blocks=blocks)

@@ -27,9 +27,9 @@ from .trainer import build_pipeline_trainer
 
 @record
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                resume: str | None, failure_dir: str) -> dict[str, Any] | None:
+                resume: str | None, failure_dir: str, stage: int = 0) -> dict[str, Any] | None:
     try:
-        return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume)
+        return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume, stage)
     except BaseException as exc:
         # The elastic agent may tear this rank down before it reports; a file per failing
         # rank, with a precise time, lets the supervisor name the root cause.
@@ -45,7 +45,8 @@ def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
 
 
 def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                 resume: str | None) -> dict[str, Any] | None:
+                 resume: str | None, stage: int) -> dict[str, Any] | None:
+    started = time.time()
     cfg = OmegaConf.create(cfg_yaml)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
@@ -57,9 +58,15 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     trainer = None
     try:
         stage_partition = StagePartition(tuple(partition["teacher"]), tuple(partition["student"]))
-        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log)
+        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log,
+                                         stage=stage)
+        built = time.time()
         if resume:
             trainer.load_checkpoint(Path(resume))
+        dist.barrier()  # "ready" means every rank is ready
+        if rank == 0:  # the supervisor splits a restart's cost into launch, load and warm-up with this
+            trainer.events.append("stage_ready", stage=stage, step=trainer.step, process_started=started,
+                                  build_s=built - started, checkpoint_load_s=time.time() - built)
         summary = trainer.fit()
         trainer.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
         return summary if trainer.writes_records else None

@@ -27,8 +27,11 @@ STEPS = 10
 
 
 def config(tmp_path: Path, teacher_file: Path, faults: str, *extra: str):
+    # Failover off: these tests watch the injector and the monitor end a launch; what the
+    # supervisor then does about it is tests/dist/test_failover.py's subject.
     return compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=3",
-                                     f"trainer.max_steps={STEPS}", f"injection.faults={faults}", *extra])
+                                     f"trainer.max_steps={STEPS}", f"injection.faults={faults}",
+                                     "failover.enabled=false", *extra])
 
 
 def per_step(records: list[dict], key: str, rank: int) -> dict[int, float]:

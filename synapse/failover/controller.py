@@ -1,0 +1,277 @@
+"""The failover controller: step timings in, KEEP / REPLAN / DEGRADE / REPLACE decisions out.
+
+It lives in the supervisor (the process that launches the workers, and survives their
+restarts) and is fed one ``performance.jsonl`` record per optimizer step. Per record:
+
+1. the slowdown detector (per-rank baselines, sustained windows) updates, and its
+   slowdown/recovery events go to the event log with their detection latency;
+2. the alpha/beta estimator compares each rank's measured compute and comm with the cost
+   model's prediction for the partition that runs, giving per-*device* factors;
+3. while a slowdown is detected, every ``decide_every`` steps: the options are built
+   (KEEP measured; REPLAN/DEGRADE/REPLACE re-planned under the current alphas and
+   calibrated by the running partition's measured/predicted ratio), the policy decides,
+   and the decision, with every option's inputs and ETA, is logged.
+
+A non-KEEP decision is returned to the supervisor, which stops the workers at a step
+boundary and restarts them; ``begin_stage`` then carries the detector's baselines over to
+the new partition (scaled by the cost model, so a slow device is not re-learnt as normal).
+Episode bookkeeping (detections in a row, time lost, actions taken) is what the stateless
+policies need; it survives restarts with the controller and is saved in ``state_dict``.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..monitor.detector import COMPUTE, SLOWDOWN, Detection, SlowdownDetector
+from ..monitor.timing import StepTiming
+from ..planner.estimator import AlphaBetaEstimator
+from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
+from ..planner.policy import Decision, DecisionContext, Policy
+from .planning import StagePlanner
+
+STEP_WINDOW = 10  # steps whose median is "the current step time"
+BASELINE_STEPS = 50
+KEEP_LOG_EVERY = 10  # healthy steps whose median is the step time a slowdown is measured against
+
+
+@dataclass
+class RunningStage:
+    """What runs now: device of each rank and the partition."""
+
+    devices: tuple[int, ...]
+    teacher_counts: tuple[int, ...]
+    student_counts: tuple[int, ...]
+
+
+@dataclass
+class Episode:
+    """One slowdown, from its detection until it is gone (recovered, or its device dropped)."""
+
+    consecutive_detections: int = 0
+    time_lost_s: float = 0.0
+    actions: int = 0
+    onset_step: int | None = None
+    detected_at: float | None = None
+
+
+@dataclass
+class FailoverController:
+    policy: Policy
+    planner: StagePlanner
+    restart_costs: RestartCostModel
+    detector: SlowdownDetector = field(default_factory=SlowdownDetector)
+    estimator: AlphaBetaEstimator = field(default_factory=AlphaBetaEstimator)
+    spare_devices: tuple[int, ...] = ()
+    decide_every: int = 1
+    log_event: Callable[..., Any] = lambda event, **fields: None
+    say: Callable[[str], None] = lambda line: None  # one line for the person watching the console
+    stage: RunningStage | None = None
+    episode: Episode = field(default_factory=Episode)
+    last_action_step: int | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    drills: list[dict[str, Any]] = field(default_factory=list)  # forced actions: [{step, action, device?}]
+    time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
+    _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+    _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
+    _last_step: int = 0
+    _last_keep_reason: list[str] | None = None
+    _nominal: tuple[list[float], list[float]] | None = None  # this stage's predicted compute, comm per rank
+
+    # ---------------------------------------------------------------- stages
+    def begin_stage(self, stage: RunningStage, start_step: int | None = None) -> None:
+        """A new launch from ``start_step``: carry the detector over from the previous partition."""
+        if start_step is not None:
+            self.detector.rewind(start_step)
+        previous, self.stage = self.stage, stage
+        self._recent.clear()
+        self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
+                         self.planner.per_step_comm_s(*self._partition_of(stage)))
+        if previous is None or self.detector.num_ranks is None:
+            return
+        old_compute = dict(zip(previous.devices, self.planner.per_step_compute_s(
+            previous.devices, previous.teacher_counts, previous.student_counts)))
+        new_compute = self.planner.per_step_compute_s(stage.devices, stage.teacher_counts, stage.student_counts)
+        # A device new to the run (a spare) takes over the baseline of the device it replaced.
+        replaced = [d for d in previous.devices if d not in stage.devices]
+        mapping, scale = [], []
+        for device, compute in zip(stage.devices, new_compute):
+            old_device = device if device in previous.devices else replaced.pop(0)
+            mapping.append(previous.devices.index(old_device))
+            scale.append(compute / max(old_compute[old_device], 1e-12))
+        dropped = self.detector.rebase(scale, None, previous_rank=mapping)
+        # The healthy step time of the new partition: the old one scaled as the cost model says.
+        ratio = (self.planner.predict(*self._partition_of(stage)).step_time_s
+                 / self.planner.predict(*self._partition_of(previous)).step_time_s)
+        healthy = [s * ratio for s in self._healthy]
+        self._healthy.clear()
+        self._healthy.extend(healthy)
+        if not self.detector.active:  # its device is gone: the episode is over
+            self.episode = Episode()
+        for detection in dropped:
+            self.log_event("slowdown_dropped", rank=detection.rank, device=previous.devices[detection.rank],
+                           reason="device left the pipeline or baseline re-learnt")
+        self.estimator.load_state_dict(self.estimator.state_dict())  # new processes: warm up again
+
+    # ---------------------------------------------------------------- per step
+    def observe(self, record: Mapping[str, Any]) -> Decision | None:
+        """Feed one performance record; return a decision to act on (None: keep going)."""
+        timing = StepTiming(int(record["step"]), float(record["time"]), float(record["step_seconds"]),
+                            tuple(record["compute_s"]), tuple(record["comm_s"]))
+        self._last_step = timing.step
+        for detection in self.detector.update(timing):
+            self._log_detection(detection, timing)
+        self._update_estimator(timing)
+        self._recent.append((timing.step, timing.step_seconds))
+        drill = self._due_drill(timing.step)
+        if drill is not None:
+            return self.run_drill(drill, timing.step, int(record["total_steps"]))
+        if not self.detector.active:
+            if self.episode.onset_step is None:  # not while recovering from a slowdown
+                self._healthy.append(timing.step_seconds)
+            if self.episode.onset_step is not None or self.episode.actions:
+                self.episode = Episode()
+            return None
+        if self.episode.onset_step is None:  # detected now: the steps since the onset were lost too
+            self.episode.onset_step = min(d.onset_step for d in self.detector.active)
+            self.episode.detected_at = timing.wall_time
+            slow = [s for step, s in self._recent if step >= self.episode.onset_step]
+        else:
+            slow = [timing.step_seconds]
+        lost = sum(max(0.0, s - self.baseline_step_s) for s in slow)
+        self.episode.time_lost_s += lost
+        self.time_lost_total_s += lost
+        if (timing.step - self.episode.onset_step) % self.decide_every:
+            return None
+        self.episode.consecutive_detections += 1
+        decision = self.decide(timing.step, int(record["total_steps"]))
+        return None if decision.action is OptionKind.KEEP else decision
+
+    @property
+    def baseline_step_s(self) -> float:
+        if self._healthy:
+            return statistics.median(self._healthy)
+        return self.measured_step_s if self._recent else 0.0
+
+    @property
+    def measured_step_s(self) -> float:
+        return statistics.median(s for _, s in self._recent)
+
+    @staticmethod
+    def _partition_of(stage: RunningStage) -> tuple:
+        return stage.devices, stage.teacher_counts, stage.student_counts
+
+    def _update_estimator(self, timing: StepTiming) -> None:
+        compute, comm = self._nominal
+        self.estimator.update(devices=self.stage.devices, measured_compute_s=timing.compute_s,
+                              measured_comm_s=timing.comm_s, predicted_compute_s=compute, predicted_comm_s=comm)
+
+    def _log_detection(self, detection: Detection, timing: StepTiming) -> None:
+        event = "slowdown_detected" if detection.event == SLOWDOWN else "slowdown_recovered"
+        fields = {k: v for k, v in detection.to_dict().items() if k != "event"}
+        device = self.stage.devices[detection.rank]
+        self.log_event(event, **fields, device=device, step=timing.step)
+        what = "slower" if detection.event == SLOWDOWN else "back to normal"
+        self.say(f"failover: rank {detection.rank} (device {device}) {detection.kind} {detection.ratio:.1f}x its "
+                 f"baseline since step {detection.onset_step}: {what}, seen at step {timing.step} "
+                 f"({detection.latency_steps} steps, {detection.latency_s:.1f} s after the onset)")
+
+    # ---------------------------------------------------------------- deciding
+    def alphas(self) -> dict[int, float]:
+        known = self.estimator.alphas() if self.estimator.ready else {}
+        return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
+
+    def betas(self) -> dict[int, float]:
+        known = self.estimator.betas() if self.estimator.ready else {}
+        return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
+
+    def _options(self, bad_device: int | None, measured_step_s: float | None = None):
+        stage, alphas, betas = self.stage, self.alphas(), self.betas()
+        predicted = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts,
+                                         alphas, betas).step_time_s
+        current = RunningPartition(stage.devices, stage.teacher_counts, stage.student_counts,
+                                   measured_step_s or predicted, predicted)
+        return build_options(current, alphas, betas, bad_device, self.planner.plan,
+                             self.restart_costs.costs_by_kind(), self.spare_devices)
+
+    def _slowest_device(self) -> int | None:
+        """The device of the strongest active slowdown (compute first: it is the device's own)."""
+        active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
+        return self.stage.devices[active[0].rank] if active else None
+
+    def decide(self, step: int, total_steps: int) -> Decision:
+        options = self._options(self._slowest_device(), self.measured_step_s)
+        since = None if self.last_action_step is None else step - self.last_action_step
+        ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
+                              slowdown_detected=True, consecutive_detections=self.episode.consecutive_detections,
+                              time_lost_s=self.episode.time_lost_s, steps_since_last_action=since,
+                              actions_in_episode=self.episode.actions)
+        return self._record(self.policy.decide(ctx), step)
+
+    def _due_drill(self, step: int) -> dict[str, Any] | None:
+        due = [d for d in self.drills if d["step"] <= step and not d.get("done")]
+        return due[0] if due else None
+
+    def run_drill(self, drill: dict[str, Any], step: int, total_steps: int) -> Decision:
+        """A forced action (failover.drills): exercise and measure a restart without a real fault."""
+        drill["done"] = True
+        kind = OptionKind(drill["action"])
+        options = self._options(drill.get("device", self._slowest_device()), self.measured_step_s)
+        chosen = next((o for o in options if o.kind is kind), None)
+        if chosen is None:
+            raise ValueError(f"failover.drills asks for {kind.value} at step {step}, which is not possible here "
+                             f"(options: {[o.kind.value for o in options]}); e.g. replace needs trainer.spare_devices")
+        decision = Decision(action=kind, chosen=chosen, options=tuple(options), reason=f"drill at step {drill['step']}",
+                            step=step, remaining_steps=max(0, total_steps - step), inputs={"policy": "drill"})
+        return self._record(decision, step)
+
+    def on_hard_failure(self, failed_device: int, step: int, total_steps: int, cause: str) -> Decision:
+        """A device died: the policy picks among the options that avoid it (DEGRADE/REPLACE)."""
+        measured = self.measured_step_s if self._recent else None
+        options = self._options(failed_device, measured)
+        ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
+                              hard_failure=True, failed_device=failed_device)
+        return self._record(self.policy.decide(ctx), step, cause=cause)
+
+    def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
+        record = {**decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),
+                  "baseline_step_s": self.baseline_step_s, "measured_step_s": self.measured_step_s
+                  if self._recent else None}
+        # Every action is logged; a KEEP only when its reason changes or every KEEP_LOG_EVERY
+        # decisions, so that a long slowdown ridden out does not flood the log.
+        reason_kind = decision.reason.split(" ")[0:2]
+        if (decision.action is not OptionKind.KEEP or reason_kind != self._last_keep_reason
+                or self.episode.consecutive_detections % KEEP_LOG_EVERY == 1):
+            self.log_event("decision", **record)
+        self._last_keep_reason = reason_kind if decision.action is OptionKind.KEEP else None
+        if decision.action is not OptionKind.KEEP:
+            self.episode.actions += 1
+            self.episode.time_lost_s = 0.0  # the policies count time lost since the last action
+            self.last_action_step = step
+            self.decisions.append(record)
+        return decision
+
+    # ---------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {"detector": self.detector.state_dict(), "estimator": self.estimator.state_dict(),
+                "restart_costs": self.restart_costs.state_dict(), "episode": vars(self.episode).copy(),
+                "last_action_step": self.last_action_step, "healthy_steps_s": list(self._healthy),
+                "decisions": self.decisions, "drills": self.drills, "time_lost_total_s": self.time_lost_total_s,
+                "stage": None if self.stage is None else vars(self.stage).copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.detector.load_state_dict(state["detector"])
+        self.estimator.load_state_dict(state["estimator"])
+        self.restart_costs.load_state_dict(state["restart_costs"])
+        self.episode = Episode(**state["episode"])
+        self.last_action_step = state["last_action_step"]
+        self._healthy.extend(state["healthy_steps_s"])
+        self.decisions = list(state["decisions"])
+        self.drills = [dict(d) for d in state["drills"]]
+        self.time_lost_total_s = float(state["time_lost_total_s"])
+        if state["stage"] is not None:
+            self.stage = None  # begin_stage sets it (and this stage's predictions) without a rebase
+            self.begin_stage(RunningStage(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",
+                                                                                "student_counts"))))

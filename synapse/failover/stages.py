@@ -1,0 +1,151 @@
+"""Restart stages as composed Hydra configs: ``<run_dir>/stages/<n>/``.
+
+A run is a sequence of stages; each is one launch of the K workers on one set of devices
+with one partition. Stage 0 is what the user asked for; stage n > 0 is composed with Hydra's
+compose API from the user's overrides plus the stage's own (devices, partition, resume path,
+the faults still to come), so that every stage is an ordinary config:
+
+    stages/<n>/config.yaml     the composed config (resolved)
+    stages/<n>/overrides.yaml  the override list that composes it (rerun: python train.py <those>)
+    stages/<n>/stage.json      why the stage exists, its devices and partition, start/end
+
+Overrides are merged by key (a later ``trainer.devices=...`` replaces an earlier one), so the
+list stays a valid command line however many stages came before.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+STAGES_DIR = "stages"
+
+
+class StageError(RuntimeError):
+    """A stage record that cannot be read or a stage config that cannot be composed."""
+
+
+# ---------------------------------------------------------------- override strings
+def override_key(override: str) -> str:
+    """``trainer.devices`` of ``trainer.devices=[0,2]`` (also for ``+key=...`` and ``~key``)."""
+    key = override.split("=", 1)[0]
+    return key.lstrip("+~")
+
+
+def merge_overrides(base: Sequence[str], later: Sequence[str]) -> list[str]:
+    """``base`` then ``later``; a key set in ``later`` removes its earlier settings (and those of
+    its sub-keys: a new ``injection.faults`` replaces every earlier ``injection.faults.*``)."""
+    replaced = {override_key(o) for o in later}
+    kept = [o for o in base if not any(override_key(o) == k or override_key(o).startswith(k + ".")
+                                       for k in replaced)]
+    return [*kept, *later]
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar: lists, dicts, numbers, booleans, null, quoted strings."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise StageError(f"{value!r} cannot be written as a Hydra override")
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    raise StageError(f"cannot write {type(value).__name__} {value!r} as a Hydra override")
+
+
+def setting(key: str, value: Any) -> str:
+    return f"{key}={hydra_value(value)}"
+
+
+# ---------------------------------------------------------------- composing
+def compose_stage_config(overrides: Sequence[str]) -> DictConfig:
+    """The config ``python train.py <overrides>`` would run (``run_dir`` must be among them)."""
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside @hydra.main: its search path is conf/
+            return compose(config_name="config", overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stage"):
+            return compose(config_name="config", overrides=list(overrides))
+    except Exception as exc:  # Hydra raises several types; all mean the same thing here
+        raise StageError(f"cannot compose a stage config from overrides {list(overrides)}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- records
+@dataclass
+class StageSpec:
+    """Where and how one stage runs, and why it exists."""
+
+    index: int
+    devices: list[int]
+    teacher_counts: list[int]
+    student_counts: list[int]
+    reason: str  # "start", "replan", "degrade", "replace", "failure: ..."
+    resume: str | None = None
+    start_step: int = 0
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    end_step: int | None = None
+    outcome: str | None = None  # finished | stopped | failed
+
+    @property
+    def partition(self) -> dict[str, list[int]]:
+        return {"teacher": list(self.teacher_counts), "student": list(self.student_counts)}
+
+
+def stage_dir(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / STAGES_DIR / str(index)
+
+
+def write_stage(run_dir: Path, spec: StageSpec, cfg: DictConfig | None = None,
+                overrides: Sequence[str] | None = None) -> Path:
+    """Write (or update) ``stages/<n>/``: stage.json always, the config and overrides when given."""
+    folder = stage_dir(run_dir, spec.index)
+    folder.mkdir(parents=True, exist_ok=True)
+    if cfg is not None:
+        (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if overrides is not None:
+        (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
+    tmp = folder / "stage.json.tmp"
+    tmp.write_text(json.dumps(asdict(spec), indent=1))
+    tmp.replace(folder / "stage.json")
+    return folder
+
+
+def read_stages(run_dir: Path) -> list[StageSpec]:
+    """Every recorded stage, in order (empty for a run that has none)."""
+    root = Path(run_dir) / STAGES_DIR
+    if not root.is_dir():
+        return []
+    specs = []
+    for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        try:
+            specs.append(StageSpec(**json.loads((folder / "stage.json").read_text())))
+        except (OSError, ValueError, TypeError) as exc:
+            raise StageError(f"stage record {folder / 'stage.json'} is unreadable ({exc}); "
+                             f"remove {folder} to restart that stage from the last checkpoint") from exc
+    return specs
+
+
+def read_stage_overrides(run_dir: Path, index: int) -> list[str]:
+    path = stage_dir(run_dir, index) / "overrides.yaml"
+    overrides = yaml.safe_load(path.read_text())
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise StageError(f"{path} must hold a list of override strings")
+    return overrides

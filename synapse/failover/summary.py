@@ -1,0 +1,57 @@
+"""``experiment_summary.json``: the whole run in one file, for people and for synapse.analysis.
+
+Total wall time and steps; each stage's devices, partition, steps and outcome; every
+decision that acted, with each option's predicted ETA; per restart the recovery time
+(trigger to first step on the new stage) and its measured parts; time lost to each
+slowdown episode; the final accuracy.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+SUMMARY_FILE = "experiment_summary.json"
+
+
+def write_experiment_summary(supervisor: "Supervisor", last: dict[str, Any]) -> dict[str, Any]:
+    cfg, controller = supervisor.cfg, supervisor.controller
+    restarts = [{k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")}
+                for r in supervisor.restarts]
+    summary = {
+        "policy": cfg.policy.name,
+        "injection": cfg.injection.name,
+        "wall_time_s": time.time() - supervisor.started_at,
+        "steps": last.get("steps"),
+        "total_steps": last.get("total_steps"),
+        "stages": [{**asdict(s), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
+                   for s in supervisor.stages],
+        "decisions": [_decision_view(d) for d in controller.decisions],
+        "restarts": restarts,
+        "time_lost_s": _time_lost(supervisor),
+        "restart_cost_estimate_s": controller.restart_costs.estimate().to_dict(),
+        "final_eval": last.get("final_eval") or {},
+        "images_per_s_last_stage": last.get("images_per_s"),
+    }
+    (supervisor.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=float))
+    return {**last, "experiment": summary}
+
+
+def _decision_view(record: dict[str, Any]) -> dict[str, Any]:
+    return {"step": record["step"], "action": record["action"], "reason": record["reason"],
+            "cause": record.get("cause"), "remaining_steps": record["remaining_steps"],
+            "eta_s": {o["kind"]: o["eta_s"] for o in record["options"]},
+            "predicted_step_s": {o["kind"]: o["predicted_step_s"] for o in record["options"]},
+            "restart_cost_s": {o["kind"]: o["restart_cost_s"] for o in record["options"]},
+            "chosen_devices": record["chosen"]["devices"], "alphas": record.get("alphas")}
+
+
+def _time_lost(supervisor: "Supervisor") -> dict[str, float]:
+    """Seconds lost: slow steps before each action (over the healthy step time) and restart downtime."""
+    slow = supervisor.controller.time_lost_total_s
+    downtime = sum(r.recovery_s or 0.0 for r in supervisor.restarts)
+    return {"slow_steps_s": slow, "restart_downtime_s": downtime, "total_s": slow + downtime}

@@ -1,0 +1,341 @@
+"""The supervisor: run the pipeline stage by stage until the schedule is done.
+
+One stage = one launch of the workers on one device set with one partition. During a launch
+a ``StageWatcher`` feeds the step timings to the ``FailoverController``; a non-KEEP decision
+makes every rank stop after the same step, checkpoint and exit. A device failure (rank
+killed, hung, CUDA error) ends the launch through the elastic agent and the health monitor;
+the controller then picks a survivor option. Either way the next stage's config is composed
+with Hydra from the user's overrides plus the new devices, partition, resume checkpoint and
+the faults still to come, saved under ``stages/<n>/``, and launched.
+
+What each restart cost (checkpoint save, teardown, launch, checkpoint load, warm-up) is
+measured from the event log and fed back to the restart-cost model, so later decisions use
+this run's own restarts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from .. import checkpoint as ckpt
+from ..config import resolve_devices, validate
+from ..launch.elastic import WorkerFailure, launch_pipeline
+from ..monitor.events import EventLog, events_path, read_events
+from ..monitor.injection import fired_fault_indices
+from ..pipeline.partition import StagePartition
+from ..planner.policy import Decision, NoViableOptionError
+from .control import clear_stop
+from .controller import FailoverController, RunningStage
+from .faults import faults_for_stage
+from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
+from .summary import write_experiment_summary
+from .watch import StageWatcher
+
+STATE_FILE = "failover/controller_state.json"
+
+
+class FailoverError(RuntimeError):
+    """The run cannot continue (no device left, restart budget spent); everything finished is saved."""
+
+
+@dataclass
+class Restart:
+    """One restart: why, when, and what it cost (filled in as its pieces are seen)."""
+
+    stage: int  # the stage it starts
+    action: str
+    trigger_time: float  # decision, or failure detection
+    trigger_step: int
+    resume_step: int
+    relaunch_time: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+    recovery_s: float | None = None
+    first_step: int | None = None
+    cause: str | None = None
+    decision: Decision | None = None
+    resume_path: Path | None = None
+    trigger: str = "decision"  # or "failure"
+    mode: str = "restart"  # or "live" (a REPLAN without stopping the workers)
+
+
+@dataclass
+class Supervisor:
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list[str] | None  # None: unknown (stage configs are then merged, not composed)
+    controller: FailoverController
+    teacher_weights: str
+    log: Callable[[str], None] = print
+    stages: list[StageSpec] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def events(self) -> EventLog:
+        return EventLog(events_path(self.run_dir), source="supervisor")
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, first: StageSpec, compose: bool = False) -> dict[str, Any]:
+        """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides."""
+        spec, restart = first, None
+        stage_cfg, overrides = self._compose(spec) if compose else (self.cfg, self._stage_overrides(spec))
+        while True:
+            self.stages.append(spec)
+            write_stage(self.run_dir, spec, stage_cfg, overrides)
+            summary, watcher, failure = self._launch(spec, stage_cfg, restart)
+            current = self.stages[-1]  # a live re-partition may have started later stages in this launch
+            self._finish_stage(current, watcher, failure, summary, restart)
+            if failure is None and not (summary or {}).get("stopped_on_request"):
+                break
+            if summary and summary["steps"] >= summary["total_steps"]:
+                break  # a stop requested at the very last step: nothing left to run
+            restart = self._plan_restart(current, watcher, failure)
+            spec = self._next_stage(current, restart)
+            stage_cfg, overrides = self._compose(spec)
+        return write_experiment_summary(self, summary or {})
+
+    @property
+    def live_replan(self) -> bool:
+        return self.cfg.failover.replan_mode == "live"
+
+    def _launch(self, spec: StageSpec, stage_cfg: DictConfig, restart: Restart | None):
+        clear_stop(self.run_dir)
+        self.controller.begin_stage(RunningStage(tuple(spec.devices), tuple(spec.teacher_counts),
+                                                 tuple(spec.student_counts)), start_step=spec.start_step)
+        watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.log,
+                               live_replan=self.live_replan, on_live_stage=self._on_live_stage)
+        if restart is not None:
+            restart.relaunch_time = time.time()
+            self.events.append("relaunch", stage=spec.index, devices=spec.devices, partition=spec.partition,
+                               resume=spec.resume)
+        watcher.start()
+        summary, failure = None, None
+        try:
+            summary = launch_pipeline(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
+                                      attempt=str(spec.index), log=self.log, stage=spec.index)
+        except WorkerFailure as exc:
+            if not exc.device_failure:
+                raise  # an error in the code: a restart would fail the same way
+            failure = exc
+        finally:
+            watcher.stop()
+        if watcher.error is not None:
+            raise FailoverError(f"the failover controller failed during stage {self.stages[-1].index}: "
+                                f"{type(watcher.error).__name__}: {watcher.error}") from watcher.error
+        return summary, watcher, failure
+
+    def _on_live_stage(self, decision: Decision, first_record: dict[str, Any]) -> None:
+        """The workers re-partitioned without stopping (watcher thread): record the new stage."""
+        old = self.stages[-1]
+        old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
+        write_stage(self.run_dir, old)
+        chosen = decision.chosen
+        spec = StageSpec(old.index + 1, list(chosen.devices), list(chosen.teacher_counts), list(chosen.student_counts),
+                         reason="replan (live)", start_step=old.end_step)
+        self.stages.append(spec)
+        stage_cfg, overrides = self._compose(spec)
+        write_stage(self.run_dir, spec, stage_cfg, overrides)
+        self.controller.begin_stage(RunningStage(tuple(spec.devices), tuple(spec.teacher_counts),
+                                                 tuple(spec.student_counts)))
+        live = [e for e in read_events(events_path(self.run_dir), "live_replan") if e.get("stage") == spec.index]
+        moved_s = live[-1]["seconds"] if live else 0.0
+        restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller_decided_at(decision),
+                          trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
+                          decision=decision, trigger="decision", mode="live")
+        warm = float(first_record["step_seconds"]) - self.controller.baseline_step_s
+        restart.components = {"launch_s": moved_s, "warmup_s": max(0.0, warm)}
+        restart.first_step = int(first_record["step"])
+        restart.recovery_s = float(first_record["time"]) - restart.trigger_time
+        self.restarts.append(restart)
+        self.controller.restart_costs.observe("live", restart.components)
+        self.events.append("first_step_after_restart", stage=spec.index, step=restart.first_step, action="replan",
+                           mode="live", recovery_s=restart.recovery_s, components=restart.components, redo_steps=0,
+                           moved_blocks=live[-1]["moved_blocks"] if live else None)
+
+    def controller_decided_at(self, decision: Decision) -> float:
+        """Wall time of a decision: from its event record (the controller logs every action)."""
+        for record in reversed(read_events(events_path(self.run_dir), "decision")):
+            if record.get("step") == decision.step and record.get("action") == decision.action.value:
+                return float(record["time"])
+        return time.time()
+
+    def _finish_stage(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None,
+                      summary: dict | None, restart: Restart | None) -> None:
+        spec.ended_at = time.time()
+        spec.end_step = (watcher.last_record or {}).get("step", spec.start_step)
+        spec.outcome = "failed" if failure else ("stopped" if (summary or {}).get("stopped_on_request")
+                                                 else "finished")
+        write_stage(self.run_dir, spec)
+        self.events.append("stage_ended", stage=spec.index, outcome=spec.outcome, step=spec.end_step,
+                           **({"cause": failure.cause, "rank": failure.rank} if failure else {}))
+        if restart is not None and watcher.first_record is not None:
+            self._measure_restart(restart, watcher.first_record)
+        self._save_state()
+
+    # ---------------------------------------------------------------- deciding the restart
+    def _plan_restart(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None) -> Restart:
+        if len(self.restarts) >= self.cfg.failover.max_restarts:
+            raise FailoverError(f"stage {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
+                                f"{self.cfg.failover.max_restarts} restarts are spent; checkpoints are in "
+                                f"{self.run_dir / 'checkpoints'}. Fix: raise failover.max_restarts and rerun with "
+                                f"resume=auto")
+        total = (watcher.last_record or {}).get("total_steps") or self._total_steps_hint()
+        if failure is not None:
+            decision, trigger = self._decide_on_failure(spec, watcher, failure, total)
+        else:
+            decision, trigger = watcher.decision, watcher.decided_at
+        resume = self._resume_checkpoint()
+        restart = Restart(stage=spec.index + 1, action=decision.action.value, trigger_time=trigger,
+                          trigger_step=spec.end_step, resume_step=resume.step if resume else 0,
+                          cause=failure.cause if failure else decision.reason, decision=decision,
+                          resume_path=resume.path if resume else None, trigger="failure" if failure else "decision")
+        self.restarts.append(restart)
+        return restart
+
+    def _decide_on_failure(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure,
+                           total: int) -> tuple[Decision, float]:
+        if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
+            raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}")
+        device = spec.devices[failure.rank]
+        self.log(f"failover: device {device} (rank {failure.rank}) failed: {failure.cause}")
+        try:
+            decision = self.controller.on_hard_failure(device, spec.end_step, total, failure.cause)
+        except NoViableOptionError as exc:
+            raise FailoverError(f"device {device} failed and no device is left to continue on ({exc}); "
+                                f"everything finished is saved in {self.run_dir / 'checkpoints'}. Fix: add "
+                                f"devices (trainer.devices / trainer.spare_devices) and rerun with resume=auto"
+                                ) from failure
+        failed_at = min((e["time"] for e in read_events(events_path(self.run_dir))
+                         if e.get("hard") and e["time"] >= spec.started_at), default=spec.ended_at)
+        return decision, failed_at
+
+    def _resume_checkpoint(self) -> ckpt.CheckpointRef | None:
+        def skipped(ref, error) -> None:
+            self.events.append("checkpoint_skipped", path=str(ref.path), step=ref.step, error=str(error))
+            self.log(f"failover: skipping checkpoint {ref.path}: {error}")
+
+        ref = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints", on_skip=skipped)
+        if ref is None:  # nothing was saved, so nothing is lost by starting over on the survivors
+            self.log("failover: no checkpoint yet; the next stage starts from step 0 (set checkpoint.every=N to "
+                     "lose at most N steps to a failure)")
+        return ref
+
+    def _next_stage(self, spec: StageSpec, restart: Restart) -> StageSpec:
+        chosen = restart.decision.chosen
+        pinned = None if restart.resume_path is None else pin_checkpoint(
+            restart.resume_path, self.run_dir / "stages" / str(restart.stage) / "resume")
+        self.log(f"failover: stage {restart.stage} on devices {list(chosen.devices)}, teacher blocks "
+                 f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
+                 f"{restart.resume_step}")
+        return StageSpec(restart.stage, list(chosen.devices), list(chosen.teacher_counts),
+                         list(chosen.student_counts), reason=restart.action, resume=pinned and str(pinned),
+                         start_step=restart.resume_step)
+
+    # ---------------------------------------------------------------- stage configs
+    def _stage_settings(self, spec: StageSpec) -> dict[str, Any]:
+        """What makes this stage this stage, on top of the user's config (key -> value)."""
+        settings: dict[str, Any] = {"run_dir": str(self.run_dir), "cache_dir": self.cfg.cache_dir}
+        if spec.index == 0:
+            return settings
+        faults = OmegaConf.to_container(self.cfg.injection.faults, resolve=True)
+        fired = fired_fault_indices(read_events(events_path(self.run_dir)))
+        return {**settings, "trainer.devices": spec.devices, "trainer.strategy": "pipeline",
+                "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
+                "partition.student": spec.student_counts, "partition.alphas": None,
+                "injection.faults": faults_for_stage(faults, resolve_devices(self.cfg.trainer), spec.devices, fired),
+                "resume": spec.resume}
+
+    def _stage_overrides(self, spec: StageSpec) -> list[str]:
+        """The override list that composes this stage: the user's, then the stage's own."""
+        stage = [setting(key, value) for key, value in self._stage_settings(spec).items()]
+        return merge_overrides(self.overrides or [], stage)
+
+    def _compose(self, spec: StageSpec) -> tuple[DictConfig, list[str]]:
+        overrides = self._stage_overrides(spec)
+        if self.overrides is None:
+            # Called with a config but not the overrides that made it (a program, not train.py):
+            # the stage is the same config with the stage's settings merged in.
+            stage_cfg = OmegaConf.merge(self.cfg, {})
+            for key, value in self._stage_settings(spec).items():
+                OmegaConf.update(stage_cfg, key, value, merge=False)
+        else:
+            stage_cfg = compose_stage_config(overrides)
+        validate(stage_cfg)
+        return stage_cfg, overrides
+
+    # ---------------------------------------------------------------- measurements
+    def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:
+        """Split the restart's wall time into its parts, from the events the workers wrote."""
+        events = read_events(events_path(self.run_dir))
+        saved = [e for e in events if e["event"] == "checkpoint_saved" and e.get("for_stop")
+                 and e.get("stage") == restart.stage - 1]
+        ready = [e for e in events if e["event"] == "stage_ready" and e.get("stage") == restart.stage]
+        ended = [e for e in events if e["event"] == "stage_ended" and e.get("stage") == restart.stage - 1]
+        first_end = float(first_record["time"])
+        parts = {}
+        if saved:
+            parts["checkpoint_save_s"] = saved[-1]["seconds"]
+        if ended:
+            teardown_from = saved[-1]["time"] if saved else restart.trigger_time
+            parts["teardown_s"] = max(0.0, ended[-1]["time"] - teardown_from)
+        if ready:
+            r = ready[-1]
+            parts["launch_s"] = max(0.0, r["process_started"] + r["build_s"] - restart.relaunch_time)
+            parts["checkpoint_load_s"] = r["checkpoint_load_s"]
+            warm = first_end - r["time"] - self.controller.baseline_step_s
+            parts["warmup_s"] = max(0.0, warm)
+        restart.components = parts
+        restart.first_step = int(first_record["step"])
+        restart.recovery_s = first_end - restart.trigger_time
+        self.controller.restart_costs.observe("restart", parts)
+        self.events.append("first_step_after_restart", stage=restart.stage, step=restart.first_step,
+                           action=restart.action, recovery_s=restart.recovery_s, components=parts,
+                           redo_steps=max(0, restart.trigger_step - restart.resume_step))
+
+    def _total_steps_hint(self) -> int:
+        return max((s.end_step or 0) for s in self.stages)
+
+    def _save_state(self) -> None:
+        path = self.run_dir / STATE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.controller.state_dict(), default=float))
+        os.replace(tmp, path)
+
+
+def pin_checkpoint(source: Path, target: Path) -> Path:
+    """Keep the checkpoint a stage resumes from, whatever pruning does later: hard links (free),
+    or a copy where links are impossible. The stage's config points at the pinned copy."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for file in Path(source).iterdir():
+        try:
+            os.link(file, target / file.name)
+        except OSError:
+            shutil.copy2(file, target / file.name)
+    return target
+
+
+def first_stage(cfg: DictConfig, partition: StagePartition, resume: str | None) -> StageSpec:
+    return StageSpec(0, resolve_devices(cfg.trainer), list(partition.teacher), list(partition.student),
+                     reason="start", resume=resume)
+
+
+def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
+    """The command-line overrides of this run: given, or Hydra's (inside ``@hydra.main``); None if unknown."""
+    if explicit is not None:
+        return list(explicit)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not inside a Hydra run
+        return None

@@ -1,0 +1,100 @@
+"""The supervisor's eyes during a launch: tail performance.jsonl and let the controller decide.
+
+A thread reads the records the last rank appends (one per step, flushed per line), feeds
+those of the running stage to the controller, and on the first non-KEEP decision writes
+the stop request every rank will see after its next step. Reading a file keeps the
+workers' hot path free of anything the controller does (planning takes milliseconds,
+a worker must not wait for it).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from ..planner.eta import OptionKind
+from ..planner.policy import Decision
+from .control import request_stop
+from .controller import FailoverController
+
+
+class StageWatcher(threading.Thread):
+    def __init__(self, run_dir: Path, stage: int, controller: FailoverController, *, period_s: float = 0.05,
+                 log: Callable[[str], None] = print, live_replan: bool = False,
+                 on_live_stage: Callable[[Decision, dict[str, Any]], None] | None = None):
+        """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_stage``
+        is called with the decision and the first record of the stage it started."""
+        super().__init__(name=f"synapse-watch-{stage}", daemon=True)
+        self.run_dir, self.stage, self.controller = Path(run_dir), stage, controller
+        self.period_s, self.log = period_s, log
+        self.decision: Decision | None = None
+        self.decided_at: float | None = None
+        self.first_record: dict[str, Any] | None = None
+        self.last_record: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.live_replan, self.on_live_stage = live_replan, on_live_stage
+        self.pending_live: Decision | None = None
+        self._done = threading.Event()
+        try:  # records already in the file belong to earlier launches (or an earlier run in this dir)
+            self._offset = (self.run_dir / "performance.jsonl").stat().st_size
+        except FileNotFoundError:
+            self._offset = 0
+        self._partial = b""
+
+    def stop(self) -> None:
+        """Read what is left, then end the thread."""
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        try:
+            while not self._done.is_set():
+                self._poll()
+                self._done.wait(self.period_s)
+            self._poll()
+        except BaseException as exc:  # surfaced by the supervisor after the launch
+            self.error = exc
+
+    def _poll(self) -> None:
+        for record in self._new_records():
+            stage = record.get("stage", -1)
+            if stage < self.stage:
+                continue  # an earlier launch's lines
+            if stage > self.stage:  # the workers re-partitioned live: a new stage began
+                self.on_live_stage(self.pending_live, record)
+                self.stage, self.decision, self.pending_live = stage, None, None
+            self.first_record = self.first_record or record
+            self.last_record = record
+            if self.decision is not None:
+                continue  # stop already requested: keep the timings, decide nothing more
+            decision = self.controller.observe(record)
+            if decision is not None:
+                self._act(decision)
+
+    def _act(self, decision: Decision) -> None:
+        self.decision, self.decided_at = decision, time.time()
+        live = self.live_replan and decision.action is OptionKind.REPLAN
+        chosen = decision.chosen
+        request_stop(self.run_dir, id=uuid.uuid4().hex, action=decision.action.value, step=decision.step,
+                     stage=self.stage, mode="live" if live else "restart",
+                     teacher=list(chosen.teacher_counts), student=list(chosen.student_counts))
+        if live:
+            self.pending_live = decision
+        how = "live, the workers keep running" if live else "stop, checkpoint and restart"
+        self.log(f"failover: {decision.action.value.upper()} at step {decision.step} ({how}): {decision.reason}")
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "performance.jsonl"
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # an unterminated last line is still being written
+        return [json.loads(line) for line in lines if line.strip()]

@@ -1,0 +1,160 @@
+"""The failover controller on synthetic step timings, with the real detector, estimator,
+planner (the shared ViT-L / ResNet-152 profiles) and policies: no processes, no clocks."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from synapse.failover.controller import FailoverController, RunningStage
+from synapse.failover.planning import StagePlanner
+from synapse.monitor.detector import DetectorConfig, SlowdownDetector
+from synapse.planner.cost_model import StepSpec
+from synapse.planner.eta import OptionKind, RestartCost, RestartCostModel
+from synapse.planner.policy import NoViableOptionError, make_policy
+from synapse.planner.profile import load_profile_csv
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "synapse_profiles"
+KEEP, REPLAN, DEGRADE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE
+TOTAL = 20_000
+
+
+@pytest.fixture(scope="module")
+def planner() -> StagePlanner:
+    return StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"), load_profile_csv(SHARED / "snet_resnet152.csv"),
+                        StepSpec(4))
+
+
+def make_controller(planner, policy="eta", events=None, decide_every=1, **params) -> FailoverController:
+    restart = RestartCostModel(RestartCost(checkpoint_save_s=5, teardown_s=2, launch_s=20, checkpoint_load_s=3,
+                                           warmup_s=5))
+    return FailoverController(policy=make_policy(policy, **params), planner=planner, restart_costs=restart,
+                              detector=SlowdownDetector(DetectorConfig(baseline_window=30)), decide_every=decide_every,
+                              log_event=(lambda event, **f: events.append({"event": event, **f})) if events is not None
+                              else (lambda event, **f: None))
+
+
+def start(controller: FailoverController, devices=(0, 1, 2)) -> RunningStage:
+    teacher, student, _ = controller.planner.plan(devices, [1.0] * len(devices))
+    stage = RunningStage(tuple(devices), tuple(teacher), tuple(student))
+    controller.begin_stage(stage)
+    return stage
+
+
+class Timings:
+    """Per-step records of a partition whose devices run at given slowdowns (+-10% noise)."""
+
+    def __init__(self, planner: StagePlanner, seed: int = 0):
+        self.planner, self.rng, self.step, self.clock = planner, random.Random(seed), 0, 1000.0
+
+    def record(self, stage: RunningStage, alphas: dict[int, float]) -> dict:
+        cost = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts, alphas)
+        noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)  # noqa: E731
+        m = self.planner.step.microbatches
+        step_s = cost.step_time_s * noise()
+        self.step += 1
+        self.clock += step_s
+        return {"step": self.step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,
+                "compute_s": [m * c * noise() for c in cost.stage_compute_s],
+                "comm_s": [0.001 * noise() for _ in stage.devices]}
+
+    def feed(self, controller, stage, alphas, steps):
+        """Feed up to ``steps`` records; stop at the first decision (the workers would stop there)."""
+        for _ in range(steps):
+            decision = controller.observe(self.record(stage, alphas))
+            if decision is not None:
+                return [decision]
+        return []
+
+
+def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(planner):
+    """The seed's scenario: a device's slowdown grows; the decisions escalate, and the degraded
+    partition never contains the failed device."""
+    events = []
+    controller = make_controller(planner, events=events)
+    stage = start(controller)
+    timings = Timings(planner)
+    assert timings.feed(controller, stage, {}, 100) == []  # healthy
+    assert timings.feed(controller, stage, {2: 1.1}, 100) == []  # mild: below the detector's threshold
+    acted = timings.feed(controller, stage, {2: 2.0}, 60)
+    assert [d.action for d in acted] == [REPLAN], "a sustained 2x slowdown with 19,000 steps left must re-plan"
+    replanned = acted[0].chosen
+    work = lambda t, s: planner.per_step_compute_s((0, 1, 2), t, s)[2]  # noqa: E731  (nominal seconds)
+    assert work(replanned.teacher_counts, replanned.student_counts) < 0.8 * work(stage.teacher_counts,
+                                                                                 stage.student_counts)
+    assert controller.alphas()[2] == pytest.approx(2.0, rel=0.2)
+    stage = RunningStage(replanned.devices, replanned.teacher_counts, replanned.student_counts)
+    controller.begin_stage(stage)
+    after = timings.feed(controller, stage, {2: 2.0}, 80)
+    assert all(d.action is not REPLAN for d in after), "re-planning the same devices again gains nothing"
+    failed = controller.on_hard_failure(2, timings.step, TOTAL, "killed by SIGKILL")
+    assert failed.action is DEGRADE and 2 not in failed.chosen.devices and failed.chosen.devices == (0, 1)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("slowdown_detected") >= 1 and "decision" in kinds
+    detected = next(e for e in events if e["event"] == "slowdown_detected")
+    assert detected["device"] == 2 and detected["kind"] == "compute" and detected["onset_step"] >= 200
+
+
+def test_mild_slowdown_with_little_work_left_is_kept(planner):
+    controller = make_controller(planner)
+    stage = start(controller)
+    timings = Timings(planner, seed=1)
+    timings.feed(controller, stage, {}, 100)
+    # 1.5x with the run nearly over: detected, but no restart pays for itself.
+    for _ in range(60):
+        record = timings.record(stage, {1: 1.5})
+        record["total_steps"] = record["step"] + 30
+        assert controller.observe(record) is None
+    assert controller.detector.active and controller.episode.consecutive_detections > 3
+
+
+@pytest.mark.parametrize("policy, expected", [("keep", []), ("replan", [REPLAN]), ("degrade", [DEGRADE])])
+def test_baseline_policies_act_as_named(planner, policy, expected):
+    controller = make_controller(planner, policy, decide_every=5)
+    stage = start(controller)
+    timings = Timings(planner, seed=2)
+    timings.feed(controller, stage, {}, 100)
+    assert [d.action for d in timings.feed(controller, stage, {0: 2.5}, 60)] == expected
+
+
+def test_degrade_drops_the_slow_device_and_the_detector_forgets_it(planner):
+    controller = make_controller(planner, "degrade")
+    stage = start(controller)
+    timings = Timings(planner, seed=3)
+    timings.feed(controller, stage, {}, 100)
+    [decision] = timings.feed(controller, stage, {1: 4.0}, 60)
+    assert decision.chosen.devices == (0, 2)
+    controller.begin_stage(RunningStage(decision.chosen.devices, decision.chosen.teacher_counts,
+                                        decision.chosen.student_counts))
+    assert not controller.detector.active and controller.episode.actions == 0
+
+
+def test_drill_forces_the_named_action_once(planner):
+    controller = make_controller(planner)
+    controller.drills = [{"step": 20, "action": "degrade", "device": 1}]
+    stage = start(controller)
+    decisions = Timings(planner, seed=4).feed(controller, stage, {}, 40)
+    assert [(d.action, d.step, d.chosen.devices) for d in decisions] == [(DEGRADE, 20, (0, 2))]
+
+
+def test_hard_failure_with_one_device_left_is_a_clear_error(planner):
+    controller = make_controller(planner)
+    start(controller, devices=(5,))
+    with pytest.raises(NoViableOptionError, match="spare"):
+        controller.on_hard_failure(5, 10, TOTAL, "killed")
+
+
+def test_state_survives_a_json_round_trip(planner):
+    controller = make_controller(planner)
+    stage = start(controller)
+    timings = Timings(planner, seed=5)
+    timings.feed(controller, stage, {}, 100)
+    timings.feed(controller, stage, {2: 3.0}, 20)
+    state = json.loads(json.dumps(controller.state_dict(), default=float))
+    restored = make_controller(planner)
+    restored.load_state_dict(state)
+    assert restored.detector.baseline("compute") == controller.detector.baseline("compute")
+    assert restored.stage == controller.stage and restored.episode == controller.episode
+    assert restored.estimator.alphas() == pytest.approx(controller.estimator.alphas())
