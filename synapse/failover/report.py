@@ -20,8 +20,9 @@ def failover_story(experiment: dict[str, Any], run_dir: Path) -> list[str]:
                      f"predicted time to finish: {etas}")
     for restart in experiment["restarts"]:
         if restart["recovery_s"] is not None:
-            lines.append(f"  restart into stage {restart['stage']} ({restart['action']}): {restart['recovery_s']:.1f} s "
-                         f"from the {restart['trigger']} to the first step on the new devices")
+            lines.append(f"  {restart['mode']} {restart['action']} into stage {restart['stage']}: "
+                         f"{restart['recovery_s']:.1f} s from the {restart['trigger']} to the first step on the "
+                         f"new partition, {restart['downtime_s'] or 0.0:.1f} s of it without useful steps")
     lost = experiment["time_lost_s"]
     lines.append(f"  time lost: {lost['slow_steps_s']:.1f} s to slow steps, {lost['restart_downtime_s']:.1f} s "
                  f"to restarts")

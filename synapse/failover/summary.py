@@ -53,5 +53,5 @@ def _decision_view(record: dict[str, Any]) -> dict[str, Any]:
 def _time_lost(supervisor: "Supervisor") -> dict[str, float]:
     """Seconds lost: slow steps before each action (over the healthy step time) and restart downtime."""
     slow = supervisor.controller.time_lost_total_s
-    downtime = sum(r.recovery_s or 0.0 for r in supervisor.restarts)
+    downtime = sum(r.downtime_s or 0.0 for r in supervisor.restarts)
     return {"slow_steps_s": slow, "restart_downtime_s": downtime, "total_s": slow + downtime}

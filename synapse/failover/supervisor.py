@@ -63,6 +63,8 @@ class Restart:
     resume_path: Path | None = None
     trigger: str = "decision"  # or "failure"
     mode: str = "restart"  # or "live" (a REPLAN without stopping the workers)
+    last_step_time: float | None = None  # end of the last step on the old partition
+    downtime_s: float | None = None  # last step on the old partition -> first on the new, less one healthy step
 
 
 @dataclass
@@ -131,7 +133,7 @@ class Supervisor:
                                 f"{type(watcher.error).__name__}: {watcher.error}") from watcher.error
         return summary, watcher, failure
 
-    def _on_live_stage(self, decision: Decision, first_record: dict[str, Any]) -> None:
+    def _on_live_stage(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
         """The workers re-partitioned without stopping (watcher thread): record the new stage."""
         old = self.stages[-1]
         old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
@@ -148,15 +150,17 @@ class Supervisor:
         moved_s = live[-1]["seconds"] if live else 0.0
         restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller_decided_at(decision),
                           trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
-                          decision=decision, trigger="decision", mode="live")
+                          decision=decision, trigger="decision", mode="live", last_step_time=last_old["time"])
         warm = float(first_record["step_seconds"]) - self.controller.baseline_step_s
         restart.components = {"launch_s": moved_s, "warmup_s": max(0.0, warm)}
         restart.first_step = int(first_record["step"])
         restart.recovery_s = float(first_record["time"]) - restart.trigger_time
+        restart.downtime_s = self._downtime(restart, first_record)
         self.restarts.append(restart)
         self.controller.restart_costs.observe("live", restart.components)
         self.events.append("first_step_after_restart", stage=spec.index, step=restart.first_step, action="replan",
-                           mode="live", recovery_s=restart.recovery_s, components=restart.components, redo_steps=0,
+                           mode="live", recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
+                           components=restart.components, redo_steps=0,
                            moved_blocks=live[-1]["moved_blocks"] if live else None)
 
     def controller_decided_at(self, decision: Decision) -> float:
@@ -195,7 +199,8 @@ class Supervisor:
         restart = Restart(stage=spec.index + 1, action=decision.action.value, trigger_time=trigger,
                           trigger_step=spec.end_step, resume_step=resume.step if resume else 0,
                           cause=failure.cause if failure else decision.reason, decision=decision,
-                          resume_path=resume.path if resume else None, trigger="failure" if failure else "decision")
+                          resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
+                          last_step_time=(watcher.last_record or {}).get("time"))
         self.restarts.append(restart)
         return restart
 
@@ -294,10 +299,21 @@ class Supervisor:
         restart.components = parts
         restart.first_step = int(first_record["step"])
         restart.recovery_s = first_end - restart.trigger_time
+        restart.downtime_s = self._downtime(restart, first_record)
         self.controller.restart_costs.observe("restart", parts)
         self.events.append("first_step_after_restart", stage=restart.stage, step=restart.first_step,
-                           action=restart.action, recovery_s=restart.recovery_s, components=parts,
+                           action=restart.action, recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
+                           components=parts,
                            redo_steps=max(0, restart.trigger_step - restart.resume_step))
+
+    def _downtime(self, restart: Restart, first_record: dict[str, Any]) -> float | None:
+        """Wall time the pipeline did no useful step: from the end of the last step on the old
+        partition to the end of the first on the new, less one healthy step (the first step's
+        own work). What a restart path really costs, whatever the step time."""
+        if restart.last_step_time is None:
+            return None
+        gap = float(first_record["time"]) - restart.last_step_time - self.controller.baseline_step_s
+        return max(0.0, gap)
 
     def _total_steps_hint(self) -> int:
         return max((s.end_step or 0) for s in self.stages)

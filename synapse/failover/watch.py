@@ -64,7 +64,7 @@ class StageWatcher(threading.Thread):
             if stage < self.stage:
                 continue  # an earlier launch's lines
             if stage > self.stage:  # the workers re-partitioned live: a new stage began
-                self.on_live_stage(self.pending_live, record)
+                self.on_live_stage(self.pending_live, record, self.last_record)
                 self.stage, self.decision, self.pending_live = stage, None, None
             self.first_record = self.first_record or record
             self.last_record = record
