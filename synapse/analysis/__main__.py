@@ -1,0 +1,36 @@
+"""``python -m synapse.analysis report <run-or-sweep-dir> [...]``: write each directory's report/."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .files import AnalysisError
+from .report import write_report
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m synapse.analysis",
+                                     description="Figures and report.md of Synapse runs and sweeps")
+    commands = parser.add_subparsers(dest="command", required=True)
+    report = commands.add_parser("report", help="write <dir>/report/ (figures as PNG and SVG, report.md)")
+    report.add_argument("dirs", nargs="+", help="run directories (hydra.run.dir) or sweep directories (hydra.sweep.dir)")
+    report.add_argument("--formats", default="png,svg", help="figure formats, comma-separated (default: png,svg)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    status = 0
+    for directory in args.dirs:
+        try:
+            print(f"report: {write_report(directory, formats)}")
+        except AnalysisError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 2
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""``load_run(dir) -> Run``: one run directory as tidy pandas frames.
+
+A ``Run`` holds what the run wrote, one frame per kind of record (see ``Run``'s fields); a
+file the run did not write (a run without failover, a single-device run) gives an empty
+frame with the usual columns. Times stay UNIX seconds in ``time`` columns; ``elapsed_s``
+columns count from the run's start (``Run.start_time``) so plots of different runs line up.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import files, tables
+
+HARD_FAILURE_EVENTS = ("rank_dead", "rank_hung", "probe_failed", "xid", "throttle")
+
+
+@dataclass
+class Run:
+    """One run directory, loaded.
+
+    steps: one row per optimizer step (latest record of a step that was redone after a restart).
+    rank_timings: long format, one row per step x rank x clock part (``part``: teacher_fwd,
+        student_fwd, student_bwd, loss, optimizer, compute, comm, wall).
+    events: every failover event (fault, detection, decision, checkpoint, restart, health).
+    decisions: one row per logged decision x option, with the option's predicted ETA.
+    stages, restarts, evals: one row per stage, restart, evaluation.
+    plan: per pipeline stage, the planner's prediction vs the measurement (partition=auto).
+    step_clock: the end time of every step record, redone steps' first runs included.
+    """
+
+    path: Path
+    steps: pd.DataFrame
+    rank_timings: pd.DataFrame
+    events: pd.DataFrame
+    decisions: pd.DataFrame
+    stages: pd.DataFrame
+    restarts: pd.DataFrame
+    evals: pd.DataFrame
+    plan: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)  # experiment_summary.json
+    run_summary: dict[str, Any] = field(default_factory=dict)  # summary.json (the last launch's)
+    plan_step: dict[str, Any] = field(default_factory=dict)  # plan_vs_measured.json's step-level numbers
+    config: dict[str, Any] = field(default_factory=dict)  # config.yaml
+    start_time: float = math.nan
+    step_clock: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "step"]))
+
+    @property
+    def name(self) -> str:
+        """The folder's name; a sweep's job is named with its sweep (``<sweep>/<job>``)."""
+        if (self.path.parent / files.MULTIRUN_FILE).is_file():
+            return f"{self.path.parent.name}/{self.path.name}"
+        return self.path.name
+
+    @property
+    def has_failover(self) -> bool:
+        return bool(self.summary) or not self.events.empty
+
+    @property
+    def end_time(self) -> float:
+        """When the last optimizer step finished (NaN for a run without step records)."""
+        last = self.steps["time"].dropna()
+        return float(last.iloc[-1]) if len(last) else math.nan
+
+    @property
+    def wall_time_s(self) -> float:
+        """The experiment's wall time: from experiment_summary.json, else first to last step."""
+        if "wall_time_s" in self.summary:
+            return float(self.summary["wall_time_s"])
+        if "wall_time_s" in self.run_summary and len(self.stages) <= 1:
+            return float(self.run_summary["wall_time_s"])
+        return self.end_time - self.start_time
+
+    def step_at(self, time: float) -> int:
+        """The step that had last finished at ``time`` (0 before the first), redone steps' first runs included."""
+        done = self.step_clock[self.step_clock["time"] <= time]
+        return int(done["step"].iloc[-1]) if len(done) else 0
+
+    def elapsed(self, times: Any) -> Any:
+        """UNIX time(s) as seconds since the run's start."""
+        return times - self.start_time
+
+
+def load_run(path: str | Path) -> Run:
+    """Load a run directory (what ``python train.py`` wrote); RunDirError if it is not one."""
+    path = files.check_run_dir(Path(path))
+    metrics = files.read_jsonl(path / files.METRICS_FILE)
+    performance = files.read_jsonl(path / files.PERFORMANCE_FILE)
+    events = files.read_jsonl(path / files.EVENTS_FILE)
+    summary = files.read_json(path / files.EXPERIMENT_SUMMARY_FILE)
+    comparison = files.read_json(path / files.PLAN_VS_MEASURED_FILE)
+    stages = tables.stages_frame(summary.get("stages") or _stage_records(path))
+    run = Run(
+        path=path,
+        steps=_with_stages(tables.steps_frame(performance, metrics), stages),
+        rank_timings=tables.rank_timings_frame(performance, metrics),
+        events=tables.events_frame(events),
+        decisions=tables.decisions_frame([e for e in events if e.get("event") == "decision"],
+                                         summary.get("decisions") or ()),
+        stages=stages,
+        restarts=tables.restarts_frame(summary.get("restarts") or (),
+                                       [e for e in events if e.get("event") == "first_step_after_restart"]),
+        evals=tables.evals_frame(metrics),
+        plan=tables.plan_frame(comparison),
+        summary=summary,
+        run_summary=files.read_json(path / files.RUN_SUMMARY_FILE),
+        plan_step={k: v for k, v in comparison.items() if not isinstance(v, list)},
+        config=files.read_yaml(path / files.CONFIG_FILE) or {},
+        step_clock=tables.step_clock_frame(performance, metrics),
+    )
+    run.start_time = _start_time(run)
+    for df in (run.steps, run.events, run.decisions):
+        df["elapsed_s"] = run.elapsed(df["time"].astype(float))
+    return run
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+    return [load_run(p) for p in paths]
+
+
+def _stage_records(path: Path) -> list[dict[str, Any]]:
+    """stages/<n>/stage.json, for a run whose experiment summary is missing (killed supervisor)."""
+    root = path / files.STAGES_DIR
+    if not root.is_dir():
+        return []
+    folders = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return [record for record in (files.read_json(f / "stage.json") for f in folders) if record]
+
+
+def _with_stages(steps: pd.DataFrame, stages: pd.DataFrame) -> pd.DataFrame:
+    """Fill the stage of steps whose record lacks it: the stage whose step range holds the step."""
+    missing = steps["stage"].isna()
+    if missing.any():
+        steps.loc[missing, "stage"] = [stage_of_step(int(s), stages) for s in steps.loc[missing, "step"]]
+    steps["stage"] = steps["stage"].astype(int)
+    return steps
+
+
+def stage_of_step(step: int, stages: pd.DataFrame) -> int:
+    """Stage n runs steps start_step+1 .. end_step; a run without stage records is stage 0."""
+    started = stages[stages["start_step"].astype(float) < step]
+    return int(started["stage"].iloc[-1]) if len(started) else 0
+
+
+def _start_time(run: Run) -> float:
+    """The earliest moment the run's records know of: the first stage's start, first event, first step."""
+    candidates = [run.stages["started_at"].min(), run.events["time"].min()]
+    if len(run.steps):
+        first = run.steps.iloc[0]
+        candidates.append(first["time"] - (first["step_s"] if pd.notna(first["step_s"]) else 0.0))
+    known = [float(c) for c in candidates if pd.notna(c)]
+    return min(known) if known else math.nan

@@ -1,0 +1,170 @@
+"""``write_report(dir)``: figures (PNG + SVG) and report.md in ``<dir>/report/``, for a run or a sweep.
+
+    python -m synapse.analysis report outputs/2026-01-01/12-00-00_kd
+    python -m synapse.analysis report outputs/multirun/2026-01-01/12-00-00
+
+A figure whose records the run lacks (no decisions, no plan) is listed as not available with
+the reason, never an error: a run without failover still gets a report.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from . import files
+from .counterfactual import decision_outcomes, option_etas
+from .figures import plot_rank_heatmap, plot_timeline
+from .figures_predictions import plot_decision_etas, plot_plan_vs_measured
+from .load import Run, load_run
+from .markdown import key_value_table, markdown_table
+from .style import FORMATS, NoDataError, save_figure
+from .tables import RESTART_COMPONENTS
+
+REPORT_DIR = "report"
+REPORT_FILE = "report.md"
+
+
+@dataclass
+class FigureSet:
+    """Figures drawn into one folder, and why the others could not be."""
+
+    directory: Path
+    formats: tuple[str, ...] = FORMATS
+    written: dict[str, str] = field(default_factory=dict)  # name -> caption
+    missing: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+    def draw(self, name: str, caption: str, plot: Callable[[], Figure]) -> None:
+        try:
+            fig = plot()
+        except NoDataError as exc:
+            self.missing[name] = str(exc)
+            return
+        save_figure(fig, self.directory, name, self.formats)
+        self.written[name] = caption
+
+    def markdown(self) -> str:
+        lines = []
+        for name, caption in self.written.items():
+            links = " · ".join(f"[{fmt.upper()}]({name}.{fmt})" for fmt in self.formats)
+            lines += [f"### {caption}", "", f"![{caption}]({name}.{self.formats[0]})", "", links, ""]
+        for name, reason in self.missing.items():
+            lines.append(f"- `{name}` not drawn: {reason}")
+        return "\n".join(lines)
+
+
+def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    """Write ``<path>/report/`` (figures + report.md) for a run or a sweep directory; return report.md."""
+    path = Path(path)
+    if (path / files.MULTIRUN_FILE).is_file() or (path.is_dir() and not files.is_run_dir(path)
+                                                   and any(p.name.isdigit() for p in path.iterdir())):
+        from .report_sweep import write_sweep_report
+
+        return write_sweep_report(path, formats)
+    return write_run_report(load_run(path), formats)
+
+
+def write_run_report(run: Run, formats: tuple[str, ...] = FORMATS) -> Path:
+    out = run.path / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    figures = FigureSet(out, formats)
+    figures.draw("timeline", "Step time and throughput over steps, failover events marked", lambda: plot_timeline(run))
+    figures.draw("timeline_time", "The same over wall time (restart downtime visible)",
+                 lambda: plot_timeline(run, x="time"))
+    figures.draw("rank_heatmap", "Compute seconds per step on each rank", lambda: plot_rank_heatmap(run))
+    figures.draw("decision_etas", "Predicted ETA per option at each decision vs realised",
+                 lambda: plot_decision_etas(run))
+    figures.draw("plan_vs_measured", "Planner prediction vs measurement", lambda: plot_plan_vs_measured(run))
+    report = out / REPORT_FILE
+    report.write_text(run_markdown(run, figures))
+    return report
+
+
+def run_markdown(run: Run, figures: FigureSet) -> str:
+    sections = [
+        f"# Run report: {run.name}",
+        f"`{run.path}` — written {time.strftime('%Y-%m-%d %H:%M:%S')} by `python -m synapse.analysis report`",
+        "## Summary", key_value_table(run_facts(run)),
+        "## Stages", markdown_table(run.stages, {"stage": "stage", "reason": "why", "devices": "devices",
+                                                 "teacher_counts": "teacher blocks", "student_counts": "student blocks",
+                                                 "start_step": "from step", "end_step": "to step",
+                                                 "wall_s": "wall (s)", "outcome": "outcome"},
+                                   empty="_One launch without stage records (a run without failover)._"),
+        "## Decisions", _decisions_markdown(run),
+        "## Restarts", _restarts_markdown(run),
+        "## Time lost", _time_lost_markdown(run),
+        "## Counterfactual: predicted vs realised", _counterfactual_markdown(run),
+        "## Figures", figures.markdown(),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def run_facts(run: Run) -> dict[str, object]:
+    """The numbers a reader wants first."""
+    summary, config = run.summary, run.config
+    final = summary.get("final_eval") or run.run_summary.get("final_eval") or {}
+    steps = run.steps
+    return {
+        "policy": (config.get("policy") or {}).get("name", summary.get("policy")),
+        "injection": (config.get("injection") or {}).get("name", summary.get("injection")),
+        "student / teacher": f"{(config.get('student') or {}).get('name')} / {(config.get('teacher') or {}).get('name')}",
+        "wall time (s)": run.wall_time_s,
+        "steps": f"{summary.get('steps', len(steps))} of {summary.get('total_steps', run.run_summary.get('total_steps', '?'))}",
+        "stages": max(1, len(run.stages)),
+        "restarts": len(run.restarts),
+        "decisions logged (acting)": f"{run.decisions['decision'].nunique()} ({len(summary.get('decisions') or [])})",
+        "median step time (s)": float(steps["step_s"].median()) if len(steps) else math.nan,
+        "median throughput (images/s)": float(steps["images_per_s"].median()) if len(steps) else math.nan,
+        "time lost (s)": (summary.get("time_lost_s") or {}).get("total_s", math.nan),
+        "final student top-1 (%)": final.get("student_top1", math.nan),
+    }
+
+
+def _decisions_markdown(run: Run) -> str:
+    if run.decisions.empty:
+        return "_No failover decision was logged._"
+    etas = option_etas(run)
+    reasons = run.decisions.drop_duplicates("decision").set_index("decision")["reason"]
+    etas["reason"] = etas["decision"].map(reasons)
+    headers = {"step": "step", "action": "action"}
+    headers.update({c: f"ETA {c[4:-2].upper()} (s)" for c in etas.columns if c.startswith("eta_")})
+    headers["reason"] = "reason"
+    note = ("Every decision the controller logged (KEEPs only when their reason changes, or every 10th); "
+            "ETA: predicted time to finish the remaining steps with that option, restart included.")
+    return note + "\n\n" + markdown_table(etas, headers)
+
+
+def _restarts_markdown(run: Run) -> str:
+    if run.restarts.empty:
+        return "_No restart._"
+    headers = {"stage": "into stage", "action": "action", "mode": "mode", "trigger": "trigger", "cause": "cause",
+               "trigger_step": "at step", "resume_step": "resumed from", "redo_steps": "redone steps",
+               "recovery_s": "recovery (s)", "downtime_s": "downtime (s)"}
+    headers.update({c: c.removesuffix("_s").replace("_", " ") + " (s)" for c in RESTART_COMPONENTS})
+    note = ("Recovery: from the decision (or failure) to the end of the first step on the new stage. Downtime: "
+            "from the last step on the old partition to the first on the new, less one healthy step.")
+    return note + "\n\n" + markdown_table(run.restarts, headers)
+
+
+def _time_lost_markdown(run: Run) -> str:
+    lost = run.summary.get("time_lost_s")
+    if not lost:
+        return "_No failover summary (experiment_summary.json): time lost is not known._"
+    return key_value_table({"slow steps (s)": lost.get("slow_steps_s"),
+                            "restart downtime (s)": lost.get("restart_downtime_s"), "total (s)": lost.get("total_s")})
+
+
+def _counterfactual_markdown(run: Run) -> str:
+    outcomes = decision_outcomes(run)
+    if outcomes.empty:
+        return "_No decision to compare._"
+    note = ("Realised: wall time from the decision to the end of the last step. Error = predicted - realised of "
+            "the chosen option; a decision followed by later actions did not decide the rest alone.")
+    return note + "\n\n" + markdown_table(outcomes, {
+        "step": "step", "action": "chosen", "predicted_eta_s": "predicted (s)",
+        "realised_remaining_s": "realised (s)", "error_s": "error (s)", "error_frac": "error (fraction)",
+        "later_actions": "later actions"})
