@@ -165,6 +165,13 @@ class PolicyConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def _defaults_of(module: str, name: str) -> dict[str, Any]:
+    """The default settings of a pure component's config dataclass (one source for the numbers)."""
+    import importlib
+
+    return dataclasses.asdict(getattr(importlib.import_module(module), name)())
+
+
 @dataclass
 class FailoverConfig:
     """The supervisor's failover loop: watch step timings, decide by ETA, checkpoint and restart."""
@@ -176,8 +183,10 @@ class FailoverConfig:
     # restart: checkpoint, tear down, relaunch with the new partition
     replan_mode: str = "live"
     restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
-    detector: dict[str, Any] = field(default_factory=dict)  # SlowdownDetector settings (DetectorConfig)
-    estimator: dict[str, Any] = field(default_factory=dict)  # AlphaBetaEstimator settings (EstimatorConfig)
+    # SlowdownDetector and AlphaBetaEstimator settings, with their defaults (failover.detector.window=5)
+    detector: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.monitor.detector", "DetectorConfig"))
+    estimator: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.planner.estimator",
+                                                                           "EstimatorConfig"))
     # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}] (measures a restart's
     # cost, proves a restart changes nothing that is learned). Keys: step, action (replan|degrade|replace), device.
     drills: list[Any] = field(default_factory=list)
@@ -535,7 +544,10 @@ def _validate_injection(cfg: DictConfig) -> None:
     try:
         parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
     except (InjectionError, KeyError, TypeError, ValueError) as exc:
-        _fail("injection.faults", str(exc), "see conf/injection/ for examples")
+        hint = ""
+        if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
+            hint = " (the default demo slows rank 2 of 3: add injection=none for a run on fewer devices)"
+        _fail("injection.faults", str(exc), "see conf/injection/ for examples" + hint)
 
 
 def _validate_monitor(cfg: DictConfig) -> None:

@@ -37,7 +37,9 @@ def teacher_training_config(cfg: DictConfig) -> DictConfig:
                                             "stop_after": None, "strategy": "single", "nodes": 1,
                                             "devices": [first_device] if resolve_accelerator(cfg.trainer) == "cuda" else 1},
                                 "optim": {"lr": cfg.teacher.auto_train_lr, "warmup_steps": 0},
-                                "pipeline": {"microbatches": 1}})
+                                "pipeline": {"microbatches": 1},
+                                # the run's faults are aimed at the distillation, not at this
+                                "injection": {"name": "none", "faults": []}})
     return sub
 
 

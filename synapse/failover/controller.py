@@ -20,6 +20,7 @@ policies need; it survives restarts with the controller and is saved in ``state_
 """
 from __future__ import annotations
 
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class FailoverController:
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
-    _last_keep_reason: list[str] | None = None
+    _last_keep_reason: str | None = None
     _nominal: tuple[list[float], list[float]] | None = None  # this stage's predicted compute, comm per rank
 
     # ---------------------------------------------------------------- stages
@@ -241,7 +242,7 @@ class FailoverController:
                   if self._recent else None}
         # Every action is logged; a KEEP only when its reason changes or every KEEP_LOG_EVERY
         # decisions, so that a long slowdown ridden out does not flood the log.
-        reason_kind = decision.reason.split(" ")[0:2]
+        reason_kind = re.sub(r"[-+]?\d[\d.]*", "#", decision.reason)  # "only 9 steps left" ~ "only 8 ..."
         if (decision.action is not OptionKind.KEEP or reason_kind != self._last_keep_reason
                 or self.episode.consecutive_detections % KEEP_LOG_EVERY == 1):
             self.log_event("decision", **record)

@@ -124,6 +124,12 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     if not records:
         rank = min(exc.failures) if exc.failures else None
         return WorkerFailure(message, rank, "died without an error", device_failure=True)
+    if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+        # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
+        silent = sorted(set(beats) - {r["rank"] for r in records})
+        if silent:
+            return WorkerFailure(f"pipeline rank {silent[0]} died without a word (its peers lost it); logs in "
+                                 f"{log_dir}", silent[0], "died without an error (killed)", device_failure=True)
     root = records[0]
     device = any(p in root["type"] or p in root["message"] for p in _DEVICE_ERRORS)
     return WorkerFailure(message, root["rank"], f"{root['type']}: {root['message'].splitlines()[0][:200]}",

@@ -41,7 +41,9 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
 def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
            overrides: list[str] | None = None) -> dict[str, Any]:
     if uses_pipeline(cfg.trainer):
-        return run_pipeline(cfg, run_dir, log, overrides)
+        summary = run_pipeline(cfg, run_dir, log, overrides)
+        write_run_report(cfg, run_dir, log)
+        return summary
     setup = build_compute_setup(cfg.trainer)
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
@@ -93,6 +95,20 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
             f"(teacher {final.get('teacher_top1', float('nan')):.2f}%), {summary['images_per_s']:.0f} "
             f"images/s over {k} stages; outputs in {run_dir}")
     return summary
+
+
+def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> None:
+    """Figures and report.md of a finished run (report=false skips it). A report that cannot be
+    drawn is said, never a failed run: the training and its records are already complete."""
+    if not cfg.report:
+        return
+    from ..analysis import write_report
+
+    try:
+        log(f"report: {write_report(run_dir)}")
+    except Exception as exc:  # noqa: BLE001  (any plotting error; the records are what matter)
+        log(f"report: not written ({type(exc).__name__}: {exc}); the run finished and its records are in "
+            f"{run_dir}. Retry with: python -m synapse.analysis report {run_dir}")
 
 
 def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, Any]:

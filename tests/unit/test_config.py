@@ -127,7 +127,7 @@ def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
         validate(cfg)
     with pytest.raises(ConfigError, match=r"^nonsense: is not a Synapse setting"):
         validate(make_config("+nonsense=1"))
-    validate(make_config("+failover.detector.window=5"))  # settings dicts take the settings' own keys
+    validate(make_config("failover.detector.window=5"))  # settings dicts hold their defaults: plain overrides
     with pytest.raises(ConfigError, match=r"^policy: policy 'eta' has no parameter\(s\) \['margin'\]"):
         validate(make_config("+policy.params.margin=0.1"))  # ... and nothing else
 
@@ -137,8 +137,8 @@ def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
     ("failover.decide_every=0", "failover.decide_every"),
     ("failover.replan_mode=teleport", "failover.replan_mode"),
     ("+failover.detector.windw=5", "failover.detector"),
-    ("+failover.detector.threshold=0.5", "failover.detector"),
-    ("+failover.estimator.ema_weight=2", "failover.estimator"),
+    ("failover.detector.threshold=0.5", "failover.detector"),
+    ("failover.estimator.ema_weight=2", "failover.estimator"),
     ("policy.name=oracle", "policy"),
     ("failover.restart_cost_file=/nonexistent.json", "failover.restart_cost_file"),
     ("trainer.spare_devices=[0]", "trainer.spare_devices"),
@@ -202,7 +202,8 @@ VALIDATION_ERRORS = [
      "or use partition=even"),
     (["data=imagenet100"], "data.root: ImageNet100 needs a data root", "set data.root=/path/to/imagenet"),
     (["checkpoint.keep=0"], "checkpoint.keep: must be > 0", "set checkpoint.keep"),
-    (["partition=auto", "partition.alphas=[1,2]"], "partition.alphas: 2 speeds given for 1 devices",
+    (["trainer=cpu", "injection=none", "partition=auto", "partition.alphas=[1,2]"],
+     "partition.alphas: 2 speeds given for 1 devices",
      "give exactly 1 values"),
     (["partition=auto", "trainer.accelerator=cpu", "trainer.devices=2", "partition.alphas=[1,0]"],
      "partition.alphas: slowdowns must be > 0", "use 1.0 for a nominal device"),
