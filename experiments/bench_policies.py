@@ -29,8 +29,8 @@ def run_policy(policy: str, run_dir: Path, factor: float, start: int) -> dict:
     started = time.time()
     subprocess.run(command, check=True, cwd=REPO, capture_output=True, text=True)
     summary = json.loads((run_dir / "experiment_summary.json").read_text())
-    detected = [json.loads(line) for line in (run_dir / "failover_events.jsonl").read_text().splitlines()
-                if '"slowdown_detected"' in line]
+    events = [json.loads(line) for line in (run_dir / "failover_events.jsonl").read_text().splitlines()]
+    detected = [e for e in events if e["event"] == "slowdown_detected"]
     return {"policy": policy, "wall_time_s": summary["wall_time_s"], "process_s": time.time() - started,
             "final_top1": summary["final_eval"].get("student_top1"),
             "detection": [{k: d[k] for k in ("rank", "device", "kind", "ratio", "onset_step", "detected_step",
