@@ -87,6 +87,7 @@ class FailoverController:
         if start_step is not None:
             self.detector.rewind(start_step)
         previous, self.stage = self.stage, stage
+        self.spare_devices = tuple(d for d in self.spare_devices if d not in stage.devices)
         self._recent.clear()
         self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
                          self.planner.per_step_comm_s(*self._partition_of(stage)))

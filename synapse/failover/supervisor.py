@@ -255,6 +255,8 @@ class Supervisor:
                 "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
                 "partition.student": spec.student_counts, "partition.alphas": None,
                 "injection.faults": faults_for_stage(faults, resolve_devices(self.cfg.trainer), spec.devices, fired),
+                # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
+                "trainer.spare_devices": [d for d in self.cfg.trainer.spare_devices if d not in spec.devices],
                 "resume": spec.resume}
 
     def _stage_overrides(self, spec: StageSpec) -> list[str]:

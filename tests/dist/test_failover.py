@@ -41,11 +41,12 @@ def uninterrupted(tmp_path_factory, teacher_file):
 
 
 @pytest.mark.parametrize("action, mode, devices_after", [("replan", "live", [0, 1, 2]), ("replan", "restart", [0, 1, 2]),
-                                                   ("degrade", "restart", [1, 2])])
+                                                   ("degrade", "restart", [1, 2]), ("replace", "restart", [0, 3, 2])])
 def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_path, teacher_file, uninterrupted,
                                                                          action, mode, devices_after):
-    device = "" if action == "replan" else ",device:0"
-    summary = run_overrides(overrides_for(tmp_path, teacher_file, f"failover.replan_mode={mode}",
+    device = {"replan": "", "degrade": ",device:0", "replace": ",device:1"}[action]
+    spares = ["trainer.spare_devices=[3]"] if action == "replace" else []
+    summary = run_overrides(overrides_for(tmp_path, teacher_file, f"failover.replan_mode={mode}", *spares,
                                           f"failover.drills=[{{step:5,action:{action}{device}}}]"))
     assert_identical_states(final_student_state(tmp_path), uninterrupted)
     stages = read_stages(tmp_path)

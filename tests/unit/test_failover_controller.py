@@ -158,3 +158,27 @@ def test_state_survives_a_json_round_trip(planner):
     assert restored.detector.baseline("compute") == controller.detector.baseline("compute")
     assert restored.stage == controller.stage and restored.episode == controller.episode
     assert restored.estimator.alphas() == pytest.approx(controller.estimator.alphas())
+
+
+def test_a_cheap_live_replan_is_taken_for_a_slowdown_a_restart_would_not_pay_for(planner):
+    """Issue #9: once REPLAN costs a block transfer instead of a restart, the ETA policy re-plans
+    for shorter slowdowns (here: the same 1.6x slowdown with 400 steps left)."""
+    def decisions(replan_cost: RestartCost) -> list:
+        costs = RestartCostModel({"restart": RestartCost(checkpoint_save_s=60, launch_s=600),
+                                  "live": replan_cost}, kind_paths={REPLAN: "live"})
+        controller = FailoverController(policy=make_policy("eta", min_saving_s=5.0), planner=planner,
+                                        restart_costs=costs,
+                                        detector=SlowdownDetector(DetectorConfig(baseline_window=30)))
+        stage = start(controller)
+        timings = Timings(planner, seed=6)
+        timings.feed(controller, stage, {}, 100)
+        for _ in range(60):
+            record = timings.record(stage, {1: 1.6})
+            record["total_steps"] = 560
+            decision = controller.observe(record)
+            if decision is not None:
+                return [decision.action]
+        return []
+
+    assert decisions(RestartCost(launch_s=700.0)) == []  # a REPLAN as dear as a restart: ride it out
+    assert decisions(RestartCost(launch_s=0.3, warmup_s=0.1)) == [REPLAN]
