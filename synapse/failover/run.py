@@ -86,7 +86,8 @@ def build_controller(cfg: DictConfig, info, run_dir: Path, log: Callable[[str], 
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
         drills=[dict(d) for d in settings(cfg.failover.drills)],
-        say=log,
+        # a line of its own: the last rank's progress bar (another process) ends without a newline
+        say=(lambda line: log("\n" + line)) if cfg.trainer.progress else log,
     )
 
 

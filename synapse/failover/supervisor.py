@@ -111,7 +111,7 @@ class Supervisor:
         clear_stop(self.run_dir)
         self.controller.begin_stage(RunningStage(tuple(spec.devices), tuple(spec.teacher_counts),
                                                  tuple(spec.student_counts)), start_step=spec.start_step)
-        watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.log,
+        watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
                                live_replan=self.live_replan, on_live_stage=self._on_live_stage)
         if restart is not None:
             restart.relaunch_time = time.time()
