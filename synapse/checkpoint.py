@@ -13,6 +13,12 @@ and the directory renamed into place, so a process killed mid-write leaves at mo
 ``.tmp`` directory and the previous checkpoint untouched. Loading verifies every checksum and
 uses ``torch.load(weights_only=True)``: a checkpoint can never execute code.
 
+A write that fails (disk full, read-only or vanished directory) raises ``CheckpointWriteError``
+with the operating system's reason, the file it was writing and the newest checkpoint that is
+still intact; the half-written file is removed, and the next save removes any temporary
+directory a failed or killed save left behind *before* it writes (on a full disk, that space
+is what the next checkpoint needs).
+
 Manifests without ``format_version`` (none were written) count as version 1. Before a resume the
 supervisor calls ``check_resumable`` (a given path) or ``check_run_checkpoints`` (resume=auto), so
 a checkpoint of another version or another student fails once, before any worker starts.
@@ -36,6 +42,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+_TEMPORARY = re.compile(r"^step_\d{8}\.(tmp|corrupt)-")
 
 
 class CheckpointError(ValueError):
@@ -47,6 +54,14 @@ class IncompatibleCheckpointError(CheckpointError):
 
     Unlike damage, which ``latest_valid_checkpoint`` skips, this is a mistake in the run's
     configuration, so ``check_run_checkpoints`` stops the run instead of silently starting over.
+    """
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only or missing directory).
+
+    An ``OSError`` with the original ``errno``; the message names the file, the reason, the
+    newest checkpoint that is still intact and the fix. Nothing already on disk was changed.
     """
 
 
@@ -76,12 +91,70 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _ErrorKeepingWriter:
+    """A file for ``torch.save`` that remembers the OSError of a failed write: torch reports a full
+    disk as "unexpected pos 704 vs 598", so the real reason would otherwise be lost."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+
 def save_tensor_file(obj: Any, path: Path) -> None:
-    """torch.save and fsync, so the bytes are on disk before the manifest names them."""
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """torch.save and fsync, so the bytes are on disk before the manifest names them.
+
+    A failed write removes what it wrote and raises ``CheckpointWriteError`` with the OS's reason.
+    """
+    path = Path(path)
+    writer = None
+    try:
+        with open(path, "wb") as f:
+            writer = _ErrorKeepingWriter(f)
+            torch.save(obj, writer)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as exc:
+        reason = exc if isinstance(exc, OSError) else (writer.error if writer is not None else None)
+        if reason is None:
+            raise  # not a write failure: a bug, shown as it is
+        _remove_quietly(path)
+        raise write_error(path, reason) from exc
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only directory keeps the piece; the next save's clean-up removes it
+
+
+def write_error(target: Path, reason: OSError) -> CheckpointWriteError:
+    """The error of a failed checkpoint write to ``target`` (a file or directory under the root)."""
+    target = Path(target)
+    root = target.parent
+    while _TEMPORARY.match(root.name) or _STEP_DIR.match(root.name):
+        root = root.parent
+    try:
+        intact = list_checkpoints(root)
+    except OSError:
+        intact = []
+    newest = f"the newest intact checkpoint is {intact[-1].path}" if intact else "no checkpoint was finished yet"
+    message = (f"cannot write checkpoint file {target}: {reason.strerror or reason}; {newest}, untouched. Fix: "
+               f"free space on that filesystem or make {root} writable (or set run_dir to another disk), then "
+               f"continue with resume=auto")
+    return CheckpointWriteError(reason.errno, message)
 
 
 def sha256_of(path: Path) -> str:
@@ -99,10 +172,23 @@ def new_nonce() -> str:
 
 def begin_checkpoint(root: Path, step: int, nonce: str | None = None) -> Path:
     """Create the temporary directory every rank writes its files into."""
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{step_dir_name(step)}.tmp-{nonce or new_nonce()}"
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = Path(root) / f"{step_dir_name(step)}.tmp-{nonce or new_nonce()}"
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(tmp, exc) from exc
     return tmp
+
+
+def remove_stray_temporaries(root: Path, keep: Path | None = None) -> None:
+    """Delete what failed or killed saves left (``step_*.tmp-*``, ``step_*.corrupt-*``), except ``keep``.
+
+    Called by the one process that commits, before the other files of a save are big: on a
+    nearly full disk the space they hold is what the new checkpoint needs.
+    """
+    for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
+        if keep is None or stray != Path(keep):
+            shutil.rmtree(stray, ignore_errors=True)
 
 
 def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
@@ -110,11 +196,15 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
     files = {p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
              for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
-    with open(tmp / MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    try:
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+    except OSError as exc:
+        _remove_quietly(tmp / MANIFEST)
+        raise write_error(tmp / MANIFEST, exc) from exc
     final = tmp.parent / step_dir_name(step)
     if final.exists():
         # The same step saved again (e.g. right after a resume). A verified copy holds the same
@@ -202,8 +292,7 @@ def prune_checkpoints(root: Path, keep: int) -> None:
     refs = list_checkpoints(root)
     for ref in refs[: max(0, len(refs) - keep)]:
         shutil.rmtree(ref.path, ignore_errors=True)
-    for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
-        shutil.rmtree(stray, ignore_errors=True)
+    remove_stray_temporaries(root)
 
 
 def load_file(path: Path, *, mmap: bool = False) -> Any:

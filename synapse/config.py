@@ -26,6 +26,7 @@ SCHEDULES = ("cosine", "step", "constant")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 STRATEGIES = ("auto", "single", "pipeline")
 PARTITION_MODES = ("even", "manual", "auto")
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 class ConfigError(ValueError):
@@ -110,6 +111,9 @@ class TrainerConfig:
     log_every: int = 1
     progress: bool = True
     deterministic: bool = False
+    # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
+    # skip (drop its update on every rank; the step still counts and the schedule advances).
+    nonfinite: str = "stop"
 
 
 @dataclass
@@ -439,6 +443,7 @@ def _validate_trainer(trainer: DictConfig) -> None:
         _positive("trainer.threads", trainer.threads)
     _positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
     _positive("trainer.log_every", trainer.log_every)
+    _choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
     resolve_devices(trainer)
 
 

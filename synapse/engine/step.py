@@ -4,16 +4,76 @@ This is the reference the pipeline runtime must reproduce exactly: same micro-ba
 (``torch.tensor_split`` along the batch, as torch.distributed.pipelining does), losses
 back-propagated per micro-batch, gradients summed and divided once by M, then one optimizer
 and scheduler step.
+
+Both paths treat a NaN or infinite loss the same way (``NonFiniteGuard``), before the update:
+``trainer.nonfinite=stop`` raises ``NonFiniteLossError`` naming the step, so nothing
+non-finite reaches a checkpoint; ``skip`` drops the step's update (gradients
+discarded, BatchNorm statistics restored) while the step still counts and the learning-rate
+schedule advances, exactly as if the batch had been left out.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import NONFINITE_POLICIES
 from ..kd import KDLossParams, kd_loss
 from .device import ComputeSetup
 from .optim import scale_gradients
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A step's loss is NaN or infinite under ``trainer.nonfinite=stop``; raised before the update."""
+
+    def __init__(self, step: int, loss: float):
+        self.step, self.loss = step, loss
+        super().__init__(
+            f"step {step}: the loss is {loss} (trainer.nonfinite=stop); the run stops before any checkpoint "
+            f"holds this step, so every checkpoint has only finite steps. Fix: lower optim.lr (or use "
+            f"optim.warmup_steps), check the data and the teacher, or set trainer.nonfinite=skip to drop such "
+            f"steps; then continue with resume=auto")
+
+
+class NonFiniteGuard:
+    """Decides, before the optimizer step, what a step with a non-finite loss does.
+
+    ``begin`` (at the start of every step) keeps a copy of the module's buffers when steps may
+    be skipped: a NaN that reached the forward pass has already poisoned BatchNorm's running
+    statistics, and skipping the step must undo that too.
+    """
+
+    def __init__(self, policy: str, module: nn.Module):
+        if policy not in NONFINITE_POLICIES:
+            raise ValueError(f"trainer.nonfinite={policy!r} is not a policy; use one of "
+                             f"{', '.join(NONFINITE_POLICIES)}")
+        self.policy, self.module = policy, module
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.skipped = False  # whether the last step was skipped
+
+    def begin(self) -> None:
+        self.skipped = False
+        if self.policy == "skip":
+            self._saved = [(b, b.detach().clone()) for b in self.module.buffers()]
+
+    def apply_update(self, step: int, loss: float) -> bool:
+        """True: apply the step's update. False: skip it (policy skip). Raises under policy stop."""
+        if math.isfinite(loss):
+            return True
+        if self.policy == "stop":
+            raise NonFiniteLossError(step, loss)
+        self.skipped = True
+        return False
+
+    def skip(self, optimizer: torch.optim.Optimizer, scheduler) -> None:
+        """Drop the step's update: no optimizer step, buffers back as they were, the schedule advances."""
+        with torch.no_grad():
+            for buffer, saved in self._saved:
+                buffer.copy_(saved)
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
 
 
 def training_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, labels: torch.Tensor,
@@ -26,29 +86,47 @@ def training_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | N
 
 class SingleDeviceStep:
     def __init__(self, student: nn.Module, teacher: nn.Module | None, optimizer: torch.optim.Optimizer,
-                 scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup):
+                 scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup, nonfinite: str = "stop"):
         self.student, self.teacher = student, teacher
         self.optimizer, self.scheduler = optimizer, scheduler
         self.microbatches, self.kd, self.setup = microbatches, kd, setup
         self._params = [p for p in student.parameters() if p.requires_grad]
+        self.guard = NonFiniteGuard(nonfinite, student)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Run one step; returns the mean micro-batch loss as a detached tensor (no host sync)."""
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int = 0,
+                 corrupt: bool = False) -> torch.Tensor:
+        """Run optimizer step ``step``; returns the mean micro-batch loss as a detached tensor.
+
+        ``corrupt``: make the student's output NaN (an injected ``nan_loss`` fault). Reading the
+        loss to check it is finite is the step's one host sync.
+        """
         images = self.setup.prepare_input(images)
         labels = labels.to(self.setup.device, non_blocking=True)
         self.student.train()
+        self.guard.begin()
         total = torch.zeros((), device=self.setup.device)
         for x, y in zip(torch.tensor_split(images, self.microbatches), torch.tensor_split(labels, self.microbatches)):
             with self.setup.autocast():
                 teacher_logits = self._teacher_forward(x)
-                loss = training_loss(self.student(x), teacher_logits, y, self.kd)
+                student_logits = self.student(x)
+                if corrupt:
+                    student_logits = student_logits + float("nan")
+                loss = training_loss(student_logits, teacher_logits, y, self.kd)
             loss.backward()
             total += loss.detach()
+        mean = total / self.microbatches
+        if not self.guard.apply_update(step, float(mean)):
+            self.guard.skip(self.optimizer, self.scheduler)
+            return mean
         scale_gradients(self._params, self.microbatches)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / self.microbatches
+        return mean
+
+    @property
+    def skipped(self) -> bool:
+        return self.guard.skipped
 
     def _teacher_forward(self, x: torch.Tensor) -> torch.Tensor | None:
         if self.teacher is None:

@@ -6,6 +6,7 @@ per step, evaluation per epoch, atomic checkpoints, and a final summary.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -21,6 +22,7 @@ from .. import checkpoint as ckpt
 from ..data import ResumableSampler, build_dataset, dataset_info
 from ..kd import KDLossParams
 from ..models import build_model, load_weights
+from ..monitor.events import EventLog, events_path
 from ..monitor.injection import FaultInjector, parse_faults
 from .batches import train_batches
 from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
@@ -28,7 +30,7 @@ from .evaluate import evaluate
 from .metrics import JsonlWriter, NullWriter
 from .optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from .progress import Progress
-from .step import SingleDeviceStep
+from .step import NonFiniteLossError, SingleDeviceStep
 
 
 def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:
@@ -72,6 +74,7 @@ class Trainer:
     log: Callable[[str], None] = print
     injector: FaultInjector = field(default_factory=lambda: FaultInjector([], 0))
     stop_requested: bool = False  # the supervisor asked every rank to stop after this step
+    events: EventLog | None = None  # failover_events.jsonl (non-finite losses; the pipeline: more)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -80,12 +83,14 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
         tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step)
+        ckpt.remove_stray_temporaries(self.checkpoint_root, keep=tmp)  # a failed save's space, first
         named = dict(self.student.named_parameters())
         ckpt.save_tensor_file({"model": self.student.state_dict(),
                                "optim": optimizer_state_by_name(self.optimizer, named)}, tmp / ckpt.shard_name(0))
         state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
                  "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
         ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        self.injector.on("checkpoint_write", self.step)  # files written, not yet committed
         path = ckpt.commit_checkpoint(tmp, self.step, meta={"student": self.cfg.student.name, "world_size": 1})
         ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
         return path
@@ -108,7 +113,13 @@ class Trainer:
         return True
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
-        return self.step_fn(images, labels)
+        self.injector.on("forward", step)
+        return self.step_fn(images, labels, step=step, corrupt=self.injector.corrupts_output(step))
+
+    @property
+    def step_skipped(self) -> bool:
+        """Whether the last step's update was dropped (a non-finite loss under trainer.nonfinite=skip)."""
+        return self.step_fn.skipped
 
     @property
     def needs_data(self) -> bool:
@@ -130,44 +141,76 @@ class Trainer:
         """Train until ``total_steps`` (or ``trainer.stop_after`` steps in this launch); return the summary."""
         started, first_step = time.time(), self.step
         stop_after = self.cfg.trainer.stop_after
-        every = self.cfg.checkpoint.every
         images_per_step = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records)
         with (JsonlWriter(self.run_dir / "metrics.jsonl") if self.writes_records else NullWriter()) as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
-            for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
-                                       load=self.needs_data):
-                if self.step >= self.total_steps or (stop_after is not None and self.step - first_step >= stop_after):
-                    break
-                self.injector.on("step_start", self.step + 1)
-                loss = self.train_step(batch.images, batch.labels, self.step + 1)
-                self.step += 1
-                now = time.perf_counter()
-                record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
-                          "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
-                          "images_per_s": images_per_step / max(now - tick, 1e-9), **self.step_record_extras()}
-                self.apply_control()  # e.g. a live re-partition asked for at this step (not step time)
-                tick = time.perf_counter()
-                pending = self._flush(metrics, pending, progress, record)
-                end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
-                last = self.step == self.total_steps
-                did_io = False
-                if (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last:
-                    self.save_checkpoint(batch.epoch, batch.step_in_epoch)
-                    did_io = True
-                if last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0):
-                    self._evaluate(metrics, batch.epoch)
-                    did_io = True
-                if did_io:  # checkpoint and evaluation time is not step time
+            try:
+                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
+                                           load=self.needs_data):
+                    stopping = stop_after is not None and self.step - first_step >= stop_after
+                    if self.step >= self.total_steps or stopping:
+                        break
+                    self.injector.on("step_start", self.step + 1)
+                    loss = self._guarded_step(batch.images, batch.labels, self.step + 1)
+                    self.step += 1
+                    now = time.perf_counter()
+                    record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
+                              "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
+                              "images_per_s": images_per_step / max(now - tick, 1e-9), **self.step_record_extras()}
+                    if self.step_skipped:
+                        record["skipped"] = "nonfinite_loss"
+                    self.apply_control()  # e.g. a live re-partition asked for at this step (not step time)
                     tick = time.perf_counter()
-                if self.stop_requested:
-                    break
+                    pending = self._flush(metrics, pending, progress, record)
+                    if self._checkpoint_and_evaluate(batch, metrics):
+                        tick = time.perf_counter()  # checkpoint and evaluation time is not step time
+                    if self.stop_requested:
+                        break
+            except BaseException:
+                with contextlib.suppress(Exception):  # the finished steps' records outlive the error
+                    self._flush(metrics, pending, progress, None)
+                raise
             self._flush(metrics, pending, progress, None)
             if (stop_after is not None or self.stop_requested) and self.step < self.total_steps:
                 self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
         progress.close()
         return self._summary(time.time() - started, self.step - first_step)
+
+    def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter) -> bool:
+        """What is due after this step (a checkpoint, an evaluation); whether anything was."""
+        every = self.cfg.checkpoint.every
+        end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
+        last = self.step == self.total_steps
+        did_io = False
+        if (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last:
+            self.save_checkpoint(batch.epoch, batch.step_in_epoch)
+            did_io = True
+        if last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0):
+            self._evaluate(metrics, batch.epoch)
+            did_io = True
+        return did_io
+
+    def _guarded_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        """``train_step``, reporting a non-finite loss (stopped or skipped) with its step."""
+        try:
+            loss = self.train_step(images, labels, step)
+        except NonFiniteLossError as exc:
+            self._report_nonfinite(step, exc.loss, "stopped")
+            raise
+        if self.step_skipped:
+            self._report_nonfinite(step, None if loss is None else float(loss), "skipped")
+        return loss
+
+    def _report_nonfinite(self, step: int, loss: float | None, action: str) -> None:
+        if not self.writes_records:  # one report per run: the process that has the loss
+            return
+        self.log(f"step {step}: the loss is {loss}, not finite; step {action} "
+                 f"(trainer.nonfinite={self.cfg.trainer.nonfinite})")
+        if self.events is not None:
+            self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action,
+                               policy=self.cfg.trainer.nonfinite)
 
     def _position_of_last_batch(self) -> tuple[int, int]:
         per_epoch = self.sampler.steps_per_epoch
@@ -239,10 +282,12 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     optimizer = build_optimizer(student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
-                               kd_params(cfg), setup)
-    injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0)
+                               kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite)
+    events = EventLog(events_path(run_dir), source="trainer")
+    injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, parts.train_ds, parts.val_ds,
-                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log, injector=injector)
+                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log, injector=injector,
+                   events=events)
 
 
 def kd_params(cfg: DictConfig) -> KDLossParams:
@@ -262,8 +307,13 @@ def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = 
         return None
     if cfg.resume != "auto":
         return Path(cfg.resume)
-    ref = ckpt.latest_valid_checkpoint(run_dir / "checkpoints",
-                                       on_skip=lambda r, e: log(f"skipping checkpoint {r.path}: {e}"))
+    events = EventLog(events_path(run_dir), source="resume")
+
+    def skipped(ref: ckpt.CheckpointRef, error: Exception) -> None:  # damaged: said, recorded, passed over
+        log(f"skipping checkpoint {ref.path}: {error}")
+        events.append("checkpoint_skipped", path=str(ref.path), step=ref.step, error=str(error))
+
+    ref = ckpt.latest_valid_checkpoint(run_dir / "checkpoints", on_skip=skipped)
     if ref is None:
         log("resume=auto: no checkpoint yet, starting fresh")
         return None

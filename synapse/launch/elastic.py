@@ -4,6 +4,12 @@ Programmatic ``elastic_launch`` with a c10d rendezvous: on one machine on a free
 (never a hard-coded one); across machines every node runs the same config with
 ``trainer.nodes`` and ``trainer.rdzv_endpoint``. Each rank's stdout/stderr go to
 ``<run_dir>/logs/``. A worker that raises fails the whole launch with that rank's error.
+
+A rendezvous that cannot happen (the configured port is taken, nodes that never join, a store
+that cannot be reached) raises ``RendezvousSetupError`` naming the endpoint and the fix; a free
+port taken by another process between picking and binding it is picked again. When the health
+monitor finds the pipeline hung, the rank blamed is the one its progress board shows busy in
+its own work, not one of the peers waiting for it.
 """
 from __future__ import annotations
 
@@ -18,12 +24,14 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import resolve_accelerator, resolve_devices
 from ..monitor.health import build_health_monitor
 from ..monitor.heartbeat import read_heartbeats
-from ..monitor.liveness import kill_live_workers
+from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
+from ..pipeline.runtime import WAIT_PHASES, progress_path, read_progress
 from ..pipeline.worker import worker_main
 
 
@@ -47,6 +55,14 @@ class WorkerFailure(RuntimeError):
         self.rank, self.cause, self.device_failure = rank, cause, device_failure
 
 
+class RendezvousSetupError(ValueError):
+    """The workers could not meet: the rendezvous port is taken, nodes never joined, or the store
+    cannot be reached. The message names the endpoint and what to change."""
+
+
+PORT_ATTEMPTS = 3  # free ports tried in a row when another process takes the picked one first
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -62,6 +78,8 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
         run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
         rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s,
+                      # connecting to the store: torch's default is 60 s, whatever rdzv_timeout_s says
+                      "read_timeout": trainer.rdzv_timeout_s,
                       # Node 0 hosts the c10d store; on one machine the others must not try to.
                       "is_host": trainer.node_rank == 0},
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
@@ -73,7 +91,22 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
                     resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
                     stage: int = 0) -> dict[str, Any]:
     """Run the pipeline to the end of this launch; return the summary of the last rank."""
-    config = launch_config(cfg, run_dir, attempt)
+    for tries_left in reversed(range(PORT_ATTEMPTS)):
+        config = launch_config(cfg, run_dir, attempt)
+        try:
+            return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, stage)
+        except RendezvousError as exc:
+            if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
+                log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
+                    f"picking another")
+                continue
+            raise rendezvous_error(cfg, config, exc) from exc
+    raise AssertionError("unreachable")
+
+
+def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_weights: str,
+                 partition: dict[str, list[int]], resume: str | None, attempt: str, log: Callable[[str], None],
+                 stage: int) -> dict[str, Any]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     log_dir = run_dir / "logs" / f"launch_{attempt}"
     failure_dir = log_dir / "failures"
@@ -89,9 +122,71 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
             results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
                                                           resume, str(failure_dir), stage)
     except ChildFailedError as exc:
-        raise failure_of(failure_dir, exc, log_dir, hard_failures, read_heartbeats(run_dir)) from exc
+        beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
+        progress = read_progress_boards(run_dir, beats, since=launched_at)
+        raise failure_of(failure_dir, exc, log_dir, hard_failures, beats, progress) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
+
+
+def _port_in_use(exc: BaseException) -> bool:
+    text = " ".join(str(e) for e in _chain(exc))
+    return "EADDRINUSE" in text or "ddress already in use" in text
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def rendezvous_error(cfg: DictConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
+    """What went wrong in the rendezvous, for a person: the endpoint, the cause and the fix."""
+    trainer, endpoint = cfg.trainer, config.rdzv_endpoint
+    cause = "; ".join(f"{type(e).__name__}: {e}" for e in _chain(exc) if str(e).strip())[:400] or type(exc).__name__
+    if _port_in_use(exc):
+        if not trainer.rdzv_endpoint:
+            return RendezvousSetupError(
+                f"the rendezvous store could not start: {PORT_ATTEMPTS} free ports in a row were taken by other "
+                f"processes before it could bind them (last {endpoint}). Fix: retry; if it persists, set "
+                f"trainer.rdzv_endpoint=127.0.0.1:PORT to a port reserved for this run")
+        return RendezvousSetupError(
+            f"trainer.rdzv_endpoint={endpoint}: the port is already in use on this machine (another process "
+            f"listens on it, e.g. an earlier run that is still alive), so the rendezvous store cannot start there "
+            f"({cause}). Fix: choose a free port, or leave trainer.rdzv_endpoint unset on one machine (a free port "
+            f"is picked)")
+    if isinstance(exc, RendezvousTimeoutError):
+        return RendezvousSetupError(
+            f"the rendezvous at {endpoint} timed out after trainer.rdzv_timeout_s={trainer.rdzv_timeout_s} s: "
+            f"trainer.nodes={trainer.nodes} nodes were expected (this is node_rank {trainer.node_rank}) and not all "
+            f"joined. Fix: start python train.py on every node with the same trainer.rdzv_endpoint, trainer.nodes "
+            f"and trainer.rdzv_id, within the timeout, or raise trainer.rdzv_timeout_s")
+    return RendezvousSetupError(
+        f"the rendezvous at {endpoint} failed for node_rank {trainer.node_rank} ({cause}). Fix: start node_rank 0 "
+        f"first (it hosts the store), check that {endpoint} is reachable from this machine, or raise "
+        f"trainer.rdzv_timeout_s (now {trainer.rdzv_timeout_s} s)")
+
+
+def read_progress_boards(run_dir: Path, beats: dict[int, dict], since: float) -> dict[int, dict]:
+    """The progress board of every rank of this launch that had not finished (rank -> last entry)."""
+    boards = {}
+    for rank, beat in beats.items():
+        if beat.get("time", 0.0) < since or beat.get("phase") == FINISHED_PHASE:
+            continue
+        board = read_progress(progress_path(run_dir, rank))
+        if board is not None and board["pid"] == beat.get("pid"):
+            boards[rank] = board
+    return boards
+
+
+def hang_culprit(progress: dict[int, dict]) -> int | None:
+    """In a stalled pipeline every rank stops; the hung one is busy in its own work, the others wait
+    for it (recv, send, sync). Of the busy ones, the one busy longest; None if all of them wait
+    (a hang in the network itself: no rank can be told from the others)."""
+    busy = [(board["time"], rank) for rank, board in progress.items() if board["phase"] not in WAIT_PHASES]
+    return min(busy)[1] if busy else None
 
 
 # Errors a rank raises because *another* rank died: never the root cause.
@@ -107,33 +202,72 @@ def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
 
 
 _DEVICE_ERRORS = ("CUDA error", "AcceleratorError", "NCCL error", "cudaError")
+_TRACEBACK_FRAMING = ("Traceback (most recent call last)", "The above exception", "During handling of the above")
+# A worker writes a failure record for any Python exception; one that left none was killed by a
+# signal Python cannot handle or crashed. (Which signal is known only when the agent reaped it
+# first: the fork server reaps the workers, and the agent reports only the first exit it saw.)
+SILENT_DEATH = "died without a word: killed by SIGKILL (kill -9, the OOM killer) or a crash"
 
 
 def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_failures: list[dict],
-               beats: dict[int, dict]) -> WorkerFailure:
-    """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed."""
-    message = describe_failures(failure_dir, exc, log_dir, hard_failures)
-    if hard_failures:
-        first = hard_failures[0]
-        return WorkerFailure(message, _rank_of_event(first, beats), first["event"], device_failure=True)
+               beats: dict[int, dict], progress: dict[int, dict] | None = None) -> WorkerFailure:
+    """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed.
+
+    ``progress``: the ranks' progress boards (``read_progress_boards``), which name the hung rank.
+    """
     records = read_failures(failure_dir)
+    # A rank that wrote a failure record exited because of that error: the monitor seeing its pid
+    # gone afterwards is a consequence, and the records name the root cause.
+    reported = {r["rank"] for r in records}
+    hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
+    if hard:
+        return _hard_failure(hard[0], beats, progress or {}, log_dir)
+    message = describe_failures(failure_dir, exc, log_dir)
     signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
         return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
     if not records:
         rank = min(exc.failures) if exc.failures else None
-        return WorkerFailure(message, rank, "died without an error", device_failure=True)
+        return WorkerFailure(message, rank, SILENT_DEATH, device_failure=True)
     if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
         silent = sorted(set(beats) - {r["rank"] for r in records})
         if silent:
-            return WorkerFailure(f"pipeline rank {silent[0]} died without a word (its peers lost it); logs in "
-                                 f"{log_dir}", silent[0], "died without an error (killed)", device_failure=True)
+            return WorkerFailure(f"pipeline rank {silent[0]} {SILENT_DEATH} (its peers lost it); logs in "
+                                 f"{log_dir}", silent[0], SILENT_DEATH, device_failure=True)
     root = records[0]
-    device = any(p in root["type"] or p in root["message"] for p in _DEVICE_ERRORS)
-    return WorkerFailure(message, root["rank"], f"{root['type']}: {root['message'].splitlines()[0][:200]}",
-                         device_failure=device)
+    device_error = _device_error(root)
+    cause = device_error or f"{root['type']}: {root['message']}"
+    return WorkerFailure(message, root["rank"], cause.splitlines()[0][:200], device_failure=device_error is not None)
+
+
+def _device_error(record: dict) -> str | None:
+    """The device error in a failure record's exception chain ("AcceleratorError: CUDA error: ..."), if any.
+
+    Libraries wrap errors (torch.distributed.pipelining re-raises a forward's error as "[Stage 0]
+    failed to run forward"), so the causes are read too: in a formatted traceback an exception's
+    own lines are the unindented ones (code lines are indented)."""
+    lines = [f"{record['type']}: {record['message']}"]
+    lines += [line for line in record.get("traceback", "").splitlines()
+              if line and not line[0].isspace() and not line.startswith(_TRACEBACK_FRAMING)]
+    return next((line for line in lines if any(p in line for p in _DEVICE_ERRORS)), None)
+
+
+def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict], log_dir: Path) -> WorkerFailure:
+    """The health monitor saw a dead or hung rank (or a failing GPU) and tore the launch down."""
+    rank = _rank_of_event(event, beats)
+    culprit = hang_culprit(progress) if event["event"] == "rank_hung" else None
+    if culprit is not None:
+        board = progress[culprit]
+        waiting = sorted(r for r, b in progress.items() if b["phase"] in WAIT_PHASES)
+        message = (f"pipeline rank {culprit} hung in {board['phase']} of step {board['step']}: no progress for "
+                   f"{event.get('stalled_s')} s (monitor.hang_timeout_s={event.get('hang_timeout_s')}), while "
+                   f"rank(s) {waiting} waited on it; logs in {log_dir}")
+        return WorkerFailure(message, culprit, "rank_hung", device_failure=True)
+    details = {k: v for k, v in event.items() if k not in ("event", "rank", "time")}
+    message = f"pipeline rank {rank} failed first: {event['event']} ({details}); logs in {log_dir}"
+    return WorkerFailure(message, rank, event["event"], device_failure=True)
 
 
 def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:
@@ -149,14 +283,10 @@ def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:
     return None
 
 
-def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path,
-                      hard_failures: list[dict] | None = None) -> str:
+def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -> str:
+    """A worker failure the workers themselves reported (or died without reporting)."""
     records = read_failures(failure_dir)
     signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
-    if hard_failures:  # the health monitor saw a dead or hung rank and tore the launch down
-        first = hard_failures[0]
-        return (f"pipeline rank {first.get('rank')} failed first: {first.get('event')} "
-                f"({ {k: v for k, v in first.items() if k not in ('event', 'rank', 'time')} }); logs in {log_dir}")
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         # A rank killed by a signal writes no record; the others only report losing it.
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))

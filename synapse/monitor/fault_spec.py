@@ -5,6 +5,9 @@ Two families of faults (``injection.faults`` in the config, one mapping per faul
 * *instant* faults fire once, at one (phase, step): ``raise``, ``kill`` (SIGKILL),
   ``hang`` (block forever, process alive), ``cuda_error`` (a RuntimeError that reads like a
   device failure). Config: ``{kind: kill, rank: 1, step: 60, phase: forward}``.
+  ``nan_loss`` makes the rank's student output NaN in every forward of one step (a device that
+  computes garbage), so that step's loss is NaN: ``{kind: nan_loss, rank: 1, step: 60}``
+  (phase: forward only). What the run then does is ``trainer.nonfinite`` (stop or skip).
 * *span* faults act over the steps ``[start, end]`` (``end`` inclusive, omitted: to the end
   of the run): ``slow_compute`` (extra time per forward/backward task), ``slow_comm``
   (extra time each time the rank posts its sends) and ``background_load`` (a separate
@@ -27,13 +30,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write")
-INSTANT_KINDS = ("raise", "kill", "hang", "cuda_error")
+INSTANT_KINDS = ("raise", "kill", "hang", "cuda_error", "nan_loss")
 SLOWDOWN_KINDS = ("slow_compute", "slow_comm")
 SPAN_KINDS = (*SLOWDOWN_KINDS, "background_load")
 FAULT_KINDS = (*INSTANT_KINDS, *SPAN_KINDS)
 
 # The phases each span kind may act in (the first tuple is the default).
 SPAN_PHASES = {"slow_compute": ("forward", "backward"), "slow_comm": ("send",), "background_load": ("step_start",)}
+# Instant kinds that act in fewer phases than PHASES (nan_loss corrupts a forward's output).
+INSTANT_PHASES = {"nan_loss": ("forward",)}
 
 # fault_id: the fault's index in the user's list, kept when a restarted stage renumbers ranks or
 # leaves fired faults out (events and "fired once" are keyed by it).
@@ -49,6 +54,7 @@ _EXAMPLES = {
     "kill": "{kind: kill, rank: 1, step: 60, phase: forward}",
     "hang": "{kind: hang, rank: 1, step: 60, phase: backward}",
     "cuda_error": "{kind: cuda_error, rank: 1, step: 60, phase: forward}",
+    "nan_loss": "{kind: nan_loss, rank: 2, step: 60}",
     "slow_compute": "{kind: slow_compute, rank: 2, start: 30, factor: 2.0} or {..., seconds: 0.05}",
     "slow_comm": "{kind: slow_comm, rank: 1, start: 30, end: 80, seconds: 0.02}",
     "background_load": "{kind: background_load, rank: 2, start: 30, end: 90, workers: 1}",
@@ -190,7 +196,8 @@ class _SpecReader:
     def read_instant(self, rank: int) -> FaultSpec:
         if "step" not in self.spec:
             self.fail("no step given", f"an instant fault fires once: add step: N (1-based), e.g. {_EXAMPLES[self.kind]}")
-        phases = self.phases(PHASES, default=("step_start",))
+        allowed = INSTANT_PHASES.get(self.kind, PHASES)
+        phases = self.phases(allowed, default=allowed[:1] if self.kind in INSTANT_PHASES else ("step_start",))
         if len(phases) != 1:
             self.fail(f"phase {list(phases)} names several phases", "an instant fault fires in one phase")
         return FaultSpec(self.kind, rank, self.integer("step", minimum=1), phases=phases, index=self.index)

@@ -4,13 +4,18 @@ Faults come from the ``injection`` config group (see ``fault_spec`` for kinds an
 Each rank builds a ``FaultInjector`` holding the faults aimed at it
 (``build_fault_injector``); the training code calls ``on(phase, step)`` at fixed points of
 every step: ``step_start`` (before each step), ``forward`` and ``backward`` (once per
-micro-batch), ``send`` (each time the stage posts sends), ``optimizer``. The injector fires
+micro-batch), ``send`` (each time the stage posts sends), ``optimizer``, and
+``checkpoint_write`` (a checkpoint's files written, not yet committed). The injector fires
 each instant fault exactly when and where it was configured, once per process, and runs each
 span fault over its steps; every fault records ``fault_injected`` when it starts acting and
 span faults ``fault_cleared`` when they stop (after their end step, or when the worker exits).
 
 Steps are numbered like the metrics records: step s is the s-th optimizer step of the run
 (1-based). Hooks called with a step below 1 (evaluation) never fire anything.
+
+A ``nan_loss`` fault does nothing to the process: once fired, ``corrupts_output(step)`` is true
+for the rest of that step, and the training code makes the rank's output NaN (the pipeline
+runtime, the single-device step), as a device computing garbage would.
 """
 from __future__ import annotations
 
@@ -70,6 +75,7 @@ class FaultInjector:
         self.rank = rank
         self.pending = [f for f in mine if f.instant]
         self.fired: list[FaultSpec] = []
+        self._corrupted_steps: set[int] = set()  # steps a nan_loss fault fired in
         self.spans = [_Span(f, self._make_load(f, load_factory)) for f in mine if not f.instant]
         self._record = record or (lambda event: None)
         self._delay = delay or DeviceDelay("cpu")
@@ -113,7 +119,14 @@ class FaultInjector:
             self.pending.remove(fault)  # once per process
             self.fired.append(fault)
             self._emit("fault_injected", fault, step, phase)
-            _FIRE[fault.kind](fault)
+            if fault.kind == "nan_loss":
+                self._corrupted_steps.add(step)  # acted on by the training code: corrupts_output
+            else:
+                _FIRE[fault.kind](fault)
+
+    def corrupts_output(self, step: int) -> bool:
+        """Whether a ``nan_loss`` fault fired in ``step``: the rank's output of that step must be NaN."""
+        return step in self._corrupted_steps
 
     def _enter_step(self, step: int, phase: str) -> None:
         for span in self.spans:

@@ -3,12 +3,25 @@
 ``PipelineRuntime`` wraps a ``FusedStage`` in a ``PipelineStage`` and a GPipe/1F1B schedule.
 ``train_step`` runs one optimizer step over M micro-batches: the schedule accumulates
 gradients over all M (zeroed once per step, divided once by M, exactly like the
-single-device reference), then the optimizer and learning-rate schedule step. Per step the
-clock records this rank's teacher-forward, student-forward, loss, student-backward and
-optimizer time; the rest of the step's wall time is waiting on communication.
+single-device reference), then the optimizer and learning-rate schedule step, unless the
+loss (on the last rank) is NaN or infinite: ``trainer.nonfinite=stop`` makes the last rank
+raise before its update, ``skip`` gives every rank the loss (one all-reduce) so that all of
+them drop the step together. Per step the clock records this rank's teacher-forward,
+student-forward, loss, student-backward and optimizer time; the rest of the step's wall time
+is waiting on communication.
+
+Every phase the rank enters (forward, backward, optimizer, ... or a wait on its peers: recv,
+send, sync) is written to its ``ProgressBoard``, a few bytes of a shared file mapping (a
+memory store, no system call). When the watchdog finds the pipeline stalled, every rank has
+stopped; the board tells the one stuck in its own work from those waiting for it.
 """
 from __future__ import annotations
 
+import mmap
+import os
+import struct
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -16,34 +29,88 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ..engine.device import ComputeSetup
-from ..monitor.injection import FaultInjector
+from ..engine.step import NonFiniteGuard
+from ..monitor.injection import PHASES, FaultInjector
 from .clock import StageClock
 from .stage import FusedStage
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+# Phases in which a rank has handed its work over and waits on a peer (a stall there is a peer's).
+WAIT_PHASES = ("recv", "send", "sync")
+_PROGRESS = struct.Struct("<qqd24s")  # pid, step, wall time, phase
+
+
+def progress_path(run_dir: Path | str, rank: int) -> Path:
+    return Path(run_dir) / "live" / f"rank_{rank}.progress"
+
+
+class ProgressBoard:
+    """Where this rank is now: (pid, step, time, phase), rewritten in place on every phase."""
+
+    def __init__(self, path: Path | None = None):
+        """``path`` None: a board that records nothing (tests, tools)."""
+        self._map: mmap.mmap | None = None
+        self._pid = os.getpid()
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, _PROGRESS.size)
+            self._map = mmap.mmap(fd, _PROGRESS.size)
+        finally:
+            os.close(fd)
+
+    def mark(self, phase: str, step: int) -> None:
+        if self._map is not None:
+            self._map[:] = _PROGRESS.pack(self._pid, step, time.time(), phase.encode()[:24])
+
+
+def read_progress(path: Path) -> dict[str, Any] | None:
+    """A rank's last board entry ({pid, step, time, phase}), or None if it never wrote one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    if len(data) != _PROGRESS.size:
+        return None
+    pid, step, when, phase = _PROGRESS.unpack(data)
+    if pid == 0:
+        return None
+    return {"pid": pid, "step": step, "time": when, "phase": phase.rstrip(b"\0").decode(errors="replace")}
 
 
 class TimedPipelineStage(PipelineStage):
-    """A PipelineStage whose backward passes are timed by the rank's clock."""
+    """A PipelineStage whose backward passes are timed by the rank's clock and whose
+    receives, sends and backward passes are reported to the runtime's phase hook."""
 
     clock: StageClock | None = None
     phase_hook: Callable[[str], None] | None = None
 
+    def _hook(self, phase: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(phase)
+
+    def get_fwd_recv_ops(self, *args: Any, **kwargs: Any):
+        self._hook("recv")  # the schedule waits on these right after: this rank now waits on a peer
+        return super().get_fwd_recv_ops(*args, **kwargs)
+
+    def get_bwd_recv_ops(self, *args: Any, **kwargs: Any):
+        self._hook("recv")
+        return super().get_bwd_recv_ops(*args, **kwargs)
+
     def get_fwd_send_ops(self, *args: Any, **kwargs: Any):
         # Sends are posted here: a hook at this point delays this rank's outgoing transfers
         # (communication slowdown injection) without touching the schedule's logic.
-        if self.phase_hook is not None:
-            self.phase_hook("send")
+        self._hook("send")
         return super().get_fwd_send_ops(*args, **kwargs)
 
     def get_bwd_send_ops(self, *args: Any, **kwargs: Any):
-        if self.phase_hook is not None:
-            self.phase_hook("send")
+        self._hook("send")
         return super().get_bwd_send_ops(*args, **kwargs)
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
-        if self.phase_hook is not None:
-            self.phase_hook("backward")
+        self._hook("backward")
         if self.clock is None:
             return super().backward_one_chunk(*args, **kwargs)
         with self.clock.interval("student_bwd"):
@@ -53,22 +120,27 @@ class TimedPipelineStage(PipelineStage):
 class PipelineRuntime:
     def __init__(self, module: FusedStage, rank: int, world_size: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None):
+                 injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None,
+                 nonfinite: str = "stop", board: ProgressBoard | None = None):
         self.module, self.rank, self.world_size = module, rank, world_size
-        self.setup, self.microbatches = setup, microbatches
+        self.setup, self.microbatches, self.group = setup, microbatches, group
         self.optimizer, self.scheduler = optimizer, scheduler
         self.clock = StageClock(setup.device)
         module.clock = self.clock
         self.loss_fn = loss_fn
+        self.guard = NonFiniteGuard(nonfinite, module.student)
+        self.board = board or ProgressBoard()
         self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self.stage.clock = self.clock
         self.injector = injector or FaultInjector([], rank)
         self.current_step = 0
         module.phase_hook = self.stage.phase_hook = self._phase
+        module.register_forward_hook(self._corrupt_output)
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
-        self._eval_stage = PipelineStage(module, rank, world_size, setup.device, group=group)
+        self._eval_stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
+        self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] = {}
 
@@ -80,8 +152,31 @@ class PipelineRuntime:
     def is_last(self) -> bool:
         return self.rank == self.world_size - 1
 
+    @property
+    def skipped(self) -> bool:
+        """Whether the last step's update was dropped (non-finite loss, trainer.nonfinite=skip)."""
+        return self.guard.skipped
+
+    def mark(self, phase: str) -> None:
+        """Record on the progress board that this rank entered ``phase`` of the current step."""
+        self.board.mark(phase, self.current_step)
+
     def _phase(self, phase: str) -> None:
-        self.injector.on(phase, self.current_step)
+        # A wait is marked once the injector let the rank go: a hang or delay in the hook is this
+        # rank's own (it has not handed its work over yet), not a wait on a peer.
+        if phase not in WAIT_PHASES:
+            self.mark(phase)
+        if phase in PHASES:
+            self.injector.on(phase, self.current_step)
+        if phase in WAIT_PHASES:
+            self.mark(phase)
+
+    def _corrupt_output(self, module: FusedStage, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]):
+        """A fired ``nan_loss`` fault: this step's student output is NaN (as from a device computing garbage)."""
+        if self.current_step >= 1 and self.injector.corrupts_output(self.current_step):
+            teacher_out, student_out = output
+            return teacher_out, student_out + float("nan")
+        return None
 
     def _timed_loss(self, output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
         with self.clock.interval("loss"):
@@ -89,10 +184,15 @@ class PipelineRuntime:
             return self.loss_fn(student_logits, teacher_logits, target)
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
-        """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached)."""
+        """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
+
+        Raises ``NonFiniteLossError`` on the last rank, before its update, when the loss is not
+        finite and trainer.nonfinite=stop.
+        """
         self.current_step = step
         self.clock.begin_step()
         self.module.train()
+        self.guard.begin()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
         kwargs: dict[str, Any] = {}
         losses: list[torch.Tensor] = []
@@ -100,15 +200,34 @@ class PipelineRuntime:
             kwargs = {"target": labels.to(self.setup.device, non_blocking=True), "losses": losses}
         with self.setup.autocast():
             self.schedule.step(*args, **kwargs)
-        self._phase("optimizer")
-        with self.clock.interval("optimizer"):
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
+        if self.guard.apply_update(step, self._decisive_loss(loss)):
+            self._phase("optimizer")
+            with self.clock.interval("optimizer"):
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.guard.skip(self.optimizer, self.scheduler)
         self.last_timing = self.clock.end_step()
-        if not self.is_last:
-            return None
-        return torch.stack([loss.detach() for loss in losses]).mean()
+        return loss
+
+    def _decisive_loss(self, loss: torch.Tensor | None) -> float:
+        """The loss this rank decides its update on.
+
+        Skipping needs every rank to agree: one all-reduce where the last rank adds the loss and
+        the others 0 (a NaN stays NaN, an inf stays inf). Stopping does not: the last rank raises
+        alone, and the others fail on losing it at the step's all-gather, before any checkpoint
+        (a commit needs every rank), so the default path pays no extra collective.
+        """
+        if self.guard.policy != "skip":
+            return 0.0 if loss is None else float(loss)
+        value = torch.zeros(1, device=self.setup.device)
+        if loss is not None:
+            value += loss.float()
+        self.mark("sync")
+        dist.all_reduce(value, group=self.group)
+        return float(value)
 
     def forward_only(self, images: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Forward pass without backward (evaluation); the last rank gets (teacher, student) logits."""

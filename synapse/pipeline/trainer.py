@@ -34,7 +34,7 @@ from ..monitor.injection import build_fault_injector
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from .partition import StagePartition
 from .repartition import exchange_blocks, payload_size_bytes, student_moves
-from .runtime import PipelineRuntime
+from .runtime import PipelineRuntime, ProgressBoard, progress_path
 from .stage import FusedStage
 
 
@@ -67,6 +67,10 @@ class PipelineTrainer(Trainer):
         self.heartbeat.beat(step)
         return loss
 
+    @property
+    def step_skipped(self) -> bool:
+        return self.runtime.skipped
+
     def step_record_extras(self) -> dict[str, Any]:
         """Gather every rank's compute/comm split of the step to the record-writing rank, and
         whether the supervisor asked for a stop (rank 0 looks; all ranks learn it here, at the
@@ -76,6 +80,7 @@ class PipelineTrainer(Trainer):
             request = None  # a live re-partition already done; the file stays until the supervisor moves on
         mine = {"timing": self.runtime.last_timing, "request": request}
         gathered: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
+        self.runtime.mark("sync")
         dist.all_gather_object(gathered, mine)
         timings = [g["timing"] for g in gathered]
         request = gathered[0]["request"]
@@ -133,7 +138,8 @@ class PipelineTrainer(Trainer):
         scheduler.load_state_dict(self.scheduler.state_dict())
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
-                                       self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector)
+                                       self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
+                                       nonfinite=self.cfg.trainer.nonfinite, board=old.board)
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.module, self.owned, self.optimizer, self.scheduler = module, owned, optimizer, scheduler
         self.partition, self.stage = new, self.stage + 1
@@ -174,8 +180,12 @@ class PipelineTrainer(Trainer):
     def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
         started = time.perf_counter()
         nonce = [ckpt.new_nonce() if self.rank == 0 else None]
+        self.runtime.mark("sync")
         dist.broadcast_object_list(nonce, src=0)
+        self.runtime.mark("checkpoint_write")
         tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step, nonce=nonce[0])
+        if self.rank == 0:  # the committer frees what failed saves left, before the shards take space
+            ckpt.remove_stray_temporaries(self.checkpoint_root, keep=tmp)
         params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
         ckpt.save_tensor_file({"model": {n: t.detach().cpu() for n, t in self.owned.items()},
                                "optim": optimizer_state_by_name(self.optimizer, params),
@@ -184,13 +194,17 @@ class PipelineTrainer(Trainer):
             state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
                      "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
             ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        self.injector.on("checkpoint_write", self.step)  # this rank's files written, nothing committed
+        self.runtime.mark("sync")
         dist.barrier()
         path = self.checkpoint_root / ckpt.step_dir_name(self.step)
         if self.rank == 0:
+            self.runtime.mark("checkpoint_write")
             meta = {"student": self.cfg.student.name, "world_size": self.world_size,
                     "partition": self.partition.to_dict()}
             path = ckpt.commit_checkpoint(tmp, self.step, meta=meta)
             ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
+            self.runtime.mark("sync")
         dist.barrier()  # nobody moves on before the checkpoint is committed
         if self.rank == 0:
             self.events.append("checkpoint_saved", step=self.step, path=str(path), stage=self.stage,
@@ -276,7 +290,8 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
-                              lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector)
+                              lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
+                              nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)))
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     performance = JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter()

@@ -1,0 +1,597 @@
+"""Issue #8's fault matrix: what a real run does when ranks die, hang or compute NaN, when the
+supervisor itself is killed, when checkpoints are damaged or cannot be written, and when the
+workers cannot meet.
+
+Every case is a real run: K gloo ranks started by the elastic launcher under the failover
+supervisor (or ``python train.py`` in a subprocess), tiny models, 8 steps. Where a run recovers,
+its final student weights and optimizer state are bit-identical to an uninterrupted run on the
+same data order (the single-device trainer: the pipeline is proven equal to it in
+test_pipeline_equivalence.py): nothing finished is lost. After every test no process started by
+it is left (``no_leftover_processes``). Rows of tests/RELIABILITY.md ("## Faults") name these tests.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from synapse import checkpoint as ckpt
+from synapse.config import ConfigError, validate
+from synapse.engine.metrics import read_jsonl
+from synapse.engine.step import NonFiniteLossError
+from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.launch import elastic
+from synapse.launch.elastic import RendezvousSetupError, WorkerFailure
+from synapse.launch.run import run
+from synapse.monitor.events import read_events
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import pid_alive
+from synapse.pipeline.runtime import ProgressBoard, progress_path, read_progress
+from synapse.pipeline.worker import write_failure
+
+from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
+
+pytestmark = [pytest.mark.dist]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STEPS = 8
+
+
+def quiet(message: str) -> None:
+    """The runs' console lines are not needed: the tests read their records."""
+
+
+# ---------------------------------------------------------------- runs
+def overrides_for(run_dir: Path, teacher_file: Path, *extra: str, devices: int = 3) -> list[str]:
+    """A tiny 8-step run on ``devices`` CPU ranks, checkpointed every 2 steps. The profile cache is
+    the session's SYNAPSE_CACHE, so the failover planner profiles the models once per session."""
+    return [*BASE_OVERRIDES, f"trainer.max_steps={STEPS}", f"run_dir={run_dir}", f"teacher.checkpoint={teacher_file}",
+            f"trainer.devices={devices}", "checkpoint.every=2", "report=false", *extra]
+
+
+def run_overrides(overrides: list[str]) -> dict:
+    return run(compose_stage_config(overrides), log=quiet, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, teacher_file) -> Path:
+    """The uninterrupted run (single device, same data order)."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    run_overrides(overrides_for(run_dir, teacher_file, devices=1))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    """The uninterrupted run's final student weights and optimizer state."""
+    return final_student_state(reference_run)
+
+
+def events(run_dir: Path, name: str, **match) -> list[dict]:
+    return read_events(run_dir / "failover_events.jsonl", name, **match)
+
+
+def fired(run_dir: Path) -> list[tuple]:
+    return [(e["kind"], e["rank"], e["step"], e["phase"]) for e in events(run_dir, "fault_injected")]
+
+
+# ---------------------------------------------------------------- processes
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, state) of every process, from /proc (no psutil needed)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def live_descendants(root: int) -> set[int]:
+    table = process_table()
+    found, frontier = set(), [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
+        found.update(children)
+        frontier.extend(children)
+    return {pid for pid in found if table.get(pid, (0, 0, "Z"))[2] not in ("Z", "X")}
+
+
+def session_helpers() -> set[int]:
+    """Long-lived helpers of this pytest process, not of any one run: the fork server the launcher
+    forks workers from, and multiprocessing's resource tracker."""
+    pids = {getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
+            getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)}
+    return {pid for pid in pids if pid}
+
+
+def describe(pids: set[int]) -> list[str]:
+    lines = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            lines.append(f"{pid}: {command[:200]!r}")
+    return lines
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """No test may leave a worker (or anything else it started) running."""
+    before = live_descendants(os.getpid())
+    yield
+    deadline = time.monotonic() + 15.0  # the agent reaps its workers right after a launch ends
+    while True:
+        left = live_descendants(os.getpid()) - before - session_helpers()
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes left behind: {describe(left)}"
+
+
+# ---------------------------------------------------------------- rank failures
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
+def test_rank_killed_in_a_phase_resumes_on_the_survivors_and_loses_nothing(tmp_path, teacher_file, reference,
+                                                                            phase):
+    summary = run_overrides(overrides_for(tmp_path, teacher_file,
+                                          f"injection.faults=[{{kind:kill,rank:1,step:5,phase:{phase}}}]"))
+    assert fired(tmp_path) == [("kill", 1, 5, phase)]
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "finished"]
+    assert stages[1].devices == [0, 2], "the killed rank's device leaves the pipeline"
+    assert stages[1].start_step == 4, "resume from the last checkpoint before the kill"
+    (restart,) = summary["experiment"]["restarts"]
+    assert restart["trigger"] == "failure" and restart["action"] == "degrade"
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+@pytest.mark.timeout(240)
+def test_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_in_use(tmp_path, teacher_file, reference):
+    # Rank 0 commits checkpoints; it dies after writing its files of step 4, before any commit.
+    run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:0,step:4,"
+                                                        "phase:checkpoint_write}]"))
+    assert fired(tmp_path) == [("kill", 0, 4, "checkpoint_write")]
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "finished"] and stages[1].devices == [1, 2]
+    assert stages[1].start_step == 2, "the half-written step 4 is not a checkpoint: step 2 is used"
+    assert ckpt.read_manifest(Path(stages[1].resume))["step"] == 2
+    saved_in_stage_0 = [e["step"] for e in events(tmp_path, "checkpoint_saved", stage=0)]
+    assert saved_in_stage_0 == [2]
+    root = tmp_path / "checkpoints"
+    assert not list(root.glob("step_*.tmp-*")), "the torn save's directory was cleaned up"
+    assert [r.step for r in ckpt.list_checkpoints(root)] == [2, 4, 6, 8]
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+@pytest.mark.timeout(240)
+def test_hung_rank_is_found_by_the_watchdog_and_its_device_dropped(tmp_path, teacher_file, reference):
+    hang_timeout = 4.0
+    # The collective timeout is far longer than the test: the watchdog, not gloo, must end the hang.
+    run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:hang,rank:1,step:5,phase:backward}]",
+                                f"monitor.hang_timeout_s={hang_timeout}", "monitor.period_s=0.25",
+                                "trainer.collective_timeout_s=900"))
+    (hang,) = events(tmp_path, "fault_injected")
+    hung = events(tmp_path, "rank_hung")
+    # Reported once a rank made no progress for hang_timeout (its stall began at its last heartbeat,
+    # before the hang fired), and far sooner than the collective timeout would have ended it.
+    assert hung and all(e["stalled_s"] >= hang_timeout for e in hung)
+    assert hung[0]["time"] - hang["time"] < hang_timeout + 60, "detected by the watchdog, in bounded time"
+    # All three ranks stall (the others wait on rank 1); the one blamed is the one that hung.
+    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 1
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "finished"]
+    assert stages[1].devices == [0, 2] and stages[1].start_step == 4
+    assert not pid_alive(hang["pid"]), "the hung process was ended"
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- the supervisor killed
+def train_py(run_dir: Path, args: list[str]) -> subprocess.Popen:
+    """``python train.py`` in its own process group (so it and everything it starts can be killed at once)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    with open(run_dir.parent / f"{run_dir.name}.train_py.log", "ab") as log:
+        return subprocess.Popen([sys.executable, str(REPO_ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"train.py exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.02)
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "performance.jsonl"  # one record per finished step
+    return len(read_jsonl(path)) if path.exists() else 0
+
+
+def in_group(pgid: int) -> set[int]:
+    return {pid for pid, (_, group, state) in process_table().items() if group == pgid and state not in ("Z", "X")}
+
+
+@pytest.mark.timeout(300)
+def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_checkpoint(tmp_path, teacher_file,
+                                                                                      reference):
+    run_dir = tmp_path / "run"
+    # Steps from 5 on are slowed (0.05 s per task, nothing else changes) so the kill lands mid-run;
+    # policy=keep: the slowdown is only a delay here, not a reason to re-plan.
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:5,seconds:0.05}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_until(lambda: steps_done(run_dir) >= 5, first, 200, "step 5")
+        workers = {b["pid"] for b in read_heartbeats(run_dir).values()}
+        assert workers and workers <= in_group(first.pid), "the workers share the supervisor's process group"
+        os.killpg(first.pid, signal.SIGKILL)  # the supervisor and every worker, at once, mid-step
+        first.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while in_group(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not in_group(first.pid) and not any(pid_alive(p) for p in workers), "no worker survives its supervisor"
+    killed_at = steps_done(run_dir)
+    assert killed_at < STEPS, "the run was killed before its end"
+    (interrupted,) = read_stages(run_dir)
+    assert interrupted.outcome is None
+
+    second = train_py(run_dir, [*args, "resume=auto"])
+    assert second.wait(240) == 0, (run_dir.parent / "run.train_py.log").read_text()[-3000:]
+    stages = read_stages(run_dir)
+    assert [s.index for s in stages] == [0, 1], "the stage history continues"
+    assert stages[1].reason == "supervisor_restart" and stages[1].outcome == "finished"
+    assert stages[1].devices == stages[0].devices == [0, 1, 2]
+    resumed = ckpt.read_manifest(Path(stages[1].resume))["step"]
+    assert stages[1].start_step == resumed and 2 <= resumed <= killed_at
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+# ---------------------------------------------------------------- several faults
+@pytest.mark.timeout(300)
+def test_two_faults_in_one_run_each_recovered(tmp_path, teacher_file, reference):
+    summary = run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:2,step:3,"
+                                          "phase:backward},{kind:cuda_error,rank:0,step:7,phase:forward}]"))
+    # Stage 1 runs devices [0, 1]; the CUDA-style error of device 0 fires there as its rank 0.
+    assert fired(tmp_path) == [("kill", 2, 3, "backward"), ("cuda_error", 0, 7, "forward")]
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "failed", "finished"]
+    assert [s.devices for s in stages] == [[0, 1, 2], [0, 1], [1]]
+    assert [s.start_step for s in stages] == [0, 2, 6]
+    causes = [r["cause"] for r in summary["experiment"]["restarts"]]
+    assert "CUDA error" in causes[1], causes
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+@pytest.mark.timeout(300)
+def test_fault_during_recovery_from_a_fault(tmp_path, teacher_file, reference):
+    # Rank 1 dies in step 6; the restarted stage redoes steps 5-6 from checkpoint 4, and device 2
+    # dies in step 6's optimizer step of that redo (stage 0 never got that far: rank 2 waited on rank 1).
+    run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:6,phase:forward},"
+                                                        "{kind:kill,rank:2,step:6,phase:optimizer}]"))
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "failed", "finished"]
+    assert [s.devices for s in stages] == [[0, 1, 2], [0, 2], [0]]
+    assert [s.start_step for s in stages] == [0, 4, 4], "both recoveries resume from checkpoint 4"
+    first, second = events(tmp_path, "fault_injected")
+    (relaunch,) = events(tmp_path, "relaunch", stage=1)
+    assert first["time"] < relaunch["time"] < second["time"], "the second fault hit the recovering stage"
+    assert (second["rank"], second["phase"]) == (1, "optimizer")  # device 2 is rank 1 of stage 1
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- damaged checkpoints
+def flip_byte_in_the_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))  # same size: only the checksum can tell
+
+
+@pytest.mark.timeout(240)
+def test_corrupted_latest_checkpoint_is_skipped_with_an_event_and_the_previous_used(tmp_path, teacher_file,
+                                                                                   reference):
+    newest = tmp_path / "checkpoints" / ckpt.step_dir_name(6)
+    corrupted = threading.Event()
+
+    def corrupt_step_6_once_committed() -> None:  # bit rot between the commit and the failure
+        deadline = time.monotonic() + 180
+        while not (newest / ckpt.MANIFEST).exists():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        flip_byte_in_the_middle(newest / ckpt.shard_name(1))
+        corrupted.set()
+
+    corrupter = threading.Thread(target=corrupt_step_6_once_committed, daemon=True)
+    corrupter.start()
+    run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:8,phase:forward}]"))
+    corrupter.join(5)
+    assert corrupted.is_set()
+    (skipped,) = events(tmp_path, "checkpoint_skipped")
+    assert skipped["step"] == 6 and "checksum mismatch" in skipped["error"] and skipped["source"] == "supervisor"
+    stages = read_stages(tmp_path)
+    assert [s.outcome for s in stages] == ["failed", "finished"] and stages[1].start_step == 4
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+@pytest.mark.timeout(120)
+def test_truncated_latest_checkpoint_is_skipped_by_resume_auto_with_an_event(tmp_path, teacher_file, reference):
+    overrides = overrides_for(tmp_path, teacher_file, devices=1)
+    run_overrides([*overrides, "trainer.stop_after=4"])  # a run stopped at step 4 (checkpoints 2 and 4)
+    state = tmp_path / "checkpoints" / ckpt.step_dir_name(4) / ckpt.STATE_FILE
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    run_overrides([*overrides, "resume=auto"])
+    (skipped,) = events(tmp_path, "checkpoint_skipped")
+    assert skipped["step"] == 4 and "corrupt or truncated" in skipped["error"] and skipped["source"] == "resume"
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- storage that fails
+def mount_tmpfs(path: Path, size_bytes: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"a small filesystem (a real full disk) needs mount rights: {done.stderr.strip()}")
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def checkpoint_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir())
+
+
+@pytest.mark.timeout(240)
+def test_disk_full_while_checkpointing_is_a_clear_error_and_loses_nothing(tmp_path, teacher_file, reference_run,
+                                                                         reference):
+    one = checkpoint_bytes(ckpt.latest_valid_checkpoint(reference_run / "checkpoints").path)  # the same tensors
+    root = tmp_path / "checkpoints"
+    overrides = overrides_for(tmp_path, teacher_file, "checkpoint.keep=1")
+    mount_tmpfs(root, int(1.5 * one))  # room for one checkpoint, not for the next beside it
+    try:
+        with pytest.raises(WorkerFailure) as failure:
+            run_overrides(overrides)
+        message = str(failure.value)
+        assert "No space left on device" in message and "CheckpointWriteError" in message, message
+        assert f"the newest intact checkpoint is {root / ckpt.step_dir_name(2)}" in message, message
+        assert "resume=auto" in message
+        assert [r.step for r in ckpt.list_checkpoints(root)] == [2]
+        ckpt.verify_checkpoint(root / ckpt.step_dir_name(2))  # untouched
+        assert len(read_stages(tmp_path)) == 1, "a full disk is not a device failure: no restart"
+        # Space is freed (the filesystem grows to two checkpoints and a bit): the run continues.
+        subprocess.run(["mount", "-o", f"remount,size={int(2.3 * one)}", str(root)], check=True)
+        run_overrides([*overrides, "resume=auto"])
+        assert [r.step for r in ckpt.list_checkpoints(root)] == [STEPS]
+        assert not list(root.glob("step_*.tmp-*"))
+        assert_identical_states(final_student_state(tmp_path), reference)
+    finally:
+        unmount(root)
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """``path`` unwritable, really: chmod binds only a non-root user, so root gets a read-only bind mount."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        unmount(path)
+
+
+@pytest.mark.timeout(120)
+def test_unwritable_checkpoint_directory_is_a_clear_error_and_the_last_checkpoint_untouched(tmp_path, teacher_file,
+                                                                                         reference):
+    overrides = overrides_for(tmp_path, teacher_file, devices=1)
+    run_overrides([*overrides, "trainer.stop_after=4"])
+    root = tmp_path / "checkpoints"
+    before = {p.name: p.read_bytes() for p in (root / ckpt.step_dir_name(4)).iterdir()}
+    with read_only(root):
+        with pytest.raises(ckpt.CheckpointWriteError) as failure:
+            run_overrides([*overrides, "resume=auto"])
+    assert failure.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    message = str(failure.value)
+    assert str(root) in message and f"the newest intact checkpoint is {root / ckpt.step_dir_name(4)}" in message
+    assert {p.name: p.read_bytes() for p in (root / ckpt.step_dir_name(4)).iterdir()} == before
+    run_overrides([*overrides, "resume=auto"])  # writable again: the run finishes, nothing lost
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- NaN / Inf loss
+def all_finite(state: tuple[dict, dict]) -> bool:
+    model, optim = state
+    tensors = [*model.values(), *(v for s in optim.values() for v in s.values() if torch.is_tensor(v))]
+    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+
+
+@pytest.mark.timeout(180)
+def test_nan_loss_stops_the_run_naming_the_step_before_it_reaches_the_weights(tmp_path, teacher_file):
+    with pytest.raises(WorkerFailure) as failure:
+        run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:nan_loss,rank:1,step:5}]"))
+    message = str(failure.value)
+    assert "NonFiniteLossError: step 5: the loss is nan" in message and "trainer.nonfinite=skip" in message, message
+    (report,) = events(tmp_path, "nonfinite_loss")
+    assert (report["step"], report["loss"], report["action"]) == (5, "nan", "stopped")
+    assert len(read_stages(tmp_path)) == 1, "not a device failure: no restart"
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4]
+    refs = ckpt.list_checkpoints(tmp_path / "checkpoints")
+    assert [r.step for r in refs] == [2, 4]
+    assert all(all_finite(ckpt.load_student_state(r.path)) for r in refs)
+
+
+@pytest.mark.timeout(60)
+def test_nan_loss_stops_the_single_device_trainer_too(tmp_path, teacher_file):
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
+        run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:nan_loss,rank:0,step:3}]",
+                                    devices=1))
+    assert [e["step"] for e in events(tmp_path, "nonfinite_loss", action="stopped")] == [3]
+
+
+def test_an_unknown_nonfinite_policy_is_refused_before_any_work(tmp_path, teacher_file):
+    with pytest.raises(ConfigError, match=r"trainer.nonfinite: 'ignore' is not a valid choice. Fix: use one of "
+                                          r"stop, skip"):
+        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite=ignore")))
+
+
+@pytest.mark.timeout(240)
+def test_nan_loss_skipped_on_every_rank_as_on_one_device(tmp_path, teacher_file, reference):
+    skip = ["trainer.nonfinite=skip", "checkpoint.every=1", "checkpoint.keep=20"]
+    single, pipeline = tmp_path / "single", tmp_path / "pipeline"
+    run_overrides(overrides_for(single, teacher_file, "injection.faults=[{kind:nan_loss,rank:0,step:5}]", *skip,
+                                devices=1))
+    # The NaN appears on rank 1 and reaches the loss on rank 2; all three ranks skip together.
+    run_overrides(overrides_for(pipeline, teacher_file, "injection.faults=[{kind:nan_loss,rank:1,step:5}]", *skip))
+    for run_dir in (single, pipeline):
+        (report,) = events(run_dir, "nonfinite_loss")
+        assert (report["step"], report["loss"], report["action"]) == (5, "nan", "skipped")
+        skipped = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("skipped")]
+        assert skipped == [5]
+        at = {r.step: r.path for r in ckpt.list_checkpoints(run_dir / "checkpoints")}
+        # Step 5 changed nothing: weights, BatchNorm statistics and optimizer state are step 4's.
+        assert_identical_states(ckpt.load_student_state(at[5]), ckpt.load_student_state(at[4]))
+        assert all_finite(ckpt.load_student_state(at[STEPS]))
+    assert_identical_states(final_student_state(pipeline), final_student_state(single))
+    with pytest.raises(AssertionError):  # and the skipped step really was left out
+        assert_identical_states(final_student_state(pipeline), reference)
+
+
+# ---------------------------------------------------------------- workers that cannot meet
+def listening_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_port_in_use_is_a_clear_error(tmp_path, teacher_file):
+    with listening_socket() as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(RendezvousSetupError) as failure:
+            run_overrides(overrides_for(tmp_path, teacher_file, f"trainer.rdzv_endpoint=127.0.0.1:{port}",
+                                        devices=2))
+    message = str(failure.value)
+    assert f"trainer.rdzv_endpoint=127.0.0.1:{port}: the port is already in use" in message, message
+    assert "Fix: choose a free port" in message
+    assert not (tmp_path / "live").exists(), "no worker was started"
+
+
+@pytest.mark.timeout(120)
+def test_a_picked_free_port_taken_before_use_is_picked_again(tmp_path, teacher_file, monkeypatch):
+    taken = listening_socket()
+    ports = iter([taken.getsockname()[1]])  # another process grabs the first pick before the store binds it
+    real_free_port = elastic.free_port
+    monkeypatch.setattr(elastic, "free_port", lambda: next(ports, None) or real_free_port())
+    lines: list[str] = []
+    overrides = overrides_for(tmp_path, teacher_file, "trainer.max_steps=2", "failover.enabled=false", devices=2)
+    with taken:
+        summary = run(compose_stage_config(overrides), log=lines.append, overrides=overrides)
+    assert summary["steps"] == 2
+    assert any("was taken before the rendezvous could use it" in line for line in lines), lines
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("node_rank, expected", [
+    (0, "timed out after trainer.rdzv_timeout_s=2 s: trainer.nodes=2 nodes were expected (this is node_rank 0)"),
+    (1, "failed for node_rank 1"),
+], ids=["host_waits_for_a_node_that_never_joins", "node_finds_no_store"])
+def test_rendezvous_that_never_completes_is_a_clear_error_within_its_timeout(tmp_path, teacher_file, node_rank,
+                                                                            expected):
+    endpoint = f"127.0.0.1:{elastic.free_port()}"  # node 0 hosts the store; node 1 finds nobody there
+    with pytest.raises(RendezvousSetupError) as failure:
+        run_overrides(overrides_for(tmp_path, teacher_file, "trainer.nodes=2", f"trainer.node_rank={node_rank}",
+                                    f"trainer.rdzv_endpoint={endpoint}", "trainer.rdzv_timeout_s=2", devices=1))
+    message = str(failure.value)
+    assert expected in message and endpoint in message and "Fix:" in message, message
+    assert not (tmp_path / "live").exists(), "no worker was started"
+
+
+# ---------------------------------------------------------------- whom a failure is blamed on
+# The multi-process tests above meet these orders of events by chance; here they are forced, from
+# the same records the workers write (``write_failure``) and the same progress boards.
+def launch_failure(failures: dict[int, BaseException], tmp_path: Path) -> ChildFailedError:
+    for rank, error in failures.items():
+        write_failure(tmp_path / "failures", rank, error)
+    first = min(failures)
+    return ChildFailedError("worker_main", {first: ProcessFailure(first, 1000 + first, 1, "/nonexistent")})
+
+
+def raised(error: BaseException, wrapped_as: str | None = None) -> BaseException:
+    """``error`` with its traceback, optionally re-raised the way torch.distributed.pipelining wraps it."""
+    try:
+        try:
+            raise error
+        except BaseException as inner:
+            if wrapped_as is None:
+                raise
+            raise RuntimeError(wrapped_as) from inner
+    except BaseException as outer:
+        return outer
+
+
+def test_a_rank_that_reported_its_error_is_not_blamed_for_dying_of_it(tmp_path):
+    # Rank 2 hits a CUDA error (wrapped by the pipeline schedule); ranks 0 and 1 lose their peer and
+    # exit, and the health monitor sees rank 0's pid gone before the agent ends the launch.
+    cuda = getattr(torch, "AcceleratorError", RuntimeError)("CUDA error: an illegal memory access was encountered")
+    lost = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242")
+    exc = launch_failure({2: raised(cuda, "[Stage 2] failed to run forward"), 0: raised(lost), 1: raised(lost)},
+                         tmp_path)
+    beats = {r: {"rank": r, "pid": 1000 + r, "time": 1.0} for r in range(3)}
+    dead = [{"event": "rank_dead", "rank": 0, "pid": 1000, "step": 2, "hard": True}]
+    failure = elastic.failure_of(tmp_path / "failures", exc, tmp_path, dead, beats)
+    assert failure.rank == 2 and failure.device_failure
+    assert "CUDA error: an illegal memory access" in failure.cause, failure.cause
+    # A pid that vanished without a record is still the monitor's to report.
+    silent = elastic.failure_of(tmp_path / "failures", exc, tmp_path,
+                                [{"event": "rank_dead", "rank": 3, "hard": True}], {**beats, 3: {"pid": 1003}})
+    assert silent.rank == 3 and silent.cause == "rank_dead"
+
+
+def test_the_hung_rank_is_the_one_busy_in_its_own_work_not_one_waiting_for_it(tmp_path):
+    boards = {}
+    for rank, phase in enumerate(["recv", "backward", "sync"]):
+        board = ProgressBoard(progress_path(tmp_path, rank))
+        board.mark(phase, step=5)
+        boards[rank] = read_progress(progress_path(tmp_path, rank))
+    assert boards[1] == {"pid": os.getpid(), "step": 5, "time": pytest.approx(time.time(), abs=60),
+                         "phase": "backward"}
+    # The monitor saw rank 0 stall first (it had been waiting longest); the boards say who hung.
+    hung = [{"event": "rank_hung", "rank": 0, "stalled_s": 4.1, "hang_timeout_s": 4.0, "hard": True}]
+    exc = ChildFailedError("worker_main", {0: ProcessFailure(0, 1000, -signal.SIGKILL, "/nonexistent")})  # torn down
+    failure = elastic.failure_of(tmp_path / "failures", exc, tmp_path, hung, {}, boards)
+    assert (failure.rank, failure.cause, failure.device_failure) == (1, "rank_hung", True)
+    assert "rank 1 hung in backward of step 5" in str(failure) and "rank(s) [0, 2] waited on it" in str(failure)
+    # Everyone waiting (a hang in the network itself): no rank can be told apart; the monitor's stands.
+    waiting = {r: {**b, "phase": "recv"} for r, b in boards.items()}
+    assert elastic.failure_of(tmp_path / "failures", exc, tmp_path, hung, {}, waiting).rank == 0
