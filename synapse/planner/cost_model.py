@@ -3,14 +3,30 @@
 Stage r (on device r) holds teacher blocks [a_r, a_{r+1}) and student blocks
 [b_r, b_{r+1}). Per micro-batch, in seconds::
 
-    compute_r = alpha_r * (teacher fwd + student fwd + student bwd of its blocks)
-    comm_r    = beta_r * (teacher_out(a_{r+1}) + 2 * student_out(b_{r+1})) / link_bandwidth_r
-    t_r       = compute_r + comm_r                    (comm_{K-1} = 0: the KD loss is local)
+    compute_r  = c_r * alpha_r * (teacher fwd + student fwd + student bwd of its blocks [+ loss_s if last])
+    overhead_r = c_r * per_microbatch_overhead_s
+    comm_r     = beta_r * ((teacher_out(a_{r+1}) + 2 * student_out(b_{r+1})) / link_bandwidth_r
+                           + MESSAGES_PER_MICROBATCH * link_latency_r)
+    t_r        = compute_r + overhead_r + comm_r      (comm_{K-1} = 0: the KD loss is local)
 
 Both nets share the device, so their times add. Stage r sends the teacher and
 student boundary activations forward and receives the student gradient (same
-size as the student activation) back; that traffic is charged to the sender
-r, serially with compute (no overlap: a conservative bound).
+size as the student activation) back; that traffic, three messages, is charged
+to the sender r, serially with compute (no overlap: a conservative bound).
+
+The terms that matter on CPU (all default to "absent", which is the GPU model):
+
+* ``c_r = DeviceSpec.contention`` >= 1: the device shares its cores with other
+  ranks (K ranks of `threads` threads on fewer cores), so everything it computes
+  takes c_r times longer; ``cpu_contention`` gives the fair-share value.
+* ``StepSpec.per_microbatch_overhead_s``: host time every stage spends per
+  micro-batch outside its blocks (schedule bookkeeping, posting the P2P ops,
+  input copies). It is host work, so contention scales it; alpha does not.
+* ``StepSpec.loss_s``: the KD loss per micro-batch, computed on the last stage.
+* ``DeviceSpec.link_latency_s``: fixed cost per message (gloo over loopback:
+  tens of microseconds; measured by experiments/bench_gloo_p2p.py).
+
+`TermCalibration` measures the per-step terms on a K = 1 run.
 
 Step time of GPipe and 1F1B with heterogeneous stages (M micro-batches)::
 
@@ -32,14 +48,15 @@ no_grad, so of it only the output activation at its cut is held per micro-batch.
 Stage times and memory are computed by one canonical expression each
 (`stage_time_s`, `stage_memory_bytes`), shared by the partitioner and by
 `evaluate`, so the two agree bit for bit. Both are non-increasing in the start
-indices (a_r, b_r), which the partitioner's binary searches rely on.
+indices (a_r, b_r), which the partitioner's binary searches rely on: every new
+term is a per-stage constant or a non-negative multiple of the block prefix sums.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Sequence
 
@@ -50,6 +67,8 @@ from synapse.planner.profile import BYTES_PER_KB, ModelProfile
 MS_TO_S = 1e-3
 # Optimizer state per byte of student parameters.
 OPTIMIZER_STATE_MULTIPLIERS = {"sgd": 0.0, "sgd_momentum": 1.0, "adamw": 2.0}
+# Per micro-batch, stage r sends the teacher and the student activation and receives the student gradient.
+MESSAGES_PER_MICROBATCH = 3
 
 
 class CostModelError(ValueError):
@@ -78,8 +97,10 @@ def _require(condition: bool, message: str) -> None:
 class DeviceSpec:
     """One pipeline device. alpha/beta: compute/comm slowdown (1.0 = as profiled).
 
-    memory_bytes = inf means unconstrained; link_bandwidth_bytes_per_s = inf means
-    free communication to the next device.
+    memory_bytes = inf means unconstrained; link_bandwidth_bytes_per_s = inf and
+    link_latency_s = 0 mean free communication to the next device. contention >= 1:
+    how much slower everything this device computes runs because it shares its cores
+    with other ranks (1.0: the cores are its own; see `cpu_contention`).
     """
 
     name: str
@@ -87,6 +108,8 @@ class DeviceSpec:
     beta: float = 1.0
     memory_bytes: float = math.inf
     link_bandwidth_bytes_per_s: float = math.inf
+    contention: float = 1.0
+    link_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "DeviceSpec.name is empty; name devices e.g. 'cuda:0'")
@@ -98,6 +121,23 @@ class DeviceSpec:
             value = getattr(self, field)
             _require(not math.isnan(value) and value > 0,
                      f"device {self.name!r}: {field}={value!r} must be > 0 (inf = unlimited)")
+        _require(math.isfinite(self.contention) and self.contention >= 1.0,
+                 f"device {self.name!r}: contention={self.contention!r} must be finite and >= 1 "
+                 f"(1.0 = cores of its own; ranks * threads / cores when they share)")
+        _require(math.isfinite(self.link_latency_s) and self.link_latency_s >= 0,
+                 f"device {self.name!r}: link_latency_s={self.link_latency_s!r} must be >= 0 seconds per message")
+
+
+def cpu_contention(ranks: int, threads_per_rank: int, cores: int) -> float:
+    """Fair-share slowdown of each of `ranks` CPU processes of `threads_per_rank` threads on `cores` cores.
+
+    When the ranks want more threads than there are cores, the scheduler time-slices
+    them: each runs ranks * threads / cores times slower than alone; otherwise 1.
+    """
+    for name, value in (("ranks", ranks), ("threads_per_rank", threads_per_rank), ("cores", cores)):
+        _require(isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1,
+                 f"cpu_contention: {name}={value!r} must be an integer >= 1")
+    return max(1.0, ranks * threads_per_rank / cores)
 
 
 @dataclass(frozen=True)
@@ -108,6 +148,8 @@ class StepSpec:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     optimizer_state_multiplier: float = OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"]
     optimizer_step_s: float = 0.0
+    per_microbatch_overhead_s: float = 0.0  # host time per micro-batch on every stage, outside the blocks
+    loss_s: float = 0.0  # KD loss per micro-batch on the last stage, profile seconds
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
@@ -118,8 +160,9 @@ class StepSpec:
         multiplier = self.optimizer_state_multiplier
         _require(math.isfinite(multiplier) and multiplier >= 0,
                  f"optimizer_state_multiplier={multiplier!r} must be >= 0 (SGD 0, momentum 1, AdamW 2)")
-        _require(math.isfinite(self.optimizer_step_s) and self.optimizer_step_s >= 0,
-                 f"optimizer_step_s={self.optimizer_step_s!r} must be >= 0 seconds")
+        for field in ("optimizer_step_s", "per_microbatch_overhead_s", "loss_s"):
+            value = getattr(self, field)
+            _require(math.isfinite(value) and value >= 0, f"{field}={value!r} must be >= 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -131,6 +174,7 @@ class PlanCost:
     stage_times_s: tuple[float, ...]
     stage_memory_bytes: tuple[float, ...]
     step_time_s: float
+    stage_overhead_s: tuple[float, ...] = ()  # per micro-batch; stage time = compute + overhead + comm
 
 
 def _prefix(values: np.ndarray) -> np.ndarray:
@@ -184,7 +228,22 @@ class CostModel:
             return np.zeros((teacher_out.size, student_out.size))
         device = self.devices[stage]
         cut_bytes = teacher_out[:, None] + 2.0 * student_out[None, :]
-        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s
+        latency_s = MESSAGES_PER_MICROBATCH * device.link_latency_s
+        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s + device.beta * latency_s
+
+    def compute_scale(self, stage: int) -> float:
+        """Wall seconds per profiled second of block work on `stage`: its alpha times its contention."""
+        device = self.devices[stage]
+        return device.alpha * device.contention
+
+    def stage_overhead_s(self, stage: int) -> float:
+        """Per-micro-batch host time of `stage` outside its blocks (grows with contention, not alpha)."""
+        return self.devices[stage].contention * self.step.per_microbatch_overhead_s
+
+    def stage_fixed_s(self, stage: int) -> float:
+        """The part of a stage time that does not depend on its blocks: overhead, and the loss on the last stage."""
+        loss_s = self.step.loss_s if stage == self.num_stages - 1 else 0.0
+        return self.compute_scale(stage) * loss_s + self.stage_overhead_s(stage)
 
     def stage_time_s(self, stage: int, i0, i1, j0, j1) -> np.ndarray:
         """Per-micro-batch time of `stage` holding teacher [i0, i1) and student [j0, j1)."""
@@ -199,7 +258,7 @@ class CostModel:
 
     def combine_stage_time(self, stage: int, teacher_work_s, student_work_s, comm_s) -> np.ndarray:
         """The one place where a stage time is assembled; callers may cache the parts."""
-        return self.devices[stage].alpha * (teacher_work_s + student_work_s) + comm_s
+        return self.compute_scale(stage) * (teacher_work_s + student_work_s) + self.stage_fixed_s(stage) + comm_s
 
     def comm_time_s(self, stage: int, i1, j1) -> np.ndarray:
         """Per-micro-batch communication time of `stage` whose cuts end at teacher i1, student j1."""
@@ -233,13 +292,15 @@ class CostModel:
         stages = range(self.num_stages)
         times = [float(self.stage_time_s(r, t_cuts[r], t_cuts[r + 1], s_cuts[r], s_cuts[r + 1])) for r in stages]
         comm = [float(self.comm_time_s(r, t_cuts[r + 1], s_cuts[r + 1])) for r in stages]
+        overhead = [self.stage_overhead_s(r) for r in stages]
         memory = [float(self.stage_memory_bytes(r, t_cuts[r], t_cuts[r + 1], s_cuts[r], s_cuts[r + 1])) for r in stages]
         return PlanCost(
-            stage_compute_s=tuple(t - c for t, c in zip(times, comm)),
+            stage_compute_s=tuple(t - c - o for t, c, o in zip(times, comm, overhead)),
             stage_comm_s=tuple(comm),
             stage_times_s=tuple(times),
             stage_memory_bytes=tuple(memory),
             step_time_s=self.step_time_s(times),
+            stage_overhead_s=tuple(overhead),
         )
 
 
@@ -305,3 +366,52 @@ def calibration_error(predicted_s: Sequence[float], measured_s: Sequence[float])
     """Median relative error |predicted - measured| / measured; large means: re-calibrate."""
     x, y = _check_pairs(predicted_s, measured_s)
     return float(np.median(np.abs(x - y) / y))
+
+
+@dataclass(frozen=True)
+class TermCalibration:
+    """Physical per-step terms measured on a single-device (K = 1) run of the same step.
+
+    compute_scale multiplies every device's alpha: the profile was taken under other
+    conditions than the run (thread count, load, caches). The other fields are the
+    `StepSpec` terms of the same names. Unlike `Calibration` (an affine map of the
+    predicted step time), these enter the stage times, so the partitioner plans with them.
+    """
+
+    compute_scale: float = 1.0
+    per_microbatch_overhead_s: float = 0.0
+    loss_s: float = 0.0
+    optimizer_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.compute_scale) and self.compute_scale > 0,
+                 f"compute_scale={self.compute_scale!r} must be finite and > 0 (1.0 = the profile is right)")
+
+    @classmethod
+    def from_single_device_step(cls, model: CostModel, block_compute_s: float, loss_s: float,
+                                optimizer_s: float, wall_s: float) -> TermCalibration:
+        """Terms from one K = 1 step of `model`'s shape (medians over steps, seconds per step).
+
+        block_compute_s: teacher forward + student forward + student backward; loss_s and
+        optimizer_s: the KD loss and the optimizer step; wall_s: the whole step. What the
+        blocks, loss and optimizer do not explain is the per-micro-batch overhead.
+        """
+        _require(model.num_stages == 1, f"calibrate on a single-device model, not one of {model.num_stages} stages")
+        parts = {"block_compute_s": block_compute_s, "loss_s": loss_s, "optimizer_s": optimizer_s, "wall_s": wall_s}
+        _require(all(math.isfinite(v) and v >= 0 for v in parts.values()) and block_compute_s > 0,
+                 f"measured parts {parts} must be finite seconds >= 0 (block compute > 0)")
+        m = model.step.microbatches
+        profiled_s = m * float(model.teacher_work_s(0, model.num_teacher_blocks)
+                               + model.student_work_s(0, model.num_student_blocks))
+        _require(profiled_s > 0, "the profiles have no forward/backward time; cannot calibrate against them")
+        scale = block_compute_s / (profiled_s * model.compute_scale(0))
+        unexplained_s = max(0.0, wall_s - block_compute_s - loss_s - optimizer_s)
+        return cls(compute_scale=scale, per_microbatch_overhead_s=unexplained_s / m / model.devices[0].contention,
+                   loss_s=loss_s / m / (scale * model.compute_scale(0)), optimizer_step_s=optimizer_s)
+
+    def apply(self, model: CostModel) -> CostModel:
+        """The same profiles, devices and step with these terms in."""
+        devices = [replace(d, alpha=d.alpha * self.compute_scale) for d in model.devices]
+        step = replace(model.step, per_microbatch_overhead_s=self.per_microbatch_overhead_s, loss_s=self.loss_s,
+                       optimizer_step_s=self.optimizer_step_s)
+        return CostModel(model.teacher, model.student, devices, step)

@@ -68,6 +68,7 @@ class PartitionPlan:
     microbatches: int
     schedule: str
     dp_solves: int = field(default=0, compare=False)  # search effort, for benchmarks
+    stage_overhead_s: tuple[float, ...] = ()  # per micro-batch; stage time = compute + overhead + comm
 
     @property
     def teacher_cuts(self) -> tuple[int, ...]:
@@ -100,9 +101,12 @@ def plan_partition(
     *,
     optimizer_state_multiplier: float = 1.0,
     optimizer_step_s: float = 0.0,
+    per_microbatch_overhead_s: float = 0.0,
+    loss_s: float = 0.0,
 ) -> PartitionPlan:
     """Exact min-step-time partition of teacher and student over `devices` (in pipeline order)."""
-    step = StepSpec(microbatches, Schedule.parse(schedule), optimizer_state_multiplier, optimizer_step_s)
+    step = StepSpec(microbatches, Schedule.parse(schedule), optimizer_state_multiplier, optimizer_step_s,
+                    per_microbatch_overhead_s=per_microbatch_overhead_s, loss_s=loss_s)
     return plan_with_cost_model(CostModel(teacher, student, devices, step))
 
 
@@ -124,6 +128,7 @@ def plan_with_cost_model(model: CostModel) -> PartitionPlan:
         microbatches=model.step.microbatches,
         schedule=model.step.schedule.value,
         dp_solves=dp.solves,
+        stage_overhead_s=cost.stage_overhead_s,
     )
 
 
@@ -177,7 +182,7 @@ class _PartitionDP:
     sum of stage times over plans with every t_r <= B (or < B). Both respect
     memory. For fixed (i0, i1, j1), stage time and memory are non-increasing in
     j0, so the admissible j0 form a window [lo, j1 - 1] (binary search), and
-    min_j0 V(i0, j0) + t is a window minimum of V - alpha * student prefix.
+    min_j0 V(i0, j0) + t is a window minimum of V - s * student prefix (s = alpha * contention).
     Min-max uses the same windows: with t falling and the window minimum of V
     over [q, j1 - 1] rising in q, min_q max of the two sits at their crossing.
     """
@@ -259,19 +264,20 @@ class _PartitionDP:
 
     def _advance_sum(self, stage: int, values: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         model, grid = self.model, self.grids[stage]
-        alpha = model.devices[stage].alpha
+        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
         lo = self._memory_lo[stage]
         sw = model.student_work_prefix_s
         if math.isfinite(bound):
             # Guess the first fast-enough j0 from the prefix sums, then let the canonical time decide.
-            budget = (bound - grid.comm) / alpha - grid.teacher_work
+            budget = (bound - grid.comm - fixed) / scale - grid.teacher_work
             guess = np.searchsorted(sw, (sw[grid.j1] - budget).ravel()).reshape(lo.shape)
             fast_enough = lambda j0: _within(self._stage_time(stage, j0), bound, strict)
             lo = _first_true_near(fast_enough, guess, lo, np.broadcast_to(grid.j1, lo.shape))
-        # V(i0, j0) + t = [V(i0, j0) - alpha * SW[j0]] + alpha * (TF[i1] - TF[i0]) + alpha * SW[j1] + comm
-        best_j0 = self._window_minima(stage, values - alpha * sw[None, :]).query(lo, grid.j1 - 1)
-        per_end = np.minimum.reduceat(best_j0 + alpha * grid.teacher_work, grid.group_starts, axis=0)
-        end_cost = alpha * sw[grid.j1] + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
+        # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
+        # s = compute scale (alpha * contention)
+        best_j0 = self._window_minima(stage, values - scale * sw[None, :]).query(lo, grid.j1 - 1)
+        per_end = np.minimum.reduceat(best_j0 + scale * grid.teacher_work, grid.group_starts, axis=0)
+        end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
         return self._scatter(stage, per_end + end_cost, values)
 
     def _backtrack(self, history: list[np.ndarray], bound: float, strict: bool) -> _Solution:

@@ -82,6 +82,12 @@ def random_case(seed: int) -> CostModel:
         caps = [m * rng.uniform(0.6, 1.3) for m in even_memory]
         devices = [dataclasses.replace(d, memory_bytes=cap) for d, cap in zip(devices, caps)]
         model = CostModel(teacher, student, devices, step)
+    if rng.random() < 0.4:  # CPU terms: ranks sharing cores, per-micro-batch overhead, KD loss, link latency
+        devices = [dataclasses.replace(d, contention=float(rng.choice([1.0, 1.5, 3.0])),
+                                       link_latency_s=float(rng.choice([0.0, 1e-3]))) for d in model.devices]
+        step = dataclasses.replace(step, per_microbatch_overhead_s=float(rng.choice([0.0, 5e-3])),
+                                   loss_s=float(rng.choice([0.0, 0.02])))
+        model = CostModel(teacher, student, devices, step)
     return model
 
 
@@ -111,6 +117,9 @@ def test_random_cases_cover_what_the_brief_asks_for():
     assert sum(len({d.alpha for d in m.devices}) > 1 for m in models) > 150
     assert sum(math.isinf(brute_force(m)) for m in models) > 10
     assert sum(any(math.isfinite(d.memory_bytes) for d in m.devices) for m in models) > 150
+    assert sum(len({d.contention for d in m.devices}) > 1 for m in models) > 50
+    assert sum(m.step.per_microbatch_overhead_s > 0 and m.step.loss_s > 0 for m in models) > 20
+    assert sum(any(d.link_latency_s > 0 for d in m.devices) for m in models) > 50
 
 
 def uniform_profile(name: str, n: int, fwd: float, bwd: float) -> ModelProfile:
