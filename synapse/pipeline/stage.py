@@ -92,7 +92,9 @@ class FusedStage(nn.Module):
             student_out = run_blocks(list(self.student), student_in)
         if self.zero_grad_teacher_input and teacher_in.requires_grad:
             student_out = attach_zero_grad(student_out, teacher_in)
-        return teacher_out, student_out
+        # A block may hand on a view (a ViT's class-token slice); point-to-point sends need dense
+        # memory, and .contiguous() is a no-op on tensors that already are.
+        return teacher_out.contiguous(), student_out.contiguous()
 
     def _timed(self, name: str):
         return self.clock.interval(name) if self.clock is not None else nullcontext()

@@ -308,3 +308,16 @@ def test_load_weights_refuses_missing_and_non_weight_files(tmp_path):
     torch.save([torch.zeros(2)], tmp_path / "list.pt")
     with pytest.raises(ModelError, match="holds no model state dict"):
         load_weights(model, tmp_path / "list.pt")
+
+
+def test_fused_stage_hands_on_dense_tensors_when_a_block_ends_in_a_view():
+    # timm's PatchEmbed ends in flatten().transpose(): a cut right after it hands on a strided view,
+    # which gloo's and NCCL's sends refuse ("input tensor has to be contiguous").
+    from synapse.pipeline.stage import FusedStage
+    vit = build_model("vit_micro", 10, 3, 32)
+    first_vit_block = model_blocks(vit)[0]
+    assert not first_vit_block(torch.randn(2, 3, 32, 32)).is_contiguous()
+    stage = FusedStage([first_vit_block], [model_blocks(build_model("vit_micro", 10, 3, 32))[0]], is_first=True)
+    teacher_out, student_out = stage(torch.randn(2, 3, 32, 32))
+    assert teacher_out.is_contiguous() and student_out.is_contiguous()
+    student_out.sum().backward()  # still differentiable through the copy
