@@ -24,14 +24,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import (REPO, TrainRunError, machine_load, markdown_table, read_jsonl, train_py_summary,
+                      write_results)
+
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 1800.0
 
@@ -57,51 +58,6 @@ CUDA = Setup(base=("trainer=gpu", "trainer.devices=[0,1,2,3]", "teacher=vit_larg
             intervals=(0, 10, 50, 100), steps=300, kill_step=251, fault_free_every_interval=True)
 PRESETS = {("cpu", False): CPU, ("cpu", True): CPU_QUICK, ("cuda", False): CUDA,
            ("cuda", True): replace(CUDA, fault_free_every_interval=False)}
-
-
-class TrainRunError(RuntimeError):
-    """A train.py run that failed or wrote no experiment summary."""
-
-
-def train_py(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, Any], float]:
-    """``python train.py`` into ``run_dir``; its experiment_summary.json and the process's wall time."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *overrides]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall_s = time.perf_counter() - started
-    summary = run_dir / "experiment_summary.json"
-    if done.returncode != 0 or not summary.is_file():
-        raise TrainRunError(f"train.py {' '.join(overrides)} failed (exit {done.returncode}); its stderr ends:\n"
-                            f"{done.stderr[-3000:]}")
-    return json.loads(summary.read_text()), wall_s
-
-
-def machine_load() -> dict[str, Any]:
-    """How busy the (shared) machine was, from uptime's load averages, and which commit was measured."""
-    def output(*command: str) -> str:
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"uptime": output("uptime"), "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
-            "commit": output("git", "describe", "--always", "--dirty")}
-
-
-def write_results(out: Path, result: dict[str, Any], table_md: str, runs_note: str = "") -> None:
-    """The JSON, and next to it a short markdown page: the command, the machine's load, the table."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    before, after = result["load_before"], result["load_after"]
-    load = f"load before/after {before['loadavg'][0]:.2f} / {after['loadavg'][0]:.2f} on {before['cpus']} cores"
-    out.with_suffix(".md").write_text(f"# {result['what']}\n\n`{result['command']}`; {runs_note}{load}\n\n{table_md}")
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]) + "\n"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def periodic_saves(run_dir: Path, before_step: int | None = None) -> list[float]:
@@ -136,13 +92,13 @@ def run_interval(setup: Setup, every: int, runs_dir: Path, job: int, extra: Sequ
     row: dict[str, Any] = {"every": every}
     if fault_free:
         run_dir = runs_dir / str(job)
-        summary, _ = train_py(run_dir, [*common, "injection=none", "injection.faults=[]"])
+        summary, _ = train_py_summary(run_dir, [*common, "injection=none", "injection.faults=[]"], RUN_TIMEOUT_S)
         row["fault_free"] = {"run_dir": os.path.relpath(run_dir, REPO), "wall_time_s": summary["wall_time_s"],
                              **save_stats(periodic_saves(run_dir))}
         job += 1
     kill = f"injection.faults=[{{kind:kill,rank:1,step:{setup.kill_step},phase:forward}}]"
     run_dir = runs_dir / str(job)
-    summary, _ = train_py(run_dir, [*common, "injection=kill_rank", kill])
+    summary, _ = train_py_summary(run_dir, [*common, "injection=kill_rank", kill], RUN_TIMEOUT_S)
     row["kill"] = {"run_dir": os.path.relpath(run_dir, REPO), "wall_time_s": summary["wall_time_s"],
                    **lost_work(run_dir, summary), **save_stats(periodic_saves(run_dir, before_step=setup.kill_step))}
     return row

@@ -25,16 +25,15 @@ Extra Hydra overrides after the options apply to every run (e.g. trainer.devices
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import (REPO, machine_load, markdown_table, train_py_summary, write_results)
+
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 3600.0
 # The detector ignores 10 warm-up steps and learns its baseline over the next 50 (DetectorConfig):
@@ -69,47 +68,6 @@ PRESETS = {("cpu", False): CPU, ("cpu", True): CPU_QUICK, ("cuda", False): CUDA,
 
 # (case, policy, slowed down?), in the order they run for each batch size.
 CASES = (("no_fault", "keep", False), ("slowdown_keep", "keep", True), ("slowdown_eta", "eta", True))
-
-
-class TrainRunError(RuntimeError):
-    """A train.py run that failed or wrote no experiment summary."""
-
-
-def train_py(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, Any], float]:
-    """``python train.py`` into ``run_dir``; its experiment_summary.json and the process's wall time."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *overrides]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall_s = time.perf_counter() - started
-    summary = run_dir / "experiment_summary.json"
-    if done.returncode != 0 or not summary.is_file():
-        raise TrainRunError(f"train.py {' '.join(overrides)} failed (exit {done.returncode}); its stderr ends:\n"
-                            f"{done.stderr[-3000:]}")
-    return json.loads(summary.read_text()), wall_s
-
-
-def machine_load() -> dict[str, Any]:
-    """How busy the (shared) machine was, from uptime's load averages, and which commit was measured."""
-    def output(*command: str) -> str:
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"uptime": output("uptime"), "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
-            "commit": output("git", "describe", "--always", "--dirty")}
-
-
-def write_results(out: Path, result: dict[str, Any], table_md: str, runs_note: str = "") -> None:
-    """The JSON, and next to it a short markdown page: the command, the machine's load, the table."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    before, after = result["load_before"], result["load_after"]
-    load = f"load before/after {before['loadavg'][0]:.2f} / {after['loadavg'][0]:.2f} on {before['cpus']} cores"
-    out.with_suffix(".md").write_text(f"# {result['what']}\n\n`{result['command']}`; {runs_note}{load}\n\n{table_md}")
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]) + "\n"
 
 
 def slowdown(setup: Setup) -> str:
@@ -154,7 +112,8 @@ def run_all(setup: Setup, runs_dir: Path, extra: Sequence[str]) -> list[dict[str
     for batch_size in setup.batch_sizes:
         for case, policy, slowed in CASES:
             run_dir = runs_dir / str(job)
-            summary, process_s = train_py(run_dir, case_overrides(setup, batch_size, policy, slowed, extra))
+            summary, process_s = train_py_summary(run_dir, case_overrides(setup, batch_size, policy, slowed, extra),
+                                                  RUN_TIMEOUT_S)
             record = {"batch_size": batch_size, "case": case, "policy": policy,
                       "run_dir": os.path.relpath(run_dir, REPO), "process_wall_s": process_s, **run_record(summary)}
             runs.append(record)

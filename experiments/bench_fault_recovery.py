@@ -24,17 +24,17 @@ GPU: python experiments/bench_fault_recovery.py --accelerator cuda trainer.devic
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import (REPO, TrainRunError, machine_load, markdown_table, read_events, train_py_summary,
+                      write_results)
+
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 1800.0
 
@@ -79,52 +79,6 @@ def case_overrides(setup: Setup) -> dict[str, list[str]]:
         # device failure (reported with issue #7). At the start of the step it reaches the launcher as it is.
         "cuda_error": fault("cuda_error", f"{{kind:cuda_error,rank:1,step:{step},phase:step_start}}"),
     }
-
-
-class TrainRunError(RuntimeError):
-    """A train.py run that failed or wrote no experiment summary."""
-
-
-def train_py(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, Any], float]:
-    """``python train.py`` into ``run_dir``; its experiment_summary.json and the process's wall time."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *overrides]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    wall_s = time.perf_counter() - started
-    summary = run_dir / "experiment_summary.json"
-    if done.returncode != 0 or not summary.is_file():
-        raise TrainRunError(f"train.py {' '.join(overrides)} failed (exit {done.returncode}); its stderr ends:\n"
-                            f"{done.stderr[-3000:]}")
-    return json.loads(summary.read_text()), wall_s
-
-
-def machine_load() -> dict[str, Any]:
-    """How busy the (shared) machine was, from uptime's load averages, and which commit was measured."""
-    def output(*command: str) -> str:
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"uptime": output("uptime"), "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
-            "commit": output("git", "describe", "--always", "--dirty")}
-
-
-def write_results(out: Path, result: dict[str, Any], table_md: str, runs_note: str = "") -> None:
-    """The JSON, and next to it a short markdown page: the command, the machine's load, the table."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    before, after = result["load_before"], result["load_after"]
-    load = f"load before/after {before['loadavg'][0]:.2f} / {after['loadavg'][0]:.2f} on {before['cpus']} cores"
-    out.with_suffix(".md").write_text(f"# {result['what']}\n\n`{result['command']}`; {runs_note}{load}\n\n{table_md}")
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]) + "\n"
-
-
-def read_events(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    lines = (run_dir / "failover_events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, filter(None, lines)) if e.get("event") == name]
 
 
 def recovery_record(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +128,7 @@ def run_all(setup: Setup, runs_dir: Path, extra: Sequence[str]) -> tuple[list[di
         records = []
         for repeat in range(setup.repeats):
             run_dir = runs_dir / str(job)
-            summary, process_s = train_py(run_dir, [*common, *own, *extra])
+            summary, process_s = train_py_summary(run_dir, [*common, *own, *extra], RUN_TIMEOUT_S)
             record = {"case": name, "repeat": repeat, "run_dir": os.path.relpath(run_dir, REPO),
                       "process_wall_s": process_s, "wall_time_s": summary["wall_time_s"],
                       **recovery_record(run_dir, summary)}

@@ -15,23 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import REPO, read_events, train_py_summary
+
+RUN_TIMEOUT_S = 900.0
 
 
 def run(mode: str, run_dir: Path, args) -> dict:
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"student={args.student}",
-               "teacher=resnet_mini", "partition=even", "injection=none", f"trainer.max_steps={args.steps}",
-               "data.batch_size=16", "trainer.progress=false", "report=false", f"failover.replan_mode={mode}",
-               f"failover.drills=[{{step:{args.drill_step},action:replan}}]"]
-    subprocess.run(command, check=True, cwd=REPO, capture_output=True, text=True)
-    summary = json.loads((run_dir / "experiment_summary.json").read_text())
-    events = [json.loads(line) for line in (run_dir / "failover_events.jsonl").read_text().splitlines()]
-    moved = [e for e in events if e["event"] == "live_replan"]
+    overrides = [f"student={args.student}", "teacher=resnet_mini", "partition=even", "injection=none",
+                 f"trainer.max_steps={args.steps}", "data.batch_size=16", "trainer.progress=false", "report=false",
+                 f"failover.replan_mode={mode}", f"failover.drills=[{{step:{args.drill_step},action:replan}}]"]
+    summary, _ = train_py_summary(run_dir, overrides, RUN_TIMEOUT_S)
+    moved = read_events(run_dir, "live_replan")
     [restart] = summary["restarts"]
     return {"mode": mode, "recovery_s": restart["recovery_s"], "downtime_s": restart["downtime_s"],
             "components": restart["components"],

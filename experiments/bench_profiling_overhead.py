@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from benchlib import (REPO, TrainRunError, machine_load, markdown_table, run_train_py, write_results)
+
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 3600.0
 
@@ -54,45 +53,6 @@ CUDA = Setup(base=("trainer=gpu", "trainer.devices=[0,1,2,3]", "teacher=vit_larg
 PRESETS = {("cpu", False): CPU, ("cpu", True): CPU_QUICK,
            ("cuda", False): CUDA, ("cuda", True): replace(CUDA, repeats=1)}
 KD_EPOCH = ("mode=kd", "partition=auto", "trainer.epochs=1", "trainer.max_steps=null")
-
-
-class TrainRunError(RuntimeError):
-    """A train.py run that failed."""
-
-
-def train_py(run_dir: Path, overrides: Sequence[str]) -> float:
-    """``python train.py`` into ``run_dir``; the process's wall time."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", *overrides]
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    if done.returncode != 0:
-        raise TrainRunError(f"train.py {' '.join(overrides)} failed (exit {done.returncode}); its stderr ends:\n"
-                            f"{done.stderr[-3000:]}")
-    return time.perf_counter() - started
-
-
-def machine_load() -> dict[str, Any]:
-    """How busy the (shared) machine was, from uptime's load averages, and which commit was measured."""
-    def output(*command: str) -> str:
-        return subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return {"uptime": output("uptime"), "loadavg": list(os.getloadavg()), "cpus": os.cpu_count(),
-            "commit": output("git", "describe", "--always", "--dirty")}
-
-
-def write_results(out: Path, result: dict[str, Any], table_md: str, runs_note: str = "") -> None:
-    """The JSON, and next to it a short markdown page: the command, the machine's load, the table."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    before, after = result["load_before"], result["load_after"]
-    load = f"load before/after {before['loadavg'][0]:.2f} / {after['loadavg'][0]:.2f} on {before['cpus']} cores"
-    out.with_suffix(".md").write_text(f"# {result['what']}\n\n`{result['command']}`; {runs_note}{load}\n\n{table_md}")
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]) + "\n"
 
 
 def profiler_seconds(cache: Path) -> dict[str, float]:
@@ -117,13 +77,14 @@ def epoch_seconds(run_dir: Path) -> dict[str, Any]:
 def one_repeat(setup: Setup, cache: Path, work: Path, extra: Sequence[str]) -> dict[str, Any]:
     common = [*setup.base, f"cache_dir={cache}", *extra]
     shutil.rmtree(cache / "profiles", ignore_errors=True)
-    record = {"profile_cold_process_s": train_py(work / "profile_cold", [*common, "mode=profile"])}
+    record = {"profile_cold_process_s": run_train_py(work / "profile_cold", [*common, "mode=profile"], RUN_TIMEOUT_S)}
     record["profiler_s"] = profiler_seconds(cache)
-    record["profile_cached_process_s"] = train_py(work / "profile_cached", [*common, "mode=profile"])
+    record["profile_cached_process_s"] = run_train_py(work / "profile_cached", [*common, "mode=profile"],
+                                                      RUN_TIMEOUT_S)
     shutil.rmtree(cache / "profiles")
-    record["kd_cold_process_s"] = train_py(work / "kd_cold", [*common, *KD_EPOCH])
+    record["kd_cold_process_s"] = run_train_py(work / "kd_cold", [*common, *KD_EPOCH], RUN_TIMEOUT_S)
     record["profiler_in_kd_s"] = profiler_seconds(cache)  # the same profiles, measured again by the KD run
-    record["kd_cached_process_s"] = train_py(work / "kd_cached", [*common, *KD_EPOCH])
+    record["kd_cached_process_s"] = run_train_py(work / "kd_cached", [*common, *KD_EPOCH], RUN_TIMEOUT_S)
     record.update(epoch_seconds(work / "kd_cached"))
     record["profiler_total_s"] = sum(record["profiler_s"].values())
     record["profiler_in_kd_total_s"] = sum(record["profiler_in_kd_s"].values())
@@ -170,7 +131,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="synapse_bench_profiling_") as tmp:
         cache = Path(tmp) / "cache"
         # The teacher goes into the cache first, so that no measured run pays for preparing it.
-        train_py(Path(tmp) / "prepare", [*setup.base, f"cache_dir={cache}", *args.overrides, *KD_EPOCH])
+        run_train_py(Path(tmp) / "prepare", [*setup.base, f"cache_dir={cache}", *args.overrides, *KD_EPOCH],
+                     RUN_TIMEOUT_S)
         repeats = []
         for index in range(setup.repeats):
             repeats.append(one_repeat(setup, cache, Path(tmp) / str(index), args.overrides))

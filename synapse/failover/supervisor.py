@@ -123,8 +123,10 @@ class Supervisor:
             summary = launch_pipeline(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
                                       attempt=str(spec.index), log=self.log, stage=spec.index)
         except WorkerFailure as exc:
-            if not exc.device_failure:
-                raise  # an error in the code: a restart would fail the same way
+            if not exc.device_failure:  # an error in the code: a restart would fail the same way
+                watcher.stop()
+                self._end_stage_in_error(watcher, exc)
+                raise
             failure = exc
         finally:
             watcher.stop()
@@ -183,6 +185,17 @@ class Supervisor:
             self._measure_restart(restart, watcher.first_record)
         self._save_state()
 
+    def _end_stage_in_error(self, watcher: StageWatcher, error: WorkerFailure) -> None:
+        """The stage's record says how it ended even when the run cannot go on."""
+        spec = self.stages[-1]
+        spec.ended_at = time.time()
+        spec.end_step = (watcher.last_record or {}).get("step", spec.start_step)
+        spec.outcome = "error"
+        write_stage(self.run_dir, spec)
+        self.events.append("stage_ended", stage=spec.index, outcome="error", step=spec.end_step,
+                           cause=str(error)[:2000], rank=error.rank)
+        self._save_state()
+
     # ---------------------------------------------------------------- deciding the restart
     def _plan_restart(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None) -> Restart:
         if len(self.restarts) >= self.cfg.failover.max_restarts:
@@ -195,10 +208,13 @@ class Supervisor:
             decision, trigger = self._decide_on_failure(spec, watcher, failure, total)
         else:
             decision, trigger = watcher.decision, watcher.decided_at
+        cause = failure.cause if failure else decision.reason
+        if failure is None and watcher.pending_live is not None:  # the workers refused the live path
+            cause += "; the live re-partition failed, so the workers checkpointed for a restart instead"
         resume = self._resume_checkpoint()
         restart = Restart(stage=spec.index + 1, action=decision.action.value, trigger_time=trigger,
                           trigger_step=spec.end_step, resume_step=resume.step if resume else 0,
-                          cause=failure.cause if failure else decision.reason, decision=decision,
+                          cause=cause, decision=decision,
                           resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
                           last_step_time=(watcher.last_record or {}).get("time"))
         self.restarts.append(restart)

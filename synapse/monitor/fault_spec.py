@@ -8,6 +8,8 @@ Two families of faults (``injection.faults`` in the config, one mapping per faul
   ``nan_loss`` makes the rank's student output NaN in every forward of one step (a device that
   computes garbage), so that step's loss is NaN: ``{kind: nan_loss, rank: 1, step: 60}``
   (phase: forward only). What the run then does is ``trainer.nonfinite`` (stop or skip).
+  ``phase: repartition`` fires in the first live re-partition at or after ``step`` (a failing
+  live REPLAN: ``{kind: raise, rank: 1, step: 1, phase: repartition}``).
 * *span* faults act over the steps ``[start, end]`` (``end`` inclusive, omitted: to the end
   of the run): ``slow_compute`` (extra time per forward/backward task), ``slow_comm``
   (extra time each time the rank posts its sends) and ``background_load`` (a separate
@@ -29,7 +31,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write")
+PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write", "repartition")
+# Phases that happen when something is decided, not at a step known in advance: an instant fault
+# there fires at the first occurrence at or after its step (a live re-partition's transfer).
+EVENT_PHASES = ("repartition",)
 INSTANT_KINDS = ("raise", "kill", "hang", "cuda_error", "nan_loss")
 SLOWDOWN_KINDS = ("slow_compute", "slow_comm")
 SPAN_KINDS = (*SLOWDOWN_KINDS, "background_load")

@@ -31,7 +31,7 @@ import torch
 
 from .background_load import BackgroundLoad, prepare_load_target
 from .events import EventLog, events_path
-from .fault_spec import (FAULT_KINDS, INSTANT_KINDS, PHASES, SLOWDOWN_KINDS, SPAN_KINDS, FaultSpec,  # noqa: F401
+from .fault_spec import (EVENT_PHASES, FAULT_KINDS, INSTANT_KINDS, PHASES, SLOWDOWN_KINDS, SPAN_KINDS, FaultSpec,  # noqa: F401
                          InjectionError, parse_faults)
 from .slowdown import DeviceDelay, StageClockLike, TaskBaseline, split_extra, timed
 
@@ -115,7 +115,9 @@ class FaultInjector:
             self._fire_instant(phase, step)
 
     def _fire_instant(self, phase: str, step: int) -> None:
-        for fault in [f for f in self.pending if f.phase == phase and f.step == step]:
+        due = [f for f in self.pending if f.phase == phase
+               and (f.step == step or (phase in EVENT_PHASES and f.step <= step))]
+        for fault in due:
             self.pending.remove(fault)  # once per process
             self.fired.append(fault)
             self._emit("fault_injected", fault, step, phase)

@@ -100,42 +100,37 @@ class PipelineTrainer(Trainer):
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
             self.applied_requests.add(request.get("id"))
-            self.repartition(StagePartition(tuple(request["teacher"]), tuple(request["student"])))
+            new = StagePartition(tuple(request["teacher"]), tuple(request["student"]))
+            if not self.repartition(new):
+                # The restart path is the fallback: stop after this step with a checkpoint of the
+                # old partition; the supervisor relaunches on the new one (the decision stands).
+                self.stop_requested = True
 
-    def repartition(self, new: StagePartition) -> None:
+    def repartition(self, new: StagePartition) -> bool:
         """Live REPLAN: move the student blocks that change owner, rebuild stage, optimizer and schedule.
 
         Nothing is saved or reloaded: parameters, buffers and optimizer state move by name,
         the scheduler's state and this process's RNG carry on, so the next step computes exactly
         what it would have computed on the old partition.
+
+        Three phases, so that a failure leaves every rank on its old stage, untouched: (1) each
+        rank prepares what it sends; (2) the blocks move; (3) each rank assembles its new stage
+        beside the old one. After (1) and after (3) the ranks agree; if any failed, none swaps
+        and this returns False (the caller falls back to the restart path). A failure inside
+        (2) leaves a peer waiting; the collective timeout then makes it a hard failure.
         """
         started = time.perf_counter()
-        moves = student_moves(self.partition, new)
-        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
-        optim_state = optimizer_state_by_name(self.optimizer, params)
-
-        sent_bytes = [0]
-
-        def payload_of(block: int) -> dict[str, Any]:
-            names = self.blocks.student_names[block].values()
-            payload = {"tensors": {n: self.owned[n].detach().cpu() for n in names},
-                       "optim": {n: optim_state[n] for n in names if n in optim_state}}
-            sent_bytes[0] += payload_size_bytes(payload)
-            return payload
-
-        received = exchange_blocks(moves, self.rank, payload_of)
-        module, owned = self.blocks.stage(self.rank, new, self.setup)
-        with torch.no_grad():
-            for payload in received.values():
-                for name, tensor in payload["tensors"].items():
-                    owned[name].copy_(tensor)
-                optim_state.update(payload["optim"])
+        prepared = self._agree(self._try(lambda: self._prepare_moves(new)), new, "preparing the transfer")
+        if prepared is None:
+            return False
+        moves, optim_state, outgoing = prepared
+        received = exchange_blocks(moves, self.rank, outgoing.__getitem__)
+        built = self._agree(self._try(lambda: self._assemble_stage(new, received, optim_state)), new,
+                            "building the new stage")
+        if built is None:
+            return False
+        module, owned, optimizer, scheduler = built
         self.blocks.release(self.rank, self.partition, new)
-        optimizer = build_optimizer(module.student.parameters(), self.cfg.optim)
-        params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
-        load_optimizer_state_by_name(optimizer, params, optim_state)
-        scheduler = build_scheduler(optimizer, self.cfg.optim, self.total_steps)
-        scheduler.load_state_dict(self.scheduler.state_dict())
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
@@ -143,14 +138,72 @@ class PipelineTrainer(Trainer):
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.module, self.owned, self.optimizer, self.scheduler = module, owned, optimizer, scheduler
         self.partition, self.stage = new, self.stage + 1
+        sent_bytes = sum(payload_size_bytes(payload) for payload in outgoing.values())
         totals: list[Any] = [None] * self.world_size
-        dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes[0]))
+        dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes))
         if self.rank == 0:
             self.events.append("live_replan", stage=self.stage, step=self.step, partition=new.to_dict(),
                                seconds=max(t for t, _ in totals), moved_blocks=len(moves),
                                moved_bytes=sum(b for _, b in totals))
         self.log(f"live re-partition at step {self.step}: {len(moves)} student blocks moved, now teacher "
                  f"{list(new.teacher)} / student {list(new.student)}")
+        return True
+
+    @staticmethod
+    def _try(work: Callable[[], Any]) -> tuple[Any, str | None]:
+        try:
+            return work(), None
+        except Exception as exc:  # noqa: BLE001 - any failure here is answered by the restart path
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def _agree(self, outcome: tuple[Any, str | None], new: StagePartition, doing: str) -> Any:
+        """The result if every rank succeeded; None (and one event) if any failed."""
+        result, error = outcome
+        errors: list[Any] = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        failed = {rank: e for rank, e in enumerate(errors) if e is not None}
+        if not failed:
+            return result
+        if self.rank == 0:
+            self.events.append("live_replan_failed", stage=self.stage, step=self.step, partition=new.to_dict(),
+                               phase=doing, errors={str(r): e for r, e in failed.items()}, fallback="restart")
+        self.log(f"live re-partition at step {self.step} failed on rank(s) {sorted(failed)} while {doing} "
+                 f"({next(iter(failed.values()))}); falling back to a checkpoint and restart")
+        return None
+
+    def _prepare_moves(self, new: StagePartition):
+        """Which blocks move, this rank's optimizer state by name, and the payload of each block it gives away."""
+        self.injector.on("repartition", self.step)
+        moves = student_moves(self.partition, new)
+        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
+        optim_state = optimizer_state_by_name(self.optimizer, params)
+        outgoing = {}
+        for move in (m for m in moves if m.source == self.rank):
+            names = self.blocks.student_names[move.block].values()
+            outgoing[move.block] = {"tensors": {n: self.owned[n].detach().cpu() for n in names},
+                                    "optim": {n: optim_state[n] for n in names if n in optim_state}}
+        return moves, optim_state, outgoing
+
+    def _assemble_stage(self, new: StagePartition, received: dict[int, dict[str, Any]], optim_state: dict):
+        """This rank's stage, tensors, optimizer and scheduler on ``new``, the old ones untouched.
+
+        Received tensors land in blocks this rank did not own (their copies here are stale and
+        unused), and the optimizer state is a by-name copy, so until the caller swaps, the old
+        stage trains exactly as before.
+        """
+        module, owned = self.blocks.stage(self.rank, new, self.setup)
+        optim_state = dict(optim_state)
+        with torch.no_grad():
+            for payload in received.values():
+                for name, tensor in payload["tensors"].items():
+                    owned[name].copy_(tensor)
+                optim_state.update(payload["optim"])
+        optimizer = build_optimizer(module.student.parameters(), self.cfg.optim)
+        params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
+        load_optimizer_state_by_name(optimizer, params, optim_state)
+        scheduler = build_scheduler(optimizer, self.cfg.optim, self.total_steps)
+        scheduler.load_state_dict(self.scheduler.state_dict())
+        return module, owned, optimizer, scheduler
 
     # ---------------------------------------------------------------- evaluation
     def evaluate_student(self) -> dict[str, float] | None:

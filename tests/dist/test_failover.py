@@ -101,3 +101,20 @@ def test_stage_configs_compose_and_reproduce_their_stage(tmp_path, teacher_file,
     run_overrides(overrides)
     assert_identical_states(final_student_state(again), uninterrupted)
     assert json.loads((again / "stages/0/stage.json").read_text())["devices"] == [0, 1]
+
+
+def test_a_failing_live_replan_falls_back_to_a_restart_and_learns_the_same(tmp_path, teacher_file, uninterrupted):
+    # Rank 1 raises while building its new stage: every rank keeps its old stage, checkpoints
+    # after the step, and the supervisor relaunches on the decided partition.
+    summary = run_overrides(overrides_for(tmp_path, teacher_file, "failover.replan_mode=live",
+                                          "failover.drills=[{step:5,action:replan}]",
+                                          "injection.faults=[{kind:raise,rank:1,step:1,phase:repartition}]"))
+    assert_identical_states(final_student_state(tmp_path), uninterrupted)
+    stages = read_stages(tmp_path)
+    assert [(s.reason, s.outcome) for s in stages] == [("start", "stopped"), ("replan", "finished")]
+    assert stages[1].start_step == stages[0].end_step >= 5, "the fallback's checkpoint is the step it stopped at"
+    failed = read_events(tmp_path / "failover_events.jsonl", "live_replan_failed")
+    assert len(failed) == 1 and list(failed[0]["errors"]) == ["1"] and "InjectedFault" in failed[0]["errors"]["1"]
+    restart = summary["experiment"]["restarts"][0]
+    assert restart["mode"] == "restart" and "live re-partition failed" in restart["cause"]
+    assert not read_events(tmp_path / "failover_events.jsonl", "live_replan")

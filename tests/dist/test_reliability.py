@@ -443,7 +443,10 @@ def test_nan_loss_stops_the_run_naming_the_step_before_it_reaches_the_weights(tm
     assert "NonFiniteLossError: step 5: the loss is nan" in message and "trainer.nonfinite=skip" in message, message
     (report,) = events(tmp_path, "nonfinite_loss")
     assert (report["step"], report["loss"], report["action"]) == (5, "nan", "stopped")
-    assert len(read_stages(tmp_path)) == 1, "not a device failure: no restart"
+    (stage,) = read_stages(tmp_path)  # not a device failure: no restart, and the stage says how it ended
+    assert (stage.outcome, stage.end_step) == ("error", 4)
+    (ended,) = events(tmp_path, "stage_ended")
+    assert ended["outcome"] == "error" and "NonFiniteLossError" in ended["cause"]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4]
     refs = ckpt.list_checkpoints(tmp_path / "checkpoints")
     assert [r.step for r in refs] == [2, 4]

@@ -208,6 +208,18 @@ def test_a_raise_fires_once_at_its_phase_and_step_only(phase):
     assert injector.pending == [] and [f.kind for f in injector.fired] == ["raise"]
 
 
+def test_a_repartition_fault_fires_at_the_first_repartition_at_or_after_its_step():
+    # Re-partitions happen when the policy decides, so the step is a lower bound, not an exact match.
+    injector, events, _ = make_injector([{"kind": "raise", "rank": 1, "step": 4, "phase": "repartition"}], rank=1)
+    for step in range(1, 7):
+        run_step(injector, step)  # ordinary steps never fire it
+    injector.on("repartition", 3)  # before its step: nothing
+    with pytest.raises(InjectedFault, match=r"step 4 \(repartition\)"):
+        injector.on("repartition", 7)
+    injector.on("repartition", 9)  # once
+    assert [(e["step"], e["phase"]) for e in events] == [(7, "repartition")]
+
+
 def test_faults_of_other_ranks_and_evaluation_steps_never_fire():
     injector, events, _ = make_injector([{"kind": "raise", "rank": 2, "step": 1},
                                          {"kind": "slow_compute", "rank": 2, "start": 1, "seconds": 1.0}])
