@@ -6,13 +6,43 @@ uninterrupted run would have seen, whether or not a DataLoader prefetches ahead.
 """
 from __future__ import annotations
 
+import ctypes
+import signal
+import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..data import BatchIndexSampler, ResumableSampler, iterate_batches
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_the_rank(worker_id: int) -> None:
+    """Loader worker start: be killed with the process it loads for.
+
+    A pipeline rank can be SIGKILLed (a real fault, or an injected one); its loader workers
+    must not outlive it as orphans, each holding a copy of the data set.
+    """
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl: torch's own watchdog still ends the worker
+        pass
+
+
+def loader_processes() -> dict[str, Any]:
+    """How loader workers start: forked by the loading process itself, on Linux.
+
+    Workers of a rank started through a fork server would otherwise be forked by a fork server
+    of their own, so their parent is that server, not the rank: neither the kernel's parent-death
+    signal nor torch's parent watchdog would see the rank die. Forked by the rank, both do.
+    """
+    if sys.platform != "linux":
+        return {}
+    return {"multiprocessing_context": "fork", "worker_init_fn": _die_with_the_rank}
 
 
 @dataclass
@@ -42,7 +72,7 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
         return
     batch_sampler = BatchIndexSampler(sampler)
     loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=True,
-                        persistent_workers=False)
+                        persistent_workers=False, **loader_processes())
     while batch_sampler.upcoming()[0] < num_epochs:
         epoch, first_step = batch_sampler.upcoming()
         dataset.set_epoch(epoch)  # before iter(loader): workers copy the data set when iteration starts
@@ -56,4 +86,5 @@ def eval_batches(dataset, batch_size: int, num_workers: int = 0) -> Iterator[tup
         for start in range(0, len(dataset), batch_size):
             yield dataset.get_batch(list(range(start, min(start + batch_size, len(dataset)))), epoch=0)
         return
-    yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=True)
+    yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=True,
+                          **loader_processes())

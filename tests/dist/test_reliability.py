@@ -132,14 +132,25 @@ def describe(pids: set[int]) -> list[str]:
     return lines
 
 
+def in_group(pgid: int) -> set[int]:
+    return {pid for pid, (_, group, state) in process_table().items() if group == pgid and state not in ("Z", "X")}
+
+
+def started_here() -> set[int]:
+    """This process's live descendants, and the members of its process group: a process whose
+    parent died (a killed rank's data loader workers) is no one's descendant any more, but it
+    keeps its process group."""
+    return (live_descendants(os.getpid()) | in_group(os.getpgid(0))) - {os.getpid()}
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """No test may leave a worker (or anything else it started) running."""
-    before = live_descendants(os.getpid())
+    """No test may leave a worker (or anything else it started) running, orphans included."""
+    before = started_here()
     yield
     deadline = time.monotonic() + 15.0  # the agent reaps its workers right after a launch ends
     while True:
-        left = live_descendants(os.getpid()) - before - session_helpers()
+        left = started_here() - before - session_helpers()
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -160,6 +171,17 @@ def test_rank_killed_in_a_phase_resumes_on_the_survivors_and_loses_nothing(tmp_p
     assert stages[1].start_step == 4, "resume from the last checkpoint before the kill"
     (restart,) = summary["experiment"]["restarts"]
     assert restart["trigger"] == "failure" and restart["action"] == "degrade"
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_rank_takes_its_data_loader_workers_with_it(tmp_path, teacher_file, reference):
+    # With data.num_workers > 0 the first and last ranks read through DataLoader worker processes;
+    # when such a rank is SIGKILLed they must not live on as orphans (each holds a copy of the
+    # data set; the fixture above finds them by process group).
+    run_overrides(overrides_for(tmp_path, teacher_file, "data.num_workers=2",
+                                "injection.faults=[{kind:kill,rank:0,step:5,phase:forward}]"))
+    assert [s.outcome for s in read_stages(tmp_path)] == ["failed", "finished"]
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
@@ -224,10 +246,6 @@ def wait_until(condition, proc: subprocess.Popen, timeout: float, what: str) -> 
 def steps_done(run_dir: Path) -> int:
     path = run_dir / "performance.jsonl"  # one record per finished step
     return len(read_jsonl(path)) if path.exists() else 0
-
-
-def in_group(pgid: int) -> set[int]:
-    return {pid for pid, (_, group, state) in process_table().items() if group == pgid and state not in ("Z", "X")}
 
 
 @pytest.mark.timeout(300)
