@@ -32,6 +32,7 @@ from pathlib import Path
 from benchlib import REPO, read_jsonl
 
 MODELS = ["teacher=vit_large", "student=resnet152", "teacher.auto_train_epochs=0"]
+RUN_TIMEOUT_S = [420.0]  # per train.py run (--run-timeout)
 GPU_RUN = ["trainer=gpu", "data=synthetic", "data.image_size=224", "data.num_workers=8",
            "data.synthetic_train_size=65536", "data.synthetic_val_size=256", "trainer.eval_every_epochs=1000",
            "trainer.progress=false", "report=false", "checkpoint.at_epoch_end=false"]
@@ -87,13 +88,15 @@ def part_throughput(out: Path, gpus: list[int], batches: list[int], steps: int, 
     k = len(gpus)
     for batch in batches:
         microbatches = max(k, batch // 16) if batch <= 128 else batch // 32  # micro-batch 16 or 32: profiled sizes
-        for name, ids, extra in (("single", gpus[:1], ["trainer.strategy=single"]),
-                                 ("pipeline", gpus, ["trainer.strategy=pipeline", "partition=auto", "policy=keep"])):
+        # The single-device trainer takes the whole batch at once (no accumulation): the honest baseline.
+        for name, ids, extra in (("single", gpus[:1], ["trainer.strategy=single", "pipeline.microbatches=1"]),
+                                 ("pipeline", gpus, ["trainer.strategy=pipeline", "partition=auto", "policy=keep",
+                                                     f"pipeline.microbatches={microbatches}"])):
             run_dir = out / "runs" / f"throughput_{name}_b{batch}"
-            result = train(run_dir, [*MODELS, *GPU_RUN, devices(ids), *extra, "injection=none",
-                                     f"data.batch_size={batch}", f"pipeline.microbatches={microbatches}",
-                                     f"trainer.max_steps={steps}"], 420, log)
-            row = {"runtime": name, "gpus": len(ids), "batch": batch, "microbatches": microbatches, **result,
+            result = train(run_dir, [*MODELS, *GPU_RUN, devices(ids), "injection=none", f"data.batch_size={batch}",
+                                     f"trainer.max_steps={steps}", *extra], RUN_TIMEOUT_S[0], log)
+            row = {"runtime": name, "gpus": len(ids), "batch": batch,
+                   "microbatches": 1 if name == "single" else microbatches, **result,
                    **step_stats(run_dir, len(ids), warmup, batch)}
             if name == "pipeline":
                 row["bubble_theory"] = (k - 1) / (microbatches + k - 1)
@@ -133,7 +136,8 @@ def part_kill(out: Path, gpus: list[int], batch: int, log: Path) -> dict:
     result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
                              "partition=auto", f"data.batch_size={batch}", "pipeline.microbatches=8",
                              "trainer.max_steps=120", "checkpoint.every=25", "injection.name=kill",
-                             f"injection.faults=[{{kind:kill,rank:{last},step:60,phase:backward}}]"], 480, log)
+                             f"injection.faults=[{{kind:kill,rank:{last},step:60,phase:backward}}]"],
+                   RUN_TIMEOUT_S[0], log)
     return {**result, **failover_summary(run_dir)}
 
 
@@ -147,7 +151,7 @@ def part_failover(out: Path, gpus: list[int], batch: int, steps: int, start: int
         run_dir = out / "runs" / f"failover_{name}"
         result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
                                  "partition=auto", f"data.batch_size={batch}", "pipeline.microbatches=4",
-                                 f"trainer.max_steps={steps}", "monitor.period_s=1", *extra], 480, log)
+                                 f"trainer.max_steps={steps}", "monitor.period_s=1", *extra], RUN_TIMEOUT_S[0], log)
         rows.append({"run": name, **result, **failover_summary(run_dir)})
         write(out, "failover", rows)
     return rows
@@ -181,10 +185,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--failover-steps", type=int, default=240)
     parser.add_argument("--load-start", type=int, default=60)
+    parser.add_argument("--run-timeout", type=float, default=420.0, help="seconds per train.py run")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="the same parts with micro models on CPU ranks: checks this script, measures nothing")
     args = parser.parse_args()
+    RUN_TIMEOUT_S[0] = args.run_timeout
     if args.cpu_dry_run:
         MODELS[:] = ["teacher=vit_micro", "student=resnet_micro", "teacher.auto_train_epochs=0"]
         GPU_RUN[:] = [o.replace("trainer=gpu", "trainer=cpu").replace("224", "32") for o in GPU_RUN]
