@@ -83,34 +83,41 @@ def part_smoke(out: Path, gpus: list[int], log: Path) -> dict:
     return {**result, "steps": len([r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"])}
 
 
-def part_throughput(out: Path, gpus: list[int], batches: list[int], steps: int, warmup: int, log: Path) -> list[dict]:
+def part_throughput(out: Path, gpus: list[int], batches: list[int], steps: int, warmup: int, log: Path,
+                    microbatches: list[int] | None = None, partition: str = "auto", single: bool = True,
+                    tag: str = "throughput") -> list[dict]:
+    """Per batch size: the single-device trainer (whole batch at once: the honest baseline) and the
+    pipeline at each micro-batch count (default: micro-batches of 16 or 32 images, the profiled sizes)."""
     rows = []
     k = len(gpus)
     for batch in batches:
-        microbatches = max(k, batch // 16) if batch <= 128 else batch // 32  # micro-batch 16 or 32: profiled sizes
-        # The single-device trainer takes the whole batch at once (no accumulation): the honest baseline.
-        for name, ids, extra in (("single", gpus[:1], ["trainer.strategy=single", "pipeline.microbatches=1"]),
-                                 ("pipeline", gpus, ["trainer.strategy=pipeline", "partition=auto", "policy=keep",
-                                                     f"pipeline.microbatches={microbatches}"])):
-            run_dir = out / "runs" / f"throughput_{name}_b{batch}"
+        counts = microbatches or [max(k, batch // 16) if batch <= 128 else batch // 32]
+        cases = [("single", gpus[:1], 1, ["trainer.strategy=single"])] if single else []
+        cases += [("pipeline", gpus, m, ["trainer.strategy=pipeline", f"partition={partition}", "policy=keep"])
+                  for m in counts]
+        for name, ids, m, extra in cases:
+            run_dir = out / "runs" / f"{tag}_{name}_b{batch}_m{m}"
             result = train(run_dir, [*MODELS, *GPU_RUN, devices(ids), "injection=none", f"data.batch_size={batch}",
-                                     f"trainer.max_steps={steps}", *extra], RUN_TIMEOUT_S[0], log)
-            row = {"runtime": name, "gpus": len(ids), "batch": batch,
-                   "microbatches": 1 if name == "single" else microbatches, **result,
+                                     f"trainer.max_steps={steps}", f"pipeline.microbatches={m}", *extra],
+                           RUN_TIMEOUT_S[0], log)
+            row = {"runtime": name, "gpus": len(ids), "batch": batch, "microbatches": m, **result,
                    **step_stats(run_dir, len(ids), warmup, batch)}
             if name == "pipeline":
-                row["bubble_theory"] = (k - 1) / (microbatches + k - 1)
+                row["partition_mode"] = partition
+                row["bubble_theory"] = (k - 1) / (m + k - 1)
                 compared = run_dir / "plan_vs_measured.json"
                 if compared.exists():
                     plan = json.loads(compared.read_text())
                     row.update({key: plan[key] for key in ("predicted_step_s", "measured_step_s", "step_error")})
-                plan_file = run_dir / "plan.json"
-                if plan_file.exists():
-                    plan = json.loads(plan_file.read_text())["plan"]
-                    row["partition"] = {"teacher": plan["teacher_counts"], "student": plan["student_counts"]}
+                perf = [r for r in read_jsonl(run_dir / "performance.jsonl")][warmup:]
+                if perf:
+                    row["rank_compute_s"] = [statistics.median(r["compute_s"][i] for r in perf) for i in range(k)]
+                partition_file = run_dir / "partition.json"
+                if partition_file.exists():
+                    row["partition"] = json.loads(partition_file.read_text())
             rows.append(row)
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "tail"}), flush=True)
-            write(out, "throughput", rows)
+            write(out, tag, rows)
     return rows
 
 
@@ -130,13 +137,13 @@ def failover_summary(run_dir: Path) -> dict:
                                           "outcome")} for s in summary["stages"]]}
 
 
-def part_kill(out: Path, gpus: list[int], batch: int, log: Path) -> dict:
+def part_kill(out: Path, gpus: list[int], batch: int, log: Path, steps: int = 120) -> dict:
     run_dir = out / "runs" / "kill"
     last = len(gpus) - 1
     result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
                              "partition=auto", f"data.batch_size={batch}", "pipeline.microbatches=8",
-                             "trainer.max_steps=120", "checkpoint.every=25", "injection.name=kill",
-                             f"injection.faults=[{{kind:kill,rank:{last},step:60,phase:backward}}]"],
+                             f"trainer.max_steps={steps}", f"checkpoint.every={steps // 5}", "injection.name=kill",
+                             f"injection.faults=[{{kind:kill,rank:{last},step:{steps // 2},phase:backward}}]"],
                    RUN_TIMEOUT_S[0], log)
     return {**result, **failover_summary(run_dir)}
 
@@ -150,7 +157,7 @@ def part_failover(out: Path, gpus: list[int], batch: int, steps: int, start: int
                         ("eta", ["injection.name=background_load", f"injection.faults={load}", "policy=eta"])):
         run_dir = out / "runs" / f"failover_{name}"
         result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
-                                 "partition=auto", f"data.batch_size={batch}", "pipeline.microbatches=4",
+                                 "partition=auto", f"data.batch_size={batch}", f"pipeline.microbatches={batch // 32}",
                                  f"trainer.max_steps={steps}", "monitor.period_s=1", *extra], RUN_TIMEOUT_S[0], log)
         rows.append({"run": name, **result, **failover_summary(run_dir)})
         write(out, "failover", rows)
@@ -181,9 +188,14 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--parts", default="smoke,throughput,kill,failover")
     parser.add_argument("--batches", default="64,128,256")
+    parser.add_argument("--microbatches", default="", help="pipeline micro-batch counts (default: 16/32 images each)")
+    parser.add_argument("--partition", default="auto", help="the pipeline runs' partition: auto or even")
+    parser.add_argument("--no-single", action="store_true", help="leave out the single-device baseline runs")
+    parser.add_argument("--tag", default="throughput", help="name of the throughput result file and runs")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--failover-steps", type=int, default=240)
+    parser.add_argument("--kill-steps", type=int, default=120)
     parser.add_argument("--load-start", type=int, default=60)
     parser.add_argument("--run-timeout", type=float, default=420.0, help="seconds per train.py run")
     parser.add_argument("--out", type=Path, required=True)
@@ -206,9 +218,11 @@ def main() -> None:
     if "smoke" in parts:
         write(args.out, "smoke", part_smoke(args.out, gpus, log))
     if "throughput" in parts:
-        part_throughput(args.out, gpus, [int(b) for b in args.batches.split(",")], args.steps, args.warmup, log)
+        part_throughput(args.out, gpus, [int(b) for b in args.batches.split(",")], args.steps, args.warmup, log,
+                        [int(m) for m in args.microbatches.split(",") if m], args.partition, not args.no_single,
+                        args.tag)
     if "kill" in parts:
-        write(args.out, "kill", part_kill(args.out, gpus, 128, log))
+        write(args.out, "kill", part_kill(args.out, gpus, 128, log, args.kill_steps))
     if "failover" in parts:
         part_failover(args.out, gpus, 128, args.failover_steps, args.load_start, log)
 
