@@ -9,7 +9,10 @@ are already right everywhere.
 
 Transfers go in one global order of (source, destination) pairs that every rank walks, each
 rank doing only its own sends and receives: matched, so no deadlock, and no rank waits on a
-pair it is not part of for longer than the pairs before it.
+pair it is not part of for longer than the pairs before it. Per pair, a small pickled message
+describes the payload (names, shapes, dtypes, plain values), then every tensor travels as a
+tensor (``dist.send``/``recv``): over NCCL that is device to device, with no host copy and no
+pickling of parameter data.
 """
 from __future__ import annotations
 
@@ -45,23 +48,67 @@ def student_moves(old: StagePartition, new: StagePartition) -> list[BlockMove]:
     return [BlockMove(b, s, d) for b, (s, d) in enumerate(zip(before, after)) if s != d]
 
 
-def exchange_blocks(moves: list[BlockMove], rank: int, payload_of) -> dict[int, dict[str, Any]]:
+def exchange_blocks(moves: list[BlockMove], rank: int, payload_of, device: torch.device | None = None
+                    ) -> dict[int, dict[str, Any]]:
     """Send the payload of each block this rank gives away; return the payloads it receives.
 
-    ``payload_of(block)`` is the block's state on its old owner (tensors, optimizer state).
-    One message per (source, destination) pair, pairs in a global order.
+    ``payload_of(block)`` is the block's state on its old owner (a nested dict of tensors and plain
+    values: parameters, buffers, optimizer state). ``device`` is where the process group moves
+    tensors (the rank's GPU for NCCL; default: the CPU, for gloo). A received tensor lands on
+    ``device``, or on the CPU if it lived on the CPU at its sender (an optimizer's step count).
     """
+    device = device or torch.device("cpu")
     pairs = sorted({(m.source, m.destination) for m in moves})
     received: dict[int, dict[str, Any]] = {}
     for source, destination in pairs:
         blocks = [m.block for m in moves if (m.source, m.destination) == (source, destination)]
         if rank == source:
-            dist.send_object_list([{b: payload_of(b) for b in blocks}], dst=destination)
+            layout, tensors = _split({b: payload_of(b) for b in blocks})
+            dist.send_object_list([layout], dst=destination)
+            for tensor in tensors:
+                dist.send(tensor.detach().to(device).contiguous(), dst=destination)
         elif rank == destination:
             message: list[Any] = [None]
             dist.recv_object_list(message, src=source)
-            received.update(message[0])
+            received.update(_join(message[0], source, device))
     return received
+
+
+_TENSOR = "__synapse_tensor__"
+
+
+def _split(payload: Any) -> tuple[Any, list[torch.Tensor]]:
+    """The payload with each tensor replaced by its description, and the tensors in order."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(value: Any) -> Any:
+        if torch.is_tensor(value):
+            tensors.append(value)
+            return {_TENSOR: (tuple(value.shape), value.dtype, value.device.type == "cpu")}
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(item) for item in value)
+        return value
+
+    return walk(payload), tensors
+
+
+def _join(layout: Any, source: int, device: torch.device) -> Any:
+    """Receive the tensors a layout describes, in order, and rebuild the payload."""
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict) and _TENSOR in value:
+            shape, dtype, on_cpu = value[_TENSOR]
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            dist.recv(tensor, src=source)
+            return tensor.cpu() if on_cpu else tensor
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(item) for item in value)
+        return value
+
+    return walk(layout)
 
 
 def payload_size_bytes(payload: dict[str, Any]) -> int:

@@ -124,7 +124,8 @@ class PipelineTrainer(Trainer):
         if prepared is None:
             return False
         moves, optim_state, outgoing = prepared
-        received = exchange_blocks(moves, self.rank, outgoing.__getitem__)
+        device = self.setup.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        received = exchange_blocks(moves, self.rank, outgoing.__getitem__, device)
         built = self._agree(self._try(lambda: self._assemble_stage(new, received, optim_state)), new,
                             "building the new stage")
         if built is None:
@@ -180,7 +181,8 @@ class PipelineTrainer(Trainer):
         outgoing = {}
         for move in (m for m in moves if m.source == self.rank):
             names = self.blocks.student_names[move.block].values()
-            outgoing[move.block] = {"tensors": {n: self.owned[n].detach().cpu() for n in names},
+            # References, not copies: nothing trains between here and the transfer.
+            outgoing[move.block] = {"tensors": {n: self.owned[n].detach() for n in names},
                                     "optim": {n: optim_state[n] for n in names if n in optim_state}}
         return moves, optim_state, outgoing
 
