@@ -1,0 +1,25 @@
+"""Structured configuration: one dataclass per component, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` merge onto these dataclasses, so a misspelt key or a value of
+the wrong type fails while Hydra composes the config. ``validate`` then checks what types
+cannot express (a temperature <= 0, a model name we do not know, a GPU id that does not exist)
+and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
+Only the entry point sees the whole tree; each component receives its own slice.
+"""
+from .devices import num_stages, resolve_accelerator, resolve_devices, uses_pipeline
+from .errors import ConfigError
+from .schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
+                     InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_POLICIES, OPTIMIZERS,
+                     OptimConfig, PARTITION_MODES, PIPELINE_SCHEDULES, PRECISIONS, PartitionConfig,
+                     PipelineConfig, PolicyConfig, SCHEDULES, STRATEGIES, StudentConfig, SynapseConfig,
+                     TeacherConfig, TrainerConfig)
+from .schema import default_cache_dir, register_configs, to_container  # importing registers the schema
+from .validation import validate
+
+__all__ = ["ACCELERATORS", "CheckpointConfig", "DataConfig", "ExperimentConfig", "FailoverConfig",
+           "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_POLICIES", "OPTIMIZERS",
+           "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS", "PartitionConfig",
+           "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig", "SynapseConfig",
+           "TeacherConfig", "TrainerConfig", "ConfigError", "default_cache_dir", "num_stages",
+           "register_configs", "resolve_accelerator", "resolve_devices", "to_container", "uses_pipeline",
+           "validate"]

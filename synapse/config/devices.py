@@ -1,0 +1,58 @@
+"""Which accelerator and which device ids a run uses, checked against the machine."""
+from __future__ import annotations
+
+from omegaconf import DictConfig, ListConfig
+
+from .errors import fail
+
+
+def resolve_accelerator(trainer: DictConfig) -> str:
+    if trainer.accelerator != "auto":
+        return trainer.accelerator
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_devices(trainer: DictConfig) -> list[int]:
+    """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
+    accelerator = resolve_accelerator(trainer)
+    devices = trainer.devices
+    if isinstance(devices, (list, tuple, ListConfig)):
+        ids = [int(d) for d in devices]
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        ids = list(range(devices))
+    else:
+        fail("trainer.devices", f"{devices!r} is neither a count nor a list of ids", "use trainer.devices=2 or trainer.devices=[0,1]")
+    if not ids:
+        fail("trainer.devices", "no devices given", "use at least one device, e.g. trainer.devices=1")
+    if len(set(ids)) != len(ids):
+        fail("trainer.devices", f"duplicate device ids in {ids}", "list each device once")
+    if min(ids) < 0:
+        fail("trainer.devices", f"negative device id in {ids}", "device ids start at 0")
+    if accelerator == "cuda":
+        check_gpu_ids(ids)
+    elif max(ids) >= 64:
+        fail("trainer.devices", f"{len(ids)} CPU slots requested", "use at most 64 CPU worker processes")
+    return ids
+
+
+def num_stages(trainer: DictConfig) -> int:
+    """K: pipeline stages = processes in the run (devices per node times nodes)."""
+    return len(resolve_devices(trainer)) * trainer.nodes
+
+
+def uses_pipeline(trainer: DictConfig) -> bool:
+    return trainer.strategy == "pipeline" or (trainer.strategy == "auto" and num_stages(trainer) > 1)
+
+
+def check_gpu_ids(ids: list[int]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        fail("trainer.accelerator", "cuda requested but no CUDA device is visible", "use trainer.accelerator=cpu")
+    count = torch.cuda.device_count()
+    missing = [i for i in ids if i >= count]
+    if missing:
+        fail("trainer.devices", f"GPU ids {missing} do not exist (this machine has {count}: 0..{count - 1})",
+              f"choose ids below {count}")

@@ -1,0 +1,21 @@
+"""``ConfigError`` and the small checks every part of the validation uses."""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key and how to fix it."""
+
+
+def fail(key: str, problem: str, fix: str) -> None:
+    raise ConfigError(f"{key}: {problem}. Fix: {fix}")
+
+
+def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        fail(key, f"{value!r} is not a valid choice", f"use one of {', '.join(choices)} (e.g. {key}={choices[0]})")
+
+
+def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        bound = ">= 0" if allow_zero else "> 0"
+        fail(key, f"must be {bound}, got {value}", f"set {key} to a value {bound}")

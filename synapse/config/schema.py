@@ -1,0 +1,234 @@
+"""The configuration schema: one dataclass per component, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` merge onto these dataclasses, so a misspelt key or a value of
+the wrong type fails while Hydra composes the config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+MODES = ("kd", "teacher", "baseline", "profile")
+ACCELERATORS = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("cosine", "step", "constant")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+STRATEGIES = ("auto", "single", "pipeline")
+PARTITION_MODES = ("even", "manual", "auto")
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+@dataclass
+class TeacherConfig:
+    name: str = MISSING
+    checkpoint: Optional[str] = None  # local weights file (the seed's --t_model); never downloaded
+    # With no checkpoint, train one on the configured data first (cached by model/data/seed).
+    auto_train: bool = True
+    auto_train_epochs: int = 5
+    auto_train_lr: float = 2e-3
+
+
+@dataclass
+class StudentConfig:
+    name: str = MISSING
+    init: Optional[str] = None  # local initial weights (the seed's --s_init)
+    drop_rate: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | imagenet100 | synthetic
+    root: Optional[str] = None  # ImageNet100: folder holding train/ and val/
+    image_size: int = 32
+    batch_size: int = 64
+    val_batch_size: int = 256
+    num_workers: int = 0
+    augment: bool = True
+    synthetic_train_size: int = 4096
+    synthetic_val_size: int = 512
+    synthetic_num_classes: int = 100
+    synthetic_in_chans: int = 3
+
+
+@dataclass
+class KDConfig:
+    mode: str = "st"  # st: soft targets (KL, T^2) | logits: MSE on logits
+    T: float = 4.0
+    lambda_kd: float = 0.9
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 2e-3
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    step_size: int = 1000  # for schedule=step
+    gamma: float = 0.1
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"  # auto: cuda if available, else cpu
+    spare_devices: list[int] = field(default_factory=list)  # idle devices a REPLACE may swap in
+    devices: Any = 1  # per node. CPU: number of slots; CUDA: list of GPU ids (or a count)
+    # auto: the single-device trainer for one device, the pipeline for several;
+    # pipeline: the pipeline runtime even on one device (K = 1).
+    strategy: str = "auto"
+    nodes: int = 1  # machines taking part; each runs train.py with the same config
+    node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
+    rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
+    rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
+    collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
+    rdzv_timeout_s: int = 60
+    epochs: int = 6
+    max_steps: Optional[int] = None  # length of the schedule in optimizer steps (overrides epochs)
+    # Stop this launch after N steps with a checkpoint (the schedule is unchanged): splits a run
+    # into pieces that resume=auto continues, e.g. to fit a job time limit.
+    stop_after: Optional[int] = None
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    channels_last: bool = True  # CUDA only
+    cudnn_benchmark: bool = True
+    threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
+    eval_every_epochs: int = 1
+    log_every: int = 1
+    progress: bool = True
+    deterministic: bool = False
+    # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
+    # skip (drop its update on every rank; the step still counts and the schedule advances).
+    nonfinite: str = "stop"
+
+
+@dataclass
+class PipelineConfig:
+    schedule: str = "1f1b"
+    # Micro-batches per step. With one device this is gradient accumulation over the same
+    # micro-batches, the reference the pipelined runtime must reproduce.
+    microbatches: int = 1
+
+
+@dataclass
+class PartitionConfig:
+    mode: str = "even"
+    teacher: Optional[list[int]] = None  # blocks per stage, for mode=manual
+    student: Optional[list[int]] = None
+    # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
+    # link bandwidth between neighbours (None: communication not modelled), profiling effort.
+    alphas: Optional[list[float]] = None
+    link_bandwidth_gbps: Optional[float] = None
+    profile_warmup: int = 3
+    profile_repeats: int = 10
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # save every N optimizer steps (0: only at epoch ends and the end)
+    keep: int = 2  # how many recent checkpoints to keep
+    at_epoch_end: bool = True
+
+
+@dataclass
+class InjectionConfig:
+    name: str = "none"
+    faults: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class MonitorConfig:
+    """The supervisor's health monitor: worker liveness and hangs, NVML, CUDA probes."""
+
+    enabled: bool = True
+    period_s: float = 5.0
+    hang_timeout_s: float = 300.0  # covers evaluation and checkpoints, which write no heartbeat
+    nvml: bool = True
+    probe: bool = True
+    probe_every_s: float = 60.0
+    probe_timeout_s: float = 30.0
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "eta"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _defaults_of(module: str, name: str) -> dict[str, Any]:
+    """The default settings of a pure component's config dataclass (one source for the numbers)."""
+    import importlib
+
+    return dataclasses.asdict(getattr(importlib.import_module(module), name)())
+
+
+@dataclass
+class FailoverConfig:
+    """The supervisor's failover loop: watch step timings, decide by ETA, checkpoint and restart."""
+
+    enabled: bool = True  # false: a plain pipeline run (a worker failure ends the run)
+    max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together
+    decide_every: int = 1  # steps between two decisions while a slowdown is detected
+    # live: the running workers swap blocks and carry on (no checkpoint, no new processes);
+    # restart: checkpoint, tear down, relaunch with the new partition
+    replan_mode: str = "live"
+    restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
+    # SlowdownDetector and AlphaBetaEstimator settings, with their defaults (failover.detector.window=5)
+    detector: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.monitor.detector", "DetectorConfig"))
+    estimator: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.planner.estimator",
+                                                                           "EstimatorConfig"))
+    # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}] (measures a restart's
+    # cost, proves a restart changes nothing that is learned). Keys: step, action (replan|degrade|replace), device.
+    drills: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    description: str = ""
+
+
+@dataclass
+class SynapseConfig:
+    mode: str = "kd"
+    seed: int = 0
+    resume: Optional[str] = None  # a checkpoint path, or 'auto' for the newest one in the run dir
+    report: bool = True  # write figures and report.md (synapse.analysis) into the run dir at the end
+    run_dir: str = MISSING
+    cache_dir: str = MISSING
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    kd: KDConfig = field(default_factory=KDConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    injection: InjectionConfig = field(default_factory=InjectionConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+def register_configs() -> None:
+    """Make the schema available to ``conf/config.yaml``'s defaults list as ``synapse_schema``."""
+    ConfigStore.instance().store(name="synapse_schema", node=SynapseConfig)
+
+
+register_configs()
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("SYNAPSE_CACHE", str(Path.home() / ".cache" / "synapse"))

@@ -1,0 +1,318 @@
+"""``validate``: check what types cannot express, before any work starts.
+
+A temperature <= 0, a model name we do not know, a GPU id that does not exist: each raises
+``ConfigError`` naming the offending key and a fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from .devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices, uses_pipeline
+from .errors import choice, fail, positive
+from .schema import (ACCELERATORS, MODES, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
+                     PRECISIONS, SCHEDULES, STRATEGIES)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value that types cannot; raise ConfigError before any work starts."""
+    _validate_known_keys(cfg)
+    choice("mode", cfg.mode, MODES)
+    _validate_models(cfg)
+    _validate_data(cfg.data)
+    _validate_kd(cfg.kd)
+    _validate_optim(cfg.optim)
+    _validate_trainer(cfg.trainer)
+    _validate_pipeline(cfg)
+    _validate_partition(cfg)
+    _validate_injection(cfg)
+    _validate_monitor(cfg)
+    _validate_failover(cfg)
+    positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
+    positive("checkpoint.keep", cfg.checkpoint.keep)
+    _validate_block_counts(cfg)
+    _validate_weight_files(cfg)
+    _validate_resume(cfg)
+
+
+def _validate_block_counts(cfg: DictConfig) -> None:
+    """Pipeline runs: at most one stage per block, and manual counts that sum to the models' blocks.
+
+    The models are built on the meta device to count their blocks: no memory, a few ms even for ViT-L.
+    """
+    if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
+        return
+    from ..data import dataset_info
+    from ..engine.trainer import data_kwargs
+    from ..pipeline.partition import count_blocks, even_counts
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    k = num_stages(cfg.trainer)
+    for role in ("teacher", "student"):
+        name = cfg[role].name
+        blocks = count_blocks(name, info.num_classes, info.in_chans, info.image_size)
+        if k > blocks:
+            fail("trainer.devices", f"{k} pipeline stages but the {role} {name} has only {blocks} blocks "
+                  f"(every stage holds at least one)", f"use at most {blocks} devices, or a deeper {role}")
+        counts = cfg.partition[role]
+        if cfg.partition.mode == "manual" and sum(counts) != blocks:
+            fail(f"partition.{role}", f"{list(counts)} covers {sum(counts)} blocks but the {role} {name} has "
+                  f"{blocks}", f"make the counts sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
+
+
+def _validate_weight_files(cfg: DictConfig) -> None:
+    """teacher.checkpoint and student.init must fit the configured models and data (names and shapes),
+    checked here so that a wrong file fails once, not in every pipeline worker."""
+    from ..data import dataset_info
+    from ..engine.trainer import data_kwargs
+    from ..models.factory import check_weights_file
+
+    used = {"kd": ("teacher.checkpoint", "student.init"), "baseline": ("student.init",)}.get(cfg.mode, ())
+    files = [(key, OmegaConf.select(cfg, key)) for key in used if OmegaConf.select(cfg, key)]
+    if not files:
+        return
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    for key, path in files:
+        model_name = cfg[key.split(".")[0]].name
+        check_weights_file(model_name, path, info.num_classes, info.in_chans, info.image_size, what=key)
+
+
+def _validate_resume(cfg: DictConfig) -> None:
+    """The checkpoint a KD run resumes from must be finished, of a format version this Synapse reads,
+    and hold the configured student (names and shapes): refused here, before any worker starts."""
+    if cfg.resume is None:
+        return
+    if cfg.resume != "auto" and not Path(cfg.resume).exists():
+        fail("resume", f"checkpoint {cfg.resume!r} does not exist",
+              "give the path of a checkpoint directory, or resume=auto to take the newest in the run dir")
+    if cfg.mode != "kd":
+        return  # only distillation resumes
+    import torch
+
+    from .. import checkpoint as ckpt
+    from ..data import dataset_info
+    from ..engine.trainer import data_kwargs
+    from ..models import build_model
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    with torch.device("meta"):
+        student = build_model(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
+    shapes = {key: tuple(t.shape) for key, t in student.state_dict().items()}
+    if cfg.resume == "auto":
+        ckpt.check_run_checkpoints(Path(cfg.run_dir) / "checkpoints", cfg.student.name, shapes)
+    else:
+        ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys outside the schema, each with its closest valid spelling.
+
+    Hydra rejects ``trainer.epoch=3`` but then suggests ``+trainer.epoch=3``, which it accepts
+    silently even on a typed node: a misspelt setting would be ignored without a word.
+    """
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []  # free-form dicts (policy.params) take any key
+    allowed = sorted(f.name for f in dataclasses.fields(schema))
+    unknown: list[tuple[str, list[str]]] = []
+    for key in node.keys():
+        if key not in allowed:
+            unknown.append((f"{prefix}{key}", difflib.get_close_matches(str(key), allowed, n=1)))
+        elif dataclasses.is_dataclass(OmegaConf.get_type(node, key)):
+            unknown += _unknown_keys(node[key], f"{prefix}{key}.")
+    return unknown
+
+
+def _validate_known_keys(cfg: DictConfig) -> None:
+    for key, close in _unknown_keys(cfg):
+        parent = key.rpartition(".")[0]
+        suggestion = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+        fail(key, "is not a Synapse setting (added with a '+' override?)",
+              f"remove the override{suggestion or '.'} Valid keys are the fields in synapse/config/schema.py")
+
+
+def _validate_models(cfg: DictConfig) -> None:
+    from ..models.factory import MODEL_REGISTRY
+
+    for key in ("teacher.name", "student.name"):
+        name = OmegaConf.select(cfg, key)
+        if name not in MODEL_REGISTRY:
+            fail(key, f"unknown model {name!r}", f"choose one of {', '.join(sorted(MODEL_REGISTRY))}")
+    for key in ("teacher.checkpoint", "student.init"):
+        path = OmegaConf.select(cfg, key)
+        if path is not None and not Path(path).is_file():
+            fail(key, f"file {path!r} does not exist", "give the path of a local weights file (weights are never downloaded)")
+    positive("teacher.auto_train_epochs", cfg.teacher.auto_train_epochs, allow_zero=True)
+    positive("teacher.auto_train_lr", cfg.teacher.auto_train_lr)
+    if not 0 <= cfg.student.drop_rate < 1:
+        fail("student.drop_rate", f"must be in [0, 1), got {cfg.student.drop_rate}", "use e.g. student.drop_rate=0.1")
+
+
+def _validate_data(data: DictConfig) -> None:
+    from ..data import check_imagenet100_root, dataset_names
+
+    choice("data.name", data.name, tuple(dataset_names()))
+    for key in ("batch_size", "val_batch_size", "image_size"):
+        positive(f"data.{key}", data[key])
+    positive("data.num_workers", data.num_workers, allow_zero=True)
+    if data.name == "imagenet100":
+        if data.root is None:
+            fail("data.root", "ImageNet100 needs a data root", "set data.root=/path/to/imagenet (holding train/ and val/)")
+        check_imagenet100_root(data.root)
+
+
+def _validate_kd(kd: DictConfig) -> None:
+    from ..kd import KD_MODES
+
+    choice("kd.mode", kd.mode, KD_MODES)
+    positive("kd.T", kd.T)
+    if not 0.0 <= kd.lambda_kd <= 1.0:
+        fail("kd.lambda_kd", f"must be in [0, 1], got {kd.lambda_kd}", "kd.lambda_kd=0.9 weighs KD 0.9 and cross-entropy 0.1")
+
+
+def _validate_optim(optim: DictConfig) -> None:
+    choice("optim.name", optim.name, OPTIMIZERS)
+    choice("optim.schedule", optim.schedule, SCHEDULES)
+    positive("optim.lr", optim.lr)
+    positive("optim.weight_decay", optim.weight_decay, allow_zero=True)
+    positive("optim.warmup_steps", optim.warmup_steps, allow_zero=True)
+    positive("optim.step_size", optim.step_size)
+    if not 0 <= optim.momentum < 1:
+        fail("optim.momentum", f"must be in [0, 1), got {optim.momentum}", "use e.g. optim.momentum=0.9")
+
+
+def _validate_trainer(trainer: DictConfig) -> None:
+    choice("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    _validate_cpu_slot_ids(trainer)
+    choice("trainer.precision", trainer.precision, PRECISIONS)
+    choice("trainer.strategy", trainer.strategy, STRATEGIES)
+    positive("trainer.nodes", trainer.nodes)
+    positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
+    positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
+    if trainer.strategy == "single" and num_stages(trainer) > 1:
+        fail("trainer.strategy", f"single runs on one device but {num_stages(trainer)} are configured",
+              "use trainer.strategy=auto (pipeline over all devices) or trainer.devices=1")
+    if trainer.nodes > 1 and not trainer.rdzv_endpoint:
+        fail("trainer.rdzv_endpoint", f"trainer.nodes={trainer.nodes} needs a rendezvous endpoint every node can reach",
+              "set trainer.rdzv_endpoint=host:port (the same on every node)")
+    positive("trainer.epochs", trainer.epochs, allow_zero=True)
+    if trainer.max_steps is not None:
+        positive("trainer.max_steps", trainer.max_steps, allow_zero=True)
+    if trainer.stop_after is not None:
+        positive("trainer.stop_after", trainer.stop_after)
+    if trainer.threads is not None:
+        positive("trainer.threads", trainer.threads)
+    positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
+    positive("trainer.log_every", trainer.log_every)
+    choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
+    resolve_devices(trainer)
+
+
+def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
+    """A CPU slot id beyond the 64 worker processes Synapse starts at most, named as such."""
+    devices = trainer.devices
+    if trainer.accelerator != "cuda" and isinstance(devices, ListConfig) and resolve_accelerator(trainer) == "cpu":
+        too_high = [d for d in devices if isinstance(d, int) and d >= 64]
+        if too_high:
+            fail("trainer.devices", f"CPU slot ids {too_high} are out of range (slots are 0..63)",
+                  f"number CPU slots from 0, e.g. trainer.devices={len(devices)}")
+
+
+def _validate_pipeline(cfg: DictConfig) -> None:
+    choice("pipeline.schedule", cfg.pipeline.schedule, PIPELINE_SCHEDULES)
+    positive("pipeline.microbatches", cfg.pipeline.microbatches)
+    if cfg.data.batch_size % cfg.pipeline.microbatches:
+        fail("pipeline.microbatches", f"{cfg.pipeline.microbatches} micro-batches do not divide data.batch_size="
+              f"{cfg.data.batch_size}", "choose a divisor of the batch size")
+
+
+def _validate_partition(cfg: DictConfig) -> None:
+    part = cfg.partition
+    choice("partition.mode", part.mode, PARTITION_MODES)
+    k = num_stages(cfg.trainer)
+    positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
+    positive("partition.profile_repeats", part.profile_repeats)
+    if part.link_bandwidth_gbps is not None:
+        positive("partition.link_bandwidth_gbps", part.link_bandwidth_gbps)
+    if part.alphas is not None:
+        if len(part.alphas) != k:
+            fail("partition.alphas", f"{len(part.alphas)} speeds given for {k} devices", f"give exactly {k} values")
+        if min(part.alphas) <= 0:
+            fail("partition.alphas", f"slowdowns must be > 0, got {list(part.alphas)}", "use 1.0 for a nominal device")
+    if part.mode != "manual":
+        return
+    for key in ("teacher", "student"):
+        counts = part[key]
+        if counts is None:
+            fail(f"partition.{key}", "partition.mode=manual needs blocks per stage",
+                  f"set partition.{key}=[n_0,...,n_{k - 1}] or use partition=even")
+        if len(counts) != k:
+            fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
+        if min(counts) < 1:
+            fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
+
+
+def _validate_injection(cfg: DictConfig) -> None:
+    from ..monitor.injection import InjectionError, parse_faults
+
+    try:
+        parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
+    except (InjectionError, KeyError, TypeError, ValueError) as exc:
+        hint = ""
+        if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
+            hint = " (the default demo slows rank 2 of 3: add injection=none for a run on fewer devices)"
+        fail("injection.faults", str(exc), "see conf/injection/ for examples" + hint)
+
+
+def _validate_monitor(cfg: DictConfig) -> None:
+    from ..monitor.health import HealthConfigError, HealthSettings
+
+    try:
+        HealthSettings.from_config(cfg.monitor)
+    except HealthConfigError as exc:
+        fail("monitor", str(exc), "see MonitorConfig in synapse/config/schema.py")
+
+
+REPLAN_MODES = ("live", "restart")
+
+
+def _validate_failover(cfg: DictConfig) -> None:
+    from ..monitor.detector import DetectorConfig, DetectorConfigError
+    from ..planner.estimator import EstimatorConfig, EstimatorConfigError
+    from ..planner.policy import PolicyConfigError, make_policy
+
+    failover = cfg.failover
+    positive("failover.max_restarts", failover.max_restarts, allow_zero=True)
+    positive("failover.decide_every", failover.decide_every)
+    choice("failover.replan_mode", failover.replan_mode, REPLAN_MODES)
+    for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
+                                 ("failover.estimator", EstimatorConfig, EstimatorConfigError)):
+        try:
+            settings(**OmegaConf.to_container(failover[key.split(".")[1]], resolve=True))
+        except TypeError as exc:
+            valid = ", ".join(f.name for f in dataclasses.fields(settings))
+            fail(key, str(exc), f"use only these keys: {valid}")
+        except error as exc:
+            fail(key, str(exc), f"see {settings.__name__} for the ranges")
+    try:
+        make_policy(cfg.policy.name, **OmegaConf.to_container(cfg.policy.params, resolve=True))
+    except PolicyConfigError as exc:
+        fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
+    for i, drill in enumerate(failover.drills):
+        if not isinstance(drill, DictConfig) or set(drill) - {"step", "action", "device"} or "step" not in drill \
+                or drill.get("action") not in ("replan", "degrade", "replace") or int(drill.step) < 1:
+            fail(f"failover.drills[{i}]", f"{drill!r} is not a drill",
+                  "write {step: N (>= 1), action: replan|degrade|replace, device: D (optional)}")
+    if failover.restart_cost_file is not None and not Path(failover.restart_cost_file).is_file():
+        fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
+              "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
+    spares = [int(d) for d in cfg.trainer.spare_devices]
+    clash = sorted(set(spares) & set(resolve_devices(cfg.trainer)))
+    if clash or len(set(spares)) != len(spares):
+        fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "
+              f"{resolve_devices(cfg.trainer)}", "list idle devices only, each once")
+    if resolve_accelerator(cfg.trainer) == "cuda" and spares:
+        check_gpu_ids(spares)
