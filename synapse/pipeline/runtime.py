@@ -109,6 +109,21 @@ class TimedPipelineStage(PipelineStage):
         self._hook("send")
         return super().get_bwd_send_ops(*args, **kwargs)
 
+    def _shape_inference(self, *args: Any, **kwargs: Any):
+        """Before torch 2.13, a stage learns its shapes by running its module once before the first
+        step. That extra forward, in training mode, moves BatchNorm running statistics (a batch of
+        zeros leaves the mean and shrinks the variance), so the run no longer learns what the
+        single-device trainer learns. Buffers are put back as they were: shape inference is
+        bookkeeping, not training. (Newer torch has no such method and never calls this.)"""
+        buffers = [b for b in self.submod.buffers() if b.device.type != "meta"]
+        saved = [b.detach().clone() for b in buffers]
+        try:
+            return super()._shape_inference(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            with torch.no_grad():
+                for buffer, value in zip(buffers, saved):
+                    buffer.copy_(value)
+
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
         self._hook("backward")
         if self.clock is None:
