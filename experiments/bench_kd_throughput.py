@@ -51,7 +51,8 @@ from synapse.config import validate  # noqa: E402
 from synapse.engine.batches import Batch, train_batches  # noqa: E402
 from synapse.engine.device import build_compute_setup  # noqa: E402
 from synapse.engine.teacher import prepare_teacher  # noqa: E402
-from synapse.engine.trainer import Trainer, build_datasets, build_trainer, kd_params  # noqa: E402
+from synapse.data import build_datasets  # noqa: E402
+from synapse.engine.trainer import Trainer, build_trainer, kd_params  # noqa: E402
 from synapse.data import ResumableSampler  # noqa: E402
 from synapse.kd import kd_loss  # noqa: E402
 from synapse.models import build_model  # noqa: E402
@@ -113,7 +114,7 @@ def compose_config(args: argparse.Namespace, run_dir: Path, teacher_file: Path) 
 
 
 def build_trainer_side(cfg: DictConfig, run_dir: Path) -> Trainer:
-    """Exactly what ``synapse.launch.run.run_kd`` builds, minus checkpoint writing."""
+    """Exactly what ``synapse.app.run_kd`` builds, minus checkpoint writing."""
     setup = build_compute_setup(cfg.trainer)
     teacher = prepare_teacher(cfg, run_dir, setup, log=quiet)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, None, log=quiet)

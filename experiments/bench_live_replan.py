@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--student", default="resnet50")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--drill-step", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "live_replan_cpu.json")
+    parser.add_argument("--out", type=Path, default=REPO / "synapse" / "failover" / "priors" / "live_replan_cpu.json")
     args = parser.parse_args()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,7 @@ directly: the time one ``sample_once`` pass takes, divided by the period, is the
 one core it uses. Results: experiments/results/bench_monitor_overhead.json (and stdout).
 
 Until ``monitor.enabled`` exists in the config, the monitor is built here around
-``synapse.launch.run.run``, as the supervisor will build it.
+``synapse.app.run``, as the supervisor will build it.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import synapse.config  # noqa: F401  (registers the schema)
-from synapse.engine.metrics import read_jsonl
-from synapse.launch.run import run
+from synapse.conf import CONF_DIR
+from synapse.records import read_jsonl
+from synapse.app import run
 from synapse.models import build_model
 from synapse.monitor.health import HealthMonitor, HealthSettings
 from synapse.monitor.heartbeat import Heartbeat
@@ -41,7 +42,7 @@ def pipeline_config(run_dir: Path, teacher: Path, steps: int):
                  f"trainer.max_steps={steps}", "data.batch_size=16", "data.augment=false", "pipeline.microbatches=4",
                  "teacher=resnet_micro", "student=resnet_micro", f"teacher.checkpoint={teacher}",
                  f"run_dir={run_dir}", f"cache_dir={run_dir}/cache"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=overrides)
 
 

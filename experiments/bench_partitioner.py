@@ -22,7 +22,7 @@ from synapse.planner.partitioner import plan_partition
 from synapse.planner.profile import load_profile_csv
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILES = REPO.parent / "shared" / "data" / "synapse_profiles"
+DEFAULT_PROFILES = REPO / "tests" / "data" / "synapse_profiles"  # copies of the shared GPU profiles
 TARGET_S = {4: 0.1, 8: 1.0}
 GIB = 1 << 30
 

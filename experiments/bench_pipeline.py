@@ -1,7 +1,7 @@
 # python experiments/bench_pipeline.py --out experiments/results/bench_pipeline_cpu.json
 """Pipeline throughput for K = 1, 2, 3 and the measured bubble next to the schedule's theory.
 
-Each configuration is a real run of ``synapse.launch.run.run`` (K worker processes through
+Each configuration is a real run of ``synapse.app.run`` (K worker processes through
 the elastic launcher, gloo on CPU). From its performance.jsonl, after ``--warmup`` steps:
 
 * throughput = images per step / median step wall time;
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import synapse.config  # noqa: E402,F401
-from synapse.engine.metrics import read_jsonl  # noqa: E402
-from synapse.launch.run import run  # noqa: E402
+from synapse.records import read_jsonl  # noqa: E402
+from synapse.app import run  # noqa: E402
 from synapse.models import build_model  # noqa: E402
 
 

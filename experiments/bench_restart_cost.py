@@ -1,4 +1,4 @@
-# python experiments/bench_restart_cost.py [--accelerator cpu] [--out experiments/results/restart_cost_cpu.json]
+# python experiments/bench_restart_cost.py [--accelerator cpu] [--out synapse/failover/priors/restart_cost_cpu.json]
 """What one restart costs, measured: checkpoint save, teardown, launch, checkpoint load, warm-up.
 
 Runs the default models through ``train.py`` with failover drills (forced REPLAN and DEGRADE
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--devices", default="3")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    out = args.out or REPO / "experiments" / "results" / f"restart_cost_{args.accelerator}.json"
+    out = args.out or REPO / "synapse" / "failover" / "priors" / f"restart_cost_{args.accelerator}.json"
     with tempfile.TemporaryDirectory() as tmp:
         started = time.time()
         restarts = run_drills(Path(tmp) / "run", args.accelerator, args.devices)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from synapse.records import read_jsonl  # noqa: F401  (the scripts read records through benchlib)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -63,11 +65,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     cell = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]) + "\n"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL file; none if it does not exist."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def read_events(run_dir: Path, name: str) -> list[dict[str, Any]]:

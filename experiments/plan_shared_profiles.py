@@ -18,7 +18,7 @@ from synapse.planner.partitioner import PartitionPlan, even_partition, plan_part
 from synapse.planner.profile import load_profile_csv
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILES = REPO.parent / "shared" / "data" / "synapse_profiles"
+DEFAULT_PROFILES = REPO / "tests" / "data" / "synapse_profiles"  # copies of the shared GPU profiles
 GIB = 1 << 30
 
 

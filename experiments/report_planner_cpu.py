@@ -45,8 +45,9 @@ sys.path.insert(0, str(REPO / "experiments"))
 
 import synapse.config  # noqa: F401
 from bench_gloo_p2p import measure_link
+from synapse.conf import CONF_DIR
 from synapse.launch.planning import device_specs, measured_step_summary
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.models import build_model
 from synapse.planner.cost_model import CostModel, StepSpec, TermCalibration
 from synapse.planner.partitioner import plan_with_cost_model
@@ -156,7 +157,7 @@ def compose_run(run_dir: Path, work: Path, k: int, args, partition: tuple | None
     else:
         overrides += ["partition=manual", f"partition.teacher={list(partition[0])}",
                       f"partition.student={list(partition[1])}"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     if "failover" in cfg:  # a plain run: no slowdown detection, no restarts
         cfg.failover.enabled = False

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 import synapse.config  # noqa: F401  (registers the structured-config schema used by conf/config.yaml)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO_ROOT / "conf"
+from synapse.conf import CONF_DIR
 
 # Overrides that make any run tiny and CPU-only: micro models, one thread, no progress bar, and a
 # teacher that is "trained" for zero epochs (its initial weights: enough to exercise KD).

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from .. import records
+
 METRICS_FILE = "metrics.jsonl"
 PERFORMANCE_FILE = "performance.jsonl"
 EVENTS_FILE = "failover_events.jsonl"
@@ -39,35 +41,14 @@ class SweepDirError(AnalysisError):
     """A path that is not a Hydra multirun (sweep) directory."""
 
 
-class RecordFileError(AnalysisError):
+class RecordFileError(AnalysisError, records.RecordFileError):
     """A record file that exists but is not what Synapse writes."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file in file order ([] when the file is missing).
-
-    A last line without its newline is a record being written (or cut off) and is skipped.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    text = path.read_text()
-    lines = text.split("\n")
-    if not text.endswith("\n"):
-        lines = lines[:-1]  # the torn last record
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordFileError(f"{path}:{number} is not JSON ({exc}); synapse writes one JSON object per "
-                                  f"line there. Fix: remove or repair that line") from exc
-        if not isinstance(record, dict):
-            raise RecordFileError(f"{path}:{number} holds a {type(record).__name__}, not a JSON object")
-        records.append(record)
-    return records
+    """The JSON objects of a JSONL file in file order ([] when the file is missing), by
+    ``synapse.records``' one policy (a torn last line is skipped; any other bad line is an error)."""
+    return records.read_jsonl(path, RecordFileError)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -46,8 +46,9 @@ def _validate_block_counts(cfg: DictConfig) -> None:
     if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
         return
     from ..data import dataset_info
-    from ..engine.trainer import data_kwargs
-    from ..pipeline.partition import count_blocks, even_counts
+    from ..data import data_kwargs
+    from ..models import count_blocks
+    from ..planner.placement import even_counts
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
@@ -67,7 +68,7 @@ def _validate_weight_files(cfg: DictConfig) -> None:
     """teacher.checkpoint and student.init must fit the configured models and data (names and shapes),
     checked here so that a wrong file fails once, not in every pipeline worker."""
     from ..data import dataset_info
-    from ..engine.trainer import data_kwargs
+    from ..data import data_kwargs
     from ..models.factory import check_weights_file
 
     used = {"kd": ("teacher.checkpoint", "student.init"), "baseline": ("student.init",)}.get(cfg.mode, ())
@@ -94,7 +95,7 @@ def _validate_resume(cfg: DictConfig) -> None:
 
     from .. import checkpoint as ckpt
     from ..data import dataset_info
-    from ..engine.trainer import data_kwargs
+    from ..data import data_kwargs
     from ..models import build_model
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))

@@ -3,6 +3,7 @@ resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``Resumable
 from synapse.data.base import DatasetInfo, EpochDataset
 from synapse.data.digits import DigitsDataset
 from synapse.data.errors import DataError
+from synapse.data.from_config import build_datasets, data_kwargs
 from synapse.data.imagenet100 import ImageNet100, check_imagenet100_root, imagenet100_synsets
 from synapse.data.registry import build_dataset, dataset_info, dataset_names
 from synapse.data.sampler import (
@@ -24,6 +25,8 @@ __all__ = [
     "IndexBatch",
     "ResumableSampler",
     "SyntheticImages",
+    "build_datasets",
+    "data_kwargs",
     "build_dataset",
     "check_imagenet100_root",
     "dataset_info",

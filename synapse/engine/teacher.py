@@ -19,7 +19,8 @@ from torch import nn
 from ..config import ConfigError, resolve_accelerator, resolve_devices
 from ..data import dataset_info
 from .device import ComputeSetup
-from .trainer import build_trainer, data_kwargs, load_teacher
+from ..data import data_kwargs
+from .trainer import build_trainer, load_teacher
 
 
 def teacher_cache_key(cfg: DictConfig) -> str:

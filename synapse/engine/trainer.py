@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from .. import checkpoint as ckpt
-from ..data import ResumableSampler, build_dataset, dataset_info
+from ..data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from ..kd import KDLossParams
 from ..models import build_model, load_weights
 from ..monitor.events import EventLog, events_path
@@ -27,29 +27,10 @@ from ..monitor.injection import FaultInjector, parse_faults
 from .batches import train_batches
 from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
 from .evaluate import evaluate
-from .metrics import JsonlWriter, NullWriter
+from ..records import JsonlWriter, NullWriter
 from .optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from .progress import Progress
 from .step import NonFiniteLossError, SingleDeviceStep
-
-
-def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``build_dataset`` (for ``split``) or ``dataset_info`` (split None)."""
-    if data.name == "digits":
-        return {"image_size": data.image_size, **({"augment": data.augment, "seed": seed} if split == "train" else {})}
-    if data.name == "imagenet100":
-        return {"root": data.root, "image_size": data.image_size, **({"seed": seed} if split else {})}
-    kwargs = {"image_size": data.image_size, "num_classes": data.synthetic_num_classes,
-              "in_chans": data.synthetic_in_chans}
-    if split:
-        size = data.synthetic_train_size if split == "train" else data.synthetic_val_size
-        kwargs.update(num_samples=size, seed=seed)
-    return kwargs
-
-
-def build_datasets(data: DictConfig, seed: int):
-    return (build_dataset(data.name, "train", **data_kwargs(data, seed, "train")),
-            build_dataset(data.name, "val", **data_kwargs(data, seed, "val")))
 
 
 @dataclass

@@ -31,7 +31,8 @@ from ..monitor.timing import StepTiming
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.policy import Decision, DecisionContext, Policy
-from .planning import StagePlanner
+from ..planner.placement import Placement
+from ..planner.stage_planner import StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50
@@ -39,14 +40,6 @@ KEEP_LOG_EVERY = 10  # healthy steps whose median is the step time a slowdown is
 
 
 @dataclass
-class RunningStage:
-    """What runs now: device of each rank and the partition."""
-
-    devices: tuple[int, ...]
-    teacher_counts: tuple[int, ...]
-    student_counts: tuple[int, ...]
-
-
 @dataclass
 class Episode:
     """One slowdown, from its detection until it is gone (recovered, or its device dropped)."""
@@ -69,7 +62,7 @@ class FailoverController:
     decide_every: int = 1
     log_event: Callable[..., Any] = lambda event, **fields: None
     say: Callable[[str], None] = lambda line: None  # one line for the person watching the console
-    stage: RunningStage | None = None
+    stage: Placement | None = None
     episode: Episode = field(default_factory=Episode)
     last_action_step: int | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -82,7 +75,7 @@ class FailoverController:
     _nominal: tuple[list[float], list[float]] | None = None  # this stage's predicted compute, comm per rank
 
     # ---------------------------------------------------------------- stages
-    def begin_stage(self, stage: RunningStage, start_step: int | None = None) -> None:
+    def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
         """A new launch from ``start_step``: carry the detector over from the previous partition."""
         if start_step is not None:
             self.detector.rewind(start_step)
@@ -162,7 +155,7 @@ class FailoverController:
         return statistics.median(s for _, s in self._recent)
 
     @staticmethod
-    def _partition_of(stage: RunningStage) -> tuple:
+    def _partition_of(stage: Placement) -> tuple:
         return stage.devices, stage.teacher_counts, stage.student_counts
 
     def _update_estimator(self, timing: StepTiming) -> None:
@@ -275,5 +268,5 @@ class FailoverController:
         self.time_lost_total_s = float(state["time_lost_total_s"])
         if state["stage"] is not None:
             self.stage = None  # begin_stage sets it (and this stage's predictions) without a rebase
-            self.begin_stage(RunningStage(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",
+            self.begin_stage(Placement(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",
                                                                                 "student_counts"))))

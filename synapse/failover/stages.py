@@ -26,7 +26,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+from ..conf import CONF_DIR
+from ..planner.placement import Placement
+
 STAGES_DIR = "stages"
 
 
@@ -105,8 +108,13 @@ class StageSpec:
     outcome: str | None = None  # finished | stopped | failed
 
     @property
+    def placement(self) -> Placement:
+        return Placement(tuple(self.devices), tuple(self.teacher_counts), tuple(self.student_counts))
+
+    @property
     def partition(self) -> dict[str, list[int]]:
-        return {"teacher": list(self.teacher_counts), "student": list(self.student_counts)}
+        """What the workers are launched with (``Placement.to_dict``)."""
+        return self.placement.to_dict()
 
 
 def stage_dir(run_dir: Path, index: int) -> Path:

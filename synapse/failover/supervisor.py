@@ -29,10 +29,10 @@ from ..config import resolve_devices, validate
 from ..launch.elastic import WorkerFailure, launch_pipeline
 from ..monitor.events import EventLog, events_path, read_events
 from ..monitor.injection import fired_fault_indices
-from ..pipeline.partition import StagePartition
+from ..planner.placement import Placement
 from ..planner.policy import Decision, NoViableOptionError
-from .control import clear_stop
-from .controller import FailoverController, RunningStage
+from ..control import FileControlChannel
+from .controller import FailoverController
 from .faults import faults_for_stage
 from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
 from .summary import write_experiment_summary
@@ -108,9 +108,8 @@ class Supervisor:
         return self.cfg.failover.replan_mode == "live"
 
     def _launch(self, spec: StageSpec, stage_cfg: DictConfig, restart: Restart | None):
-        clear_stop(self.run_dir)
-        self.controller.begin_stage(RunningStage(tuple(spec.devices), tuple(spec.teacher_counts),
-                                                 tuple(spec.student_counts)), start_step=spec.start_step)
+        FileControlChannel(self.run_dir).clear()
+        self.controller.begin_stage(spec.placement, start_step=spec.start_step)
         watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
                                live_replan=self.live_replan, on_live_stage=self._on_live_stage)
         if restart is not None:
@@ -146,8 +145,7 @@ class Supervisor:
         self.stages.append(spec)
         stage_cfg, overrides = self._compose(spec)
         write_stage(self.run_dir, spec, stage_cfg, overrides)
-        self.controller.begin_stage(RunningStage(tuple(spec.devices), tuple(spec.teacher_counts),
-                                                 tuple(spec.student_counts)))
+        self.controller.begin_stage(spec.placement)
         live = [e for e in read_events(events_path(self.run_dir), "live_replan") if e.get("stage") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
         restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller_decided_at(decision),
@@ -358,8 +356,8 @@ def pin_checkpoint(source: Path, target: Path) -> Path:
     return target
 
 
-def first_stage(cfg: DictConfig, partition: StagePartition, resume: str | None) -> StageSpec:
-    return StageSpec(0, resolve_devices(cfg.trainer), list(partition.teacher), list(partition.student),
+def first_stage(placement: Placement, resume: str | None) -> StageSpec:
+    return StageSpec(0, list(placement.devices), list(placement.teacher_counts), list(placement.student_counts),
                      reason="start", resume=resume)
 
 

@@ -1,23 +1,24 @@
 """The supervisor's eyes during a launch: tail performance.jsonl and let the controller decide.
 
 A thread reads the records the last rank appends (one per step, flushed per line), feeds
-those of the running stage to the controller, and on the first non-KEEP decision writes
-the stop request every rank will see after its next step. Reading a file keeps the
+those of the running stage to the controller, and on the first non-KEEP decision sends the
+stop request (``synapse.control``) every rank acts on after its next step. Reading a file keeps the
 workers' hot path free of anything the controller does (planning takes milliseconds,
 a worker must not wait for it).
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from ..control import FileControlChannel, StopRequest
 from ..planner.eta import OptionKind
+from ..planner.placement import Placement
 from ..planner.policy import Decision
-from .control import request_stop
+from ..records import JsonlTail
 from .controller import FailoverController
 
 
@@ -38,11 +39,9 @@ class StageWatcher(threading.Thread):
         self.live_replan, self.on_live_stage = live_replan, on_live_stage
         self.pending_live: Decision | None = None
         self._done = threading.Event()
-        try:  # records already in the file belong to earlier launches (or an earlier run in this dir)
-            self._offset = (self.run_dir / "performance.jsonl").stat().st_size
-        except FileNotFoundError:
-            self._offset = 0
-        self._partial = b""
+        self.control = FileControlChannel(self.run_dir)
+        # records already in the file belong to earlier launches (or an earlier run in this dir)
+        self._records = JsonlTail(self.run_dir / "performance.jsonl")
 
     def stop(self) -> None:
         """Read what is left, then end the thread."""
@@ -59,7 +58,7 @@ class StageWatcher(threading.Thread):
             self.error = exc
 
     def _poll(self) -> None:
-        for record in self._new_records():
+        for record in self._records.read_new():
             stage = record.get("stage", -1)
             if stage < self.stage:
                 continue  # an earlier launch's lines
@@ -78,23 +77,10 @@ class StageWatcher(threading.Thread):
         self.decision, self.decided_at = decision, time.time()
         live = self.live_replan and decision.action is OptionKind.REPLAN
         chosen = decision.chosen
-        request_stop(self.run_dir, id=uuid.uuid4().hex, action=decision.action.value, step=decision.step,
-                     stage=self.stage, mode="live" if live else "restart",
-                     teacher=list(chosen.teacher_counts), student=list(chosen.student_counts))
+        self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.stage,
+                                      "live" if live else "restart",
+                                      Placement(chosen.devices, chosen.teacher_counts, chosen.student_counts)))
         if live:
             self.pending_live = decision
         how = "live, the workers keep running" if live else "stop, checkpoint and restart"
         self.log(f"failover: {decision.action.value.upper()} at step {decision.step} ({how}): {decision.reason}")
-
-    def _new_records(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "performance.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # an unterminated last line is still being written
-        return [json.loads(line) for line in lines if line.strip()]

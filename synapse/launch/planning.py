@@ -7,6 +7,7 @@ measured profiles and device facts, and writes ``plan.json`` and ``plan_vs_measu
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -16,15 +17,16 @@ from omegaconf import DictConfig
 
 from ..config import resolve_accelerator, resolve_devices
 from ..engine.device import default_threads
-from ..engine.metrics import read_jsonl
-from ..pipeline.partition import StagePartition
-from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, cpu_contention
-from ..planner.partitioner import PartitionPlan, plan_partition
+from ..records import read_jsonl
+from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
+from ..planner.partitioner import PartitionPlan
+from ..planner.placement import Placement
 from ..planner.profile import load_profile_csv
+from ..planner.stage_planner import DeviceFacts, StagePlanner
 from ..profiling import profile_for_config
 
 # Bytes of optimizer state per parameter byte (cost model's memory term).
-_OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
+OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
 
 
 def profile_device(cfg: DictConfig) -> str:
@@ -42,26 +44,47 @@ def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print):
                               warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log)
 
 
-def device_specs(cfg: DictConfig, num_stages: int) -> list[DeviceSpec]:
-    """What the planner knows of each device: relative speed, memory, link bandwidth, core sharing."""
+def device_facts(cfg: DictConfig) -> DeviceFacts:
+    """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
+    gbps = cfg.partition.link_bandwidth_gbps
+    bandwidth = gbps * 1e9 if gbps else math.inf
+    if resolve_accelerator(cfg.trainer) == "cuda":
+        return DeviceFacts("cuda:{}".format, _gpu_memory, bandwidth)
+    return DeviceFacts("cpu:{}".format, lambda device: math.inf, bandwidth, cpu_rank_contention(cfg.trainer))
+
+
+def _gpu_memory(device: int) -> float:
+    import torch
+
+    return float(torch.cuda.get_device_properties(device).total_memory)
+
+
+def build_stage_planner(cfg: DictConfig, info, log: Callable[[str], None] = print) -> StagePlanner:
+    """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
+    controller are made by it, so they are priced by the same cost model."""
+    return planner_for_profiles(cfg, profile_models(cfg, info, log))
+
+
+def planner_for_profiles(cfg: DictConfig, paths) -> StagePlanner:
+    step = StepSpec(cfg.pipeline.microbatches, cfg.pipeline.schedule,
+                    optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
+    return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step, device_facts(cfg))
+
+
+def configured_alphas(cfg: DictConfig, num_stages: int) -> list[float]:
     alphas = list(cfg.partition.alphas) if cfg.partition.alphas else [1.0] * num_stages
     if len(alphas) != num_stages:
         raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_stages} devices; give one per device")
-    bandwidth = cfg.partition.link_bandwidth_gbps * 1e9 if cfg.partition.link_bandwidth_gbps else float("inf")
-    cuda = resolve_accelerator(cfg.trainer) == "cuda"
-    contention = 1.0 if cuda else cpu_rank_contention(cfg.trainer)
-    specs = []
-    for rank in range(num_stages):
-        memory = float("inf")
-        name = f"cpu:{rank}"
-        if cuda:
-            import torch
+    return [float(a) for a in alphas]
 
-            gpu = resolve_devices(cfg.trainer)[rank % len(resolve_devices(cfg.trainer))]
-            memory, name = torch.cuda.get_device_properties(gpu).total_memory, f"cuda:{gpu}"
-        specs.append(DeviceSpec(name, alpha=float(alphas[rank]), memory_bytes=memory,
-                                link_bandwidth_bytes_per_s=bandwidth, contention=contention))
-    return specs
+
+def device_specs(cfg: DictConfig, num_stages: int) -> list[DeviceSpec]:
+    """The planner's view of stages 0..K-1 at the configured alphas (what partition=auto plans on)."""
+    stages = list(range(num_stages))
+    if resolve_accelerator(cfg.trainer) == "cuda":
+        devices = resolve_devices(cfg.trainer)
+        stages = [devices[rank % len(devices)] for rank in stages]
+    return device_facts(cfg).specs(stages, configured_alphas(cfg, num_stages))
 
 
 def cpu_rank_contention(trainer: DictConfig) -> float:
@@ -79,18 +102,17 @@ def _available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def auto_partition(cfg: DictConfig, num_stages: int, info, run_dir: Path,
-                   log: Callable[[str], None] = print) -> tuple[StagePartition, PartitionPlan]:
+def auto_partition(cfg: DictConfig, devices: list[int], info, run_dir: Path,
+                   log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
+    """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
     paths = profile_models(cfg, info, log)
-    teacher, student = load_profile_csv(paths.teacher), load_profile_csv(paths.student)
-    plan = plan_partition(teacher, student, device_specs(cfg, num_stages), cfg.pipeline.microbatches,
-                          cfg.pipeline.schedule, optimizer_state_multiplier=_OPTIMIZER_STATE[cfg.optim.name])
+    plan = planner_for_profiles(cfg, paths).full_plan(devices, configured_alphas(cfg, len(devices)))
     record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": str(paths.teacher),
                                                                "student": str(paths.student)}}
     (run_dir / "plan.json").write_text(json.dumps(record, indent=1))
     log(f"partition=auto: predicted step {plan.step_time_s * 1e3:.1f} ms, per-stage "
         f"{[round(t * 1e3, 2) for t in plan.stage_times_s]} ms per micro-batch")
-    return StagePartition(plan.teacher_counts, plan.student_counts), plan
+    return Placement(tuple(devices), plan.teacher_counts, plan.student_counts), plan
 
 
 def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any] | None:

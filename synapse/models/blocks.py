@@ -142,3 +142,11 @@ def block_parameter_names(model: nn.Module, blocks: list[nn.Module]) -> list[dic
 
 def num_blocks(model: nn.Module) -> int:
     return len(model_blocks(model))
+
+
+def count_blocks(model_name: str, num_classes: int, in_chans: int, image_size: int) -> int:
+    """Block count of a model, built on the meta device (no memory, no time even for ViT-L)."""
+    from .factory import build_model
+
+    with torch.device("meta"):
+        return num_blocks(build_model(model_name, num_classes, in_chans, image_size))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from ..records import iter_jsonl
+
 EVENTS_FILE = "failover_events.jsonl"
 
 
@@ -65,28 +67,13 @@ def _plain(value: Any) -> Any:
 
 
 def iter_events(path: Path | str) -> Iterator[dict[str, Any]]:
-    """The records of an event log in file order; a missing file has none.
-
-    A last line without its newline is a record still being written (or cut off by a full
-    disk) and is skipped; any other line that is not a JSON object is an error.
-    """
+    """The records of an event log (a file, or a run directory) in file order; a missing file has
+    none. Read by ``synapse.records``' one policy: a torn last line is not read yet, any other
+    line that is not a JSON object is an error."""
     path = Path(path)
     if path.is_dir():
         path = events_path(path)
-    if not path.exists():
-        return
-    complete_lines = path.read_text().split("\n")[:-1]  # the last piece lacks its newline
-    for number, line in enumerate(complete_lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise EventLogError(f"{path}:{number} is not JSON ({exc}); the file was written by something else "
-                                f"than EventLog") from exc
-        if not isinstance(record, dict):
-            raise EventLogError(f"{path}:{number} is {type(record).__name__}, not an event object")
-        yield record
+    return iter_jsonl(path, EventLogError)
 
 
 def read_events(path: Path | str, event: str | None = None, **match: Any) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from ..engine.metrics import JsonlWriter
+from ..records import JsonlWriter
 from .events import EventLog, events_path
 from .heartbeat import read_heartbeats
 from .liveness import LivenessTracker

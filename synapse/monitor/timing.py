@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..records import iter_jsonl
+
 _REQUIRED_KEYS = ("step", "wall_time", "step_seconds", "compute_s", "comm_s")
 
 
@@ -118,14 +120,11 @@ class StepTiming:
 
 
 def read_step_timings(path: str | Path) -> list[StepTiming]:
-    """All records of a performance.jsonl file; blank lines are skipped."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(StepTiming.from_json_line(line))
-            except TimingRecordError as error:
-                raise TimingRecordError(f"{path}:{number}: {error}") from None
-    return records
+    """All records of a performance.jsonl file (``synapse.records``' policy for torn lines)."""
+    timings = []
+    for number, record in enumerate(iter_jsonl(path, TimingRecordError), start=1):
+        try:
+            timings.append(StepTiming.from_dict(record))
+        except TimingRecordError as error:
+            raise TimingRecordError(f"{path}:{number}: {error}") from None
+    return timings

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .partition import StagePartition
+from ..planner.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,14 @@ def owners(counts: tuple[int, ...]) -> list[int]:
     return [rank for rank, n in enumerate(counts) for _ in range(n)]
 
 
-def student_moves(old: StagePartition, new: StagePartition) -> list[BlockMove]:
+def student_moves(old: Placement, new: Placement) -> list[BlockMove]:
     """Student blocks whose owner changes (same number of ranks: a live REPLAN keeps the devices)."""
     if old.num_stages != new.num_stages:
         raise ValueError(f"a live re-partition keeps the devices: {old.num_stages} stages cannot become "
                          f"{new.num_stages}; use failover.replan_mode=restart for that")
-    if sum(old.student) != sum(new.student) or sum(old.teacher) != sum(new.teacher):
+    if sum(old.student_counts) != sum(new.student_counts) or sum(old.teacher_counts) != sum(new.teacher_counts):
         raise ValueError(f"partitions {old.to_dict()} and {new.to_dict()} place different numbers of blocks")
-    before, after = owners(old.student), owners(new.student)
+    before, after = owners(old.student_counts), owners(new.student_counts)
     return [BlockMove(b, s, d) for b, (s, d) in enumerate(zip(before, after)) if s != d]
 
 

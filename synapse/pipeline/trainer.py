@@ -22,17 +22,17 @@ from omegaconf import DictConfig
 from .. import checkpoint as ckpt
 from ..engine.batches import eval_batches
 from ..engine.device import ComputeSetup, rng_state, set_rng_state
-from ..engine.metrics import JsonlWriter, NullWriter, topk_correct
+from ..engine.metrics import topk_correct
+from ..records import JsonlWriter, NullWriter
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
-from ..config import resolve_devices
-from ..failover.control import stop_requested
+from ..control import FileControlChannel, StopAck, StopRequest
 from ..monitor.events import EventLog, events_path
 from ..monitor.heartbeat import Heartbeat
 from ..monitor.injection import build_fault_injector
 from ..models import block_parameter_names, build_model, load_weights, model_blocks
-from .partition import StagePartition
+from ..planner.placement import Placement
 from .repartition import exchange_blocks, payload_size_bytes, student_moves
 from .runtime import PipelineRuntime, ProgressBoard, progress_path
 from .stage import FusedStage
@@ -46,12 +46,13 @@ class PipelineTrainer(Trainer):
     # original student parameter/buffer name -> tensor held by this rank
     owned: dict[str, torch.Tensor] = field(default_factory=dict)
     performance: JsonlWriter | None = None
-    partition: StagePartition | None = None
+    partition: Placement | None = None
     heartbeat: Heartbeat | None = None
     stage: int = 0  # which stage of the run this is (stages/<n>/); a live re-partition starts the next
     events: EventLog | None = None
     blocks: "AllBlocks | None" = None  # every teacher and student block (for live re-partitions)
-    live_request: dict[str, Any] | None = None  # a live REPLAN to apply after this step
+    live_request: StopRequest | None = None  # a live REPLAN to apply after this step
+    control: FileControlChannel | None = None
     applied_requests: set = field(default_factory=set)
 
     @property
@@ -72,41 +73,49 @@ class PipelineTrainer(Trainer):
         return self.runtime.skipped
 
     def step_record_extras(self) -> dict[str, Any]:
-        """Gather every rank's compute/comm split of the step to the record-writing rank, and
-        whether the supervisor asked for a stop (rank 0 looks; all ranks learn it here, at the
-        same step)."""
-        request = stop_requested(self.run_dir) if self.rank == 0 else None
-        if request is not None and request.get("id") in self.applied_requests:
-            request = None  # a live re-partition already done; the file stays until the supervisor moves on
-        mine = {"timing": self.runtime.last_timing, "request": request}
+        """The step's collective exchange, then its performance record (on the record-writing rank)."""
+        timings = self.exchange_step_state()
+        if self.writes_records:
+            self.write_performance_record(timings)
+        return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
+
+    def exchange_step_state(self) -> list[dict[str, float]]:
+        """One all-gather per step: every rank's compute/comm split of the step, and the control
+        request rank 0 found (all ranks learn it here, so all act after the same step)."""
+        request = self.control.poll() if self.rank == 0 else None
+        if request is not None and request.id in self.applied_requests:
+            request = None  # a live re-partition already done; the request stays until the supervisor moves on
+        mine = {"timing": self.runtime.last_timing, "request": request.to_dict() if request else None}
         gathered: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
         self.runtime.mark("sync")
         dist.all_gather_object(gathered, mine)
-        timings = [g["timing"] for g in gathered]
-        request = gathered[0]["request"]
-        self.live_request = request if request is not None and request.get("mode") == "live" else None
-        self.stop_requested = request is not None and self.live_request is None
+        taken = gathered[0]["request"]
+        request = StopRequest.from_dict(taken) if taken is not None else None
+        self.live_request = request if request is not None and request.live else None
+        self.stop_requested = request is not None and not request.live
+        if request is not None and self.rank == 0:
+            self.control.acknowledge(StopAck(request.id, self.step))
+        return [g["timing"] for g in gathered]
+
+    def write_performance_record(self, timings: list[dict[str, float]]) -> None:
         wall = max(t["wall"] for t in timings)
-        if self.writes_records:
-            self.performance.write({
-                "step": self.step, "stage": self.stage, "devices": resolve_devices(self.cfg.trainer),
-                "total_steps": self.total_steps, "step_seconds": wall,
-                "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
-                "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
-            })
-        return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
+        self.performance.write({
+            "step": self.step, "stage": self.stage, "devices": list(self.partition.devices),
+            "total_steps": self.total_steps, "step_seconds": wall,
+            "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
+            "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
+        })
 
     def apply_control(self) -> None:
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
-            self.applied_requests.add(request.get("id"))
-            new = StagePartition(tuple(request["teacher"]), tuple(request["student"]))
-            if not self.repartition(new):
+            self.applied_requests.add(request.id)
+            if not self.repartition(request.placement):
                 # The restart path is the fallback: stop after this step with a checkpoint of the
                 # old partition; the supervisor relaunches on the new one (the decision stands).
                 self.stop_requested = True
 
-    def repartition(self, new: StagePartition) -> bool:
+    def repartition(self, new: Placement) -> bool:
         """Live REPLAN: move the student blocks that change owner, rebuild stage, optimizer and schedule.
 
         Nothing is saved or reloaded: parameters, buffers and optimizer state move by name,
@@ -147,7 +156,7 @@ class PipelineTrainer(Trainer):
                                seconds=max(t for t, _ in totals), moved_blocks=len(moves),
                                moved_bytes=sum(b for _, b in totals))
         self.log(f"live re-partition at step {self.step}: {len(moves)} student blocks moved, now teacher "
-                 f"{list(new.teacher)} / student {list(new.student)}")
+                 f"{list(new.teacher_counts)} / student {list(new.student_counts)}")
         return True
 
     @staticmethod
@@ -157,7 +166,7 @@ class PipelineTrainer(Trainer):
         except Exception as exc:  # noqa: BLE001 - any failure here is answered by the restart path
             return None, f"{type(exc).__name__}: {exc}"
 
-    def _agree(self, outcome: tuple[Any, str | None], new: StagePartition, doing: str) -> Any:
+    def _agree(self, outcome: tuple[Any, str | None], new: Placement, doing: str) -> Any:
         """The result if every rank succeeded; None (and one event) if any failed."""
         result, error = outcome
         errors: list[Any] = [None] * self.world_size
@@ -172,7 +181,7 @@ class PipelineTrainer(Trainer):
                  f"({next(iter(failed.values()))}); falling back to a checkpoint and restart")
         return None
 
-    def _prepare_moves(self, new: StagePartition):
+    def _prepare_moves(self, new: Placement):
         """Which blocks move, this rank's optimizer state by name, and the payload of each block it gives away."""
         self.injector.on("repartition", self.step)
         moves = student_moves(self.partition, new)
@@ -186,7 +195,7 @@ class PipelineTrainer(Trainer):
                                     "optim": {n: optim_state[n] for n in names if n in optim_state}}
         return moves, optim_state, outgoing
 
-    def _assemble_stage(self, new: StagePartition, received: dict[int, dict[str, Any]], optim_state: dict):
+    def _assemble_stage(self, new: Placement, received: dict[int, dict[str, Any]], optim_state: dict):
         """This rank's stage, tensors, optimizer and scheduler on ``new``, the old ones untouched.
 
         Received tensors land in blocks this rank did not own (their copies here are stale and
@@ -301,7 +310,7 @@ class AllBlocks:
     student: list[torch.nn.Module]
     student_names: list[dict[str, str]]  # per block: local name -> the student's state_dict name
 
-    def stage(self, rank: int, partition: StagePartition, setup: ComputeSetup
+    def stage(self, rank: int, partition: Placement, setup: ComputeSetup
               ) -> tuple[FusedStage, dict[str, torch.Tensor]]:
         """This rank's FusedStage and the original names of the student tensors it owns."""
         student_range = partition.student_range(rank)
@@ -316,7 +325,7 @@ class AllBlocks:
                 owned[original] = block_state[local]
         return module, owned
 
-    def release(self, rank: int, old: StagePartition, new: StagePartition) -> None:
+    def release(self, rank: int, old: Placement, new: Placement) -> None:
         """Blocks this rank no longer runs go back to the CPU (they free device memory)."""
         for blocks, before, after in ((self.teacher, old.teacher_range(rank), new.teacher_range(rank)),
                                       (self.student, old.student_range(rank), new.student_range(rank))):
@@ -324,7 +333,7 @@ class AllBlocks:
                 blocks[index].to("cpu")
 
 
-def build_all_blocks(cfg: DictConfig, partition: StagePartition, teacher_weights: str, parts) -> AllBlocks:
+def build_all_blocks(cfg: DictConfig, partition: Placement, teacher_weights: str, parts) -> AllBlocks:
     info = parts.info
     teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, teacher_weights, what="teacher.checkpoint")
@@ -333,7 +342,7 @@ def build_all_blocks(cfg: DictConfig, partition: StagePartition, teacher_weights
     return AllBlocks(teacher_blocks, student_blocks, block_parameter_names(parts.student, student_blocks))
 
 
-def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: StagePartition,
+def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
                            stage: int = 0) -> PipelineTrainer:
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
@@ -355,4 +364,5 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                            runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
                            partition=partition, injector=injector,
                            heartbeat=Heartbeat(run_dir, rank, str(setup.device)), stage=stage,
-                           events=EventLog(events_path(run_dir), source="worker", rank=rank), blocks=blocks)
+                           events=EventLog(events_path(run_dir), source="worker", rank=rank), blocks=blocks,
+                           control=FileControlChannel(run_dir))

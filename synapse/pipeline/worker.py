@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..config import resolve_accelerator, resolve_devices
 from ..engine.device import build_compute_setup
-from .partition import StagePartition
+from ..planner.placement import Placement
 from .trainer import build_pipeline_trainer
 
 
@@ -57,7 +57,7 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     log = _rank_logger(rank)
     trainer = None
     try:
-        stage_partition = StagePartition(tuple(partition["teacher"]), tuple(partition["student"]))
+        stage_partition = Placement.from_dict(partition)
         trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log,
                                          stage=stage)
         built = time.time()

@@ -7,10 +7,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import synapse.config  # noqa: F401  (registers the schema)
+from synapse.conf import CONF_DIR as PACKAGE_CONF_DIR
 from synapse.checkpoint import latest_valid_checkpoint, load_student_state
 from synapse.models import build_model
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CONF_DIR = str(PACKAGE_CONF_DIR)
 
 # Small, fast and deterministic: one thread per rank, fixed micro-batches, no augmentation.
 BASE_OVERRIDES = [

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from synapse.launch.run import run
+from synapse.app import run
 
 from .helpers import compose_config
 

@@ -14,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from synapse.failover.stages import compose_stage_config, merge_overrides, read_stage_overrides, read_stages
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.monitor.events import read_events
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from synapse.engine.metrics import read_jsonl
+from synapse.records import read_jsonl
 from synapse.launch.elastic import WorkerFailure
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.monitor.background_load import cpu_core_for_rank
 from synapse.monitor.events import read_events
 from synapse.monitor.health import HealthMonitor, HealthSettings

@@ -30,7 +30,7 @@ def test_two_nodes_train_like_one_node(tmp_path, teacher_file):
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-3000:]
 
-    from synapse.launch.run import run
+    from synapse.app import run
 
     one_node = tmp_path / "one_node"
     run(compose_config(one_node, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2"]), log=lambda m: None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.launch.run import run
+from synapse.app import run
 
 from .helpers import assert_identical_states, compose_config, final_student_state
 

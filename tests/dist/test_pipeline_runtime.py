@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from synapse.engine.metrics import read_jsonl
+from synapse.records import read_jsonl
 from synapse.launch.elastic import WorkerFailure
-from synapse.launch.run import run
+from synapse.app import run
 
 from .helpers import assert_identical_states, compose_config, final_student_state
 

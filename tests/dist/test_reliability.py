@@ -31,12 +31,12 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from synapse import checkpoint as ckpt
 from synapse.config import ConfigError, validate
-from synapse.engine.metrics import read_jsonl
+from synapse.records import read_jsonl
 from synapse.engine.step import NonFiniteLossError
 from synapse.failover.stages import compose_stage_config, read_stages
 from synapse.launch import elastic
 from synapse.launch.elastic import RendezvousSetupError, WorkerFailure
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.monitor.events import read_events
 from synapse.monitor.heartbeat import read_heartbeats
 from synapse.monitor.liveness import pid_alive

@@ -24,7 +24,7 @@ import synapse.config  # noqa: F401  (registers the schema)
 
 pytestmark = pytest.mark.dist
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from synapse.conf import CONF_DIR
 TINY = ("trainer=cpu", "trainer.devices=3", "trainer.threads=1", "partition=even", "teacher=resnet_micro",
         "student=resnet_micro", "teacher.auto_train_epochs=0", "trainer.progress=false", "data.batch_size=16",
         "report=false", "injection=none",

@@ -1,7 +1,7 @@
 """The "bad inputs" and "security" rows of the reliability matrix (tests/RELIABILITY.md).
 
 Every bad input is refused with a ValueError subclass whose message names the problem and a fix,
-*before any worker starts*: pipeline cases go through ``synapse.launch.run.run`` with two CPU
+*before any worker starts*: pipeline cases go through ``synapse.app.run`` with two CPU
 devices and then check that the run dir holds no ``logs/launch_*`` directory (the elastic launcher
 creates one per launch before it spawns a worker). Security rows prove that checkpoints, weight
 files and profiles are read without running code from them.
@@ -21,7 +21,7 @@ from synapse import checkpoint as ckpt
 from synapse.config import ConfigError, validate
 from synapse.data import DataError, dataset_info, imagenet100_synsets
 from synapse.engine.optim import optimizer_state_by_name
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.models import ModelError, build_model
 from synapse.planner.profile import PROFILE_COLUMNS, ProfileError, load_profile_csv
 from synapse.profiling.cache import cached_profile_path

@@ -15,10 +15,10 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from synapse.config import ConfigError, validate
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.models import build_model
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from synapse.conf import CONF_DIR
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 MEMBERS = [(group, f.stem) for group in GROUPS for f in sorted((CONF_DIR / group).glob("*.yaml"))]
 EXPERIMENTS = [member for group, member in MEMBERS if group == "experiment"]

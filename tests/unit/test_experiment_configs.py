@@ -21,7 +21,7 @@ import synapse.config  # noqa: F401  (registers the schema)
 from synapse.config import ConfigError, validate
 from synapse.engine.teacher import teacher_weights
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from synapse.conf import CONF_DIR
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 BATCH_SIZES = [8, 16, 32, 64, 128, 256, 512]
 

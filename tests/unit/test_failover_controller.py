@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from synapse.failover.controller import FailoverController, RunningStage
-from synapse.failover.planning import StagePlanner
+from synapse.failover.controller import FailoverController
+from synapse.planner.placement import Placement
+from synapse.planner.stage_planner import StagePlanner
 from synapse.monitor.detector import DetectorConfig, SlowdownDetector
 from synapse.planner.cost_model import StepSpec
 from synapse.planner.eta import OptionKind, RestartCost, RestartCostModel
 from synapse.planner.policy import NoViableOptionError, make_policy
 from synapse.planner.profile import load_profile_csv
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "synapse_profiles"
+SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 KEEP, REPLAN, DEGRADE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE
 TOTAL = 20_000
 
@@ -36,9 +37,9 @@ def make_controller(planner, policy="eta", events=None, decide_every=1, **params
                               else (lambda event, **f: None))
 
 
-def start(controller: FailoverController, devices=(0, 1, 2)) -> RunningStage:
+def start(controller: FailoverController, devices=(0, 1, 2)) -> Placement:
     teacher, student, _ = controller.planner.plan(devices, [1.0] * len(devices))
-    stage = RunningStage(tuple(devices), tuple(teacher), tuple(student))
+    stage = Placement(tuple(devices), tuple(teacher), tuple(student))
     controller.begin_stage(stage)
     return stage
 
@@ -49,7 +50,7 @@ class Timings:
     def __init__(self, planner: StagePlanner, seed: int = 0):
         self.planner, self.rng, self.step, self.clock = planner, random.Random(seed), 0, 1000.0
 
-    def record(self, stage: RunningStage, alphas: dict[int, float]) -> dict:
+    def record(self, stage: Placement, alphas: dict[int, float]) -> dict:
         cost = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts, alphas)
         noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)  # noqa: E731
         m = self.planner.step.microbatches
@@ -85,7 +86,7 @@ def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(pla
     assert work(replanned.teacher_counts, replanned.student_counts) < 0.8 * work(stage.teacher_counts,
                                                                                  stage.student_counts)
     assert controller.alphas()[2] == pytest.approx(2.0, rel=0.2)
-    stage = RunningStage(replanned.devices, replanned.teacher_counts, replanned.student_counts)
+    stage = Placement(replanned.devices, replanned.teacher_counts, replanned.student_counts)
     controller.begin_stage(stage)
     after = timings.feed(controller, stage, {2: 2.0}, 80)
     assert all(d.action is not REPLAN for d in after), "re-planning the same devices again gains nothing"
@@ -126,7 +127,7 @@ def test_degrade_drops_the_slow_device_and_the_detector_forgets_it(planner):
     timings.feed(controller, stage, {}, 100)
     [decision] = timings.feed(controller, stage, {1: 4.0}, 60)
     assert decision.chosen.devices == (0, 2)
-    controller.begin_stage(RunningStage(decision.chosen.devices, decision.chosen.teacher_counts,
+    controller.begin_stage(Placement(decision.chosen.devices, decision.chosen.teacher_counts,
                                         decision.chosen.student_counts))
     assert not controller.detector.active and controller.episode.actions == 0
 

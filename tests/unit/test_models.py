@@ -33,7 +33,7 @@ from synapse.models import (
     run_blocks,
 )
 
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "synapse_profiles"
+PROFILES = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 NUM_CLASSES = 10
 DROP_RATE = 0.25  # > 0 so that train-mode equality needs identical RNG use
 

@@ -15,8 +15,7 @@ from synapse.planner.cost_model import CostModel, DeviceSpec, StepSpec
 from synapse.planner.partitioner import PlanError, even_partition, plan_partition, plan_with_cost_model
 from synapse.planner.profile import BlockProfile, ModelProfile, load_profile_csv
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "synapse_profiles"
-needs_shared = pytest.mark.skipif(not (SHARED / "tnet_vit_large.csv").exists(), reason="shared profiles not present")
+SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 GIB = 1 << 30
 
 
@@ -221,7 +220,6 @@ def work_per_stage(plan, teacher: ModelProfile, student: ModelProfile) -> list[f
     return [t_work[t_cuts[r + 1]] - t_work[t_cuts[r]] + s_work[s_cuts[r + 1]] - s_work[s_cuts[r]] for r in stages]
 
 
-@needs_shared
 @pytest.mark.parametrize("slow", [1.5, 3.0])
 def test_a_slowed_device_gets_fewer_blocks(shared_profiles, slow):
     teacher, student = shared_profiles
@@ -232,7 +230,6 @@ def test_a_slowed_device_gets_fewer_blocks(shared_profiles, slow):
     assert plan.teacher_counts[1] <= min(plan.teacher_counts[0], plan.teacher_counts[2], plan.teacher_counts[3])
 
 
-@needs_shared
 def test_shared_profiles_beat_the_even_split(shared_profiles):
     teacher, student = shared_profiles
     devices = [DeviceSpec(f"gpu{r}") for r in range(4)]
@@ -243,7 +240,6 @@ def test_shared_profiles_beat_the_even_split(shared_profiles):
     assert max(plan.stage_times_s) / min(plan.stage_times_s) < 1.1  # nearly balanced
 
 
-@needs_shared
 def test_eight_devices_on_the_shared_profiles(shared_profiles):
     teacher, student = shared_profiles
     devices = [DeviceSpec(f"gpu{r}", alpha=1.0 + 0.1 * r, link_bandwidth_bytes_per_s=25e9) for r in range(8)]

@@ -20,11 +20,10 @@ from synapse.planner.profile import (
     write_profile_csv,
 )
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "synapse_profiles"
+SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 TEACHER_CSV = SHARED / "tnet_vit_large.csv"
 STUDENT_CSV = SHARED / "snet_resnet152.csv"
 HEADER = ",".join(PROFILE_COLUMNS)
-needs_shared = pytest.mark.skipif(not TEACHER_CSV.exists(), reason="shared profiles not present")
 
 
 def write_text(tmp_path: Path, text: str, name: str = "model.csv") -> Path:
@@ -40,7 +39,6 @@ def block(layer: str = "layer0", **overrides: float) -> BlockProfile:
     return BlockProfile(layer=layer, **values)
 
 
-@needs_shared
 def test_shared_teacher_profile_loads_as_is():
     teacher = load_profile_csv(TEACHER_CSV)
     assert teacher.name == "tnet_vit_large"
@@ -52,7 +50,6 @@ def test_shared_teacher_profile_loads_as_is():
     assert teacher.micro_batch is None and teacher.device is None  # no sidecar for shared files
 
 
-@needs_shared
 def test_shared_student_profile_loads_as_is():
     student = load_profile_csv(STUDENT_CSV)
     assert len(student) == 57
@@ -60,7 +57,6 @@ def test_shared_student_profile_loads_as_is():
     assert student.blocks[-1].output_activation_size_kb == 25.0  # 64 x 100 logits x 4 B
 
 
-@needs_shared
 @pytest.mark.parametrize("source", [TEACHER_CSV, STUDENT_CSV])
 def test_writing_a_shared_profile_reproduces_the_file_byte_for_byte(tmp_path, source):
     written = write_profile_csv(load_profile_csv(source), tmp_path / source.name)
@@ -179,7 +175,6 @@ def test_scaling_is_linear_in_batch_for_times_and_activations_only():
     assert scaled.parameter_size_kb == original.parameter_size_kb
 
 
-@needs_shared
 def test_scaling_a_shared_profile_needs_its_batch_size():
     teacher = load_profile_csv(TEACHER_CSV)
     with pytest.raises(ProfileError, match=f"measured at {SHARED_PROFILE_MICRO_BATCH}"):

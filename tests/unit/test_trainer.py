@@ -1,4 +1,4 @@
-"""The single-device trainer through its real entry (``synapse.launch.run.run``) on tiny CPU runs.
+"""The single-device trainer through its real entry (``synapse.app.run``) on tiny CPU runs.
 
 The centre piece is exact resumption: N steps in one launch must equal N/2 steps, a stop, and
 N/2 more after ``resume=auto``, bit for bit (weights, optimizer moments, schedule, RNG).
@@ -15,7 +15,7 @@ import torch
 from synapse import checkpoint as ckpt
 from synapse.engine import trainer as trainer_module
 from synapse.engine.optim import build_scheduler, lr_factor
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.models import ModelError, build_model, load_weights
 
 # Digits at 16x16 (cheap), augmentation on (the default) and student dropout: both draw random

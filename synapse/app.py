@@ -1,4 +1,10 @@
-"""What ``python train.py`` does, by mode: distil (kd), or train a teacher/baseline with labels."""
+"""The composition root: what ``python train.py`` (or the ``synapse`` command) does, by mode.
+
+It is the only module that sees the whole config tree and wires the layers together: config ->
+data and models -> the planner (first placement) -> the supervisor with its controller, or the
+single-device trainer. Nothing in synapse imports it. Modes: distil (kd), profile the blocks,
+or train a teacher/baseline with labels.
+"""
 from __future__ import annotations
 
 import json
@@ -7,17 +13,19 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import num_stages, uses_pipeline, validate
-from ..data import dataset_info
-from ..engine.device import build_compute_setup
-from ..engine.evaluate import evaluate
-from ..engine.teacher import prepare_teacher, teacher_weights, train_label_model
-from ..pipeline.partition import count_blocks, partition_for_config
-from .planning import auto_partition, compare_plan_with_run, profile_models
-from .elastic import launch_pipeline
-from ..failover.report import print_failover_story
-from ..failover.run import run_with_failover
-from ..engine.trainer import build_trainer, data_kwargs, resolve_resume
+from .config import num_stages, resolve_devices, uses_pipeline, validate
+from .data import data_kwargs, dataset_info
+from .engine.device import build_compute_setup
+from .engine.evaluate import evaluate
+from .engine.teacher import prepare_teacher, teacher_weights, train_label_model
+from .engine.trainer import build_trainer, resolve_resume
+from .failover.report import print_failover_story
+from .failover.run import run_with_failover
+from .launch.elastic import launch_pipeline
+from .launch.planning import auto_partition, compare_plan_with_run, profile_models
+from .models import count_blocks
+from .pipeline.partition import placement_for_config
+from .planner.placement import Placement
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -67,17 +75,18 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     """Pipelined KD over K devices: plan the partition here, then launch the K workers."""
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
+    devices = stage_devices(cfg)
     if cfg.partition.mode == "auto":
-        partition, _ = auto_partition(cfg, k, info, run_dir, log)
+        partition, _ = auto_partition(cfg, devices, info, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                      count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
     else:
-        partition = partition_for_config(cfg, k, info)  # fails before any process starts
+        partition = placement_for_config(cfg, devices, info)  # fails before any process starts
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
-    log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher)}, "
-        f"student blocks per stage {list(partition.student)}, {cfg.pipeline.schedule} with "
+    log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher_counts)}, "
+        f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")
     resume = str(resume) if resume else None
     if cfg.failover.enabled and cfg.trainer.nodes == 1:
@@ -97,12 +106,18 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     return summary
 
 
+def stage_devices(cfg: DictConfig) -> list[int]:
+    """The device of each pipeline stage: every node runs its configured devices in order."""
+    local = resolve_devices(cfg.trainer)
+    return [local[stage % len(local)] for stage in range(num_stages(cfg.trainer))]
+
+
 def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> None:
     """Figures and report.md of a finished run (report=false skips it). A report that cannot be
     drawn is said, never a failed run: the training and its records are already complete."""
     if not cfg.report:
         return
-    from ..analysis import write_report
+    from .analysis import write_report
 
     try:
         log(f"report: {write_report(run_dir)}")
@@ -117,3 +132,17 @@ def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, A
     paths = profile_models(cfg, info, log)
     log(f"profiles: teacher {paths.teacher}\n          student {paths.student}")
     return {"teacher_profile": str(paths.teacher), "student_profile": str(paths.student)}
+
+
+def _hydra_entry(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+def main() -> None:
+    """``python train.py ...`` and the ``synapse`` console command: Hydra composes the config from the
+    package's own groups (``pkg://synapse.conf``), so an installed Synapse needs no checkout."""
+    import hydra
+
+    from . import config  # noqa: F401  (registers the structured-config schema)
+
+    hydra.main(version_base="1.3", config_path="pkg://synapse.conf", config_name="config")(_hydra_entry)()

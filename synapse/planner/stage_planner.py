@@ -1,8 +1,11 @@
-"""The planner as the failover controller needs it: predictions and plans on device *ids*.
+"""The planner on device *ids*: the one object that plans the first placement and prices and plans
+every re-plan, so both are made by the same cost model.
 
-``StagePlanner`` holds the two block profiles and the step's shape; given device ids and
-their current alphas/betas it predicts a partition's per-stage and step times, and plans a
-new partition (the ``plan_fn`` of ``synapse.planner.eta.build_options``). Pure once built.
+``DeviceFacts`` says what is known of every device (name, memory, link bandwidth, how many
+ranks share its cores); ``StagePlanner`` adds the two block profiles and the step's shape, and
+given device ids and their current alphas/betas predicts a placement's per-stage and step times
+and plans a new one (the ``plan_fn`` of ``synapse.planner.eta.build_options``). Pure: built by
+``synapse.launch.planning.build_stage_planner`` from a config and measured profiles.
 """
 from __future__ import annotations
 
@@ -11,9 +14,32 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from ..planner.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
-from ..planner.partitioner import plan_with_cost_model
-from ..planner.profile import ModelProfile
+from .cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
+from .partitioner import PartitionPlan, plan_with_cost_model
+from .profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the planner knows of every device besides its current speed."""
+
+    device_name: Callable[[int], str] = "cpu:{}".format
+    memory_bytes: Callable[[int], float] = lambda device: math.inf
+    link_bandwidth_bytes_per_s: float = math.inf
+    contention: float = 1.0  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
+
+    def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
+              betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
+        """DeviceSpecs in pipeline order; alphas by device id (or aligned with ``devices``), missing: 1.0."""
+        if alphas is None or isinstance(alphas, Mapping):
+            by_stage = [float((alphas or {}).get(d, 1.0)) for d in devices]
+        else:  # aligned with the stages (a node's device id can repeat across nodes)
+            by_stage = [float(a) for a in alphas]
+        betas = betas or {}
+        return [DeviceSpec(self.device_name(d), alpha=alpha, beta=float(betas.get(d, 1.0)),
+                           memory_bytes=self.memory_bytes(d), link_bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
+                           contention=self.contention)
+                for d, alpha in zip(devices, by_stage)]
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the plan cache is per planner
@@ -21,19 +47,16 @@ class StagePlanner:
     teacher: ModelProfile
     student: ModelProfile
     step: StepSpec
-    device_name: Callable[[int], str] = "cpu:{}".format
-    memory_bytes: Callable[[int], float] = lambda device: math.inf
-    link_bandwidth_bytes_per_s: float = math.inf
+    facts: DeviceFacts = DeviceFacts()
 
     def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
               betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
-        """DeviceSpecs in pipeline order; alphas by device id (or aligned with ``devices``), missing: 1.0."""
-        if alphas is not None and not isinstance(alphas, Mapping):
-            alphas = dict(zip(devices, alphas))
-        alphas, betas = alphas or {}, betas or {}
-        return [DeviceSpec(self.device_name(d), alpha=float(alphas.get(d, 1.0)), beta=float(betas.get(d, 1.0)),
-                           memory_bytes=self.memory_bytes(d), link_bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s)
-                for d in devices]
+        return self.facts.specs(devices, alphas, betas)
+
+    def full_plan(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
+                  betas: Mapping[int, float] | None = None) -> PartitionPlan:
+        """The best placement on ``devices`` with every prediction of the cost model (the first plan)."""
+        return plan_with_cost_model(self.cost_model(devices, alphas, betas))
 
     def cost_model(self, devices: Sequence[int], alphas=None, betas=None) -> CostModel:
         return CostModel(self.teacher, self.student, self.specs(devices, alphas, betas), self.step)

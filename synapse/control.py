@@ -1,0 +1,136 @@
+"""The control channel between the supervisor and its running workers: one typed request, one
+typed acknowledgement, their reader and writer, all here.
+
+The supervisor sends a ``StopRequest``: "after the step you are in, stop (checkpoint and exit)
+or re-partition live to this placement". Rank 0 polls the channel after every step and shares
+what it saw in the step's exchange, so all ranks act after the same step; rank 0 then answers
+with a ``StopAck`` naming the step they acted after. A request, not a signal: a signal could
+land mid-collective, and the request carries the decision for the workers' logs.
+
+Transport: ``FileControlChannel`` (``<run_dir>/control/``, written atomically by rename, so a
+half-written request is never seen) serves every process that sees the run directory. The
+channel is a small interface (send, poll, acknowledge, acknowledged, clear) so that a
+transport over the job's own network (a c10d store) can take its place across nodes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from .planner.placement import Placement
+
+CONTROL_DIR = "control"
+MODES = ("restart", "live")
+
+
+class ControlRecordError(ValueError):
+    """A control file that is not a request or acknowledgement Synapse wrote."""
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    id: str  # unique per decision: a live re-partition already applied is not applied twice
+    action: str  # the decision: replan, degrade, replace, drill ...
+    step: int  # the step the decision was made at
+    stage: int  # the run's stage it was made in
+    mode: str  # "live": re-partition the running workers; "restart": stop, checkpoint, exit
+    placement: Placement  # where the next stage runs
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ControlRecordError(f"a stop request's mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def live(self) -> bool:
+        return self.mode == "live"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "action": self.action, "step": self.step, "stage": self.stage, "mode": self.mode,
+                "placement": self.placement.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StopRequest:
+        try:
+            return cls(str(data["id"]), str(data["action"]), int(data["step"]), int(data["stage"]),
+                       str(data["mode"]), Placement.from_dict(data["placement"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlRecordError(f"not a stop request ({type(exc).__name__}: {exc}): {dict(data)!r}") from None
+
+
+@dataclass(frozen=True)
+class StopAck:
+    request_id: str
+    after_step: int  # every rank acted on the request after this step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "after_step": self.after_step}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StopAck:
+        try:
+            return cls(str(data["request_id"]), int(data["after_step"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ControlRecordError(f"not a stop acknowledgement ({exc}): {dict(data)!r}") from None
+
+
+class ControlChannel(Protocol):
+    def send(self, request: StopRequest) -> None: ...
+    def poll(self) -> StopRequest | None: ...
+    def acknowledge(self, ack: StopAck) -> None: ...
+    def acknowledged(self) -> StopAck | None: ...
+    def clear(self) -> None: ...
+
+
+class FileControlChannel:
+    """The channel as two small files in ``<run_dir>/control/``."""
+
+    def __init__(self, run_dir: Path | str):
+        self.dir = Path(run_dir) / CONTROL_DIR
+
+    @property
+    def request_path(self) -> Path:
+        return self.dir / "stop.json"
+
+    @property
+    def ack_path(self) -> Path:
+        return self.dir / "ack.json"
+
+    def send(self, request: StopRequest) -> None:
+        self._write(self.request_path, request.to_dict())
+        self.ack_path.unlink(missing_ok=True)
+
+    def poll(self) -> StopRequest | None:
+        data = self._read(self.request_path)
+        return None if data is None else StopRequest.from_dict(data)
+
+    def acknowledge(self, ack: StopAck) -> None:
+        self._write(self.ack_path, ack.to_dict())
+
+    def acknowledged(self) -> StopAck | None:
+        data = self._read(self.ack_path)
+        return None if data is None else StopAck.from_dict(data)
+
+    def clear(self) -> None:
+        self.request_path.unlink(missing_ok=True)
+        self.ack_path.unlink(missing_ok=True)
+
+    def _write(self, path: Path, data: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any] | None:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ControlRecordError(f"{path} is not JSON ({exc}); it is written by the supervisor only. "
+                                     f"Fix: delete it and restart with resume=auto") from None
