@@ -211,7 +211,7 @@ def summarize(results: dict[str, list[float]], data: str) -> dict:
 
 
 def measure_step(trainer: Trainer, hand: HandWrittenKD, args: argparse.Namespace) -> dict:
-    device = trainer.setup.device
+    device = trainer.runner.step_fn.setup.device
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(args.batch, 3, args.image_size, args.image_size, generator=generator)
     images = images.to(device).contiguous(memory_format=hand.memory_format)
@@ -219,7 +219,7 @@ def measure_step(trainer: Trainer, hand: HandWrittenKD, args: argparse.Namespace
 
     def trainer_segment() -> None:
         for _ in range(args.steps):
-            trainer.step_fn(images, labels)
+            trainer.runner.step_fn(images, labels)
 
     def hand_segment() -> None:
         for _ in range(args.steps):
@@ -238,7 +238,7 @@ def measure_loop(trainer: Trainer, hand: HandWrittenKD, args: argparse.Namespace
             hand.step(*hand.to_device(next(batches)))
 
     sides = {"trainer": lambda: trainer_loop_segment(trainer, args.steps), "hand": hand_segment}
-    results = interleave(sides, args.batch * args.steps, args, synchronizer(trainer.setup.device))
+    results = interleave(sides, args.batch * args.steps, args, synchronizer(trainer.runner.step_fn.setup.device))
     return summarize(results, "synthetic images generated on the host per step by the same data path "
                               "(synapse.engine.batches.train_batches), copied to the device by each side")
 
@@ -264,7 +264,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         teacher_file = save_random_teacher(args, tmp_dir / "teacher.pt")
         cfg = compose_config(args, tmp_dir / "run", teacher_file)
         trainer = build_trainer_side(cfg, tmp_dir / "run")
-        setup = trainer.setup
+        setup = trainer.runner.step_fn.setup
         hand = HandWrittenKD(cfg, teacher_file, setup.device, setup.autocast_dtype == torch.bfloat16,
                              args.hand_fused_adamw)
         modes = {"step": measure_step, "loop": measure_loop}

@@ -25,7 +25,6 @@ from .launch.elastic import launch_pipeline
 from .launch.planning import auto_partition, compare_plan_with_run, profile_models
 from .models import count_blocks
 from .pipeline.partition import placement_for_config
-from .planner.placement import Placement
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:

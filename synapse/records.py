@@ -123,13 +123,13 @@ class JsonlTail:
     """Reads the records appended to a file since the last call (a file that grows while read).
 
     It starts after the last complete line already there: those records belong to earlier
-    writers, and a torn piece after them is cut off by the next writer, not read.
+    writers. An unterminated last line is read again at the next call rather than kept: a new
+    writer may have cut it off (``cut_torn_tail``) and written a whole record in its place.
     """
 
     def __init__(self, path: Path | str, from_start: bool = False, error: type[Exception] = RecordFileError):
         self.path, self.error = Path(path), error
-        self._offset, self._line = 0, 0
-        self._partial = b""
+        self._offset, self._line = 0, 0  # just after the last complete line read, and its number
         if not from_start:
             try:
                 data = self.path.read_bytes()
@@ -145,11 +145,10 @@ class JsonlTail:
                 chunk = f.read()
         except FileNotFoundError:
             return []
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # an unterminated last line is still being written
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # an unterminated last line is still being written
+        self._offset += len(complete)
         records = []
-        for line in lines:
+        for line in complete.split(b"\n")[:-1]:
             self._line += 1
             if line.strip():
                 records.append(parse_line(line, f"{self.path}:{self._line}", self.error))

@@ -22,40 +22,9 @@ from .figures import plot_rank_heatmap, plot_timeline
 from .figures_predictions import plot_decision_etas, plot_plan_vs_measured
 from .load import Run, load_run
 from .markdown import key_value_table, markdown_table
-from .style import FORMATS, NoDataError, save_figure
+from .figure_set import REPORT_DIR, REPORT_FILE, FigureSet
+from .style import FORMATS
 from .tables import RESTART_COMPONENTS
-
-REPORT_DIR = "report"
-REPORT_FILE = "report.md"
-
-
-@dataclass
-class FigureSet:
-    """Figures drawn into one folder, and why the others could not be."""
-
-    directory: Path
-    formats: tuple[str, ...] = FORMATS
-    written: dict[str, str] = field(default_factory=dict)  # name -> caption
-    missing: dict[str, str] = field(default_factory=dict)  # name -> reason
-
-    def draw(self, name: str, caption: str, plot: Callable[[], Figure]) -> None:
-        try:
-            fig = plot()
-        except NoDataError as exc:
-            self.missing[name] = str(exc)
-            return
-        save_figure(fig, self.directory, name, self.formats)
-        self.written[name] = caption
-
-    def markdown(self) -> str:
-        lines = []
-        for name, caption in self.written.items():
-            links = " · ".join(f"[{fmt.upper()}]({name}.{fmt})" for fmt in self.formats)
-            lines += [f"### {caption}", "", f"![{caption}]({name}.{self.formats[0]})", "", links, ""]
-        for name, reason in self.missing.items():
-            lines.append(f"- `{name}` not drawn: {reason}")
-        return "\n".join(lines)
-
 
 def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
     """Write ``<path>/report/`` (figures + report.md) for a run or a sweep directory; return report.md."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from .counterfactual import policy_regret
 from .figures_sweep import plot_regret, plot_sweep
 from .markdown import markdown_table
-from .report import REPORT_DIR, REPORT_FILE, FigureSet
+from .figure_set import REPORT_DIR, REPORT_FILE, FigureSet
 from .style import FORMATS
 from .sweep import load_sweep
 

@@ -7,12 +7,36 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from ..monitor.detector import DetectorConfig
+from ..planner.estimator import EstimatorConfig
+
+
+def settings_node(settings: type) -> type:
+    """A component's frozen settings dataclass as a schema node: the same fields, types and defaults
+    (one source for the numbers), but mutable, as Hydra overrides need (a frozen one is read-only)."""
+    hints = typing.get_type_hints(settings)
+
+    def schema_type(hint: Any) -> Any:
+        if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not X | None
+            return typing.Union[hint.__args__]  # noqa: UP007
+        return hint
+
+    return dataclasses.make_dataclass(
+        f"{settings.__name__}Node",
+        [(f.name, schema_type(hints[f.name]), field(default=f.default)) for f in dataclasses.fields(settings)])
+
+
+DetectorSettings = settings_node(DetectorConfig)
+EstimatorSettings = settings_node(EstimatorConfig)
 
 MODES = ("kd", "teacher", "baseline", "profile")
 ACCELERATORS = ("auto", "cpu", "cuda")
@@ -161,11 +185,14 @@ class PolicyConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def _defaults_of(module: str, name: str) -> dict[str, Any]:
-    """The default settings of a pure component's config dataclass (one source for the numbers)."""
-    import importlib
+@dataclass
+class DrillConfig:
+    """A fire drill: a forced action at a step (measures a restart's cost, proves a restart changes
+    nothing that is learned)."""
 
-    return dataclasses.asdict(getattr(importlib.import_module(module), name)())
+    step: int = MISSING  # >= 1
+    action: str = MISSING  # replan | degrade | replace
+    device: Optional[int] = None  # the device degrade/replace drops (default: the last)
 
 
 @dataclass
@@ -179,13 +206,11 @@ class FailoverConfig:
     # restart: checkpoint, tear down, relaunch with the new partition
     replan_mode: str = "live"
     restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
-    # SlowdownDetector and AlphaBetaEstimator settings, with their defaults (failover.detector.window=5)
-    detector: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.monitor.detector", "DetectorConfig"))
-    estimator: dict[str, Any] = field(default_factory=lambda: _defaults_of("synapse.planner.estimator",
-                                                                           "EstimatorConfig"))
-    # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}] (measures a restart's
-    # cost, proves a restart changes nothing that is learned). Keys: step, action (replan|degrade|replace), device.
-    drills: list[Any] = field(default_factory=list)
+    # The slowdown detector's and the alpha/beta estimator's own settings types (failover.detector.window=5)
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
+    # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}]
+    drills: list[DrillConfig] = field(default_factory=list)
 
 
 @dataclass

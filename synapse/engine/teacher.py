@@ -17,9 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ..config import ConfigError, resolve_accelerator, resolve_devices
-from ..data import dataset_info
+from ..data import data_kwargs, dataset_info
 from .device import ComputeSetup
-from ..data import data_kwargs
 from .trainer import build_trainer, load_teacher
 
 
@@ -82,6 +81,6 @@ def train_label_model(cfg: DictConfig, run_dir: Path, model_name: str, log: Call
     trainer.fit()
     out = run_dir / "model.pt"
     tmp = out.with_suffix(".tmp")
-    torch.save({k: v.detach().cpu() for k, v in trainer.student.state_dict().items()}, tmp)
+    torch.save({k: v.detach().cpu() for k, v in trainer.runner.student.state_dict().items()}, tmp)
     os.replace(tmp, out)
     return out

@@ -1,8 +1,10 @@
-"""The single-device trainer (K = 1): the fast path, and the reference for the pipeline.
+"""The training loop every path shares, and the single-device trainer (K = 1): the fast path,
+and the reference the pipeline reproduces.
 
-``build_trainer`` creates every resource from the config (validate early, create late);
-``Trainer.fit`` runs the loop: resumable batches, one ``SingleDeviceStep`` per batch, metrics
-per step, evaluation per epoch, atomic checkpoints, and a final summary.
+``Trainer.fit`` runs the loop: resumable batches, one step per batch through its ``runner``,
+metrics per step, evaluation per epoch, atomic checkpoints through its ``checkpointer``, and a
+final summary. ``build_trainer`` composes it for one device (validate early, create late);
+``synapse.pipeline.trainer.build_pipeline_trainer`` composes the same loop for a pipeline rank.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from omegaconf import DictConfig
@@ -24,98 +26,109 @@ from ..kd import KDLossParams
 from ..models import build_model, load_weights
 from ..monitor.events import EventLog, events_path
 from ..monitor.injection import FaultInjector, parse_faults
-from .batches import train_batches
-from .device import ComputeSetup, build_compute_setup, rng_state, seed_everything, set_rng_state
-from .evaluate import evaluate
 from ..records import JsonlWriter, NullWriter
-from .optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
+from .batches import train_batches
+from .checkpointer import Checkpointer, HeldState, SingleShard
+from .device import ComputeSetup, build_compute_setup, seed_everything
+from .evaluate import evaluate
+from .optim import build_optimizer, build_scheduler
 from .progress import Progress
 from .step import NonFiniteLossError, SingleDeviceStep
 
 
+class StepRunner(Protocol):
+    """How one optimizer step runs: on one device (``SingleDeviceRunner``) or as this rank's share of
+    the pipeline (``synapse.pipeline.trainer.PipelineRunner``). The loop around it is the same."""
+
+    writes_records: bool  # whether this process writes metrics and summaries
+    needs_data: bool  # whether this process reads samples (a middle pipeline rank reads none)
+    stop_requested: bool  # the supervisor asked every rank to stop after this step
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None: ...
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the last step's update was dropped (a non-finite loss under trainer.nonfinite=skip)."""
+
+    @property
+    def scheduler(self) -> Any: ...
+
+    def after_step(self, step: int) -> dict[str, Any]:
+        """Fields for the step's metrics record (the pipeline exchanges per-rank timings here)."""
+
+    def apply_control(self, step: int) -> None:
+        """Act on what the supervisor asked for at this step boundary (the pipeline: live re-partitions)."""
+
+    def held_state(self) -> HeldState:
+        """What this process trains now, for checkpoints."""
+
+
+@dataclass
+class SingleDeviceRunner:
+    """The whole student on one device: ``SingleDeviceStep`` with the fault hooks."""
+
+    student: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    step_fn: SingleDeviceStep
+    injector: FaultInjector
+    student_name: str
+    writes_records: bool = True
+    needs_data: bool = True
+    stop_requested: bool = False
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        self.injector.on("forward", step)
+        return self.step_fn(images, labels, step=step, corrupt=self.injector.corrupts_output(step))
+
+    @property
+    def skipped(self) -> bool:
+        return self.step_fn.skipped
+
+    def after_step(self, step: int) -> dict[str, Any]:
+        return {}
+
+    def apply_control(self, step: int) -> None:
+        pass
+
+    def held_state(self) -> HeldState:
+        return HeldState(self.student.state_dict(keep_vars=True), self.optimizer, self.scheduler, {})
+
+
 @dataclass
 class Trainer:
-    """Everything one single-device training run needs, built by ``build_trainer``."""
+    """The training loop, the same for every path; its parts are composed, not overridden: how a
+    step runs (``runner``), checkpoint I/O (``checkpointer``) and evaluation (``evaluate``)."""
 
     cfg: DictConfig
     run_dir: Path
-    setup: ComputeSetup
-    student: nn.Module
-    teacher: nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
+    runner: StepRunner
+    checkpointer: Checkpointer
+    evaluate: Callable[[], dict[str, float] | None]  # None on a process without the logits
     train_ds: Any
     val_ds: Any
     sampler: ResumableSampler
     total_steps: int
     num_epochs: int
-    step_fn: SingleDeviceStep
+    injector: FaultInjector
+    events: EventLog  # failover_events.jsonl (non-finite losses; the pipeline: more)
+    log: Callable[[str], None] = print
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    log: Callable[[str], None] = print
-    injector: FaultInjector = field(default_factory=lambda: FaultInjector([], 0))
-    stop_requested: bool = False  # the supervisor asked every rank to stop after this step
-    events: EventLog | None = None  # failover_events.jsonl (non-finite losses; the pipeline: more)
 
     @property
-    def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
+    def writes_records(self) -> bool:
+        return self.runner.writes_records
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
-        tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step)
-        ckpt.remove_stray_temporaries(self.checkpoint_root, keep=tmp)  # a failed save's space, first
-        named = dict(self.student.named_parameters())
-        ckpt.save_tensor_file({"model": self.student.state_dict(),
-                               "optim": optimizer_state_by_name(self.optimizer, named)}, tmp / ckpt.shard_name(0))
-        state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
-                 "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
-        ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
-        self.injector.on("checkpoint_write", self.step)  # files written, not yet committed
-        path = ckpt.commit_checkpoint(tmp, self.step, meta={"student": self.cfg.student.name, "world_size": 1})
-        ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
-        return path
+        return self.checkpointer.save(self.step, self.runner.held_state(), self.sampler.state_after(epoch, step_in_epoch))
 
     def load_checkpoint(self, path: Path) -> None:
-        model_state, optim_state = ckpt.load_student_state(path)
-        self.student.load_state_dict(model_state, strict=True)
-        load_optimizer_state_by_name(self.optimizer, dict(self.student.named_parameters()), optim_state)
-        state = ckpt.load_run_state(path)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        self.step = int(state["step"])
-        self.log(f"resumed from {path} at step {self.step}")
-
-    # ---------------------------------------------------------------- hooks the pipeline overrides
-    @property
-    def writes_records(self) -> bool:
-        """Whether this process writes metrics and summaries (the single device does)."""
-        return True
-
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
-        self.injector.on("forward", step)
-        return self.step_fn(images, labels, step=step, corrupt=self.injector.corrupts_output(step))
-
-    @property
-    def step_skipped(self) -> bool:
-        """Whether the last step's update was dropped (a non-finite loss under trainer.nonfinite=skip)."""
-        return self.step_fn.skipped
-
-    @property
-    def needs_data(self) -> bool:
-        """Whether this process reads samples (a middle pipeline rank reads none)."""
-        return True
-
-    def step_record_extras(self) -> dict[str, Any]:
-        """Fields added to each step's metrics record (the pipeline adds per-rank timings)."""
-        return {}
-
-    def apply_control(self) -> None:
-        """Act on what the supervisor asked for at this step boundary (the pipeline: live re-partitions)."""
-
-    def evaluate_student(self) -> dict[str, float] | None:
-        return evaluate(self.student, self.val_ds, self.setup, self.cfg.data.val_batch_size, self.cfg.data.num_workers)
+        self.step, sampler_state = self.checkpointer.load(Path(path), self.runner.held_state())
+        self.sampler.load_state_dict(sampler_state)
+        if self.writes_records:
+            self.log(f"resumed from {path} at step {self.step}")
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
@@ -124,12 +137,13 @@ class Trainer:
         stop_after = self.cfg.trainer.stop_after
         images_per_step = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records)
+        runner = self.runner
         with (JsonlWriter(self.run_dir / "metrics.jsonl") if self.writes_records else NullWriter()) as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
             try:
                 for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
-                                           load=self.needs_data):
+                                           load=runner.needs_data):
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
                         break
@@ -138,23 +152,23 @@ class Trainer:
                     self.step += 1
                     now = time.perf_counter()
                     record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
-                              "lr": self.scheduler.get_last_lr()[0], "step_time_s": now - tick,
-                              "images_per_s": images_per_step / max(now - tick, 1e-9), **self.step_record_extras()}
-                    if self.step_skipped:
+                              "lr": runner.scheduler.get_last_lr()[0], "step_time_s": now - tick,
+                              "images_per_s": images_per_step / max(now - tick, 1e-9), **runner.after_step(self.step)}
+                    if runner.skipped:
                         record["skipped"] = "nonfinite_loss"
-                    self.apply_control()  # e.g. a live re-partition asked for at this step (not step time)
+                    runner.apply_control(self.step)  # e.g. a live re-partition asked for at this step (not step time)
                     tick = time.perf_counter()
                     pending = self._flush(metrics, pending, progress, record)
                     if self._checkpoint_and_evaluate(batch, metrics):
                         tick = time.perf_counter()  # checkpoint and evaluation time is not step time
-                    if self.stop_requested:
+                    if runner.stop_requested:
                         break
             except BaseException:
                 with contextlib.suppress(Exception):  # the finished steps' records outlive the error
                     self._flush(metrics, pending, progress, None)
                 raise
             self._flush(metrics, pending, progress, None)
-            if (stop_after is not None or self.stop_requested) and self.step < self.total_steps:
+            if (stop_after is not None or runner.stop_requested) and self.step < self.total_steps:
                 self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
         progress.close()
         return self._summary(time.time() - started, self.step - first_step)
@@ -176,11 +190,11 @@ class Trainer:
     def _guarded_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         """``train_step``, reporting a non-finite loss (stopped or skipped) with its step."""
         try:
-            loss = self.train_step(images, labels, step)
+            loss = self.runner(images, labels, step)
         except NonFiniteLossError as exc:
             self._report_nonfinite(step, exc.loss, "stopped")
             raise
-        if self.step_skipped:
+        if self.runner.skipped:
             self._report_nonfinite(step, None if loss is None else float(loss), "skipped")
         return loss
 
@@ -189,9 +203,7 @@ class Trainer:
             return
         self.log(f"step {step}: the loss is {loss}, not finite; step {action} "
                  f"(trainer.nonfinite={self.cfg.trainer.nonfinite})")
-        if self.events is not None:
-            self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action,
-                               policy=self.cfg.trainer.nonfinite)
+        self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action, policy=self.cfg.trainer.nonfinite)
 
     def _position_of_last_batch(self) -> tuple[int, int]:
         per_epoch = self.sampler.steps_per_epoch
@@ -205,7 +217,7 @@ class Trainer:
         return new
 
     def _evaluate(self, metrics: JsonlWriter, epoch: int) -> None:
-        result = self.evaluate_student()
+        result = self.evaluate()
         if result is None:  # a pipeline rank without the logits
             return
         record = {"kind": "eval", "step": self.step, "epoch": epoch, **{k if k.startswith("teacher_") else f"student_{k}": v for k, v in result.items()}}
@@ -216,7 +228,7 @@ class Trainer:
     def _summary(self, seconds: float, steps: int) -> dict[str, Any]:
         final = self.history[-1] if self.history else {}
         summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
-                   "total_steps": self.total_steps, "stopped_on_request": self.stop_requested,
+                   "total_steps": self.total_steps, "stopped_on_request": self.runner.stop_requested,
                    "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
                    "student": self.cfg.student.name, "final_eval": final}
         if self.writes_records:
@@ -266,9 +278,14 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
                                kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite)
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
-    return Trainer(cfg, run_dir, setup, student, teacher, optimizer, scheduler, parts.train_ds, parts.val_ds,
-                   parts.sampler, parts.total_steps, parts.num_epochs, step_fn, log=log, injector=injector,
-                   events=events)
+    runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)
+    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name, SingleShard(), injector)
+
+    def evaluate_student() -> dict[str, float]:
+        return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
+
+    return Trainer(cfg, run_dir, runner, checkpointer, evaluate_student, parts.train_ds, parts.val_ds, parts.sampler,
+                   parts.total_steps, parts.num_epochs, injector, events, log=log)
 
 
 def kd_params(cfg: DictConfig) -> KDLossParams:

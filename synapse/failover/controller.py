@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -30,8 +31,8 @@ from ..monitor.detector import COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
-from ..planner.policy import Decision, DecisionContext, Policy
 from ..planner.placement import Placement
+from ..planner.policy import Decision, DecisionContext, Policy
 from ..planner.stage_planner import StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
@@ -213,7 +214,8 @@ class FailoverController:
         """A forced action (failover.drills): exercise and measure a restart without a real fault."""
         drill["done"] = True
         kind = OptionKind(drill["action"])
-        options = self._options(drill.get("device", self._slowest_device()), self.measured_step_s)
+        device = drill.get("device")
+        options = self._options(self._slowest_device() if device is None else device, self.measured_step_s)
         chosen = next((o for o in options if o.kind is kind), None)
         if chosen is None:
             raise ValueError(f"failover.drills asks for {kind.value} at step {step}, which is not possible here "
@@ -231,7 +233,7 @@ class FailoverController:
         return self._record(self.policy.decide(ctx), step, cause=cause)
 
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
-        record = {**decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),
+        record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),
                   "baseline_step_s": self.baseline_step_s, "measured_step_s": self.measured_step_s
                   if self._recent else None}
         # Every action is logged; a KEEP only when its reason changes or every KEEP_LOG_EVERY
@@ -247,6 +249,13 @@ class FailoverController:
             self.last_action_step = step
             self.decisions.append(record)
         return decision
+
+    def decided_at(self, decision: Decision) -> float | None:
+        """Wall time the controller took ``decision`` (an action: every action is kept)."""
+        for record in reversed(self.decisions):
+            if record.get("step") == decision.step and record.get("action") == decision.action.value:
+                return record.get("time")
+        return None
 
     # ---------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from ..monitor.detector import DetectorConfig, SlowdownDetector
 from ..monitor.events import EventLog, events_path
 from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
 from ..planner.eta import OptionKind, RestartCost, RestartCostModel
-from ..planner.policy import make_policy
 from ..planner.placement import Placement
+from ..planner.policy import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages
 from .supervisor import STATE_FILE, Supervisor, first_stage, user_overrides

@@ -26,7 +26,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-
 from ..conf import CONF_DIR
 from ..planner.placement import Placement
 

@@ -10,34 +10,38 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
+from omegaconf import DictConfig
+
+from .controller import FailoverController
+from .stages import StageSpec
 
 SUMMARY_FILE = "experiment_summary.json"
 
 
-def write_experiment_summary(supervisor: "Supervisor", last: dict[str, Any]) -> dict[str, Any]:
-    cfg, controller = supervisor.cfg, supervisor.controller
-    restarts = [{k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")}
-                for r in supervisor.restarts]
+def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: FailoverController,
+                             stages: Sequence[StageSpec], restarts: Sequence[Any], started_at: float,
+                             last: dict[str, Any]) -> dict[str, Any]:
+    """``restarts``: the supervisor's ``Restart`` records (dataclasses)."""
+    restart_views = [{k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")} for r in restarts]
     summary = {
         "policy": cfg.policy.name,
         "injection": cfg.injection.name,
-        "wall_time_s": time.time() - supervisor.started_at,
+        "wall_time_s": time.time() - started_at,
         "steps": last.get("steps"),
         "total_steps": last.get("total_steps"),
         "stages": [{**asdict(s), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
-                   for s in supervisor.stages],
+                   for s in stages],
         "decisions": [_decision_view(d) for d in controller.decisions],
-        "restarts": restarts,
-        "time_lost_s": _time_lost(supervisor),
+        "restarts": restart_views,
+        "time_lost_s": _time_lost(controller, restarts),
         "restart_cost_estimate_s": controller.restart_costs.estimate().to_dict(),
         "final_eval": last.get("final_eval") or {},
         "images_per_s_last_stage": last.get("images_per_s"),
     }
-    (supervisor.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=float))
+    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=float))
     return {**last, "experiment": summary}
 
 
@@ -50,8 +54,8 @@ def _decision_view(record: dict[str, Any]) -> dict[str, Any]:
             "chosen_devices": record["chosen"]["devices"], "alphas": record.get("alphas")}
 
 
-def _time_lost(supervisor: "Supervisor") -> dict[str, float]:
+def _time_lost(controller: FailoverController, restarts: Sequence[Any]) -> dict[str, float]:
     """Seconds lost: slow steps before each action (over the healthy step time) and restart downtime."""
-    slow = supervisor.controller.time_lost_total_s
-    downtime = sum(r.downtime_s or 0.0 for r in supervisor.restarts)
+    slow = controller.time_lost_total_s
+    downtime = sum(r.downtime_s or 0.0 for r in restarts)
     return {"slow_steps_s": slow, "restart_downtime_s": downtime, "total_s": slow + downtime}

@@ -26,12 +26,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from ..config import resolve_devices, validate
+from ..control import FileControlChannel
 from ..launch.elastic import WorkerFailure, launch_pipeline
-from ..monitor.events import EventLog, events_path, read_events
+from ..monitor.events import EventLog, EventLogError, events_path
 from ..monitor.injection import fired_fault_indices
 from ..planner.placement import Placement
 from ..planner.policy import Decision, NoViableOptionError
-from ..control import FileControlChannel
+from ..records import JsonlTail
 from .controller import FailoverController
 from .faults import faults_for_stage
 from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
@@ -79,9 +80,20 @@ class Supervisor:
     restarts: list[Restart] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
 
+    _event_tail: JsonlTail | None = None
+    _events_seen: list[dict[str, Any]] = field(default_factory=list)
+
     @property
     def events(self) -> EventLog:
         return EventLog(events_path(self.run_dir), source="supervisor")
+
+    def worker_events(self) -> list[dict[str, Any]]:
+        """Every event of the run's log so far, read incrementally (workers and the health monitor
+        report there: faults fired, checkpoints saved, stages ready, live re-partitions, dead ranks)."""
+        if self._event_tail is None:
+            self._event_tail = JsonlTail(events_path(self.run_dir), from_start=True, error=EventLogError)
+        self._events_seen.extend(self._event_tail.read_new())
+        return self._events_seen
 
     # ---------------------------------------------------------------- the loop
     def run(self, first: StageSpec, compose: bool = False) -> dict[str, Any]:
@@ -101,7 +113,8 @@ class Supervisor:
             restart = self._plan_restart(current, watcher, failure)
             spec = self._next_stage(current, restart)
             stage_cfg, overrides = self._compose(spec)
-        return write_experiment_summary(self, summary or {})
+        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
+                                        self.started_at, summary or {})
 
     @property
     def live_replan(self) -> bool:
@@ -146,9 +159,9 @@ class Supervisor:
         stage_cfg, overrides = self._compose(spec)
         write_stage(self.run_dir, spec, stage_cfg, overrides)
         self.controller.begin_stage(spec.placement)
-        live = [e for e in read_events(events_path(self.run_dir), "live_replan") if e.get("stage") == spec.index]
+        live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("stage") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
-        restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller_decided_at(decision),
+        restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller.decided_at(decision) or time.time(),
                           trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
                           decision=decision, trigger="decision", mode="live", last_step_time=last_old["time"])
         warm = float(first_record["step_seconds"]) - self.controller.baseline_step_s
@@ -162,13 +175,6 @@ class Supervisor:
                            mode="live", recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
                            components=restart.components, redo_steps=0,
                            moved_blocks=live[-1]["moved_blocks"] if live else None)
-
-    def controller_decided_at(self, decision: Decision) -> float:
-        """Wall time of a decision: from its event record (the controller logs every action)."""
-        for record in reversed(read_events(events_path(self.run_dir), "decision")):
-            if record.get("step") == decision.step and record.get("action") == decision.action.value:
-                return float(record["time"])
-        return time.time()
 
     def _finish_stage(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None,
                       summary: dict | None, restart: Restart | None) -> None:
@@ -231,8 +237,8 @@ class Supervisor:
                                 f"everything finished is saved in {self.run_dir / 'checkpoints'}. Fix: add "
                                 f"devices (trainer.devices / trainer.spare_devices) and rerun with resume=auto"
                                 ) from failure
-        failed_at = min((e["time"] for e in read_events(events_path(self.run_dir))
-                         if e.get("hard") and e["time"] >= spec.started_at), default=spec.ended_at)
+        failed_at = min((e["time"] for e in self.worker_events() if e.get("hard") and e["time"] >= spec.started_at),
+                        default=spec.ended_at)
         return decision, failed_at
 
     def _resume_checkpoint(self) -> ckpt.CheckpointRef | None:
@@ -264,7 +270,7 @@ class Supervisor:
         if spec.index == 0:
             return settings
         faults = OmegaConf.to_container(self.cfg.injection.faults, resolve=True)
-        fired = fired_fault_indices(read_events(events_path(self.run_dir)))
+        fired = fired_fault_indices(self.worker_events())
         return {**settings, "trainer.devices": spec.devices, "trainer.strategy": "pipeline",
                 "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
                 "partition.student": spec.student_counts, "partition.alphas": None,
@@ -294,18 +300,18 @@ class Supervisor:
     # ---------------------------------------------------------------- measurements
     def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:
         """Split the restart's wall time into its parts, from the events the workers wrote."""
-        events = read_events(events_path(self.run_dir))
+        events = self.worker_events()  # what the workers reported; the stage's end is the supervisor's own fact
         saved = [e for e in events if e["event"] == "checkpoint_saved" and e.get("for_stop")
                  and e.get("stage") == restart.stage - 1]
         ready = [e for e in events if e["event"] == "stage_ready" and e.get("stage") == restart.stage]
-        ended = [e for e in events if e["event"] == "stage_ended" and e.get("stage") == restart.stage - 1]
+        ended_at = next((s.ended_at for s in self.stages if s.index == restart.stage - 1), None)
         first_end = float(first_record["time"])
         parts = {}
         if saved:
             parts["checkpoint_save_s"] = saved[-1]["seconds"]
-        if ended:
+        if ended_at is not None:
             teardown_from = saved[-1]["time"] if saved else restart.trigger_time
-            parts["teardown_s"] = max(0.0, ended[-1]["time"] - teardown_from)
+            parts["teardown_s"] = max(0.0, ended_at - teardown_from)
         if ready:
             r = ready[-1]
             parts["launch_s"] = max(0.0, r["process_started"] + r["build_s"] - restart.relaunch_time)

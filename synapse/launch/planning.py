@@ -17,13 +17,13 @@ from omegaconf import DictConfig
 
 from ..config import resolve_accelerator, resolve_devices
 from ..engine.device import default_threads
-from ..records import read_jsonl
 from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
 from ..planner.partitioner import PartitionPlan
 from ..planner.placement import Placement
 from ..planner.profile import load_profile_csv
 from ..planner.stage_planner import DeviceFacts, StagePlanner
 from ..profiling import profile_for_config
+from ..records import read_jsonl
 
 # Bytes of optimizer state per parameter byte (cost model's memory term).
 OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..records import iter_jsonl
+from ..records import RecordFileError, iter_jsonl
 
 EVENTS_FILE = "failover_events.jsonl"
 
 
-class EventLogError(ValueError):
+class EventLogError(RecordFileError):
     """A record that cannot be logged, or a log line that is not a JSON object."""
 
 

@@ -1,13 +1,15 @@
-"""One optimizer step's per-rank timings: the record behind performance.jsonl.
+"""One optimizer step's per-rank timings: what the detector and estimator read of performance.jsonl.
 
-The pipeline runtime writes one `StepTiming` per optimizer step (one JSON object
-per line). The slowdown detector and the alpha/beta estimator read it; both are
-pure and never see a process group.
+The last pipeline rank writes one record per optimizer step (one JSON object per line, see
+``PipelineRunner.write_performance_record``): ``step``, ``stage``, ``devices``, ``total_steps``,
+``step_seconds``, ``compute_s``, ``comm_s``, ``ranks`` (each rank's clock parts),
+``images_per_s`` and ``time`` (added by the writer). ``StepTiming`` is the part of it the
+slowdown detector and the alpha/beta estimator use; both are pure and never see a process group.
 
 What the fields mean (the detector's rules depend on it):
 
-* ``step``: the optimizer step (0-based, strictly increasing within a log).
-* ``wall_time``: seconds since the epoch at the *end* of the step.
+* ``step``: the optimizer step (1-based in the runtime's records; strictly increasing within a log).
+* ``wall_time``: seconds since the epoch at the *end* of the step (the record's ``time``).
 * ``step_seconds``: duration of the step (so the step began at
   ``wall_time - step_seconds``).
 * ``compute_s[r]``: rank r's own work in the step: teacher forward, student
@@ -28,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..records import iter_jsonl
+from ..records import RecordFileError, iter_jsonl
 
 _REQUIRED_KEYS = ("step", "wall_time", "step_seconds", "compute_s", "comm_s")
 
 
-class TimingRecordError(ValueError):
+class TimingRecordError(RecordFileError):
     """A step-timing record is malformed (the message names the field and the fix)."""
 
 
@@ -97,10 +99,12 @@ class StepTiming:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTiming:
-        """Inverse of `to_dict`. Unknown keys are ignored so that the runtime may
-        add fields (e.g. the loss) without breaking older readers."""
+        """Inverse of `to_dict`, and the reader of the runtime's records (``time`` is the wall time).
+        Unknown keys are ignored so that the runtime may add fields without breaking readers."""
         if not isinstance(data, Mapping):
             raise TimingRecordError(f"a step-timing record must be a JSON object, got {type(data).__name__}")
+        if "wall_time" not in data and "time" in data:  # a record as the runtime writes it
+            data = {**data, "wall_time": data["time"]}
         missing = [key for key in _REQUIRED_KEYS if key not in data]
         if missing:
             raise TimingRecordError(f"step-timing record lacks {missing}; required keys: {list(_REQUIRED_KEYS)}")

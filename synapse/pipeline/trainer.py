@@ -1,11 +1,15 @@
-"""The pipelined trainer: the single-device trainer's loop with the step, checkpoint and
-evaluation done collectively by K ranks.
+"""A pipeline rank's share of the training loop: the loop is ``engine.trainer.Trainer``, composed
+here with the parts that differ from one device.
 
-Only three things differ from ``engine.trainer.Trainer``: a step is a pipeline schedule
-step; a checkpoint is one shard per rank (keyed by the original parameter names, so any
-partition can load it) committed by rank 0; evaluation is a forward-only pipeline pass whose
-logits land on the last rank. Data order, losses, optimizer, schedule and metric records are
-the same parts the single-device trainer uses.
+- ``PipelineRunner``: a step is a pipeline schedule step; after it one collective exchange
+  (every rank's timings, the supervisor's control request) and, on the last rank, the step's
+  performance record; at the step boundary, a live re-partition when one was requested.
+- ``ProcessGroupShards``: a checkpoint is one shard per rank (keyed by the original parameter
+  names, so any partition can load it) committed by rank 0 (``engine.checkpointer``).
+- ``PipelineEvaluation``: a forward-only pipeline pass whose logits land on the last rank.
+
+Data order, losses, optimizer, schedule and metric records are the parts the single-device
+trainer uses.
 """
 from __future__ import annotations
 
@@ -19,41 +23,68 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from .. import checkpoint as ckpt
+from ..control import FileControlChannel, StopAck, StopRequest
 from ..engine.batches import eval_batches
-from ..engine.device import ComputeSetup, rng_state, set_rng_state
+from ..engine.checkpointer import Checkpointer, HeldState
+from ..engine.device import ComputeSetup
 from ..engine.metrics import topk_correct
-from ..records import JsonlWriter, NullWriter
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
 from ..engine.step import training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
-from ..control import FileControlChannel, StopAck, StopRequest
+from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from ..monitor.events import EventLog, events_path
 from ..monitor.heartbeat import Heartbeat
-from ..monitor.injection import build_fault_injector
-from ..models import block_parameter_names, build_model, load_weights, model_blocks
+from ..monitor.injection import FaultInjector, build_fault_injector
 from ..planner.placement import Placement
+from ..records import JsonlWriter, NullWriter
 from .repartition import exchange_blocks, payload_size_bytes, student_moves
 from .runtime import PipelineRuntime, ProgressBoard, progress_path
 from .stage import FusedStage
 
 
+class ProcessGroupShards:
+    """The ranks of the pipeline as a checkpoint's shard group (collectives on the default group)."""
+
+    def __init__(self, runner: "PipelineRunner"):
+        self.runner = runner
+        self.rank, self.world_size = runner.rank, runner.world_size
+
+    def agree(self, value: Any) -> Any:
+        box = [value if self.rank == 0 else None]
+        self.runner.runtime.mark("sync")
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        self.runner.runtime.mark("sync")
+        dist.barrier()
+
+
 @dataclass
-class PipelineTrainer(Trainer):
-    runtime: PipelineRuntime | None = None
-    rank: int = 0
-    world_size: int = 1
-    # original student parameter/buffer name -> tensor held by this rank
-    owned: dict[str, torch.Tensor] = field(default_factory=dict)
-    performance: JsonlWriter | None = None
-    partition: Placement | None = None
-    heartbeat: Heartbeat | None = None
+class PipelineRunner:
+    """This rank's stage of the pipelined KD step and everything that moves with it."""
+
+    cfg: DictConfig
+    run_dir: Path
+    setup: ComputeSetup
+    runtime: PipelineRuntime
+    rank: int
+    world_size: int
+    owned: dict[str, torch.Tensor]  # original student parameter/buffer name -> tensor held by this rank
+    partition: Placement
+    blocks: "AllBlocks"  # every teacher and student block (for live re-partitions)
+    injector: FaultInjector
+    heartbeat: Heartbeat
+    events: EventLog
+    control: FileControlChannel
+    performance: JsonlWriter
+    total_steps: int
     stage: int = 0  # which stage of the run this is (stages/<n>/); a live re-partition starts the next
-    events: EventLog | None = None
-    blocks: "AllBlocks | None" = None  # every teacher and student block (for live re-partitions)
+    log: Callable[[str], None] = print
+    stop_requested: bool = False
     live_request: StopRequest | None = None  # a live REPLAN to apply after this step
-    control: FileControlChannel | None = None
     applied_requests: set = field(default_factory=set)
+    step: int = 0  # the last step run (for the events of a re-partition)
 
     @property
     def writes_records(self) -> bool:
@@ -63,23 +94,35 @@ class PipelineTrainer(Trainer):
     def needs_data(self) -> bool:
         return self.runtime.is_first or self.runtime.is_last  # images enter at rank 0, labels at the last
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.runtime.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.runtime.scheduler
+
+    @property
+    def skipped(self) -> bool:
+        return self.runtime.skipped
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        self.step = step
         loss = self.runtime.train_step(images, labels, step)
         self.heartbeat.beat(step)
         return loss
 
-    @property
-    def step_skipped(self) -> bool:
-        return self.runtime.skipped
+    def held_state(self) -> HeldState:
+        return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict()})
 
-    def step_record_extras(self) -> dict[str, Any]:
+    def after_step(self, step: int) -> dict[str, Any]:
         """The step's collective exchange, then its performance record (on the record-writing rank)."""
-        timings = self.exchange_step_state()
+        timings = self.exchange_step_state(step)
         if self.writes_records:
-            self.write_performance_record(timings)
+            self.write_performance_record(step, timings)
         return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
 
-    def exchange_step_state(self) -> list[dict[str, float]]:
+    def exchange_step_state(self, step: int) -> list[dict[str, float]]:
         """One all-gather per step: every rank's compute/comm split of the step, and the control
         request rank 0 found (all ranks learn it here, so all act after the same step)."""
         request = self.control.poll() if self.rank == 0 else None
@@ -94,19 +137,19 @@ class PipelineTrainer(Trainer):
         self.live_request = request if request is not None and request.live else None
         self.stop_requested = request is not None and not request.live
         if request is not None and self.rank == 0:
-            self.control.acknowledge(StopAck(request.id, self.step))
+            self.control.acknowledge(StopAck(request.id, step))
         return [g["timing"] for g in gathered]
 
-    def write_performance_record(self, timings: list[dict[str, float]]) -> None:
+    def write_performance_record(self, step: int, timings: list[dict[str, float]]) -> None:
         wall = max(t["wall"] for t in timings)
         self.performance.write({
-            "step": self.step, "stage": self.stage, "devices": list(self.partition.devices),
+            "step": step, "stage": self.stage, "devices": list(self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
             "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
         })
 
-    def apply_control(self) -> None:
+    def apply_control(self, step: int) -> None:
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
             self.applied_requests.add(request.id)
@@ -146,7 +189,7 @@ class PipelineTrainer(Trainer):
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
                                        nonfinite=self.cfg.trainer.nonfinite, board=old.board)
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
-        self.module, self.owned, self.optimizer, self.scheduler = module, owned, optimizer, scheduler
+        self.owned = owned  # the new runtime holds the new optimizer and scheduler
         self.partition, self.stage = new, self.stage + 1
         sent_bytes = sum(payload_size_bytes(payload) for payload in outgoing.values())
         totals: list[Any] = [None] * self.world_size
@@ -216,17 +259,26 @@ class PipelineTrainer(Trainer):
         scheduler.load_state_dict(self.scheduler.state_dict())
         return module, owned, optimizer, scheduler
 
-    # ---------------------------------------------------------------- evaluation
-    def evaluate_student(self) -> dict[str, float] | None:
-        """Forward-only pipeline over the validation split, batches padded to the training shape."""
-        batch = self.cfg.data.batch_size
+@dataclass
+class PipelineEvaluation:
+    """Forward-only pipeline over the validation split, batches padded to the training shape; the
+    result lands on the last rank (the others get None). Reads the runner's current stage at each
+    call: a live re-partition changes it."""
+
+    runner: PipelineRunner
+    val_ds: Any
+    batch_size: int
+    num_workers: int
+
+    def __call__(self) -> dict[str, float] | None:
+        batch = self.batch_size
         hits = {"student": {1: 0, 5: 0}, "teacher": {1: 0, 5: 0}}
         seen = 0
-        for images, labels in eval_batches(self.val_ds, batch, self.cfg.data.num_workers):
+        for images, labels in eval_batches(self.val_ds, batch, self.num_workers):
             real = labels.shape[0]
             if real < batch:  # the schedule's buffers have the training micro-batch shape
                 images = torch.cat([images, images[-1:].expand(batch - real, *images.shape[1:])])
-            out = self.runtime.forward_only(images)
+            out = self.runner.runtime.forward_only(images)
             if out is None:
                 continue
             labels = labels.to(out[0].device)
@@ -234,68 +286,11 @@ class PipelineTrainer(Trainer):
                 for k, n in topk_correct(logits[:real].float(), labels).items():
                     hits[name][k] += n
             seen += real
-        if not self.writes_records:
+        if not self.runner.writes_records:
             return None
         result = {f"top{k}": 100.0 * hits["student"][k] / seen for k in (1, 5)}
         result.update({f"teacher_top{k}": 100.0 * hits["teacher"][k] / seen for k in (1, 5)})
         return result
-
-    # ---------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
-        started = time.perf_counter()
-        nonce = [ckpt.new_nonce() if self.rank == 0 else None]
-        self.runtime.mark("sync")
-        dist.broadcast_object_list(nonce, src=0)
-        self.runtime.mark("checkpoint_write")
-        tmp = ckpt.begin_checkpoint(self.checkpoint_root, self.step, nonce=nonce[0])
-        if self.rank == 0:  # the committer frees what failed saves left, before the shards take space
-            ckpt.remove_stray_temporaries(self.checkpoint_root, keep=tmp)
-        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
-        ckpt.save_tensor_file({"model": {n: t.detach().cpu() for n, t in self.owned.items()},
-                               "optim": optimizer_state_by_name(self.optimizer, params),
-                               "rng": rng_state()}, tmp / ckpt.shard_name(self.rank))
-        if self.rank == 0:
-            state = {"step": self.step, "sampler": self.sampler.state_after(epoch, step_in_epoch),
-                     "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
-            ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
-        self.injector.on("checkpoint_write", self.step)  # this rank's files written, nothing committed
-        self.runtime.mark("sync")
-        dist.barrier()
-        path = self.checkpoint_root / ckpt.step_dir_name(self.step)
-        if self.rank == 0:
-            self.runtime.mark("checkpoint_write")
-            meta = {"student": self.cfg.student.name, "world_size": self.world_size,
-                    "partition": self.partition.to_dict()}
-            path = ckpt.commit_checkpoint(tmp, self.step, meta=meta)
-            ckpt.prune_checkpoints(self.checkpoint_root, self.cfg.checkpoint.keep)
-            self.runtime.mark("sync")
-        dist.barrier()  # nobody moves on before the checkpoint is committed
-        if self.rank == 0:
-            self.events.append("checkpoint_saved", step=self.step, path=str(path), stage=self.stage,
-                               seconds=time.perf_counter() - started, for_stop=self.stop_requested)
-        return path
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Load this rank's blocks by name from a checkpoint of any partition and world size."""
-        model_state, optim_state = ckpt.load_student_state(path)
-        missing = [n for n in self.owned if n not in model_state]
-        if missing:
-            raise ckpt.CheckpointError(f"{path} lacks {len(missing)} tensors this stage needs (e.g. {missing[:3]}); "
-                                       f"it was written for another student model")
-        with torch.no_grad():
-            for name, tensor in self.owned.items():
-                tensor.copy_(model_state[name])
-        params = {n: t for n, t in self.owned.items() if isinstance(t, torch.nn.Parameter)}
-        load_optimizer_state_by_name(self.optimizer, params, optim_state)
-        state = ckpt.load_run_state(path)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        manifest = ckpt.read_manifest(path)
-        if manifest["meta"].get("world_size") == self.world_size:  # same ranks: each continues its own RNG stream
-            set_rng_state(ckpt.load_file(Path(path) / ckpt.shard_name(self.rank))["rng"])
-        self.step = int(state["step"])
-        if self.writes_records:
-            self.log(f"resumed from {path} at step {self.step}")
 
 
 @dataclass
@@ -344,7 +339,8 @@ def build_all_blocks(cfg: DictConfig, partition: Placement, teacher_weights: str
 
 def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           stage: int = 0) -> PipelineTrainer:
+                           stage: int = 0) -> Trainer:
+    """The shared training loop composed for pipeline rank ``rank`` of ``world_size``."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
@@ -358,11 +354,19 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                               nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)))
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
-    performance = JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter()
-    return PipelineTrainer(cfg, run_dir, setup, module, None, optimizer, scheduler, parts.train_ds, parts.val_ds,
-                           parts.sampler, parts.total_steps, parts.num_epochs, step_fn=None, log=log,
-                           runtime=runtime, rank=rank, world_size=world_size, owned=owned, performance=performance,
-                           partition=partition, injector=injector,
-                           heartbeat=Heartbeat(run_dir, rank, str(setup.device)), stage=stage,
-                           events=EventLog(events_path(run_dir), source="worker", rank=rank), blocks=blocks,
-                           control=FileControlChannel(run_dir))
+    events = EventLog(events_path(run_dir), source="worker", rank=rank)
+    runner = PipelineRunner(cfg, run_dir, setup, runtime, rank, world_size, owned, partition, blocks, injector,
+                            Heartbeat(run_dir, rank, str(setup.device)), events, FileControlChannel(run_dir),
+                            JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
+                            stage=stage, log=log)
+
+    def saved(step: int, path: Path, seconds: float) -> None:
+        events.append("checkpoint_saved", step=step, path=str(path), stage=runner.stage, seconds=seconds,
+                      for_stop=runner.stop_requested)
+
+    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name,
+                                ProcessGroupShards(runner), injector, on_saved=saved,
+                                mark=lambda phase: runner.runtime.mark(phase))
+    evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
+    return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
+                   parts.total_steps, parts.num_epochs, injector, events, log=log)

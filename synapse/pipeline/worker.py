@@ -68,7 +68,7 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
             trainer.events.append("stage_ready", stage=stage, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
         summary = trainer.fit()
-        trainer.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
+        trainer.runner.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
         return summary if trainer.writes_records else None
     finally:
         if trainer is not None:

@@ -177,7 +177,7 @@ def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
     ("failover.max_restarts=-1", "failover.max_restarts"),
     ("failover.decide_every=0", "failover.decide_every"),
     ("failover.replan_mode=teleport", "failover.replan_mode"),
-    ("+failover.detector.windw=5", "failover.detector"),
+    ("+failover.detector.windw=5", "failover.detector.windw"),  # a typed node: the key itself is named
     ("failover.detector.threshold=0.5", "failover.detector"),
     ("failover.estimator.ema_weight=2", "failover.estimator"),
     ("policy.name=oracle", "policy"),

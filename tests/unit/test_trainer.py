@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from synapse import checkpoint as ckpt
-from synapse.engine import trainer as trainer_module
+from synapse.engine import checkpointer as checkpointer_module
 from synapse.engine.optim import build_scheduler, lr_factor
 from synapse.app import run
 from synapse.models import ModelError, build_model, load_weights
@@ -96,7 +96,7 @@ def test_resume_that_lost_the_rng_state_would_diverge(resume_runs, tmp_path, mon
     whole, split = tmp_path / "whole", tmp_path / "split"
     resume_runs(whole)
     resume_runs(split, f"trainer.stop_after={STOP_AT}")
-    monkeypatch.setattr(trainer_module, "set_rng_state", lambda state: None)
+    monkeypatch.setattr(checkpointer_module, "set_rng_state", lambda state: None)
     resume_runs(split, "resume=auto")
     whole_model, split_model = final_state(whole)[0], final_state(split)[0]
     assert any(not torch.equal(whole_model[k], split_model[k]) for k in whole_model)
