@@ -22,7 +22,7 @@ from .engine.trainer import build_trainer, resolve_resume
 from .failover.report import print_failover_story
 from .failover.run import run_with_failover
 from .launch.elastic import launch_pipeline
-from .launch.planning import auto_partition, compare_plan_with_run, profile_models
+from .launch.planning import auto_partition, build_stage_planner, compare_plan_with_run, profile_models
 from .models import count_blocks
 from .pipeline.partition import placement_for_config
 
@@ -75,8 +75,12 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
     devices = stage_devices(cfg)
+    failover = cfg.failover.enabled and cfg.trainer.nodes == 1
+    # The run's one planner: it makes the first plan and prices every re-plan (measuring or
+    # reading the block profiles once); a manual partition without failover needs none.
+    planner = build_stage_planner(cfg, info, log) if cfg.partition.mode == "auto" or failover else None
     if cfg.partition.mode == "auto":
-        partition, _ = auto_partition(cfg, devices, info, run_dir, log)
+        partition, _ = auto_partition(cfg, planner, devices, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                      count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
     else:
@@ -88,8 +92,8 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")
     resume = str(resume) if resume else None
-    if cfg.failover.enabled and cfg.trainer.nodes == 1:
-        summary = run_with_failover(cfg, run_dir, info, partition, str(weights), resume, overrides, log)
+    if failover:
+        summary = run_with_failover(cfg, run_dir, planner, partition, str(weights), resume, overrides, log)
         print_failover_story(summary.get("experiment", {}), run_dir, log)
     else:  # multi-node runs restart by hand: every node's supervisor would have to agree on each stage
         summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), resume, log=log)

@@ -9,12 +9,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from ..config import resolve_accelerator, resolve_devices
-from ..launch.planning import build_stage_planner
 from ..monitor.detector import DetectorConfig, SlowdownDetector
 from ..monitor.events import EventLog, events_path
 from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
 from ..planner.eta import OptionKind, RestartCost, RestartCostModel
 from ..planner.placement import Placement
+from ..planner.stage_planner import StagePlanner
 from ..planner.policy import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages
@@ -52,11 +52,12 @@ def _benchmark_cost(path: str | None, default: Path, name: str, fallback: Restar
     return RestartCostModel.from_benchmark(json.loads(path.read_text())).estimate(name)
 
 
-def build_controller(cfg: DictConfig, info, run_dir: Path, log: Callable[[str], None]) -> FailoverController:
+def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path,
+                     log: Callable[[str], None]) -> FailoverController:
     settings = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
     return FailoverController(
         policy=make_policy(cfg.policy.name, **settings(cfg.policy.params)),
-        planner=build_stage_planner(cfg, info, log),
+        planner=planner,
         restart_costs=restart_cost_model(cfg, log),
         detector=SlowdownDetector(DetectorConfig(**settings(cfg.failover.detector))),
         estimator=AlphaBetaEstimator(EstimatorConfig(**settings(cfg.failover.estimator))),
@@ -69,10 +70,11 @@ def build_controller(cfg: DictConfig, info, run_dir: Path, log: Callable[[str], 
     )
 
 
-def run_with_failover(cfg: DictConfig, run_dir: Path, info, partition: Placement, teacher_weights: str,
-                      resume: str | None, overrides: Sequence[str] | None,
+def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, partition: Placement,
+                      teacher_weights: str, resume: str | None, overrides: Sequence[str] | None,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
-    controller = build_controller(cfg, info, run_dir, log)
+    """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan)."""
+    controller = build_controller(cfg, planner, run_dir, log)
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log)
     history = read_stages(run_dir) if cfg.resume is not None else []
     if not history:

@@ -221,7 +221,8 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     reported = {r["rank"] for r in records}
     hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
     if hard:
-        return _hard_failure(hard[0], beats, progress or {}, log_dir)
+        signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
+        return _hard_failure(hard[0], beats, progress or {}, log_dir, signals)
     message = describe_failures(failure_dir, exc, log_dir)
     signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
@@ -254,8 +255,12 @@ def _device_error(record: dict) -> str | None:
     return next((line for line in lines if any(p in line for p in _DEVICE_ERRORS)), None)
 
 
-def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict], log_dir: Path) -> WorkerFailure:
-    """The health monitor saw a dead or hung rank (or a failing GPU) and tore the launch down."""
+def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict], log_dir: Path,
+                  signals: dict[int, str]) -> WorkerFailure:
+    """The health monitor saw a dead or hung rank (or a failing GPU) and tore the launch down.
+
+    ``signals``: the signal that ended each rank the agent reaped, so that a dead rank's cause says
+    how it died whether the monitor or the agent noticed it first."""
     rank = _rank_of_event(event, beats)
     culprit = hang_culprit(progress) if event["event"] == "rank_hung" else None
     if culprit is not None:
@@ -267,7 +272,10 @@ def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict]
         return WorkerFailure(message, culprit, "rank_hung", device_failure=True)
     details = {k: v for k, v in event.items() if k not in ("event", "rank", "time")}
     message = f"pipeline rank {rank} failed first: {event['event']} ({details}); logs in {log_dir}"
-    return WorkerFailure(message, rank, event["event"], device_failure=True)
+    cause = event["event"]
+    if cause == "rank_dead":
+        cause = f"killed by {signals[rank]}" if rank in signals else f"rank_dead: {SILENT_DEATH}"
+    return WorkerFailure(message, rank, cause, device_failure=True)
 
 
 def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:

@@ -102,13 +102,12 @@ def _available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def auto_partition(cfg: DictConfig, devices: list[int], info, run_dir: Path,
+def auto_partition(cfg: DictConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
                    log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
     """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
-    paths = profile_models(cfg, info, log)
-    plan = planner_for_profiles(cfg, paths).full_plan(devices, configured_alphas(cfg, len(devices)))
-    record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": str(paths.teacher),
-                                                               "student": str(paths.student)}}
+    plan = planner.full_plan(devices, configured_alphas(cfg, len(devices)))
+    record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": planner.teacher.source,
+                                                               "student": planner.student.source}}
     (run_dir / "plan.json").write_text(json.dumps(record, indent=1))
     log(f"partition=auto: predicted step {plan.step_time_s * 1e3:.1f} ms, per-stage "
         f"{[round(t * 1e3, 2) for t in plan.stage_times_s]} ms per micro-batch")

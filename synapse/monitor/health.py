@@ -25,6 +25,7 @@ supervisor tears the workers down there. Without NVML or a GPU the monitor logs
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -259,4 +260,7 @@ def build_health_monitor(run_dir: Path | str, cfg: Any, on_hard_failure: Callabl
     enabled = cfg.get("enabled", True) if hasattr(cfg, "get") else getattr(cfg, "enabled", True)
     if not enabled:
         return NullHealthMonitor()
-    return HealthMonitor(run_dir, HealthSettings.from_config(cfg), on_hard_failure, log, gpu_devices=gpu_devices)
+    settings = HealthSettings.from_config(cfg)
+    if not gpu_devices:  # a CPU run: no GPU to sample, and nothing to say about NVML
+        settings = dataclasses.replace(settings, nvml=False)
+    return HealthMonitor(run_dir, settings, on_hard_failure, log, gpu_devices=gpu_devices)

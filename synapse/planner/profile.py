@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +90,7 @@ class ModelProfile:
     micro_batch: int | None = None
     dtype: str | None = None
     device: str | None = None
+    source: str | None = field(default=None, compare=False)  # the CSV it was read from, for records
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "blocks", tuple(self.blocks))
@@ -207,7 +208,7 @@ def load_profile_csv(path: str | Path) -> ModelProfile:
     meta = _load_metadata(path)
     name = meta.pop("name", None) or path.stem
     try:
-        return ModelProfile(name=name, blocks=tuple(blocks), **meta)
+        return ModelProfile(name=name, blocks=tuple(blocks), source=str(path), **meta)
     except ProfileError as error:
         raise ProfileError(f"{path}: {error}") from None
 

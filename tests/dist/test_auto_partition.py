@@ -19,7 +19,7 @@ def test_auto_partition_plans_runs_and_records_prediction_against_measurement(tm
     run(cfg, log=lambda m: None)
     plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
     used = json.loads((tmp_path / "partition.json").read_text())
-    assert used == {"teacher": list(plan["teacher_counts"]), "student": list(plan["student_counts"])}
+    assert used == {"devices": [0, 1], "teacher": list(plan["teacher_counts"]), "student": list(plan["student_counts"])}
     # Device 1 is planned 4x slower: it must get the smaller share of the predicted compute.
     assert plan["stage_compute_s"][1] < 4 * plan["stage_compute_s"][0]
     assert sum(used["teacher"]) == 11 and sum(used["student"]) == 11

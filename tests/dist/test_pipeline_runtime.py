@@ -60,4 +60,5 @@ def test_performance_records_have_per_rank_timings(tmp_path, teacher_file):
             assert rank["compute"] <= rank["wall"] + 1e-9
         assert record["ranks"][-1]["loss"] > 0  # the KD loss is computed on the last rank only
         assert record["ranks"][0]["loss"] == 0
-    assert json.loads((tmp_path / "partition.json").read_text()) == {"teacher": [4, 4, 3], "student": [4, 4, 3]}
+    assert json.loads((tmp_path / "partition.json").read_text()) == {"devices": [0, 1, 2], "teacher": [4, 4, 3],
+                                                                      "student": [4, 4, 3]}
