@@ -8,12 +8,13 @@ or train a teacher/baseline with labels.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import num_stages, resolve_devices, uses_pipeline, validate
+from .config import ConfigError, num_stages, resolve_devices, uses_pipeline, validate
 from .data import data_kwargs, dataset_info
 from .engine.device import build_compute_setup
 from .engine.evaluate import evaluate
@@ -138,7 +139,11 @@ def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, A
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
-    run(cfg)
+    try:
+        run(cfg)
+    except ConfigError as exc:  # a bad setting: one clear line (it names the key and the fix), no stack
+        print(f"synapse: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main() -> None:

@@ -96,8 +96,8 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     supervisor.stages = history
     log(f"failover: continuing after stage {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")
-    return supervisor.run(StageSpec(last.index + 1, last.devices, last.teacher_counts, last.student_counts,
-                                    reason="supervisor_restart", resume=resume, start_step=start), compose=True)
+    return supervisor.run(StageSpec(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
+                                    start_step=start), compose=True)
 
 
 def same_command(partition: Placement, first: StageSpec) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -95,9 +95,7 @@ class StageSpec:
     """Where and how one stage runs, and why it exists."""
 
     index: int
-    devices: list[int]
-    teacher_counts: list[int]
-    student_counts: list[int]
+    placement: Placement
     reason: str  # "start", "replan", "degrade", "replace", "failure: ..."
     resume: str | None = None
     start_step: int = 0
@@ -107,13 +105,34 @@ class StageSpec:
     outcome: str | None = None  # finished | stopped | failed
 
     @property
-    def placement(self) -> Placement:
-        return Placement(tuple(self.devices), tuple(self.teacher_counts), tuple(self.student_counts))
+    def devices(self) -> list[int]:
+        return list(self.placement.devices)
+
+    @property
+    def teacher_counts(self) -> list[int]:
+        return list(self.placement.teacher_counts)
+
+    @property
+    def student_counts(self) -> list[int]:
+        return list(self.placement.student_counts)
 
     @property
     def partition(self) -> dict[str, list[int]]:
         """What the workers are launched with (``Placement.to_dict``)."""
         return self.placement.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        """stage.json's form: the placement's lists at the top level, beside the stage's facts."""
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
+        return {**record, "devices": self.devices, "teacher_counts": self.teacher_counts,
+                "student_counts": self.student_counts}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageSpec:
+        data = dict(data)
+        placement = Placement(tuple(data.pop("devices")), tuple(data.pop("teacher_counts")),
+                              tuple(data.pop("student_counts")))
+        return cls(placement=placement, **data)
 
 
 def stage_dir(run_dir: Path, index: int) -> Path:
@@ -130,7 +149,7 @@ def write_stage(run_dir: Path, spec: StageSpec, cfg: DictConfig | None = None,
     if overrides is not None:
         (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
     tmp = folder / "stage.json.tmp"
-    tmp.write_text(json.dumps(asdict(spec), indent=1))
+    tmp.write_text(json.dumps(spec.to_dict(), indent=1))
     tmp.replace(folder / "stage.json")
     return folder
 
@@ -143,8 +162,8 @@ def read_stages(run_dir: Path) -> list[StageSpec]:
     specs = []
     for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
-            specs.append(StageSpec(**json.loads((folder / "stage.json").read_text())))
-        except (OSError, ValueError, TypeError) as exc:
+            specs.append(StageSpec.from_dict(json.loads((folder / "stage.json").read_text())))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             raise StageError(f"stage record {folder / 'stage.json'} is unreadable ({exc}); "
                              f"remove {folder} to restart that stage from the last checkpoint") from exc
     return specs

@@ -32,7 +32,7 @@ def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: Failove
         "wall_time_s": time.time() - started_at,
         "steps": last.get("steps"),
         "total_steps": last.get("total_steps"),
-        "stages": [{**asdict(s), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
+        "stages": [{**s.to_dict(), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
                    for s in stages],
         "decisions": [_decision_view(d) for d in controller.decisions],
         "restarts": restart_views,

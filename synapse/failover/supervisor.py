@@ -153,8 +153,7 @@ class Supervisor:
         old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
         write_stage(self.run_dir, old)
         chosen = decision.chosen
-        spec = StageSpec(old.index + 1, list(chosen.devices), list(chosen.teacher_counts), list(chosen.student_counts),
-                         reason="replan (live)", start_step=old.end_step)
+        spec = StageSpec(old.index + 1, chosen.placement, reason="replan (live)", start_step=old.end_step)
         self.stages.append(spec)
         stage_cfg, overrides = self._compose(spec)
         write_stage(self.run_dir, spec, stage_cfg, overrides)
@@ -259,8 +258,7 @@ class Supervisor:
         self.log(f"failover: stage {restart.stage} on devices {list(chosen.devices)}, teacher blocks "
                  f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
                  f"{restart.resume_step}")
-        return StageSpec(restart.stage, list(chosen.devices), list(chosen.teacher_counts),
-                         list(chosen.student_counts), reason=restart.action, resume=pinned and str(pinned),
+        return StageSpec(restart.stage, chosen.placement, reason=restart.action, resume=pinned and str(pinned),
                          start_step=restart.resume_step)
 
     # ---------------------------------------------------------------- stage configs
@@ -363,8 +361,7 @@ def pin_checkpoint(source: Path, target: Path) -> Path:
 
 
 def first_stage(placement: Placement, resume: str | None) -> StageSpec:
-    return StageSpec(0, list(placement.devices), list(placement.teacher_counts), list(placement.student_counts),
-                     reason="start", resume=resume)
+    return StageSpec(0, placement, reason="start", resume=resume)
 
 
 def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:

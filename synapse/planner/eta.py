@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from .placement import Placement
+
 DeviceId = int
 
 # plan_fn(device_ids, alphas aligned with device_ids, betas as given)
@@ -311,6 +313,10 @@ class Option:
     predicted_step_s: float
     restart_cost_s: float
     inputs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.devices, self.teacher_counts, self.student_counts)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", OptionKind.parse(self.kind))

@@ -54,5 +54,7 @@ def test_bad_override_fails_with_a_clear_message_and_no_run_output(train_py, tmp
     result = train_py([*overrides, f"hydra.run.dir={run_dir}"], timeout=110)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-3000:]
+    if "Fix: " in message:  # Synapse's own check: one line, no stack, the usage-error exit code
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     left = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
     assert left <= HYDRA_ONLY, f"the failed run wrote {sorted(left - HYDRA_ONLY)}"
