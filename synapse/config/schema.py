@@ -75,6 +75,7 @@ class DataConfig:
     val_batch_size: int = 256
     num_workers: int = 0
     augment: bool = True
+    decode: str = "auto"  # imagenet100: cpu (loader workers) | gpu (training device, nvJPEG) | auto (gpu on CUDA)
     synthetic_train_size: int = 4096
     synthetic_val_size: int = 512
     synthetic_num_classes: int = 100

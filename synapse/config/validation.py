@@ -159,6 +159,7 @@ def _validate_data(data: DictConfig) -> None:
     for key in ("batch_size", "val_batch_size", "image_size"):
         positive(f"data.{key}", data[key])
     positive("data.num_workers", data.num_workers, allow_zero=True)
+    choice("data.decode", data.decode, ("cpu", "gpu", "auto"))
     if data.name == "imagenet100":
         if data.root is None:
             fail("data.root", "ImageNet100 needs a data root", "set data.root=/path/to/imagenet (holding train/ and val/)")

@@ -95,6 +95,14 @@ class PipelineRunner:
         return self.runtime.is_first or self.runtime.is_last  # images enter at rank 0, labels at the last
 
     @property
+    def needs_images(self) -> bool:
+        return self.runtime.is_first  # the last rank reads labels only, no image is decoded there
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
+
+    @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.runtime.optimizer
 
