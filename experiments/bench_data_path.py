@@ -5,7 +5,8 @@
    ``--per-class`` train images in each of the 100 synsets, 2 val images each), in parallel.
 2. Loader alone: images/s delivered to the GPU (normalised float32, 224 px, training
    RandomResizedCrop + flip) by ``synapse.engine.batches.train_batches``, per decode placement
-   (``cpu``: workers decode; ``gpu``: nvJPEG in the training process) and worker count; plus
+   (``cpu``: workers decode; ``gpu``: nvJPEG in the training process; ``gpu`` with a share: both
+   at once, ``data.gpu_decode_share`` of the files on the GPU) and worker count; plus
    synthetic data generated on the device. The consumer does no compute; the clock stops after
    a device synchronisation.
 3. End to end, in one run, for each case: the user's command
@@ -59,9 +60,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--per-class", type=int, default=100, help="train JPEGs per synset (100 synsets)")
     parser.add_argument("--loader-batch", type=int, default=256)
     parser.add_argument("--loader-batches", type=int, default=40, help="timed batches per loader configuration")
-    parser.add_argument("--cpu-workers", default="4,8,14")
-    parser.add_argument("--gpu-workers", default="2,4,8")
+    parser.add_argument("--cpu-workers", default="4,8,14", help="worker counts for decode=cpu")
+    parser.add_argument("--gpu-workers", default="2,4,8", help="worker counts for decode=gpu, all JPEGs on the GPU")
+    parser.add_argument("--split-workers", default="8", help="worker counts for decode=gpu with --split-share")
+    parser.add_argument("--split-share", type=float, default=0.5, help="data.gpu_decode_share of the split runs")
     parser.add_argument("--e2e-workers", type=int, default=8)
+    parser.add_argument("--e2e-share", type=float, default=1.0, help="data.gpu_decode_share of the train.py runs")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per end-to-end run")
     parser.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the medians")
@@ -70,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.per_class, args.loader_batches, args.steps, args.skip = 20, 8, 20, 5
-        args.cpu_workers, args.gpu_workers, args.cases = "8", "4", "vitb_r50_jpeg"
+        args.cpu_workers, args.gpu_workers, args.split_workers, args.cases = "8", "4", "8", "vitb_r50_jpeg"
     return args
 
 
@@ -119,20 +123,21 @@ def make_tree(root: Path, per_class: int) -> dict:
 
 # ----------------------------------------------------------------------------- loader alone
 
-def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int = 4) -> dict:
-    device = torch.device("cuda")
+def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int = 4, device: str = "cuda") -> dict:
+    device = torch.device(device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sampler = ResumableSampler(len(dataset), seed=0, batch_size=batch, drop_last=True)
     log = BadSampleLog()
     stream = train_batches(dataset, sampler, 10**6, num_workers=workers, device=device, bad_samples=log)
     for _ in range(warmup):
         next(stream)
-    torch.cuda.synchronize()
+    synchronize()
     started = time.perf_counter()
     checksum = torch.zeros((), device=device)
     for _ in range(batches):
         b = next(stream)
         checksum += b.images[:, :, 0, 0].sum()  # the images are used, as a step would
-    torch.cuda.synchronize()
+    synchronize()
     seconds = time.perf_counter() - started
     stream.close()
     return {"workers": workers, "images": batches * batch, "seconds": seconds,
@@ -141,14 +146,17 @@ def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int = 4
 
 def bench_loader(args, tree: Path) -> list[dict]:
     rows = []
-    for decode, workers in [("cpu", int(w)) for w in args.cpu_workers.split(",")] + \
-                           [("gpu", int(w)) for w in args.gpu_workers.split(",")]:
-        dataset = ImageNet100(tree, "train", image_size=224, seed=0, decode=decode)
-        row = {"data": "jpeg", "decode": decode, **loader_rate(dataset, workers, args.loader_batch, args.loader_batches)}
+    counts = lambda text: [int(w) for w in text.split(",") if w]  # noqa: E731
+    configs = [("cpu", w, 0.0) for w in counts(args.cpu_workers)] + [("gpu", w, 1.0) for w in counts(args.gpu_workers)] \
+        + [("gpu", w, args.split_share) for w in counts(args.split_workers)]
+    for decode, workers, share in configs:
+        dataset = ImageNet100(tree, "train", image_size=224, seed=0, decode=decode, gpu_share=share if decode == "gpu" else 1.0)
+        row = {"data": "jpeg", "decode": decode, "gpu_share": share,
+               **loader_rate(dataset, workers, args.loader_batch, args.loader_batches)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     synthetic = SyntheticImages(num_samples=args.loader_batch * 64, image_size=224)
-    row = {"data": "synthetic", "decode": "-", **loader_rate(synthetic, 4, args.loader_batch, args.loader_batches)}
+    row = {"data": "synthetic", "decode": "-", "gpu_share": 0.0, **loader_rate(synthetic, 4, args.loader_batch, args.loader_batches)}
     print(json.dumps(row), flush=True)
     rows.append(row)
     return rows
@@ -178,7 +186,7 @@ def user_command(args, teacher: str, student: str, data: str, tree: Path, run_di
     if data == "synthetic":
         return command + ["data=synthetic", f"data.synthetic_train_size={args.batch * (args.steps + 5)}",
                           "data.synthetic_val_size=256"]
-    return command + ["data=imagenet100", f"data.root={tree}", "data.decode=auto"]
+    return command + ["data=imagenet100", f"data.root={tree}", "data.decode=auto", f"data.gpu_decode_share={args.e2e_share}"]
 
 
 def trainer_rates(args, teacher, student, data, tree) -> tuple[list[float], str]:
@@ -246,8 +254,9 @@ def write_markdown(path: Path, result: dict) -> None:
              f"{result['tree']['train_files']} train files, {result['tree']['size']}, "
              f"{result['tree']['mean_kb']:.0f} KB mean.", "",
              "## Loader alone (224 px, RandomResizedCrop + flip, normalised float32 on the GPU)", "",
-             "| data | decode | workers | images/s |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['data']} | {r['decode']} | {r['workers']} | {r['images_per_s']:,.0f} |" for r in result["loader"]]
+             "| data | decode | share on GPU | workers | images/s |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['data']} | {r['decode']} | {r['gpu_share']} | {r['workers']} | {r['images_per_s']:,.0f} |"
+              for r in result["loader"]]
     lines += ["", "## End to end: the user's command vs resident data (images/s per step: median [q25, q75], n)", "",
               "| case | train.py | resident plain loop | ratio |", "| --- | --- | --- | --- |"]
     for r in result["end_to_end"]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from synapse.data.crops import CropDraw, neutral_image, normalize_uint8, resized_crop
+from synapse.data.crops import CropDraw, neutral_image, normalize_uint8, resized_crop, resized_crops
 from synapse.data.jpeg import BadSample, UnreadableImage, decode_cpu, decode_many, device_decodable, read_bytes
 
 
@@ -39,15 +39,22 @@ class HostSample:
 
 @dataclass
 class ImageBatch:
-    """A worker's batch: ``labels`` for every slot; pixels for the slots decoded on the host,
-    bytes and crop draws for the slots the device decodes."""
+    """A worker's batch: ``labels`` for every slot; pixels for the slots decoded on the host;
+    for the slots the device decodes, the files' bytes packed into one tensor (``encoded``, cut
+    by ``encoded_sizes``) and their crop draws packed into one (``attempts``, ``flips``).
+
+    Packed because every tensor a worker ships costs a shared-memory segment and a file
+    descriptor passed to the training process: two per sample would be 512 per batch.
+    """
 
     labels: torch.Tensor
     decoded_slots: list[int]
     decoded: torch.Tensor | None  # uint8 [n, 3, S, S]
     encoded_slots: list[int]
-    encoded: list[torch.Tensor]
-    draws: list[CropDraw]
+    encoded: torch.Tensor | None  # uint8 [sum of sizes]: the files, back to back
+    encoded_sizes: list[int]
+    attempts: torch.Tensor | None  # float64 [m, CROP_ATTEMPTS, 4], None for validation crops
+    flips: list[bool]
     sources: list[tuple[int, str]]  # (index, path) of each encoded slot, to name a bad file
     bad: list[BadSample] = field(default_factory=list)
 
@@ -58,6 +65,23 @@ class ImageBatch:
         if self.decoded is not None:
             self.decoded = self.decoded.pin_memory()
         return self
+
+    def encoded_files(self) -> list[torch.Tensor]:
+        return list(torch.split(self.encoded, self.encoded_sizes)) if self.encoded_slots else []
+
+    def encoded_draws(self) -> list[CropDraw]:
+        if self.attempts is None:
+            return [CropDraw(None, flip) for flip in self.flips]
+        return [CropDraw(attempts, flip) for attempts, flip in zip(self.attempts, self.flips)]
+
+
+def on_device_share(index: int, share: float) -> bool:
+    """Whether sample ``index`` is one of the ``share`` of samples decoded on the device.
+
+    A fixed function of the index (a multiplicative hash), never of timing, so the same
+    sample takes the same decoder in every run and after a resume.
+    """
+    return ((index * 2654435761) % 2**32) < share * 2**32
 
 
 def load_sample(index: int, path: str, label: int, draw: CropDraw, size: int,
@@ -86,15 +110,18 @@ def _stand_in(sample: HostSample, size: int, mean: tuple[float, ...], reason: st
 
 
 def collate_samples(samples: list[HostSample]) -> ImageBatch:
-    decoded = [(slot, s.pixels) for slot, s in enumerate(samples) if s.encoded is None]
+    decoded = [(slot, s) for slot, s in enumerate(samples) if s.encoded is None]
     encoded = [(slot, s) for slot, s in enumerate(samples) if s.encoded is not None]
+    attempts = [s.draw.attempts for _, s in encoded]
     return ImageBatch(
         labels=torch.tensor([s.label for s in samples], dtype=torch.int64),
         decoded_slots=[slot for slot, _ in decoded],
-        decoded=torch.stack([pixels for _, pixels in decoded]) if decoded else None,
+        decoded=torch.stack([s.pixels for _, s in decoded]) if decoded else None,
         encoded_slots=[slot for slot, _ in encoded],
-        encoded=[s.encoded for _, s in encoded],
-        draws=[s.draw for _, s in encoded],
+        encoded=torch.cat([s.encoded for _, s in encoded]) if encoded else None,
+        encoded_sizes=[s.encoded.numel() for _, s in encoded],
+        attempts=torch.stack(attempts) if encoded and attempts[0] is not None else None,
+        flips=[s.draw.flip for _, s in encoded],
         sources=[(s.index, s.path) for _, s in encoded],
         bad=[s.bad for s in samples if s.bad is not None],
     )
@@ -109,13 +136,21 @@ def finish_on_device(batch: ImageBatch, device: torch.device, size: int, mean: t
     if batch.decoded is not None:
         slots = torch.tensor(batch.decoded_slots, device=device)
         pixels.index_copy_(0, slots, batch.decoded.to(device, non_blocking=True))
-    if batch.encoded:
-        crops = []
-        for image, draw, (index, path) in zip(decode_many(batch.encoded, device), batch.draws, batch.sources):
+    if batch.encoded_slots:
+        images, draws = [], batch.encoded_draws()
+        for slot, image in enumerate(decode_many(batch.encoded_files(), device)):
             if isinstance(image, str):
+                index, path = batch.sources[slot]
                 batch.bad.append(BadSample(index, path, image))
-                crops.append(neutral_image(len(mean), size, mean).to(device))
-            else:
-                crops.append(resized_crop(image, draw, size))
-        pixels.index_copy_(0, torch.tensor(batch.encoded_slots, device=device), torch.stack(crops))
+                image = neutral_image(len(mean), size, mean).to(device)
+                draws[slot] = CropDraw(None, False)  # the stand-in is already the output size
+            images.append(image)
+        pixels.index_copy_(0, torch.tensor(batch.encoded_slots, device=device), _crops(images, draws, size))
     return normalize_uint8(pixels, mean, std), batch.labels.to(device, non_blocking=True)
+
+
+def _crops(images: list[torch.Tensor], draws: list[CropDraw], size: int) -> torch.Tensor:
+    """On CUDA the batched resampler; on the CPU (tests) torch's per-image uint8 kernel."""
+    if images[0].device.type == "cuda":
+        return resized_crops(images, draws, size)
+    return torch.stack([resized_crop(image, draw, size) for image, draw in zip(images, draws)])

@@ -24,7 +24,14 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from synapse.data.base import DatasetInfo, EpochDataset, require_positive_int, require_split
 from synapse.data.crops import VALIDATION_DRAW, draw_train_crop
 from synapse.data.errors import DataError
-from synapse.data.image_batches import HostSample, ImageBatch, collate_samples, finish_on_device, load_sample
+from synapse.data.image_batches import (
+    HostSample,
+    ImageBatch,
+    collate_samples,
+    finish_on_device,
+    load_sample,
+    on_device_share,
+)
 from synapse.data.jpeg import device_decoding_available
 
 IMAGENET100_NUM_CLASSES = 100
@@ -146,6 +153,9 @@ class ImageNet100(EpochDataset):
     ``cpu`` in the loader workers; ``gpu`` in the training process on its device (nvJPEG on
     CUDA; on a CPU device the same path with the CPU decoder, which is what tests run);
     ``auto``: ``gpu`` when the device is CUDA and torchvision can decode there, else ``cpu``.
+    ``gpu_share``: with ``gpu``, the fraction of samples whose JPEG the device decodes; the
+    workers decode the rest at the same time (a fixed choice per sample index, so it is the
+    same in every run). 1.0 when the device decoder alone keeps up.
     """
 
     def __init__(
@@ -155,6 +165,7 @@ class ImageNet100(EpochDataset):
         image_size: int = IMAGENET100_DEFAULT_IMAGE_SIZE,
         seed: int = 0,
         decode: str = "cpu",
+        gpu_share: float = 1.0,
     ) -> None:
         self.split = require_split(split)
         self.info = imagenet100_info(image_size)
@@ -163,6 +174,9 @@ class ImageNet100(EpochDataset):
             raise DataError(f"decode must be one of {list(DECODE_CHOICES)}, got {decode!r} "
                             "(data.decode in the config)")
         self.decode = decode
+        if isinstance(gpu_share, bool) or not isinstance(gpu_share, (int, float)) or not 0 <= gpu_share <= 1:
+            raise DataError(f"gpu_share must be a number in [0, 1], got {gpu_share!r} (data.gpu_decode_share)")
+        self.gpu_share = float(gpu_share)
         self.decode_on_device = decode == "gpu"
         self.root = check_imagenet100_root(root)  # validate before scanning any folder
         self.classes = imagenet100_synsets()
@@ -191,7 +205,8 @@ class ImageNet100(EpochDataset):
         index = self._normalize_index(index)
         path, label = self.folder.samples[index]
         draw = draw_train_crop(self.seed, self.epoch, index) if self.split == "train" else VALIDATION_DRAW
-        return load_sample(index, path, label, draw, self.info.image_size, IMAGENET_MEAN, self.decode_on_device)
+        for_device = self.decode_on_device and on_device_share(index, self.gpu_share)
+        return load_sample(index, path, label, draw, self.info.image_size, IMAGENET_MEAN, for_device)
 
     def host_collate(self, items: list[HostSample]) -> ImageBatch:
         return collate_samples(items)

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
-from synapse.data import ImageNet100, ResumableSampler, SyntheticImages, imagenet100_synsets
+from synapse.data import DataError, ImageNet100, ResumableSampler, SyntheticImages, imagenet100_synsets
 from synapse.data.crops import (
     CROP_ATTEMPTS,
     VALIDATION_DRAW,
@@ -26,6 +27,7 @@ from synapse.data.crops import (
     draw_train_crop,
     normalize_uint8,
     resized_crop,
+    resized_crops,
 )
 from synapse.data.imagenet100 import IMAGENET_MEAN
 from synapse.data.jpeg import decode_cpu, device_decodable, jpeg_frame, read_bytes
@@ -181,13 +183,51 @@ def test_cpu_and_device_decode_paths_give_the_same_labels_and_images(tree, split
         assert x.images.dtype == torch.float32 and x.images.shape == (10, 3, SIZE, SIZE)
 
 
-def test_device_path_ships_bytes_and_worker_path_ships_uint8(tree):
+def test_device_path_ships_packed_bytes_and_worker_path_ships_uint8(tree):
     dataset = ImageNet100(tree, "train", image_size=SIZE, decode="gpu")
     host = dataset.host_collate([dataset.host_item(i) for i in range(4)])
-    assert host.decoded is None and len(host.encoded) == 4 and host.encoded[0].dtype == torch.uint8
+    files = [read_bytes(path) for path, _ in dataset.folder.samples[:4]]
+    assert host.decoded is None and host.encoded_slots == [0, 1, 2, 3]
+    assert all(torch.equal(a, b) for a, b in zip(host.encoded_files(), files))  # one tensor, cut back exactly
+    assert host.attempts.shape == (4, CROP_ATTEMPTS, 4) and len(host.flips) == 4
     dataset = ImageNet100(tree, "train", image_size=SIZE, decode="cpu")
     host = dataset.host_collate([dataset.host_item(i) for i in range(4)])
-    assert host.encoded == [] and host.decoded.dtype == torch.uint8 and host.decoded.shape == (4, 3, SIZE, SIZE)
+    assert host.encoded is None and host.decoded.dtype == torch.uint8 and host.decoded.shape == (4, 3, SIZE, SIZE)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_gpu_share_splits_samples_by_index_and_changes_nothing_on_one_decoder(tree, share):
+    dataset = ImageNet100(tree, "train", image_size=SIZE, seed=3, decode="gpu", gpu_share=share)
+    host = dataset.host_collate([dataset.host_item(i) for i in range(100)])
+    assert len(host.encoded_slots) == round(100 * share) or 0 < share < 1 and 15 <= len(host.encoded_slots) <= 45
+    again = dataset.host_collate([dataset.host_item(i) for i in range(100)])
+    assert host.encoded_slots == again.encoded_slots  # a function of the index, not of timing
+    reference = all_batches(ImageNet100(tree, "train", image_size=SIZE, seed=3, decode="cpu"))
+    for x, y in zip(reference, all_batches(dataset, workers=2)):  # one decoder on a CPU: identical
+        assert torch.equal(x.images, y.images) and torch.equal(x.labels, y.labels)
+
+
+def test_bad_gpu_share_is_an_error(tree):
+    with pytest.raises(DataError, match=r"gpu_share must be a number in \[0, 1\], got 1.5"):
+        ImageNet100(tree, "train", gpu_share=1.5)
+
+
+def test_batched_resampler_matches_torch_antialiased_interpolate():
+    """The CUDA path's batched crop + resize (two matmuls per image size) against
+    F.interpolate(antialias=True) per image: at most 1 level apart (float summation order)."""
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+              for shape in [(3, 75, 100)] * 6 + [(3, 100, 75)] * 3 + [(3, 20, 30)]]
+    draws = [draw_train_crop(0, 0, i) for i in range(8)] + [VALIDATION_DRAW, draw_train_crop(0, 0, 99)]
+    out = resized_crops(images, draws, 32)  # includes upscaled crops (20x30 -> 32) and flips
+    assert out.shape == (10, 3, 32, 32) and out.dtype == torch.uint8
+    for image, draw, got in zip(images, draws, out):
+        top, left, h, w = crop_box(draw, image.shape[1], image.shape[2], 32)
+        expected = F.interpolate(image[None, :, top:top + h, left:left + w].float(), size=(32, 32), mode="bilinear",
+                                 align_corners=False, antialias=True)[0]
+        expected = (expected.flip(-1) if draw.flip else expected).round().clamp(0, 255)
+        diff = (got.float() - expected).abs()
+        assert diff.max() <= 1 and diff.mean() < 0.01
 
 
 def test_auto_decodes_on_the_workers_for_a_cpu_device(tree):
