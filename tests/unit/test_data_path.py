@@ -415,3 +415,24 @@ def test_cuda_decode_matches_cpu_decode_within_tolerance(tmp_path):
             assert torch.equal(x.labels, y.labels)
             levels = ((x.images - y.images) * std).abs().flatten()
             assert levels.mean() <= CUDA_MEAN_LEVELS and levels.quantile(0.99) <= CUDA_P99_LEVELS
+
+
+# ----------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("override, message", [
+    ("data.decode=nvjpeg", r"data.decode: 'nvjpeg' is not a valid choice"),
+    ("data.gpu_decode_share=1.5", r"data.gpu_decode_share: must be in \[0, 1\], got 1.5"),
+])
+def test_bad_decode_settings_are_refused_before_any_work(make_config, tree, override, message):
+    from synapse.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(make_config("data=imagenet100", f"data.root={tree}", override))
+
+
+def test_decode_settings_reach_the_data_set(make_config, tree):
+    from synapse.data import build_datasets
+
+    cfg = make_config("data=imagenet100", f"data.root={tree}", "data.decode=gpu", "data.gpu_decode_share=0.25")
+    train, val = build_datasets(cfg.data, cfg.seed)
+    assert (train.decode, train.gpu_share, val.decode) == ("gpu", 0.25, "gpu")
