@@ -125,7 +125,7 @@ def resized_crops(images: list[torch.Tensor], draws: list[CropDraw], size: int) 
     for i, image in enumerate(images):
         groups.setdefault((image.shape[-2], image.shape[-1]), []).append(i)
     for (height, width), members in groups.items():
-        boxes = torch.tensor([crop_box(draws[i], height, width, size) for i in members], dtype=torch.float64)
+        boxes = torch.tensor([crop_box(draws[i], height, width, size) for i in members], dtype=torch.float32)
         rows = _filter_rows(boxes[:, 0], boxes[:, 2], height, size, device)  # [g, size, H]
         cols = _filter_rows(boxes[:, 1], boxes[:, 3], width, size, device)  # [g, size, W]
         flipped = torch.tensor([draws[i].flip for i in members], device=device)
@@ -148,11 +148,11 @@ def _filter_rows(starts: torch.Tensor, lengths: torch.Tensor, full: int, size: i
     starts, lengths = starts.to(device).view(-1, 1, 1), lengths.to(device).view(-1, 1, 1)
     scale = lengths / size
     support = scale.clamp(min=1.0)
-    centre = starts + scale * (torch.arange(size, device=device, dtype=torch.float64).view(1, -1, 1) + 0.5)
-    taps = torch.arange(full, device=device, dtype=torch.float64).view(1, 1, -1)
+    centre = starts + scale * (torch.arange(size, device=device, dtype=torch.float32).view(1, -1, 1) + 0.5)
+    taps = torch.arange(full, device=device, dtype=torch.float32).view(1, 1, -1)
     weights = (1 - (taps + 0.5 - centre).abs() / support).clamp(min=0)
     weights = weights * ((taps >= starts) & (taps < starts + lengths))
-    return (weights / weights.sum(-1, keepdim=True)).float()
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def normalize_uint8(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

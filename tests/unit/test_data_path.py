@@ -436,3 +436,42 @@ def test_decode_settings_reach_the_data_set(make_config, tree):
     cfg = make_config("data=imagenet100", f"data.root={tree}", "data.decode=gpu", "data.gpu_decode_share=0.25")
     train, val = build_datasets(cfg.data, cfg.seed)
     assert (train.decode, train.gpu_share, val.decode) == ("gpu", 0.25, "gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_prefetcher_hands_out_finished_batches_only():
+    """Work queued on the side stream must be complete, as seen from the consumer's stream."""
+    device = torch.device("cuda")
+    weights = torch.randn(2048, 2048, device=device)
+
+    def finish(i):
+        x = torch.full((2048, 2048), float(i), device=device)
+        for _ in range(20):  # keep the side stream busy so a missing wait would show
+            x = (x @ weights) * 0 + i
+        return x
+
+    for i, x in enumerate(DevicePrefetcher(range(8), finish, device)):
+        assert float(x.mean()) == float(i)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_synthetic_batch_equals_the_cpu_batch():
+    dataset = SyntheticImages(num_samples=300, image_size=32)
+    host = dataset.host_collate([dataset.host_item(i) for i in range(0, 300, 7)])
+    on_gpu = dataset.device_batch(host, torch.device("cuda"))
+    on_cpu = dataset.device_batch(host, torch.device("cpu"))
+    assert torch.equal(on_gpu[0].cpu(), on_cpu[0]) and torch.equal(on_gpu[1].cpu(), on_cpu[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batched_resampler_matches_the_cpu_kernel():
+    generator = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (3, 375, 500), dtype=torch.uint8, generator=generator) for _ in range(6)]
+    draws = [draw_train_crop(1, 0, i) for i in range(5)] + [VALIDATION_DRAW]
+    on_gpu = resized_crops([image.cuda() for image in images], draws, 224).cpu()
+    on_cpu = torch.stack([resized_crop(image, draw, 224) for image, draw in zip(images, draws)])
+    diff = (on_gpu.int() - on_cpu.int()).abs()
+    assert diff.max() <= 2 and diff.float().mean() < 0.1
