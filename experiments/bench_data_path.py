@@ -11,6 +11,7 @@
    a device synchronisation.
 3. End to end, in one run, for each case: the user's command
    ``python train.py trainer=gpu injection=none teacher=T student=S data=... pipeline.microbatches=1``
+   (the JPEG runs with the decode setting that was fastest in step 2 at the same worker count, recorded)
    (single device, bf16, channels_last, cudnn.benchmark from conf/trainer/gpu.yaml; one micro-batch so
    that it computes what the plain loop computes) against the same models in a plain eager loop
    with the batch resident on the GPU (teacher forward under no_grad + student forward/backward +
@@ -65,7 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--split-workers", default="8", help="worker counts for decode=gpu with --split-share")
     parser.add_argument("--split-share", type=float, default=0.5, help="data.gpu_decode_share of the split runs")
     parser.add_argument("--e2e-workers", type=int, default=8)
-    parser.add_argument("--e2e-share", type=float, default=1.0, help="data.gpu_decode_share of the train.py runs")
+    parser.add_argument("--e2e-decode", default="best",
+                        help="data.decode[:gpu_decode_share] of the train.py JPEG runs, e.g. gpu:0.5; 'best': the "
+                             "fastest loader setting measured above with --e2e-workers workers")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per end-to-end run")
     parser.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the medians")
@@ -186,7 +189,18 @@ def user_command(args, teacher: str, student: str, data: str, tree: Path, run_di
     if data == "synthetic":
         return command + ["data=synthetic", f"data.synthetic_train_size={args.batch * (args.steps + 5)}",
                           "data.synthetic_val_size=256"]
-    return command + ["data=imagenet100", f"data.root={tree}", "data.decode=auto", f"data.gpu_decode_share={args.e2e_share}"]
+    decode, _, share = args.e2e_decode.partition(":")
+    return command + ["data=imagenet100", f"data.root={tree}", f"data.decode={decode}",
+                      f"data.gpu_decode_share={share or 1.0}"]
+
+
+def best_loader_setting(rows: list[dict], workers: int) -> str:
+    """The fastest JPEG loader setting measured with ``workers`` workers, as decode[:share]."""
+    candidates = [r for r in rows if r["data"] == "jpeg" and r["workers"] == workers]
+    if not candidates:
+        return "auto"
+    best = max(candidates, key=lambda r: r["images_per_s"])
+    return "cpu" if best["decode"] == "cpu" else f"gpu:{best['gpu_share']}"
 
 
 def trainer_rates(args, teacher, student, data, tree) -> tuple[list[float], str]:
@@ -258,6 +272,7 @@ def write_markdown(path: Path, result: dict) -> None:
     lines += [f"| {r['data']} | {r['decode']} | {r['gpu_share']} | {r['workers']} | {r['images_per_s']:,.0f} |"
               for r in result["loader"]]
     lines += ["", "## End to end: the user's command vs resident data (images/s per step: median [q25, q75], n)", "",
+              f"JPEG runs decode with: {result.get('e2e_decode', result['args'].get('e2e_decode'))}.", "",
               "| case | train.py | resident plain loop | ratio |", "| --- | --- | --- | --- |"]
     for r in result["end_to_end"]:
         u, p = r["user"], r["resident"]
@@ -277,6 +292,9 @@ def main(argv=None) -> None:
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cpus": os.cpu_count(),
               "python": platform.python_version(), "args": {k: str(v) for k, v in vars(args).items()},
               "tree": tree, "loader": bench_loader(args, args.tree)}
+    if args.e2e_decode == "best":
+        args.e2e_decode = best_loader_setting(result["loader"], args.e2e_workers)
+        result["e2e_decode"] = f"{args.e2e_decode} (the fastest loader setting with {args.e2e_workers} workers)"
     result["end_to_end"] = bench_end_to_end(args, args.tree)
     (args.out_dir / "bench_data_path.json").write_text(json.dumps(result, indent=1))
     write_markdown(args.out_dir / "bench_data_path.md", result)

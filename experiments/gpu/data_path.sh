@@ -12,7 +12,7 @@ export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
   nproc
 } 2>&1 | tee "$OUT/env_data_path.txt"
 
-timeout 180 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/unit/test_data_path.py 2>&1 | tail -8 \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/unit/test_data_path.py 2>&1 | tail -8 \
   | tee "$OUT/pytest_data_path.txt"
 
-timeout 480 python3 experiments/bench_data_path.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_data_path.txt"
+timeout 450 python3 experiments/bench_data_path.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench_data_path.txt"
