@@ -167,13 +167,20 @@ class _HostItems(Dataset):
         return self.dataset.host_item(index)
 
 
-def eval_batches(dataset, batch_size: int, num_workers: int = 0,
-                 device: torch.device | str | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The whole validation split in order, unaugmented, finished on ``device`` (default CPU)."""
+def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.device | str | None = None,
+                 load: str = "images") -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+    """The whole validation split in order, unaugmented, finished on ``device`` (default CPU).
+
+    ``load="labels"``: images None, labels read without decoding (a pipeline rank after the first).
+    """
+    chunks = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
+    if _load_mode(load) != "images":
+        for chunk in chunks:
+            yield None, dataset.labels_of(chunk)
+        return
     device = torch.device(device or "cpu")
     dataset.bind_device(device)
     dataset.set_epoch(0)
-    chunks = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
     if num_workers == 0:
         host: Iterable[Any] = (dataset.host_collate([dataset.host_item(i) for i in chunk]) for chunk in chunks)
     else:

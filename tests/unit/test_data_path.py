@@ -475,3 +475,16 @@ def test_cuda_batched_resampler_matches_the_cpu_kernel():
     on_cpu = torch.stack([resized_crop(image, draw, 224) for image, draw in zip(images, draws)])
     diff = (on_gpu.int() - on_cpu.int()).abs()
     assert diff.max() <= 2 and diff.float().mean() < 0.1
+
+
+def test_eval_labels_only_reads_no_image(tmp_path):
+    from synapse.engine.batches import eval_batches
+
+    root = make_tree(tmp_path)
+    val = ImageNet100(root, "val", image_size=SIZE)
+    full = list(eval_batches(val, 30, num_workers=2))
+    for path, _ in val.folder.samples:
+        Path(path).unlink()
+    labels_only = list(eval_batches(val, 30, load="labels"))
+    assert [len(y) for _, y in full] == [30, 30, 30, 10]
+    assert all(x is None and torch.equal(y, y_full) for (x, y), (_, y_full) in zip(labels_only, full))
