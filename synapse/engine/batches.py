@@ -124,7 +124,7 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
     dataset.bind_device(device)
     log = bad_samples if bad_samples is not None else BadSampleLog()
 
-    def finish(item: tuple[int, int, Any]) -> Batch:
+    def finish(item: tuple[int, int, Any]) -> tuple[Batch, Iterable[BadSample]]:
         epoch, step, host = item
         images, labels = dataset.device_batch(host, device)
         return Batch(epoch, step, images, labels), getattr(host, "bad", ())
