@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -157,9 +158,17 @@ def _filter_rows(starts: torch.Tensor, lengths: torch.Tensor, full: int, size: i
 
 def normalize_uint8(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """uint8 [B, C, H, W] (0..255) -> float32 (x / 255 - mean) / std, on the images' device."""
-    scale = torch.tensor([255.0 * s for s in std], device=images.device).view(1, -1, 1, 1)
-    shift = torch.tensor([255.0 * m for m in mean], device=images.device).view(1, -1, 1, 1)
+    shift, scale = _normalization_constants(tuple(mean), tuple(std), images.device)
     return (images.float() - shift) / scale
+
+
+@lru_cache(maxsize=16)
+def _normalization_constants(mean: tuple[float, ...], std: tuple[float, ...],
+                             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Made once per device: a host-to-device copy per batch would be a small synchronous copy each time."""
+    shift = torch.tensor([255.0 * m for m in mean], device=device).view(1, -1, 1, 1)
+    scale = torch.tensor([255.0 * s for s in std], device=device).view(1, -1, 1, 1)
+    return shift, scale
 
 
 def neutral_image(channels: int, size: int, mean: tuple[float, ...]) -> torch.Tensor:

@@ -131,22 +131,27 @@ def finish_on_device(batch: ImageBatch, device: torch.device, size: int, mean: t
                      std: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode the encoded slots on ``device``, crop them, merge with the host-decoded slots,
     normalise. Files the device could not decode are appended to ``batch.bad``."""
-    count = batch.labels.shape[0]
-    pixels = torch.empty((count, len(mean), size, size), dtype=torch.uint8, device=device)
-    if batch.decoded is not None:
-        slots = torch.tensor(batch.decoded_slots, device=device)
-        pixels.index_copy_(0, slots, batch.decoded.to(device, non_blocking=True))
-    if batch.encoded_slots:
-        images, draws = [], batch.encoded_draws()
-        for slot, image in enumerate(decode_many(batch.encoded_files(), device)):
-            if isinstance(image, str):
-                index, path = batch.sources[slot]
-                batch.bad.append(BadSample(index, path, image))
-                image = neutral_image(len(mean), size, mean).to(device)
-                draws[slot] = CropDraw(None, False)  # the stand-in is already the output size
-            images.append(image)
-        pixels.index_copy_(0, torch.tensor(batch.encoded_slots, device=device), _crops(images, draws, size))
+    host = batch.decoded.to(device, non_blocking=True) if batch.decoded is not None else None
+    made = _decode_and_crop(batch, device, size, mean) if batch.encoded_slots else None
+    if made is None or host is None:  # one kind only: already in slot order
+        pixels = host if made is None else made
+    else:
+        pixels = torch.empty((batch.labels.shape[0], *host.shape[1:]), dtype=torch.uint8, device=device)
+        pixels.index_copy_(0, torch.tensor(batch.decoded_slots, device=device), host)
+        pixels.index_copy_(0, torch.tensor(batch.encoded_slots, device=device), made)
     return normalize_uint8(pixels, mean, std), batch.labels.to(device, non_blocking=True)
+
+
+def _decode_and_crop(batch: ImageBatch, device: torch.device, size: int, mean: tuple[float, ...]) -> torch.Tensor:
+    images, draws = [], batch.encoded_draws()
+    for slot, image in enumerate(decode_many(batch.encoded_files(), device)):
+        if isinstance(image, str):
+            index, path = batch.sources[slot]
+            batch.bad.append(BadSample(index, path, image))
+            image = neutral_image(len(mean), size, mean).to(device)
+            draws[slot] = CropDraw(None, False)  # the stand-in is already the output size
+        images.append(image)
+    return _crops(images, draws, size)
 
 
 def _crops(images: list[torch.Tensor], draws: list[CropDraw], size: int) -> torch.Tensor:
