@@ -75,6 +75,8 @@ class DataConfig:
     val_batch_size: int = 256
     num_workers: int = 0
     augment: bool = True
+    decode: str = "auto"  # imagenet100: cpu (loader workers) | gpu (training device, nvJPEG) | auto (gpu on CUDA)
+    gpu_decode_share: float = 1.0  # decode=gpu/auto on CUDA: fraction of JPEGs the GPU decodes (workers: the rest)
     synthetic_train_size: int = 4096
     synthetic_val_size: int = 512
     synthetic_num_classes: int = 100

@@ -159,6 +159,10 @@ def _validate_data(data: DictConfig) -> None:
     for key in ("batch_size", "val_batch_size", "image_size"):
         positive(f"data.{key}", data[key])
     positive("data.num_workers", data.num_workers, allow_zero=True)
+    choice("data.decode", data.decode, ("cpu", "gpu", "auto"))
+    if not 0 <= data.gpu_decode_share <= 1:
+        fail("data.gpu_decode_share", f"must be in [0, 1], got {data.gpu_decode_share}",
+             "use e.g. data.gpu_decode_share=0.5 (half the JPEGs on the GPU, half in the loader workers)")
     if data.name == "imagenet100":
         if data.root is None:
             fail("data.root", "ImageNet100 needs a data root", "set data.root=/path/to/imagenet (holding train/ and val/)")

@@ -1,9 +1,10 @@
-"""Data: the embedded digits default, ImageNet100, synthetic images, and a deterministic,
-resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``."""
+"""Data: the embedded digits default, ImageNet100 (CPU or on-device JPEG decoding), synthetic
+images generated on the device, and a deterministic, resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``."""
 from synapse.data.base import DatasetInfo, EpochDataset
 from synapse.data.digits import DigitsDataset
 from synapse.data.errors import DataError
 from synapse.data.from_config import build_datasets, data_kwargs
+from synapse.data.jpeg import BadSample
 from synapse.data.imagenet100 import ImageNet100, check_imagenet100_root, imagenet100_synsets
 from synapse.data.registry import build_dataset, dataset_info, dataset_names
 from synapse.data.sampler import (
@@ -16,6 +17,7 @@ from synapse.data.sampler import (
 from synapse.data.synthetic import SyntheticImages
 
 __all__ = [
+    "BadSample",
     "BatchIndexSampler",
     "DataError",
     "DatasetInfo",

@@ -157,6 +157,9 @@ class DigitsDataset(EpochDataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def labels_of(self, indices) -> torch.Tensor:
+        return self.labels[[self._normalize_index(i) for i in indices]].clone()
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         index = self._normalize_index(index)
         image, label = self.images[index], int(self.labels[index])

@@ -12,25 +12,32 @@ of the synset in the *sorted* list, identical for train and val.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 import torch
-from torchvision import transforms
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from synapse.data.base import DatasetInfo, EpochDataset, require_positive_int, require_split
+from synapse.data.crops import VALIDATION_DRAW, draw_train_crop
 from synapse.data.errors import DataError
-from synapse.data.seeding import derive_seed
+from synapse.data.image_batches import (
+    HostSample,
+    ImageBatch,
+    collate_samples,
+    finish_on_device,
+    load_sample,
+    on_device_share,
+)
+from synapse.data.jpeg import device_decoding_available
 
 IMAGENET100_NUM_CLASSES = 100
 IMAGENET100_DEFAULT_IMAGE_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-CENTER_CROP_FRACTION = 0.875  # the usual 224/256 resize-then-crop ratio
 _SHOWN = 5  # how many missing names an error message lists
 _LAYOUT_HINT = ("expected <root>/train/<synset>/*.JPEG and <root>/val/<synset>/*.JPEG (the "
                 "standard ImageNet folder layout); pass the folder holding train/ and val/ "
@@ -121,38 +128,34 @@ def check_imagenet100_root(root: str | os.PathLike[str] | None) -> Path:
     return path
 
 
-def imagenet100_transform(split: str, image_size: int) -> Callable[..., torch.Tensor]:
-    """train: RandomResizedCrop + flip; val: Resize(size/0.875) + CenterCrop; both normalised."""
-    require_split(split)
-    require_positive_int("image_size", image_size)
-    if split == "train":
-        geometry = [transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()]
-    else:
-        geometry = [transforms.Resize(int(image_size / CENTER_CROP_FRACTION)),
-                    transforms.CenterCrop(image_size)]
-    return transforms.Compose(
-        [*geometry, transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    )
-
-
 class _AllowListImageFolder(ImageFolder):
     """ImageFolder that only sees the given class folders (never scans the others)."""
 
-    def __init__(self, root: Path, classes: Sequence[str], transform: Callable[..., torch.Tensor]):
+    def __init__(self, root: Path, classes: Sequence[str]):
         self._allowed = list(classes)
-        super().__init__(str(root), transform=transform)
+        super().__init__(str(root))
 
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
         return list(self._allowed), {name: i for i, name in enumerate(self._allowed)}
 
 
-class ImageNet100(EpochDataset):
-    """ImageNet100 split with the usual transforms.
+DECODE_CHOICES = ("cpu", "gpu", "auto")
 
-    The random train transforms draw from torch's global RNG; each train item is produced
-    under a temporary global seed derived from (seed, epoch, index) (the caller's RNG
-    state is restored afterwards), so the crops and flips depend only on those three
-    numbers: identical for any ``num_workers`` and after a resume.
+
+class ImageNet100(EpochDataset):
+    """ImageNet100 split: RandomResizedCrop + flip (train) or resize + centre crop (val).
+
+    The train crop of sample ``i`` is drawn from a generator seeded by (seed, epoch, i)
+    (``crops.draw_train_crop``), never from a global RNG: identical for any ``num_workers``,
+    decode path and after a resume.
+
+    ``decode``: where JPEGs are decoded when loading for a device (``bind_device``):
+    ``cpu`` in the loader workers; ``gpu`` in the training process on its device (nvJPEG on
+    CUDA; on a CPU device the same path with the CPU decoder, which is what tests run);
+    ``auto``: ``gpu`` when the device is CUDA and torchvision can decode there, else ``cpu``.
+    ``gpu_share``: with ``gpu``, the fraction of samples whose JPEG the device decodes; the
+    workers decode the rest at the same time (a fixed choice per sample index, so it is the
+    same in every run). 1.0 when the device decoder alone keeps up.
     """
 
     def __init__(
@@ -161,15 +164,23 @@ class ImageNet100(EpochDataset):
         split: str = "train",
         image_size: int = IMAGENET100_DEFAULT_IMAGE_SIZE,
         seed: int = 0,
+        decode: str = "cpu",
+        gpu_share: float = 1.0,
     ) -> None:
         self.split = require_split(split)
         self.info = imagenet100_info(image_size)
         self.seed = require_positive_int("seed", seed, minimum=0)
+        if decode not in DECODE_CHOICES:
+            raise DataError(f"decode must be one of {list(DECODE_CHOICES)}, got {decode!r} "
+                            "(data.decode in the config)")
+        self.decode = decode
+        if isinstance(gpu_share, bool) or not isinstance(gpu_share, (int, float)) or not 0 <= gpu_share <= 1:
+            raise DataError(f"gpu_share must be a number in [0, 1], got {gpu_share!r} (data.gpu_decode_share)")
+        self.gpu_share = float(gpu_share)
+        self.decode_on_device = decode == "gpu"
         self.root = check_imagenet100_root(root)  # validate before scanning any folder
         self.classes = imagenet100_synsets()
-        self.folder = _AllowListImageFolder(
-            self.root / split, self.classes, imagenet100_transform(split, image_size)
-        )
+        self.folder = _AllowListImageFolder(self.root / split, self.classes)
         self.epoch = 0
 
     @property
@@ -180,9 +191,29 @@ class ImageNet100(EpochDataset):
         return len(self.folder)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.get_batch([index])
+        return images[0], int(labels[0])
+
+    def bind_device(self, device: torch.device) -> None:
+        if self.decode == "auto":
+            self.decode_on_device = device_decoding_available(device)
+        elif self.decode == "gpu" and device.type == "cuda" and not device_decoding_available(device):
+            raise DataError("data.decode=gpu, but this torchvision cannot decode JPEGs on CUDA (no nvJPEG); "
+                            "use data.decode=cpu or data.decode=auto")
+
+    def host_item(self, index: int) -> HostSample:
         index = self._normalize_index(index)
-        if self.split == "val":
-            return self.folder[index]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, self.epoch, index))
-            return self.folder[index]
+        path, label = self.folder.samples[index]
+        draw = draw_train_crop(self.seed, self.epoch, index) if self.split == "train" else VALIDATION_DRAW
+        for_device = self.decode_on_device and on_device_share(index, self.gpu_share)
+        return load_sample(index, path, label, draw, self.info.image_size, IMAGENET_MEAN, for_device)
+
+    def host_collate(self, items: list[HostSample]) -> ImageBatch:
+        return collate_samples(items)
+
+    def device_batch(self, host_batch: ImageBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return finish_on_device(host_batch, device, self.info.image_size, IMAGENET_MEAN, IMAGENET_STD)
+
+    def labels_of(self, indices: Sequence[int]) -> torch.Tensor:
+        targets = self.folder.targets
+        return torch.tensor([targets[self._normalize_index(i)] for i in indices], dtype=torch.int64)

@@ -10,6 +10,11 @@ caps a data loader worker near 1,000 images/s: slower than one H200 trains. So e
 draws a pool of ``POOL_SIZE`` noise images once (per process) and sample ``i`` is pool image
 ``i % POOL_SIZE`` rolled by an offset drawn from its own generator: still deterministic per
 index, still noise, and about a memory copy per sample.
+
+On the loader path the pool lives on the training device: a worker ships three integers per
+sample (pool slot, roll, label) and ``device_batch`` gathers the rolled images there, so
+the host generates and copies nothing per image. The pool is drawn on the CPU from the seed
+and copied once per device, so every device produces the same images as ``__getitem__``.
 """
 from __future__ import annotations
 
@@ -63,16 +68,38 @@ class SyntheticImages(EpochDataset):
         return self.num_samples
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.get_batch([index])
+        return images[0], int(labels[0])
+
+    def host_item(self, index: int) -> tuple[int, int, int]:
+        """(pool slot, roll, label) of sample ``index``: all a worker computes and ships."""
         index = self._normalize_index(index)
         generator = seeded_generator(self.seed, self.split, index)
         label = int(torch.randint(self.info.num_classes, (1,), generator=generator))
         shift = int(torch.randint(self.info.image_size * self.info.image_size, (1,), generator=generator))
-        image = self._pool()[index % POOL_SIZE]
-        return torch.roll(image.flatten(1), shift, dims=1).view_as(image), label
+        return index % POOL_SIZE, shift, label
 
-    def _pool(self) -> torch.Tensor:
-        if getattr(self, "_images", None) is None:
+    def host_collate(self, items: list[tuple[int, int, int]]) -> torch.Tensor:
+        return torch.tensor(items, dtype=torch.int64)  # [B, 3]
+
+    def device_batch(self, host_batch: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's pool image rolled by its shift (over the flattened pixels), on ``device``."""
+        codes = host_batch.to(device, non_blocking=True)
+        slots, shifts, labels = codes.unbind(1)
+        pool = self._pool(device)
+        pixels = pool.shape[-2] * pool.shape[-1]
+        source = (torch.arange(pixels, device=device).unsqueeze(0) - shifts.unsqueeze(1)) % pixels  # [B, HW]
+        flat = pool.flatten(2)[slots]  # [B, C, HW]
+        images = torch.gather(flat, 2, source.unsqueeze(1).expand_as(flat))
+        return images.view(-1, *pool.shape[1:]), labels
+
+    def labels_of(self, indices) -> torch.Tensor:
+        return torch.tensor([self.host_item(i)[2] for i in indices], dtype=torch.int64)
+
+    def _pool(self, device: torch.device) -> torch.Tensor:
+        pools = self.__dict__.setdefault("_pools", {})
+        if str(device) not in pools:
             generator = seeded_generator(self.seed, self.split, -1)
             shape = (POOL_SIZE, self.info.in_chans, self.info.image_size, self.info.image_size)
-            self._images = torch.randn(shape, generator=generator)
-        return self._images
+            pools[str(device)] = torch.randn(shape, generator=generator).to(device)
+        return pools[str(device)]

@@ -1,5 +1,9 @@
 """Training batches in a deterministic, resumable order, shared by every training path.
 
+Workers ship compact host batches (uint8 pixels, JPEG bytes, integers: see
+``EpochDataset.host_item``); ``DevicePrefetcher`` finishes them on the training device ahead
+of the step. A rank that needs only labels reads no image; one that needs nothing reads nothing.
+
 Each batch comes with its (epoch, step_in_epoch) so the trainer can checkpoint the sampler
 state *of the last consumed batch*; a resumed run therefore sees exactly the batches the
 uninterrupted run would have seen, whether or not a DataLoader prefetches ahead.
@@ -9,13 +13,17 @@ from __future__ import annotations
 import ctypes
 import signal
 import sys
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from ..data import BatchIndexSampler, ResumableSampler, iterate_batches
+from ..data.jpeg import BadSample
+from .prefetch import DevicePrefetcher
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -49,42 +57,137 @@ def loader_processes() -> dict[str, Any]:
 class Batch:
     epoch: int
     step_in_epoch: int
-    images: torch.Tensor
-    labels: torch.Tensor
+    images: torch.Tensor | None
+    labels: torch.Tensor | None
+
+
+LOADS = ("images", "labels", "nothing")
+
+
+class BadSampleLog:
+    """Counts the samples replaced because their file could not be decoded, warning once per file.
+
+    The records come with the batches from the loader workers (``ImageBatch.bad``), so the count
+    is the training process's, whatever the worker count.
+    """
+
+    def __init__(self) -> None:
+        self.samples: list[BadSample] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.samples)
+
+    def record(self, bad: Iterable[BadSample]) -> None:
+        for sample in bad:
+            self.samples.append(sample)
+            warnings.warn(f"skipped unreadable image {sample.path} (sample {sample.index}): {sample.reason}; "
+                          f"it was replaced by a blank image with its label ({self.count} so far)",
+                          DataWarning, stacklevel=2)
+
+
+class DataWarning(UserWarning):
+    """A sample was replaced because its file could not be read or decoded."""
+
+
+def _load_mode(load: bool | str) -> str:
+    if load is True:
+        return "images"
+    if load is False:
+        return "nothing"
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {LOADS} (or a bool), got {load!r}")
+    return load
 
 
 def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0,
-                  load: bool = True) -> Iterator[Batch]:
+                  load: bool | str = "images", device: torch.device | str | None = None,
+                  bad_samples: BadSampleLog | None = None) -> Iterator[Batch]:
     """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``.
 
-    ``load=False`` walks the same order without reading any sample (images and labels are None):
-    for a pipeline rank that needs neither, so it keeps its sampler in step for free.
+    ``load``: ``"images"`` (images and labels; True), ``"labels"`` (labels only, no image read:
+    the last pipeline rank) or ``"nothing"`` (False: the same order, images and labels None, for a
+    rank that needs neither, so it keeps its sampler in step for free).
+    With ``load="images"`` workers ship the data set's compact host batches and the training
+    process finishes them on ``device`` (default CPU) one or two batches ahead, on a side stream.
     """
-    if not load:
+    mode = _load_mode(load)
+    if mode == "nothing":
         for b in iterate_batches(sampler, num_epochs):
             yield Batch(b.epoch, b.step_in_epoch, None, None)
         return
-    if num_workers == 0:
-        # In-process: precomputed tensors are sliced directly, no collation overhead.
+    if mode == "labels":
         for b in iterate_batches(sampler, num_epochs):
-            images, labels = dataset.get_batch(b.indices, epoch=b.epoch)
-            yield Batch(b.epoch, b.step_in_epoch, images, labels)
+            yield Batch(b.epoch, b.step_in_epoch, None, dataset.labels_of(b.indices))
+        return
+    device = torch.device(device or "cpu")
+    dataset.bind_device(device)
+    log = bad_samples if bad_samples is not None else BadSampleLog()
+
+    def finish(item: tuple[int, int, Any]) -> tuple[Batch, Iterable[BadSample]]:
+        epoch, step, host = item
+        images, labels = dataset.device_batch(host, device)
+        return Batch(epoch, step, images, labels), getattr(host, "bad", ())
+
+    host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=device.type == "cuda")
+    for batch, bad in DevicePrefetcher(host, finish, device):
+        log.record(bad)
+        yield batch
+
+
+def _host_train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int,
+                        pin: bool) -> Iterator[tuple[int, int, Any]]:
+    """(epoch, step_in_epoch, host batch) in the sampler's order, built in-process or by workers."""
+    if num_workers == 0:
+        for b in iterate_batches(sampler, num_epochs):
+            dataset.set_epoch(b.epoch)
+            yield b.epoch, b.step_in_epoch, dataset.host_collate([dataset.host_item(i) for i in b.indices])
         return
     batch_sampler = BatchIndexSampler(sampler)
-    loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=True,
-                        persistent_workers=False, **loader_processes())
+    loader = DataLoader(_HostItems(dataset), batch_sampler=batch_sampler, num_workers=num_workers,
+                        collate_fn=dataset.host_collate, pin_memory=pin, persistent_workers=False,
+                        **loader_processes())
     while batch_sampler.upcoming()[0] < num_epochs:
         epoch, first_step = batch_sampler.upcoming()
         dataset.set_epoch(epoch)  # before iter(loader): workers copy the data set when iteration starts
-        for i, (images, labels) in enumerate(loader):
-            yield Batch(epoch, first_step + i, images, labels)
+        for i, host in enumerate(loader):
+            yield epoch, first_step + i, host
 
 
-def eval_batches(dataset, batch_size: int, num_workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The whole validation split in order, unaugmented."""
-    if num_workers == 0:
-        for start in range(0, len(dataset), batch_size):
-            yield dataset.get_batch(list(range(start, min(start + batch_size, len(dataset)))), epoch=0)
+class _HostItems(Dataset):
+    """The data set as loader workers see it: ``host_item`` per index."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset.host_item(index)
+
+
+def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.device | str | None = None,
+                 load: str = "images") -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+    """The whole validation split in order, unaugmented, finished on ``device`` (default CPU).
+
+    ``load="labels"``: images None, labels read without decoding (a pipeline rank after the first).
+    """
+    chunks = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
+    if _load_mode(load) != "images":
+        for chunk in chunks:
+            yield None, dataset.labels_of(chunk)
         return
-    yield from DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=True,
-                          **loader_processes())
+    device = torch.device(device or "cpu")
+    dataset.bind_device(device)
+    dataset.set_epoch(0)
+    if num_workers == 0:
+        host: Iterable[Any] = (dataset.host_collate([dataset.host_item(i) for i in chunk]) for chunk in chunks)
+    else:
+        host = DataLoader(_HostItems(dataset), batch_sampler=chunks, num_workers=num_workers,
+                          collate_fn=dataset.host_collate, pin_memory=device.type == "cuda", **loader_processes())
+    log = BadSampleLog()
+    for images, labels, bad in DevicePrefetcher(host, lambda h: (*dataset.device_batch(h, device), getattr(h, "bad", ())),
+                                                device):
+        log.record(bad)
+        yield images, labels

@@ -15,7 +15,7 @@ def evaluate(model: nn.Module, val_ds, setup: ComputeSetup, batch_size: int, num
     model.eval()
     hits = {1: 0, 5: 0}
     seen = 0
-    for images, labels in eval_batches(val_ds, batch_size, num_workers):
+    for images, labels in eval_batches(val_ds, batch_size, num_workers, device=setup.device):
         with setup.autocast():
             logits = model(setup.prepare_input(images))
         for k, n in topk_correct(logits.float(), labels.to(logits.device)).items():

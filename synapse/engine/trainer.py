@@ -42,6 +42,8 @@ class StepRunner(Protocol):
 
     writes_records: bool  # whether this process writes metrics and summaries
     needs_data: bool  # whether this process reads samples (a middle pipeline rank reads none)
+    needs_images: bool  # whether it needs images, not only labels (the last pipeline rank reads labels only)
+    device: torch.device  # where this process's batches are finished (decoded, normalised)
     stop_requested: bool  # the supervisor asked every rank to stop after this step
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None: ...
@@ -75,7 +77,12 @@ class SingleDeviceRunner:
     student_name: str
     writes_records: bool = True
     needs_data: bool = True
+    needs_images: bool = True
     stop_requested: bool = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.step_fn.setup.device
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         self.injector.on("forward", step)
@@ -142,8 +149,9 @@ class Trainer:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
             try:
+                load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
                 for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
-                                           load=runner.needs_data):
+                                           load=load, device=runner.device):
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
                         break

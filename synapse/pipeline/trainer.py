@@ -95,6 +95,14 @@ class PipelineRunner:
         return self.runtime.is_first or self.runtime.is_last  # images enter at rank 0, labels at the last
 
     @property
+    def needs_images(self) -> bool:
+        return self.runtime.is_first  # the last rank reads labels only, no image is decoded there
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
+
+    @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.runtime.optimizer
 
@@ -274,9 +282,10 @@ class PipelineEvaluation:
         batch = self.batch_size
         hits = {"student": {1: 0, 5: 0}, "teacher": {1: 0, 5: 0}}
         seen = 0
-        for images, labels in eval_batches(self.val_ds, batch, self.num_workers):
+        load = "images" if self.runner.needs_images else "labels"  # images enter at rank 0 only
+        for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load):
             real = labels.shape[0]
-            if real < batch:  # the schedule's buffers have the training micro-batch shape
+            if real < batch and images is not None:  # the schedule's buffers have the training micro-batch shape
                 images = torch.cat([images, images[-1:].expand(batch - real, *images.shape[1:])])
             out = self.runner.runtime.forward_only(images)
             if out is None:
