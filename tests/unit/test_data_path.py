@@ -474,7 +474,20 @@ def test_cuda_batched_resampler_matches_the_cpu_kernel():
     on_gpu = resized_crops([image.cuda() for image in images], draws, 224).cpu()
     on_cpu = torch.stack([resized_crop(image, draw, 224) for image, draw in zip(images, draws)])
     diff = (on_gpu.int() - on_cpu.int()).abs()
-    assert diff.max() <= 2 and diff.float().mean() < 0.1
+    # The uint8 CPU kernel rounds its weights to fixed point, the batched resampler works in float32:
+    # on the CPU they differ by one level on ~17% of pixels (mean 0.168, max 1; the test below). The
+    # first H200 run failed an earlier bound of mean < 0.1 that the CPU does not meet either.
+    assert diff.max() <= 2 and diff.float().mean() < 0.25
+
+
+def test_batched_resampler_matches_the_uint8_kernel_within_one_level():
+    generator = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (3, 375, 500), dtype=torch.uint8, generator=generator) for _ in range(6)]
+    draws = [draw_train_crop(1, 0, i) for i in range(5)] + [VALIDATION_DRAW]
+    batched = resized_crops(images, draws, 224)
+    one_by_one = torch.stack([resized_crop(image, draw, 224) for image, draw in zip(images, draws)])
+    diff = (batched.int() - one_by_one.int()).abs()
+    assert diff.max() <= 1 and diff.float().mean() < 0.25
 
 
 def test_eval_labels_only_reads_no_image(tmp_path):
