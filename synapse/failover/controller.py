@@ -187,8 +187,7 @@ class FailoverController:
         stage, alphas, betas = self.stage, self.alphas(), self.betas()
         predicted = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts,
                                          alphas, betas).step_time_s
-        current = RunningPartition(stage.devices, stage.teacher_counts, stage.student_counts,
-                                   measured_step_s or predicted, predicted)
+        current = RunningPartition(stage, measured_step_s or predicted, predicted)
         return build_options(current, alphas, betas, bad_device, self.planner.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices)
 

@@ -261,25 +261,33 @@ class RestartCostModel:
 
 @dataclass(frozen=True)
 class RunningPartition:
-    """The partition running now: what KEEP keeps and what calibrates the planner.
+    """The placement running now, measured: what KEEP keeps and what calibrates the planner.
 
     ``predicted_step_s`` is the planner's cost model evaluated on *this*
-    partition under the current alphas/betas (not the prediction made when it
+    placement under the current alphas/betas (not the prediction made when it
     was planned); ``measured_step_s`` is the step time actually measured.
     """
 
-    devices: tuple[DeviceId, ...]
-    teacher_counts: tuple[int, ...]
-    student_counts: tuple[int, ...]
+    placement: Placement
     measured_step_s: float
     predicted_step_s: float
 
     def __post_init__(self) -> None:
-        for name in ("devices", "teacher_counts", "student_counts"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        _check_partition(self.devices, self.teacher_counts, self.student_counts, "running partition")
+        _check_placement(self.placement, "running partition")
         _check_positive("measured_step_s", self.measured_step_s)
         _check_positive("predicted_step_s", self.predicted_step_s)
+
+    @property
+    def devices(self) -> tuple[DeviceId, ...]:
+        return self.placement.devices
+
+    @property
+    def teacher_counts(self) -> tuple[int, ...]:
+        return self.placement.teacher_counts
+
+    @property
+    def student_counts(self) -> tuple[int, ...]:
+        return self.placement.student_counts
 
     @property
     def calibration(self) -> float:
@@ -287,46 +295,43 @@ class RunningPartition:
         return self.measured_step_s / self.predicted_step_s
 
 
-def _check_partition(devices: tuple, teacher: tuple, student: tuple, what: str) -> None:
-    if not devices:
-        raise EtaModelError(f"{what}: needs at least one device")
-    if len(set(devices)) != len(devices):
-        raise EtaModelError(f"{what}: devices {devices} contain duplicates")
-    if len(teacher) != len(devices) or len(student) != len(devices):
-        raise EtaModelError(
-            f"{what}: {len(devices)} devices {devices} but {len(teacher)} teacher counts {teacher} "
-            f"and {len(student)} student counts {student}; need one count per device"
-        )
-    for count in (*teacher, *student):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise EtaModelError(f"{what}: block counts must be integers >= 0, got {teacher} / {student}")
+def _check_placement(placement: Placement, what: str) -> None:
+    """What a placement must be to be priced here (``Placement`` checks the counts themselves)."""
+    if not isinstance(placement, Placement):
+        raise EtaModelError(f"{what}: needs a Placement, got {type(placement).__name__}")
+    if len(set(placement.devices)) != len(placement.devices):
+        raise EtaModelError(f"{what}: devices {placement.devices} contain duplicates")
 
 
 @dataclass(frozen=True)
 class Option:
-    """One thing the run could do next, with its predicted wall-time cost."""
+    """One thing the run could do next: where it would run, and its predicted wall-time cost."""
 
     kind: OptionKind
-    devices: tuple[DeviceId, ...]
-    teacher_counts: tuple[int, ...]
-    student_counts: tuple[int, ...]
+    placement: Placement
     predicted_step_s: float
     restart_cost_s: float
     inputs: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    @property
-    def placement(self) -> Placement:
-        return Placement(self.devices, self.teacher_counts, self.student_counts)
-
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", OptionKind.parse(self.kind))
-        for name in ("devices", "teacher_counts", "student_counts"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        _check_partition(self.devices, self.teacher_counts, self.student_counts, f"{self.kind.value} option")
+        _check_placement(self.placement, f"{self.kind.value} option")
         _check_positive("predicted_step_s", self.predicted_step_s)
         _check_seconds("restart_cost_s", self.restart_cost_s)
         if self.kind is OptionKind.KEEP and self.restart_cost_s != 0:
             raise EtaModelError(f"KEEP does not restart, so its restart_cost_s must be 0, got {self.restart_cost_s}")
+
+    @property
+    def devices(self) -> tuple[DeviceId, ...]:
+        return self.placement.devices
+
+    @property
+    def teacher_counts(self) -> tuple[int, ...]:
+        return self.placement.teacher_counts
+
+    @property
+    def student_counts(self) -> tuple[int, ...]:
+        return self.placement.student_counts
 
     def eta_s(self, remaining_steps: int) -> float:
         """Seconds of wall time to finish the run if this option is taken now."""
@@ -416,9 +421,7 @@ def _restart_seconds(restart_costs: Mapping[OptionKind, float], kind: OptionKind
 def _keep_option(current: RunningPartition) -> Option:
     return Option(
         kind=OptionKind.KEEP,
-        devices=current.devices,
-        teacher_counts=current.teacher_counts,
-        student_counts=current.student_counts,
+        placement=current.placement,
         predicted_step_s=current.measured_step_s,
         restart_cost_s=0.0,
         inputs={"measured_step_s": current.measured_step_s, "planner_step_s": current.predicted_step_s},
@@ -434,9 +437,7 @@ def _replanned_option(kind: OptionKind, devices: tuple[DeviceId, ...], current: 
     _check_plan_output(kind, devices, teacher, student, planner_step_s, current)
     return Option(
         kind=kind,
-        devices=devices,
-        teacher_counts=teacher,
-        student_counts=student,
+        placement=Placement(devices, teacher, student),
         predicted_step_s=planner_step_s * current.calibration,
         restart_cost_s=restart_s,
         inputs={"alphas": list(device_alphas), "planner_step_s": planner_step_s,
@@ -447,11 +448,14 @@ def _replanned_option(kind: OptionKind, devices: tuple[DeviceId, ...], current: 
 def _check_plan_output(kind: OptionKind, devices: tuple, teacher: tuple, student: tuple, step_s: float,
                        current: RunningPartition) -> None:
     what = f"plan_fn for {kind.value} on devices {devices}"
-    _check_partition(devices, teacher, student, what)
+    if len(teacher) != len(devices) or len(student) != len(devices):
+        raise EtaModelError(f"{what}: {len(devices)} devices but {len(teacher)} teacher counts {teacher} and "
+                            f"{len(student)} student counts {student}; need one count per device")
     _check_positive(f"{what}: predicted step", step_s)
-    if sum(teacher) != sum(current.teacher_counts) or sum(student) != sum(current.student_counts):
+    running = current.placement
+    if sum(teacher) != sum(running.teacher_counts) or sum(student) != sum(running.student_counts):
         raise EtaModelError(
             f"{what} placed {sum(teacher)} teacher / {sum(student)} student blocks, but the running "
-            f"partition has {sum(current.teacher_counts)} / {sum(current.student_counts)}; "
+            f"partition has {sum(running.teacher_counts)} / {sum(running.student_counts)}; "
             "a re-plan must place every block exactly once"
         )

@@ -15,6 +15,7 @@ from synapse.planner.eta import (
     RunningPartition,
     build_options,
 )
+from synapse.planner.placement import PartitionError, Placement
 
 # --------------------------------------------------------------------------- analytic planner
 # Stage r costs alpha_r * (teacher blocks * T + student blocks * S); a step costs the slowest
@@ -50,7 +51,7 @@ def running(devices, alphas, calibration=1.0, plan_alphas=None):
     teacher, student, _ = analytic_plan(devices, plan_alphas, None)
     device_alphas = [alphas[d] for d in devices]
     predicted = step_seconds(teacher, student, device_alphas)
-    return RunningPartition(tuple(devices), tuple(teacher), tuple(student), calibration * predicted, predicted)
+    return RunningPartition(Placement(tuple(devices), tuple(teacher), tuple(student)), calibration * predicted, predicted)
 
 
 COSTS = {OptionKind.KEEP: 0.0, OptionKind.REPLAN: 40.0, OptionKind.DEGRADE: 45.0, OptionKind.REPLACE: 50.0}
@@ -176,24 +177,24 @@ def test_model_from_benchmark_paths_and_flat_forms():
 )
 def test_eta_is_restart_plus_remaining_steps_times_step(restart_s, step_s, remaining, expected):
     kind = OptionKind.KEEP if restart_s == 0 else OptionKind.REPLAN
-    option = Option(kind, (0, 1), (15, 15), (28, 29), step_s, restart_s)
+    option = Option(kind, Placement((0, 1), (15, 15), (28, 29)), step_s, restart_s)
     assert option.eta_s(remaining) == pytest.approx(expected)
 
 
 def test_option_validation():
     with pytest.raises(EtaModelError, match="KEEP does not restart"):
-        Option(OptionKind.KEEP, (0,), (30,), (57,), 1.0, 5.0)
-    with pytest.raises(EtaModelError, match="one count per device"):
-        Option(OptionKind.REPLAN, (0, 1), (30,), (57,), 1.0, 5.0)
+        Option(OptionKind.KEEP, Placement((0,), (30,), (57,)), 1.0, 5.0)
+    with pytest.raises(PartitionError, match="one block count per device"):  # the placement refuses it
+        Option(OptionKind.REPLAN, Placement((0, 1), (30,), (57,)), 1.0, 5.0)
     with pytest.raises(EtaModelError, match="duplicates"):
-        Option(OptionKind.REPLAN, (0, 0), (15, 15), (28, 29), 1.0, 5.0)
+        Option(OptionKind.REPLAN, Placement((0, 0), (15, 15), (28, 29)), 1.0, 5.0)
     with pytest.raises(EtaModelError, match="remaining_steps"):
-        Option(OptionKind.REPLAN, (0,), (30,), (57,), 1.0, 5.0).eta_s(-1)
-    assert Option("degrade", (0,), (30,), (57,), 1.0, 5.0).kind is OptionKind.DEGRADE
+        Option(OptionKind.REPLAN, Placement((0,), (30,), (57,)), 1.0, 5.0).eta_s(-1)
+    assert Option("degrade", Placement((0,), (30,), (57,)), 1.0, 5.0).kind is OptionKind.DEGRADE
 
 
 def test_option_to_dict_is_json_and_carries_eta():
-    option = Option(OptionKind.REPLAN, (0, 1), (15, 15), (28, 29), 0.5, 10.0, {"alphas": [1.0, 2.0]})
+    option = Option(OptionKind.REPLAN, Placement((0, 1), (15, 15), (28, 29)), 0.5, 10.0, {"alphas": [1.0, 2.0]})
     record = json.loads(json.dumps(option.to_dict(remaining_steps=20)))
     assert record["kind"] == "replan" and record["eta_s"] == pytest.approx(20.0)
     assert record["devices"] == [0, 1] and record["inputs"]["alphas"] == [1.0, 2.0]
@@ -298,7 +299,9 @@ def test_build_options_rejects_a_plan_that_loses_blocks():
 
 def test_running_partition_validation():
     with pytest.raises(EtaModelError, match="measured_step_s"):
-        RunningPartition((0,), (30,), (57,), 0.0, 1.0)
-    with pytest.raises(EtaModelError, match="one count per device"):
-        RunningPartition((0, 1), (30,), (57,), 1.0, 1.0)
-    assert RunningPartition((0,), (30,), (57,), 3.0, 2.0).calibration == pytest.approx(1.5)
+        RunningPartition(Placement((0,), (30,), (57,)), 0.0, 1.0)
+    with pytest.raises(PartitionError, match="one block count per device"):
+        RunningPartition(Placement((0, 1), (30,), (57,)), 1.0, 1.0)
+    with pytest.raises(EtaModelError, match="needs a Placement"):
+        RunningPartition(((0,), (30,), (57,)), 1.0, 1.0)
+    assert RunningPartition(Placement((0,), (30,), (57,)), 3.0, 2.0).calibration == pytest.approx(1.5)

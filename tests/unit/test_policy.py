@@ -7,6 +7,7 @@ import math
 import pytest
 
 from synapse.planner.eta import Option, OptionKind, RestartCost, RestartCostModel, RunningPartition, build_options
+from synapse.planner.placement import Placement
 from synapse.planner.policy import (
     POLICY_NAMES,
     DecisionContext,
@@ -29,15 +30,15 @@ DEVICES = (0, 1, 2, 3)
 
 def make_options(keep_step, replan=None, degrade=None, replace=None, bad=2):
     """Hand-made options; each of replan/degrade/replace is (step_s, restart_s) or None."""
-    options = [Option(KEEP, DEVICES, (8, 8, 7, 7), (15, 14, 14, 14), keep_step, 0.0)]
+    options = [Option(KEEP, Placement(DEVICES, (8, 8, 7, 7), (15, 14, 14, 14)), keep_step, 0.0)]
     if replan:
-        options.append(Option(REPLAN, DEVICES, (9, 9, 3, 9), (17, 17, 6, 17), *replan))
+        options.append(Option(REPLAN, Placement(DEVICES, (9, 9, 3, 9), (17, 17, 6, 17)), *replan))
     if degrade:
         survivors = tuple(d for d in DEVICES if d != bad)
-        options.append(Option(DEGRADE, survivors, (10, 10, 10), (19, 19, 19), *degrade))
+        options.append(Option(DEGRADE, Placement(survivors, (10, 10, 10), (19, 19, 19)), *degrade))
     if replace:
         swapped = tuple(9 if d == bad else d for d in DEVICES)
-        options.append(Option(REPLACE, swapped, (8, 8, 7, 7), (15, 14, 14, 14), *replace))
+        options.append(Option(REPLACE, Placement(swapped, (8, 8, 7, 7), (15, 14, 14, 14)), *replace))
     return tuple(options)
 
 
@@ -171,7 +172,8 @@ def test_eager_baselines_act_at_first_detection_once(policy, kind):
 
 
 def test_degrade_policy_keeps_when_k_is_one():
-    single = (Option(KEEP, (0,), (30,), (57,), 2.0, 0.0), Option(REPLAN, (0,), (30,), (57,), 2.0, 40.0))
+    single = (Option(KEEP, Placement((0,), (30,), (57,)), 2.0, 0.0),
+              Option(REPLAN, Placement((0,), (30,), (57,)), 2.0, 40.0))
     decision = DegradePolicy().decide(DecisionContext(5, 100, single, True, 1))
     assert decision.action is KEEP and "no degrade option" in decision.reason
 
@@ -304,7 +306,7 @@ def running_under(partition, alphas):
     """The partition (devices, teacher counts, student counts) running on devices slowed by ``alphas``."""
     devices, teacher, student = partition
     predicted = _model_step(teacher, student, [alphas[d] for d in devices])
-    return RunningPartition(devices, teacher, student, CALIBRATION * predicted, predicted)
+    return RunningPartition(Placement(devices, teacher, student), CALIBRATION * predicted, predicted)
 
 
 def test_regression_keep_then_replan_then_degrade():
