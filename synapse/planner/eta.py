@@ -282,14 +282,6 @@ class RunningPartition:
         return self.placement.devices
 
     @property
-    def teacher_counts(self) -> tuple[int, ...]:
-        return self.placement.teacher_counts
-
-    @property
-    def student_counts(self) -> tuple[int, ...]:
-        return self.placement.student_counts
-
-    @property
     def calibration(self) -> float:
         """Factor that puts the planner's predictions on the measured scale."""
         return self.measured_step_s / self.predicted_step_s

@@ -220,7 +220,7 @@ def test_keep_uses_measured_step_and_running_partition():
     keep = by_kind(build_options(current, ALPHAS, None, 2, analytic_plan, COSTS))[OptionKind.KEEP]
     assert keep.predicted_step_s == current.measured_step_s and keep.restart_cost_s == 0.0
     assert (keep.devices, keep.teacher_counts, keep.student_counts) == (
-        current.devices, current.teacher_counts, current.student_counts)
+        current.devices, current.placement.teacher_counts, current.placement.student_counts)
 
 
 @pytest.mark.parametrize("bad", [0, 1, 2, 3])
