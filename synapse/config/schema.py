@@ -216,6 +216,13 @@ class FailoverConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Where the run's scalars also go (synapse.trackers): tensorboard, csv or none."""
+
+    name: str = "tensorboard"
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "default"
     description: str = ""
@@ -242,6 +249,7 @@ class SynapseConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
 

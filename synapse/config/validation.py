@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from ..trackers import TRACKERS
 from .devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices, uses_pipeline
 from .errors import choice, fail, positive
 from .schema import (ACCELERATORS, MODES, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
@@ -33,6 +34,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_failover(cfg)
     positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     positive("checkpoint.keep", cfg.checkpoint.keep)
+    choice("logger.name", cfg.logger.name, TRACKERS)
     _validate_block_counts(cfg)
     _validate_weight_files(cfg)
     _validate_resume(cfg)

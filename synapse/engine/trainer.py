@@ -27,6 +27,7 @@ from ..models import build_model, load_weights
 from ..monitor.events import EventLog, events_path
 from ..monitor.injection import FaultInjector, parse_faults
 from ..records import JsonlWriter, NullWriter
+from ..trackers import TrackedWriter, open_tracker
 from .batches import train_batches
 from .checkpointer import Checkpointer, HeldState, SingleShard
 from .device import ComputeSetup, build_compute_setup, seed_everything
@@ -145,7 +146,7 @@ class Trainer:
         images_per_step = self.cfg.data.batch_size
         progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records)
         runner = self.runner
-        with (JsonlWriter(self.run_dir / "metrics.jsonl") if self.writes_records else NullWriter()) as metrics:
+        with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
             try:
@@ -180,6 +181,13 @@ class Trainer:
                 self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
         progress.close()
         return self._summary(time.time() - started, self.step - first_step)
+
+    def _metrics_writer(self) -> JsonlWriter | TrackedWriter:
+        """metrics.jsonl and the configured tracker (logger=...), on the process that keeps records."""
+        if not self.writes_records:
+            return NullWriter()
+        return TrackedWriter(JsonlWriter(self.run_dir / "metrics.jsonl"),
+                             open_tracker(self.cfg.logger.name, self.run_dir, "train"))
 
     def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter) -> bool:
         """What is due after this step (a checkpoint, an evaluation); whether anything was."""

@@ -15,6 +15,7 @@ from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
 from ..planner.eta import OptionKind, RestartCost, RestartCostModel
 from ..planner.placement import Placement
 from ..planner.stage_planner import StagePlanner
+from ..trackers import open_tracker
 from ..planner.policy import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages
@@ -75,7 +76,8 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
                       log: Callable[[str], None] = print) -> dict[str, Any]:
     """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan)."""
     controller = build_controller(cfg, planner, run_dir, log)
-    supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log)
+    supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
+                            tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"))
     history = read_stages(run_dir) if cfg.resume is not None else []
     if not history:
         return supervisor.run(first_stage(partition, resume))

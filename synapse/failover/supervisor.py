@@ -33,6 +33,7 @@ from ..monitor.injection import fired_fault_indices
 from ..planner.placement import Placement
 from ..planner.policy import Decision, NoViableOptionError
 from ..records import JsonlTail
+from ..trackers import NullTracker, Tracker
 from .controller import FailoverController
 from .faults import faults_for_stage
 from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
@@ -80,6 +81,7 @@ class Supervisor:
     restarts: list[Restart] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
 
+    tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
     _event_tail: JsonlTail | None = None
     _events_seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -103,6 +105,7 @@ class Supervisor:
         while True:
             self.stages.append(spec)
             write_stage(self.run_dir, spec, stage_cfg, overrides)
+            self._mark_stage(spec)
             summary, watcher, failure = self._launch(spec, stage_cfg, restart)
             current = self.stages[-1]  # a live re-partition may have started later stages in this launch
             self._finish_stage(current, watcher, failure, summary, restart)
@@ -113,8 +116,22 @@ class Supervisor:
             restart = self._plan_restart(current, watcher, failure)
             spec = self._next_stage(current, restart)
             stage_cfg, overrides = self._compose(spec)
+        self.tracker.close()
         return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
                                         self.started_at, summary or {})
+
+    def _mark_stage(self, spec: StageSpec) -> None:
+        placement = spec.placement
+        self.tracker.marker(spec.start_step, "failover/stage",
+                            f"stage {spec.index} ({spec.reason}) from step {spec.start_step}: devices "
+                            f"{list(placement.devices)}, teacher {list(placement.teacher_counts)} / student "
+                            f"{list(placement.student_counts)} blocks")
+
+    def _mark_decision(self, decision: Decision) -> None:
+        etas = ", ".join(f"{o.kind.value} {o.eta_s(decision.remaining_steps):.1f} s" for o in decision.options)
+        self.tracker.marker(decision.step, "failover/decision",
+                            f"{decision.action.value.upper()} at step {decision.step}: {decision.reason} "
+                            f"(predicted time to finish: {etas})")
 
     @property
     def live_replan(self) -> bool:
@@ -157,6 +174,8 @@ class Supervisor:
         self.stages.append(spec)
         stage_cfg, overrides = self._compose(spec)
         write_stage(self.run_dir, spec, stage_cfg, overrides)
+        self._mark_decision(decision)
+        self._mark_stage(spec)
         self.controller.begin_stage(spec.placement)
         live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("stage") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
@@ -221,6 +240,7 @@ class Supervisor:
                           resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
                           last_step_time=(watcher.last_record or {}).get("time"))
         self.restarts.append(restart)
+        self._mark_decision(decision)
         return restart
 
     def _decide_on_failure(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure,
