@@ -33,10 +33,11 @@ TINY = ("trainer=cpu", "trainer.devices=3", "trainer.threads=1", "partition=even
 SWEPT_STEPS = (6, 10)  # trainer.max_steps of job 0 and job 1
 
 
-def run_sweep(train_py, sweep_dir: Path, *launcher: str, **env: str) -> None:
+def run_sweep(train_py, sweep_dir: Path, *launcher: str, **env: str) -> str:
     swept = "trainer.max_steps=" + ",".join(map(str, SWEPT_STEPS))
     result = train_py(["-m", f"hydra.sweep.dir={sweep_dir}", *launcher, *TINY, swept], timeout=280, **env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
 
 
 def check_jobs(sweep_dir: Path) -> list[tuple[float, float]]:
@@ -60,8 +61,12 @@ def check_jobs(sweep_dir: Path) -> list[tuple[float, float]]:
 
 @pytest.mark.timeout(300)
 def test_a_sweep_with_the_basic_launcher_gives_each_job_its_own_run_dir(train_py, tmp_path):
-    run_sweep(train_py, tmp_path / "sweep")
+    output = run_sweep(train_py, tmp_path / "sweep")
     check_jobs(tmp_path / "sweep")
+    # the sweep writes its own report when it ends, and says where
+    report = tmp_path / "sweep" / "report" / "report.md"
+    assert report.is_file() and f"sweep report: {report}" in output
+    assert "| job |" in report.read_text()
 
 
 @pytest.mark.slow  # submitit pickles each job and starts it in processes of its own: 35-55 s here

@@ -1,0 +1,28 @@
+"""A Hydra callback that writes a multirun's sweep report when the sweep ends, and says where.
+
+Wired in ``synapse/conf/config.yaml`` (``hydra.callbacks.sweep_report``), so every
+``python train.py -m ...`` ends with ``<sweep dir>/report/report.md`` (jobs table, policy
+comparison, regret, figures) instead of leaving the reader to run
+``python -m synapse.analysis report <sweep dir>`` by hand. A report that cannot be drawn is
+said, never a failed sweep: the jobs and their records are complete.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from .report import write_report
+
+
+class SweepReport(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            print(f"sweep report: {write_report(sweep_dir)}", flush=True)
+        except Exception as exc:  # noqa: BLE001  (any plotting or reading error; the jobs are done)
+            print(f"sweep report: not written ({type(exc).__name__}: {exc}); the jobs' records are in {sweep_dir}. "
+                  f"Retry with: python -m synapse.analysis report {sweep_dir}", file=sys.stderr, flush=True)
