@@ -8,6 +8,7 @@ or train a teacher/baseline with labels.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -140,7 +141,7 @@ def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, A
 
 def _hydra_entry(cfg: DictConfig) -> None:
     try:
-        run(cfg)
+        run(cfg, log=logging.getLogger("synapse").info)  # the console and <run dir>/train.log
     except ConfigError as exc:  # a bad setting: one clear line (it names the key and the fix), no stack
         print(f"synapse: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

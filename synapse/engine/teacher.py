@@ -63,7 +63,8 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
             f"for {cfg.teacher.auto_train_epochs} epochs first (cached at {cached})")
-        weights = train_label_model(teacher_training_config(cfg), run_dir / "teacher_training", cfg.teacher.name, log)
+        weights = train_label_model(teacher_training_config(cfg), run_dir / "teacher_training", cfg.teacher.name,
+                                    lambda line: log(f"teacher {cfg.teacher.name} (training on labels): {line}"))
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp-{os.getpid()}")
         shutil.copyfile(weights, tmp)
