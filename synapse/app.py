@@ -24,7 +24,8 @@ from .engine.trainer import build_trainer, resolve_resume
 from .failover.report import print_failover_story
 from .failover.run import run_with_failover
 from .launch.elastic import launch_pipeline
-from .launch.planning import auto_partition, build_stage_planner, compare_plan_with_run, profile_models
+from .launch.planning import (auto_partition, build_stage_planner, choose_microbatches_for, compare_plan_with_run,
+                              profile_models)
 from .models import count_blocks
 from .pipeline.partition import placement_for_config
 
@@ -36,6 +37,8 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.mode != "kd" and cfg.pipeline.microbatches == "auto":  # nothing pipelined to plan
+        cfg.pipeline.microbatches = 1
     if cfg.mode == "profile":
         return run_profile_mode(cfg, log)
     if cfg.mode in ("teacher", "baseline"):
@@ -53,6 +56,8 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         summary = run_pipeline(cfg, run_dir, log, overrides)
         write_run_report(cfg, run_dir, log)
         return summary
+    if cfg.pipeline.microbatches == "auto":  # one device: no bubble to shrink, the whole batch at once
+        cfg.pipeline.microbatches = 1
     setup = build_compute_setup(cfg.trainer)
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
@@ -77,6 +82,8 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
     devices = stage_devices(cfg)
+    if cfg.pipeline.microbatches == "auto":  # chosen with the cuts, then fixed for the whole run
+        cfg.pipeline.microbatches = choose_microbatches_for(cfg, info, devices, run_dir, log)
     failover = cfg.failover.enabled and cfg.trainer.nodes == 1
     # The run's one planner: it makes the first plan and prices every re-plan (measuring or
     # reading the block profiles once); a manual partition without failover needs none.

@@ -137,9 +137,10 @@ class TrainerConfig:
 @dataclass
 class PipelineConfig:
     schedule: str = "1f1b"
-    # Micro-batches per step. With one device this is gradient accumulation over the same
-    # micro-batches, the reference the pipelined runtime must reproduce.
-    microbatches: int = 1
+    # Micro-batches per step (an integer), or "auto": the planner chooses the count with the cuts
+    # (synapse.planner.microbatches; the GPU preset's default). With one device this is gradient
+    # accumulation over the same micro-batches, the reference the pipelined runtime must reproduce.
+    microbatches: Any = 1
 
 
 @dataclass

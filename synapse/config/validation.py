@@ -230,6 +230,11 @@ def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
 
 def _validate_pipeline(cfg: DictConfig) -> None:
     choice("pipeline.schedule", cfg.pipeline.schedule, PIPELINE_SCHEDULES)
+    if cfg.pipeline.microbatches == "auto":
+        return  # the planner picks a divisor of the batch size
+    if isinstance(cfg.pipeline.microbatches, str):
+        fail("pipeline.microbatches", f"{cfg.pipeline.microbatches!r} is neither a count nor 'auto'",
+             "give an integer that divides data.batch_size, or auto to let the planner choose")
     positive("pipeline.microbatches", cfg.pipeline.microbatches)
     if cfg.data.batch_size % cfg.pipeline.microbatches:
         fail("pipeline.microbatches", f"{cfg.pipeline.microbatches} micro-batches do not divide data.batch_size="

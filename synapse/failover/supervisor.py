@@ -284,7 +284,9 @@ class Supervisor:
     # ---------------------------------------------------------------- stage configs
     def _stage_settings(self, spec: StageSpec) -> dict[str, Any]:
         """What makes this stage this stage, on top of the user's config (key -> value)."""
-        settings: dict[str, Any] = {"run_dir": str(self.run_dir), "cache_dir": self.cfg.cache_dir}
+        settings: dict[str, Any] = {"run_dir": str(self.run_dir), "cache_dir": self.cfg.cache_dir,
+                                    # chosen once (pipeline.microbatches=auto): every stage keeps it
+                                    "pipeline.microbatches": self.cfg.pipeline.microbatches}
         if spec.index == 0:
             return settings
         faults = OmegaConf.to_container(self.cfg.injection.faults, resolve=True)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from ..config import resolve_accelerator, resolve_devices
 from ..engine.device import default_threads
 from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
+from ..planner.microbatches import candidate_counts, choose_microbatches
 from ..planner.partitioner import PartitionPlan
 from ..planner.placement import Placement
 from ..planner.profile import load_profile_csv
@@ -36,9 +37,10 @@ def profile_device(cfg: DictConfig) -> str:
     return "cpu"
 
 
-def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print):
-    """The teacher and student profiles at the run's micro-batch size (measured once, then cached)."""
-    micro_batch = cfg.data.batch_size // cfg.pipeline.microbatches
+def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
+    """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
+    micro-batches (measured once, then cached)."""
+    micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
                               profile_device(cfg), info.num_classes, info.in_chans, info.image_size, cfg.cache_dir,
                               warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log)
@@ -65,10 +67,28 @@ def build_stage_planner(cfg: DictConfig, info, log: Callable[[str], None] = prin
     return planner_for_profiles(cfg, profile_models(cfg, info, log))
 
 
-def planner_for_profiles(cfg: DictConfig, paths) -> StagePlanner:
-    step = StepSpec(cfg.pipeline.microbatches, cfg.pipeline.schedule,
+def planner_for_profiles(cfg: DictConfig, paths, microbatches: int | None = None) -> StagePlanner:
+    step = StepSpec(microbatches or cfg.pipeline.microbatches, cfg.pipeline.schedule,
                     optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
     return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step, device_facts(cfg))
+
+
+def choose_microbatches_for(cfg: DictConfig, info, devices: list[int], run_dir: Path,
+                            log: Callable[[str], None] = print) -> int:
+    """pipeline.microbatches=auto: price every candidate count with profiles measured at its
+    micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``)."""
+    candidates = candidate_counts(cfg.data.batch_size, len(devices))
+    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, m), m),
+                                 candidates, devices, configured_alphas(cfg, len(devices)))
+    record = {"candidates": list(candidates), "chosen": choice.microbatches,
+              "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
+              "not_possible": {str(m): why for m, why in choice.reasons.items()}}
+    (run_dir / "microbatches.json").write_text(json.dumps(record, indent=1))
+    table = ", ".join(f"M={m}: {t * 1e3:.1f} ms" if math.isfinite(t) else f"M={m}: does not fit"
+                      for m, t in choice.step_time_by_count.items())
+    log(f"pipeline.microbatches=auto: {choice.microbatches} micro-batches of "
+        f"{cfg.data.batch_size // choice.microbatches} (predicted step {table})")
+    return choice.microbatches
 
 
 def configured_alphas(cfg: DictConfig, num_stages: int) -> list[float]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 import pytest
 
 from synapse.app import run
@@ -34,3 +36,23 @@ def test_profile_mode_writes_both_profiles_to_the_cache(tmp_path):
     for key in ("teacher_profile", "student_profile"):
         assert str(tmp_path / "cache" / "profiles") in result[key]
         assert (tmp_path / "cache" / "profiles").is_dir()
+
+
+def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_path, teacher_file):
+    # Two CPU ranks, batch 16: candidates 2, 4 and 8 micro-batches, each priced with profiles measured
+    # at its own micro-batch size; a forced restart shows the next stage keeps the chosen count.
+    cfg = compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "partition=auto",
+                                    "pipeline.microbatches=auto", "trainer.max_steps=6",
+                                    "partition.profile_repeats=2", "partition.profile_warmup=1",
+                                    "failover.replan_mode=restart", "failover.drills=[{step:3,action:replan}]"])
+    run(cfg, log=lambda m: None)
+    choice = json.loads((tmp_path / "microbatches.json").read_text())
+    assert choice["candidates"] == [2, 4, 8]
+    times = {int(m): t for m, t in choice["predicted_step_s"].items()}
+    assert choice["chosen"] == min(times, key=times.get)
+    assert json.loads((tmp_path / "plan.json").read_text())["plan"]["microbatches"] == choice["chosen"]
+    for stage in (0, 1):
+        composed = yaml.safe_load((tmp_path / "stages" / str(stage) / "config.yaml").read_text())
+        assert composed["pipeline"]["microbatches"] == choice["chosen"]
+    profiles = {p.name for p in (tmp_path / "cache" / "profiles").glob("*student*.csv")}
+    assert {f"mb{16 // m}" for m in (2, 4, 8)} <= {part for name in profiles for part in name.split("_")}
