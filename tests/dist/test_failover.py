@@ -118,3 +118,39 @@ def test_a_failing_live_replan_falls_back_to_a_restart_and_learns_the_same(tmp_p
     restart = summary["experiment"]["restarts"][0]
     assert restart["mode"] == "restart" and "live re-partition failed" in restart["cause"]
     assert not read_events(tmp_path / "failover_events.jsonl", "live_replan")
+
+
+CASCADE_STEPS = 30
+# Held-out cascade (issue #15 item 3): device 0 computes 3x slower from step 8 (a slowdown the
+# policies may act on), then device 1 is killed at step 23. Checkpoints every 8 steps, so the
+# next stage resumes from step 16, behind the hard failure's DEGRADE (decided at step ~22)
+# and, with a live REPLAN, maybe behind that too. Device 0 is still slow after the resume, so
+# every policy but degrade (which dropped it) is asked again at steps 17.. .
+CASCADE = ["checkpoint.every=8", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=4",
+           "failover.detector.window=3", "failover.detector.sustain=2",
+           "injection.faults=[{kind:slow_compute,rank:0,start:8,factor:3.0},{kind:kill,rank:1,step:23,phase:forward}]"]
+POLICY_OVERRIDES = {"eta": ["policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0"]}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cascade(tmp_path_factory, teacher_file):
+    run_dir = tmp_path_factory.mktemp("uninterrupted_cascade")
+    run_overrides(overrides_for(run_dir, teacher_file, f"trainer.max_steps={CASCADE_STEPS}"))
+    return final_student_state(run_dir)
+
+
+@pytest.mark.parametrize("policy", ["eta", "keep", "replan", "degrade", "ski_rental"])
+def test_a_kill_after_a_handled_slowdown_finishes_under_every_policy(tmp_path, teacher_file, uninterrupted_cascade,
+                                                                   policy):
+    summary = run_overrides(overrides_for(tmp_path, teacher_file, f"trainer.max_steps={CASCADE_STEPS}",
+                                          f"policy={policy}", *POLICY_OVERRIDES.get(policy, []), *CASCADE))
+    assert summary["experiment"]["steps"] == CASCADE_STEPS
+    assert_identical_states(final_student_state(tmp_path), uninterrupted_cascade)
+    stages = read_stages(tmp_path)
+    assert stages[-1].outcome == "finished" and "failed" in [s.outcome for s in stages]
+    failed = next(i for i, s in enumerate(stages) if s.outcome == "failed")
+    assert stages[failed + 1].start_step == 16 and 1 not in stages[failed + 1].devices
+    events = read_events(tmp_path / "failover_events.jsonl")
+    assert not [e for e in events if e["event"] == "controller_error"]
+    detected = [e for e in events if e["event"] == "slowdown_detected"]
+    assert detected and detected[0]["device"] == 0 and detected[0]["kind"] == "compute"
