@@ -33,6 +33,21 @@ def run_overrides(overrides: list[str]) -> dict:
     return run(compose_stage_config(overrides), log=lambda m: None, overrides=overrides)
 
 
+def block_owners(devices: list[int], counts: list[int]) -> list[int]:
+    """The device of each block, in block order."""
+    return [device for device, count in zip(devices, counts) for _ in range(count)]
+
+
+def moved_blocks(before, after) -> dict[str, list[int]]:
+    """Per model, the blocks whose device differs between two stages."""
+    moved = {}
+    for model in ("teacher", "student"):
+        old = block_owners(before.devices, getattr(before, f"{model}_counts"))
+        new = block_owners(after.devices, getattr(after, f"{model}_counts"))
+        moved[model] = [block for block, (a, b) in enumerate(zip(old, new)) if a != b]
+    return moved
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, teacher_file):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
@@ -53,6 +68,13 @@ def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_pat
     assert [s.reason for s in stages] == ["start", "replan (live)" if mode == "live" else action]
     assert stages[1].devices == devices_after and stages[1].outcome == "finished"
     assert stages[0].outcome == ("replanned live" if mode == "live" else "stopped")
+    # The action really changed where work runs: blocks changed device (a REPLAN that kept the
+    # split, or a REPLACE that kept the device, would learn the same and prove nothing).
+    moved = moved_blocks(stages[0], stages[1])
+    assert moved["teacher"] or moved["student"], f"no block changed device: {stages[0]} -> {stages[1]}"
+    if action == "replan":
+        assert (stages[1].teacher_counts, stages[1].student_counts) != (stages[0].teacher_counts,
+                                                                        stages[0].student_counts)
     # No finished step is lost: the new stage starts where the first ended.
     assert stages[1].start_step == stages[0].end_step >= 5
     experiment = summary["experiment"]
@@ -63,6 +85,9 @@ def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_pat
     expected = ("live_replan",) if mode == "live" else ("checkpoint_saved", "stage_ended", "relaunch", "stage_ready")
     for name in ("decision", "first_step_after_restart", *expected):
         assert name in events, f"no {name} event"
+    if mode == "live":
+        [live] = read_events(tmp_path / "failover_events.jsonl", "live_replan")
+        assert live["moved_blocks"], "a live re-plan that moved no block"
     if mode == "restart":
         assert set(restart["components"]) == {"checkpoint_save_s", "teardown_s", "launch_s", "checkpoint_load_s",
                                               "warmup_s"}
