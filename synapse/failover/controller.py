@@ -90,6 +90,7 @@ class FailoverController:
         self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
                          self.planner.per_step_comm_s(*self._partition_of(stage)))
         if previous is None or self.detector.num_ranks is None:
+            self.detector.set_expected(self._nominal[0])
             return
         old_compute = dict(zip(previous.devices, self.planner.per_step_compute_s(
             previous.devices, previous.teacher_counts, previous.student_counts)))
@@ -102,6 +103,7 @@ class FailoverController:
             mapping.append(previous.devices.index(old_device))
             scale.append(compute / max(old_compute[old_device], 1e-12))
         dropped = self.detector.rebase(scale, None, previous_rank=mapping)
+        self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
         ratio = (self.planner.predict(*self._partition_of(stage)).step_time_s
                  / self.planner.predict(*self._partition_of(previous)).step_time_s)
