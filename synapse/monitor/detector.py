@@ -4,12 +4,21 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
 
 1. Warm-up: the first ``warmup_steps`` records are ignored (compilation, allocator
    and autotuner warm-up); again after `load_state_dict` and `rebase` (a new process).
-2. Baseline: the next ``baseline_window`` records give each rank a robust baseline
-   (medians). The detector detects *changes*: a device slow from the first step
-   is its own normal (heterogeneity is the alpha/beta estimator's job).
+2. Baseline: the next ``baseline_window`` records give each rank a robust first
+   baseline (medians), so a slowdown from step ~15 on is seen. Two things keep a
+   device that is slow *from the start* from becoming its own normal: the plan's
+   expected per-rank compute (`set_expected`, the cost model's prediction for the
+   running partition) judged against the rank's peers (`synapse.monitor.baseline`:
+   ``prior_threshold`` times its peers' measured/expected ratio = slow from the
+   start), and later quiet steps (no compute slowdown anywhere, this rank's step
+   below ``threshold``) refining each compute baseline as the median of the last
+   ``refine_window`` such steps.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
-   single-step spike cannot move a median). A (rank, kind) is *in excess* when its
-   ratio to the baseline is >= ``threshold`` and, step by step, it is
+   single-step spike cannot move a median). A rank's per-step compute ratio is net of
+   what its peers' compute fell more than ``threshold - 1`` below theirs (time that
+   moved between ranks' clocks is not a slower device). A (rank, kind) is *in excess*
+   when its ratio to the baseline is >= ``threshold``, beyond its own noise (`NOISE_Z`
+   sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
    skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
    alike does not change the best partition).
