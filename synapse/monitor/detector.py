@@ -104,9 +104,10 @@ def _check_number(name: str, value: Any, minimum: float, *, integer: bool = Fals
 class DetectorConfig:
     """Settings of `SlowdownDetector` (roles: see the module docstring)."""
 
-    warmup_steps: int = 3
-    baseline_window: int = 20
+    warmup_steps: int = 10
+    baseline_window: int = 15
     refine_window: int = 200
+    comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
     prior_threshold: float | None = 4.0
     window: int = 10
     threshold: float = 1.25
@@ -117,7 +118,7 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         _check_number("warmup_steps", self.warmup_steps, 0, integer=True)
-        for name in ("baseline_window", "window", "sustain"):
+        for name in ("baseline_window", "comm_baseline_window", "window", "sustain"):
             _check_number(name, getattr(self, name), 1, integer=True)
         _check_number("refine_window", self.refine_window, 0, integer=True, hint=" (0: never refine)")
         if self.prior_threshold is not None:
@@ -244,6 +245,7 @@ class SlowdownDetector:
         self._compute_baseline: list[float] | None = None
         self._comm_baseline: _CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
+        self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
         self._samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
         self._expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
         self.prior_replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
@@ -318,7 +320,6 @@ class SlowdownDetector:
         if len(self._learning) < self.config.baseline_window:
             return
         compute_steps, comm_steps = zip(*self._learning)
-        self._learning = []
         compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
         if self._compute_baseline is None:
             expected = self._expected if self._expected and len(self._expected) == len(compute_median) else None
@@ -326,11 +327,14 @@ class SlowdownDetector:
             self.prior_replaced = tuple(replaced)
             self._samples = [deque([] if rank in replaced else per_rank, maxlen=self.config.refine_window)
                              for rank, per_rank in enumerate(zip(*compute_steps))]
-        if self._comm_baseline is None:
+        if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
             comm_median = [median(per_rank) for per_rank in zip(*comm_steps)]
             own = [own_comm_per_step(_excess(c, compute_median), _excess(m, comm_median))[0]
                    for c, m in zip(compute_steps, comm_steps)]
             self._comm_baseline = _CommBaseline(comm_median, compute_median, [_robust_sd(s) for s in zip(*own)])
+            self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
+        if self._comm_baseline is not None:
+            self._learning = []
 
     # -------------------------------------------------------------- evaluation
     def _signal(self, entry: _Entry, name: str) -> list[float]:
@@ -380,8 +384,13 @@ class SlowdownDetector:
         step_ratios = self._signal(latest, "compute_raw")
         # Only quiet steps: while any rank is slow, the others' compute is disturbed too (on GPUs,
         # time moves between ranks' clocks), and learning that would move their baselines.
-        if any(t.active is not None or t.above > 0 for (kind, _), t in self._trackers.items() if kind == COMPUTE):
+        if any(t.active is not None or t.above > 0 for t in self._trackers.values()):
             return
+        if self._comm_own and self._comm_baseline is not None:  # a better estimate of comm's noise
+            own = self._signal(latest, "comm_beyond_comm")
+            for rank, samples in enumerate(self._comm_own):
+                samples.append(own[rank])
+                self._comm_baseline.spread_s[rank] = _robust_sd(samples)
         changed = False
         for rank, samples in enumerate(self._samples):
             if step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below:
@@ -406,12 +415,14 @@ class SlowdownDetector:
         return self.config.threshold - 1.0
 
     def _compute_floor(self, rank: int) -> float:
-        """Smallest window-median compute ratio beyond this rank's own noise (sd from its samples)."""
-        samples = self._samples[rank] if rank < len(self._samples) else ()
-        if len(samples) < 4:
+        """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
+        of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
+        that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
+        spreads = [_robust_sd(s) / max(b, _TINY_S)
+                   for s, b in zip(self._samples, self._compute_baseline) if len(s) >= 4]
+        if not spreads:
             return 0.0
-        sd = _robust_sd(samples) / max(self._compute_baseline[rank], _TINY_S)
-        return 1.0 + NOISE_Z * _MEDIAN_SD_FACTOR * sd / math.sqrt(self.config.window)
+        return 1.0 + NOISE_Z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(self.config.window)
 
     def _comm_floor(self, rank: int) -> float:
         """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
@@ -476,6 +487,7 @@ class SlowdownDetector:
             "comm_baseline": None if self._comm_baseline is None else asdict(self._comm_baseline),
             "learning": [[list(c), list(m)] for c, m in self._learning],
             "compute_samples": [list(s) for s in self._samples],
+            "comm_own_samples": [list(s) for s in self._comm_own],
             "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)] for e in self._history],
             "trackers": [
                 {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
@@ -496,6 +508,8 @@ class SlowdownDetector:
          self._history, self._trackers) = restored
         self._samples = [deque(map(float, s), maxlen=self.config.refine_window)
                          for s in state.get("compute_samples", [])]
+        self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
+                          for s in state.get("comm_own_samples", [])]
         self._latest_ratios, self._steps_since_start = {}, 0
 
     def _parse_state(self, state: Mapping[str, Any]) -> tuple:
@@ -563,6 +577,8 @@ class SlowdownDetector:
                                  for old, s in zip(mapping, compute_scale)]
         self._expected = None  # the plan of the new partition comes with set_expected
         self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if carried[COMM] else None
+        self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+                          for old, s in zip(mapping, comm_scale)] if carried[COMM] and self._comm_own else []
         self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()

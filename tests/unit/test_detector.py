@@ -449,7 +449,7 @@ def test_rebase_drops_detections_of_removed_devices_and_relearns_comm_without_a_
     assert detector.rebase([1.0, 1.0, 1.0], previous_rank=[0, 1, 3]) == [detection]
     assert detector.active == () and detector.num_ranks == 3
     assert detector.baseline(COMM) is None and detector.baseline(COMPUTE) is not None
-    feed(detector, stream(3, CONFIG.warmup_steps + CONFIG.baseline_window, seed=25, first_step=400))
+    feed(detector, stream(3, CONFIG.warmup_steps + CONFIG.comm_baseline_window, seed=25, first_step=400))
     assert detector.baseline(COMM) is not None
 
 
