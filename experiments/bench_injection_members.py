@@ -62,7 +62,7 @@ def table(runs: list[dict], policies: list[str]) -> str:
     rows = []
     for member in dict.fromkeys(r["member"] for r in runs):
         keep, eta = by.get((member, "keep")), by.get((member, "eta"))
-        ref = eta or keep
+        ref = keep or eta  # detection as seen without any action changing the pipeline
         first = ref["detections"][0] if ref["detections"] else None
         expected = ref["expected"]
         seen = (f"step {first['detected_step']} (rank {first['rank']} {first['kind']}, {first['ratio']:.1f}x)"
@@ -72,7 +72,7 @@ def table(runs: list[dict], policies: list[str]) -> str:
         walls = f"{keep['wall_time_s']:.1f} / {eta['wall_time_s']:.1f} s" if keep and eta else "-"
         rows.append([member, f"rank {expected['rank']} {expected['kind']} from step {expected['start']}", seen,
                      "yes" if ref["right_rank_in_10"] else "no", decided or "keep", walls, saved])
-    return markdown_table(["member", "fault", "first detection (eta run)", "right rank, <= 10 steps",
+    return markdown_table(["member", "fault", "first detection (keep run)", "right rank, <= 10 steps",
                            "eta decisions", "wall keep / eta", "saved vs keep"], rows)
 
 
