@@ -233,13 +233,21 @@ class FailoverController:
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
         return self.stage.devices[active[0].rank] if active else None
 
+    def _estimated_factor(self) -> float | None:
+        """The estimator's alpha (compute) or beta (comm) of the device the detector blames most."""
+        active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
+        if not active or not self.estimator.ready:
+            return None
+        device = self.stage.devices[active[0].rank]
+        return (self.alphas() if active[0].kind == COMPUTE else self.betas())[device]
+
     def decide(self, step: int, total_steps: int) -> Decision:
         options = self._options(self._slowest_device(), self.measured_step_s)
         since = None if self.last_action_step is None else step - self.last_action_step
         ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
                               slowdown_detected=True, consecutive_detections=self.episode.consecutive_detections,
                               time_lost_s=self.episode.time_lost_s, steps_since_last_action=since,
-                              actions_in_episode=self.episode.actions)
+                              actions_in_episode=self.episode.actions, estimated_factor=self._estimated_factor())
         return self._record(self.policy.decide(ctx), step)
 
     def _due_drill(self, step: int) -> dict[str, Any] | None:

@@ -58,6 +58,10 @@ class DecisionContext:
     against it, whichever is later.
     ``steps_since_last_action``: steps since the last non-KEEP decision (None: never).
     ``actions_in_episode``: non-KEEP decisions already taken against the current slowdown.
+    ``estimated_factor``: the alpha/beta estimator's factor (alpha for a compute slowdown, beta
+    for a link) of the device the detector blames; None: not known. The options are planned
+    with the estimator's factors, so a policy that trusts their ETAs can check that the two
+    monitors agree first.
     """
 
     step: int
@@ -70,6 +74,7 @@ class DecisionContext:
     time_lost_s: float = 0.0
     steps_since_last_action: int | None = None
     actions_in_episode: int = 0
+    estimated_factor: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", tuple(self.options))
@@ -86,6 +91,9 @@ class DecisionContext:
             )
         if self.hard_failure and self.failed_device is None:
             raise PolicyError("hard_failure=True needs failed_device (the id of the device that died)")
+        if self.estimated_factor is not None and not (math.isfinite(self.estimated_factor)
+                                                      and self.estimated_factor > 0):
+            raise PolicyError(f"estimated_factor must be a finite number > 0 or None, got {self.estimated_factor!r}")
         if not math.isfinite(self.time_lost_s) or self.time_lost_s < 0:
             raise PolicyError(f"time_lost_s must be finite seconds >= 0, got {self.time_lost_s!r}")
         self._check_options()
@@ -227,6 +235,7 @@ class EtaPolicyConfig:
     sustain: int = 3                      # consecutive detections needed before acting
     quiet_last_steps: int = 10            # never restart this close to the end
     cooldown_steps: int = 20              # steps between two actions
+    min_estimated_factor: float = 1.1     # act only once the estimator also sees the blamed device slow
 
     def __post_init__(self) -> None:
         if isinstance(self.min_saving_s, bool) or not isinstance(self.min_saving_s, (int, float)) \
@@ -241,6 +250,10 @@ class EtaPolicyConfig:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
             raise PolicyConfigError(f"min_saving_restart_frac must be in [0, 10] (a multiple of the option's "
                                     f"restart cost, e.g. 0.5), got {value!r}")
+        value = self.min_estimated_factor
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= 10.0:
+            raise PolicyConfigError(f"min_estimated_factor must be in [1, 10] (1: do not check that the "
+                                    f"estimator agrees with the detector), got {value!r}")
         for name, minimum in (("sustain", 1), ("quiet_last_steps", 0), ("cooldown_steps", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -292,6 +305,12 @@ class EtaPolicy(Policy):
         since = ctx.steps_since_last_action
         if since is not None and since < cfg.cooldown_steps:
             return f"cooling down ({since} < {cfg.cooldown_steps} steps since the last action)"
+        factor = ctx.estimated_factor
+        if factor is not None and factor < cfg.min_estimated_factor:
+            # The options' ETAs come from the estimator: planning around a device it does not
+            # (yet) measure as slow would move work on noise.
+            return (f"the estimator does not see the detected device as slow yet (factor {factor:.2f} < "
+                    f"{cfg.min_estimated_factor})")
         return None
 
 

@@ -243,3 +243,15 @@ def test_a_failing_policy_is_logged_and_read_as_keep_and_a_hard_failure_still_de
     failed = controller.on_hard_failure(2, timings.step, TOTAL, "killed")
     assert failed.action is DEGRADE and failed.chosen.devices == (0, 1)
     assert events[-2]["event"] == "controller_error" and events[-2]["where"] == "on_hard_failure"
+
+
+def test_the_policy_is_told_the_estimators_factor_of_the_blamed_device(planner):
+    controller = make_controller(planner, "keep")
+    stage = start(controller)
+    timings = Timings(planner, seed=9)
+    timings.feed(controller, stage, {}, 100)
+    for _ in range(30):
+        controller.observe(timings.record(stage, {2: 2.0}))
+    assert [d.rank for d in controller.detector.active] == [2]
+    decision = controller.decide(timings.step, TOTAL)
+    assert decision.inputs["estimated_factor"] == pytest.approx(2.0, rel=0.2)

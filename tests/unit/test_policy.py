@@ -376,3 +376,19 @@ def test_the_saving_must_also_cover_a_fraction_of_the_restart_cost():
 def test_min_saving_restart_frac_is_range_checked(value):
     with pytest.raises(PolicyConfigError, match="min_saving_restart_frac must be in"):
         make_policy("eta", min_saving_restart_frac=value)
+
+
+def test_eta_waits_until_the_estimator_sees_the_blamed_device_slow():
+    """The options are planned with the estimator's factors: right after its warm-up they can be
+    noise (measured on CPU: alpha 1.11 for a device 3x slower), and a REPLAN planned on them moves
+    work to the wrong place."""
+    policy = make_policy("eta")
+    waiting = policy.decide(ctx(STRONG, estimated_factor=1.05))
+    assert waiting.action is KEEP and "estimator does not see" in waiting.reason
+    assert policy.decide(ctx(STRONG, estimated_factor=2.9)).action is REPLAN
+    assert policy.decide(ctx(STRONG, estimated_factor=None)).action is REPLAN  # unknown: no gate
+    assert make_policy("eta", min_estimated_factor=1.0).decide(ctx(STRONG, estimated_factor=1.05)).action is REPLAN
+    with pytest.raises(PolicyConfigError, match="min_estimated_factor"):
+        make_policy("eta", min_estimated_factor=0.5)
+    with pytest.raises(PolicyError, match="estimated_factor"):
+        ctx(STRONG, estimated_factor=float("nan"))
