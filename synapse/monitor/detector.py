@@ -107,6 +107,7 @@ class DetectorConfig:
     warmup_steps: int = 10
     baseline_window: int = 15
     refine_window: int = 200
+    compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
     comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
     prior_threshold: float | None = 4.0
     window: int = 10
@@ -121,6 +122,7 @@ class DetectorConfig:
         for name in ("baseline_window", "comm_baseline_window", "window", "sustain"):
             _check_number(name, getattr(self, name), 1, integer=True)
         _check_number("refine_window", self.refine_window, 0, integer=True, hint=" (0: never refine)")
+        _check_number("compute_noise_z", self.compute_noise_z, 0.0, hint=" (e.g. 5; 0: no noise floor)")
         if self.prior_threshold is not None:
             _check_number("prior_threshold", self.prior_threshold, 1.0, strict=True,
                           hint=" (e.g. 4.0: 4x its peers against the plan; None: no prior)")
@@ -422,7 +424,7 @@ class SlowdownDetector:
                    for s, b in zip(self._samples, self._compute_baseline) if len(s) >= 4]
         if not spreads:
             return 0.0
-        return 1.0 + NOISE_Z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(self.config.window)
+        return 1.0 + self.config.compute_noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(self.config.window)
 
     def _comm_floor(self, rank: int) -> float:
         """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
