@@ -2,7 +2,7 @@
 """Every shipped injection member, run with its own documented command: detected where and when,
 what the policy decided, and the time saved against policy=keep (issue #15).
 
-For each ``conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
+For each ``synapse/conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
 line of the file's header, as a user would copy it, plus ``policy=<p>`` (and no progress bar or
 report). Expected: the first detection names the fault's rank and kind (compute for
 ``slow_compute``/``background_load``, comm for ``slow_comm``) within 10 steps of its start.
@@ -19,6 +19,10 @@ from pathlib import Path
 import yaml
 from benchlib import REPO, machine_load, markdown_table, read_events, train_py_summary, write_results
 
+from synapse.conf import CONF_DIR
+
+INJECTION_DIR = Path(CONF_DIR) / "injection"
+
 MEMBERS = ("slow_compute", "intermittent", "slow_ramp", "slow_comm", "background_load", "cascade", "demo")
 SLOW_KINDS = {"slow_compute": "compute", "background_load": "compute", "slow_comm": "comm"}
 RUN_TIMEOUT_S = 1200.0
@@ -26,7 +30,7 @@ RUN_TIMEOUT_S = 1200.0
 
 def documented_overrides(member: str) -> tuple[str, list[str]]:
     """The member's documented command (its first '#   python train.py ...' line) as overrides."""
-    text = (REPO / "conf" / "injection" / f"{member}.yaml").read_text()
+    text = (INJECTION_DIR / f"{member}.yaml").read_text()
     line = next(m.group(1) for m in re.finditer(r"^#\s+(python train\.py.*?)\s*(?:#.*)?$", text, re.M))
     overrides = shlex.split(line)[2:]
     if not any(o.startswith("injection=") for o in overrides):
@@ -35,7 +39,7 @@ def documented_overrides(member: str) -> tuple[str, list[str]]:
 
 
 def first_slowdown_fault(member: str) -> dict:
-    faults = yaml.safe_load((REPO / "conf" / "injection" / f"{member}.yaml").read_text())["faults"]
+    faults = yaml.safe_load((INJECTION_DIR / f"{member}.yaml").read_text())["faults"]
     fault = min((f for f in faults if f["kind"] in SLOW_KINDS), key=lambda f: f["start"])
     return {"rank": fault["rank"], "kind": SLOW_KINDS[fault["kind"]], "start": fault["start"]}
 
