@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 
 import yaml
-from benchlib import REPO, machine_load, markdown_table, read_events, train_py_summary, write_results
+from benchlib import (
+    REPO,
+    machine_load,
+    markdown_table,
+    read_events,
+    train_py_summary,
+    write_results,
+)
 
 from synapse.conf import CONF_DIR
 
@@ -31,7 +38,7 @@ RUN_TIMEOUT_S = 1200.0
 def documented_overrides(member: str) -> tuple[str, list[str]]:
     """The member's documented command (its first '#   python train.py ...' line) as overrides."""
     text = (INJECTION_DIR / f"{member}.yaml").read_text()
-    line = next(m.group(1) for m in re.finditer(r"^#\s+(python train\.py.*?)\s*(?:#.*)?$", text, re.M))
+    line = next(m.group(1) for m in re.finditer(r"^#\s+(python train\.py.*?)\s*(?:#.*)?$", text, re.MULTILINE))
     overrides = shlex.split(line)[2:]
     if not any(o.startswith("injection=") for o in overrides):
         overrides.append(f"injection={member}")  # the demo's command is plain `python train.py`

@@ -33,7 +33,13 @@ from ..monitor.timing import StepTiming
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.placement import Placement
-from ..planner.policy import Decision, DecisionContext, DegradePolicy, NoViableOptionError, Policy
+from ..planner.policy import (
+    Decision,
+    DecisionContext,
+    DegradePolicy,
+    NoViableOptionError,
+    Policy,
+)
 from ..planner.stage_planner import StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"

@@ -7,12 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_detector import Slow, feed, stream, summary
 
 from synapse.monitor.baseline import net_compute_ratios, prior_checked
 from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, SlowdownDetector
 from synapse.monitor.timing import StepTiming
-
-from test_detector import Slow, feed, stream, summary
 
 STREAMS = Path(__file__).resolve().parents[1] / "data" / "fault_free_streams"
 INDEX = json.loads((STREAMS / "index.json").read_text())

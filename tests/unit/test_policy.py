@@ -347,8 +347,7 @@ def test_regression_keep_then_replan_then_degrade():
 
 
 def _replan_options(keep_step, replan_step, restart_s):
-    return (Option(KEEP, DEVICES, (8, 8, 7, 7), (15, 14, 14, 14), keep_step, 0.0),
-            Option(REPLAN, DEVICES, (9, 9, 3, 9), (17, 17, 6, 17), replan_step, restart_s))
+    return make_options(keep_step, replan=(replan_step, restart_s))
 
 
 def test_the_default_eta_policy_acts_on_a_30_second_run_and_a_10_hour_run_alike():
