@@ -151,8 +151,10 @@ CASCADE_STEPS = 30
 # next stage resumes from step 16, behind the hard failure's DEGRADE (decided at step ~22)
 # and, with a live REPLAN, maybe behind that too. Device 0 is still slow after the resume, so
 # every policy but degrade (which dropped it) is asked again at steps 17.. .
-CASCADE = ["checkpoint.every=8", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=4",
-           "failover.detector.window=3", "failover.detector.sustain=2",
+# A short run needs a quick detector; threshold 1.5 (the fault is 3x) and sustain 3 keep this
+# shared machine's noise from triggering a second action that would drop device 1 before its kill.
+CASCADE = ["checkpoint.every=8", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=6",
+           "failover.detector.window=4", "failover.detector.sustain=3", "failover.detector.threshold=1.5",
            "injection.faults=[{kind:slow_compute,rank:0,start:8,factor:3.0},{kind:kill,rank:1,step:23,phase:forward}]"]
 POLICY_OVERRIDES = {"eta": ["policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0"]}
 
