@@ -82,7 +82,7 @@ class Simulation:
             if fault.device in alphas:
                 alphas[fault.device] *= fault.factor_at(step)
         cost = PLANNER.predict(self.stage.devices, self.stage.teacher_counts, self.stage.student_counts, alphas)
-        noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)  # noqa: E731
+        noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)
         step_s = cost.step_time_s * noise()
         self.clock += step_s
         return {"step": step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,
@@ -138,7 +138,7 @@ def check(policy: str, sequence: list[Fault], seed: int) -> None:
     assert restored.stage == simulation.controller.stage
 
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 
 # The held-out cascade of the issue, under every policy: device 0 slow from step 30, device 1
