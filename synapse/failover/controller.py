@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -32,12 +33,20 @@ from ..monitor.timing import StepTiming
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.placement import Placement
-from ..planner.policy import Decision, DecisionContext, Policy
+from ..planner.policy import (
+    Decision,
+    DecisionContext,
+    DegradePolicy,
+    NoViableOptionError,
+    Policy,
+)
 from ..planner.stage_planner import StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
-BASELINE_STEPS = 50
-KEEP_LOG_EVERY = 10  # healthy steps whose median is the step time a slowdown is measured against
+BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against
+KEEP_LOG_EVERY = 10  # a KEEP with an unchanged reason is logged once every this many decisions
+ERROR_LOG_LIMIT, ERROR_LOG_EVERY = 5, 100  # a controller error repeating every step: log the first few
+FALLBACK_POLICY = DegradePolicy()  # decides a hard failure when the configured policy fails
 
 
 @dataclass
@@ -69,6 +78,7 @@ class FailoverController:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     drills: list[dict[str, Any]] = field(default_factory=list)  # forced actions: [{step, action, device?}]
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
+    errors: int = 0  # controller errors survived (each read as KEEP; see observe)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
@@ -79,13 +89,14 @@ class FailoverController:
     def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
         """A new launch from ``start_step``: carry the detector over from the previous partition."""
         if start_step is not None:
-            self.detector.rewind(start_step)
+            self.rewind(start_step)
         previous, self.stage = self.stage, stage
         self.spare_devices = tuple(d for d in self.spare_devices if d not in stage.devices)
         self._recent.clear()
         self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
                          self.planner.per_step_comm_s(*self._partition_of(stage)))
         if previous is None or self.detector.num_ranks is None:
+            self.detector.set_expected(self._nominal[0])
             return
         old_compute = dict(zip(previous.devices, self.planner.per_step_compute_s(
             previous.devices, previous.teacher_counts, previous.student_counts)))
@@ -98,6 +109,7 @@ class FailoverController:
             mapping.append(previous.devices.index(old_device))
             scale.append(compute / max(old_compute[old_device], 1e-12))
         dropped = self.detector.rebase(scale, None, previous_rank=mapping)
+        self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
         ratio = (self.planner.predict(*self._partition_of(stage)).step_time_s
                  / self.planner.predict(*self._partition_of(previous)).step_time_s)
@@ -111,9 +123,40 @@ class FailoverController:
                            reason="device left the pipeline or baseline re-learnt")
         self.estimator.load_state_dict(self.estimator.state_dict())  # new processes: warm up again
 
+    def rewind(self, step: int) -> None:
+        """A launch resumes from a checkpoint at ``step``: the steps after it come again.
+
+        An action decided after that checkpoint (e.g. a live REPLAN, which saves none, or the
+        DEGRADE of a hard failure, decided at the last step seen) now lies in the future of
+        the run; the steps since it are counted from the resume point instead."""
+        self.detector.rewind(step)
+        if self.last_action_step is not None and self.last_action_step > step:
+            self.last_action_step = step
+
     # ---------------------------------------------------------------- per step
     def observe(self, record: Mapping[str, Any]) -> Decision | None:
-        """Feed one performance record; return a decision to act on (None: keep going)."""
+        """Feed one performance record; return a decision to act on (None: keep going).
+
+        Never raises on a record: an error of the controller's own (a bug, a planner that
+        finds no plan) is logged as a ``controller_error`` event and read as KEEP, since
+        the workers are fine and a failover system must not end a run it could finish."""
+        try:
+            return self._observe(record)
+        except Exception as error:  # noqa: BLE001  (any bug here must not stop training)
+            self._report_error("observe", error, step=record.get("step"))
+            return None
+
+    def _report_error(self, where: str, error: Exception, **fields: Any) -> None:
+        self.errors += 1
+        text = f"{type(error).__name__}: {error}"
+        if where != "observe" or self.errors <= ERROR_LOG_LIMIT or self.errors % ERROR_LOG_EVERY == 0:
+            self.log_event("controller_error", where=where, error=text, errors_so_far=self.errors,
+                           traceback=traceback.format_exc(limit=8), **fields)
+        if self.errors == 1:
+            self.say(f"failover: controller error in {where} ({text}); keeping the current plan "
+                     "(logged as controller_error in failover_events.jsonl)")
+
+    def _observe(self, record: Mapping[str, Any]) -> Decision | None:
         timing = StepTiming(int(record["step"]), float(record["time"]), float(record["step_seconds"]),
                             tuple(record["compute_s"]), tuple(record["comm_s"]))
         self._last_step = timing.step
@@ -196,13 +239,21 @@ class FailoverController:
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
         return self.stage.devices[active[0].rank] if active else None
 
+    def _estimated_factor(self) -> float | None:
+        """The estimator's alpha (compute) or beta (comm) of the device the detector blames most."""
+        active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
+        if not active or not self.estimator.ready:
+            return None
+        device = self.stage.devices[active[0].rank]
+        return (self.alphas() if active[0].kind == COMPUTE else self.betas())[device]
+
     def decide(self, step: int, total_steps: int) -> Decision:
         options = self._options(self._slowest_device(), self.measured_step_s)
         since = None if self.last_action_step is None else step - self.last_action_step
         ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
                               slowdown_detected=True, consecutive_detections=self.episode.consecutive_detections,
                               time_lost_s=self.episode.time_lost_s, steps_since_last_action=since,
-                              actions_in_episode=self.episode.actions)
+                              actions_in_episode=self.episode.actions, estimated_factor=self._estimated_factor())
         return self._record(self.policy.decide(ctx), step)
 
     def _due_drill(self, step: int) -> dict[str, Any] | None:
@@ -224,12 +275,23 @@ class FailoverController:
         return self._record(decision, step)
 
     def on_hard_failure(self, failed_device: int, step: int, total_steps: int, cause: str) -> Decision:
-        """A device died: the policy picks among the options that avoid it (DEGRADE/REPLACE)."""
+        """A device died: the policy picks among the options that avoid it (DEGRADE/REPLACE).
+
+        If the policy itself fails (anything but "no option avoids the device", which the
+        supervisor reports), the error is logged and the baseline rule decides: DEGRADE to the
+        survivors, REPLACE if DEGRADE is impossible. The run resumes either way."""
         measured = self.measured_step_s if self._recent else None
         options = self._options(failed_device, measured)
         ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
                               hard_failure=True, failed_device=failed_device)
-        return self._record(self.policy.decide(ctx), step, cause=cause)
+        try:
+            decision = self.policy.decide(ctx)
+        except NoViableOptionError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            self._report_error("on_hard_failure", error, step=step, failed_device=failed_device)
+            decision = FALLBACK_POLICY.decide(ctx)
+        return self._record(decision, step, cause=cause)
 
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),

@@ -4,12 +4,21 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
 
 1. Warm-up: the first ``warmup_steps`` records are ignored (compilation, allocator
    and autotuner warm-up); again after `load_state_dict` and `rebase` (a new process).
-2. Baseline: the next ``baseline_window`` records give each rank a robust baseline
-   (medians). The detector detects *changes*: a device slow from the first step
-   is its own normal (heterogeneity is the alpha/beta estimator's job).
+2. Baseline: the next ``baseline_window`` records give each rank a robust first
+   baseline (medians), so a slowdown from step ~15 on is seen. Two things keep a
+   device that is slow *from the start* from becoming its own normal: the plan's
+   expected per-rank compute (`set_expected`, the cost model's prediction for the
+   running partition) judged against the rank's peers (`synapse.monitor.baseline`:
+   ``prior_threshold`` times its peers' measured/expected ratio = slow from the
+   start), and later quiet steps (no compute slowdown anywhere, this rank's step
+   below ``threshold``) refining each compute baseline as the median of the last
+   ``refine_window`` such steps.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
-   single-step spike cannot move a median). A (rank, kind) is *in excess* when its
-   ratio to the baseline is >= ``threshold`` and, step by step, it is
+   single-step spike cannot move a median). A rank's per-step compute ratio is net of
+   what its peers' compute fell more than ``threshold - 1`` below theirs (time that
+   moved between ranks' clocks is not a slower device). A (rank, kind) is *in excess*
+   when its ratio to the baseline is >= ``threshold``, beyond its own noise (`NOISE_Z`
+   sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
    skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
    alike does not change the best partition).
@@ -60,6 +69,7 @@ from itertools import islice
 from statistics import median
 from typing import Any
 
+from synapse.monitor.baseline import net_compute_ratios, prior_checked
 from synapse.monitor.timing import StepTiming
 
 COMPUTE, COMM = "compute", "comm"
@@ -95,7 +105,11 @@ class DetectorConfig:
     """Settings of `SlowdownDetector` (roles: see the module docstring)."""
 
     warmup_steps: int = 10
-    baseline_window: int = 50
+    baseline_window: int = 15
+    refine_window: int = 200
+    compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
+    comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
+    prior_threshold: float | None = 4.0
     window: int = 10
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
@@ -105,8 +119,13 @@ class DetectorConfig:
 
     def __post_init__(self) -> None:
         _check_number("warmup_steps", self.warmup_steps, 0, integer=True)
-        for name in ("baseline_window", "window", "sustain"):
+        for name in ("baseline_window", "comm_baseline_window", "window", "sustain"):
             _check_number(name, getattr(self, name), 1, integer=True)
+        _check_number("refine_window", self.refine_window, 0, integer=True, hint=" (0: never refine)")
+        _check_number("compute_noise_z", self.compute_noise_z, 0.0, hint=" (e.g. 5; 0: no noise floor)")
+        if self.prior_threshold is not None:
+            _check_number("prior_threshold", self.prior_threshold, 1.0, strict=True,
+                          hint=" (e.g. 4.0: 4x its peers against the plan; None: no prior)")
         _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
         if self.peer_threshold is not None:
             _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
@@ -167,6 +186,7 @@ class _Entry:
     start_time: float
     compute_s: tuple[float, ...]
     comm_s: tuple[float, ...]
+    step_s: float = 0.0
     signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
 
 
@@ -227,6 +247,10 @@ class SlowdownDetector:
         self._compute_baseline: list[float] | None = None
         self._comm_baseline: _CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
+        self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
+        self._samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
+        self._expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
+        self.prior_replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
         self._history: deque[_Entry] = deque(maxlen=self.config.history_len)
         self._trackers: dict[tuple[str, int], _Tracker] = {}
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
@@ -252,6 +276,17 @@ class SlowdownDetector:
             return None if self._compute_baseline is None else tuple(self._compute_baseline)
         return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
 
+    def set_expected(self, compute_s: Sequence[float]) -> None:
+        """The plan's per-step compute seconds of each rank at nominal speed (the cost model's
+        prediction for the running partition), before the first step of a launch. When the
+        baseline is learnt, a rank ``prior_threshold`` times slower than its peers relative to
+        this is slow from the start (`synapse.monitor.baseline`)."""
+        values = _check_scales("expected compute_s", compute_s, len(compute_s))
+        if self._num_ranks is not None and len(values) != self._num_ranks:
+            raise DetectorInputError(f"expected compute_s has {len(values)} ranks, the detector tracks "
+                                     f"{self._num_ranks}; call set_expected after rebase()")
+        self._expected = values
+
     # ------------------------------------------------------------------ update
     def update(self, timing: StepTiming) -> list[Detection]:
         self._accept(timing)
@@ -259,7 +294,8 @@ class SlowdownDetector:
         if self._steps_since_start <= self.config.warmup_steps:
             return []
         self._learn_baselines(timing)
-        self._history.append(_Entry(timing.step, timing.start_time, timing.compute_s, timing.comm_s))
+        self._history.append(_Entry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
+                                    timing.step_seconds))
         if self._compute_baseline is None or len(self._history) < self.config.window:
             return []
         return self._evaluate(timing)
@@ -286,15 +322,21 @@ class SlowdownDetector:
         if len(self._learning) < self.config.baseline_window:
             return
         compute_steps, comm_steps = zip(*self._learning)
-        self._learning = []
         compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
         if self._compute_baseline is None:
-            self._compute_baseline = compute_median
-        if self._comm_baseline is None:
+            expected = self._expected if self._expected and len(self._expected) == len(compute_median) else None
+            self._compute_baseline, replaced = prior_checked(compute_median, expected, self.config.prior_threshold)
+            self.prior_replaced = tuple(replaced)
+            self._samples = [deque([] if rank in replaced else per_rank, maxlen=self.config.refine_window)
+                             for rank, per_rank in enumerate(zip(*compute_steps))]
+        if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
             comm_median = [median(per_rank) for per_rank in zip(*comm_steps)]
             own = [own_comm_per_step(_excess(c, compute_median), _excess(m, comm_median))[0]
                    for c, m in zip(compute_steps, comm_steps)]
             self._comm_baseline = _CommBaseline(comm_median, compute_median, [_robust_sd(s) for s in zip(*own)])
+            self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
+        if self._comm_baseline is not None:
+            self._learning = []
 
     # -------------------------------------------------------------- evaluation
     def _signal(self, entry: _Entry, name: str) -> list[float]:
@@ -302,8 +344,9 @@ class SlowdownDetector:
         if name in signals:
             return signals[name]
         if name.startswith(COMPUTE):
-            ratios = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute_baseline)]
-            signals.update(compute_ratio=ratios, compute_peer=peer_ratios(ratios))
+            raw = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute_baseline)]
+            ratios = net_compute_ratios(raw, self._compute_baseline, self._margin)
+            signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
             base = self._comm_baseline
             beyond_comm, beyond_step = own_comm_per_step(_excess(entry.compute_s, base.compute_s),
@@ -321,7 +364,9 @@ class SlowdownDetector:
             return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
-        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), [True] * len(ratios), timing)
+        beyond_noise = [ratio >= self._compute_floor(r) for r, ratio in enumerate(ratios)]
+        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing)
+        self._refine(ratios)
         if self._comm_baseline is None:
             return events
         slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
@@ -333,10 +378,53 @@ class SlowdownDetector:
         above_floor = [x >= self._comm_floor(r) for r, x in enumerate(own)]
         return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
 
+    def _refine(self, net_ratios: Sequence[float]) -> None:
+        """Healthy steps refine each rank's compute baseline (the median of the last refine_window)."""
+        if not self.config.refine_window or not self._samples:
+            return
+        latest = self._history[-1]
+        step_ratios = self._signal(latest, "compute_raw")
+        # Only quiet steps: while any rank is slow, the others' compute is disturbed too (on GPUs,
+        # time moves between ranks' clocks), and learning that would move their baselines.
+        if any(t.active is not None or t.above > 0 for t in self._trackers.values()):
+            return
+        if self._comm_own and self._comm_baseline is not None:  # a better estimate of comm's noise
+            own = self._signal(latest, "comm_beyond_comm")
+            for rank, samples in enumerate(self._comm_own):
+                samples.append(own[rank])
+                self._comm_baseline.spread_s[rank] = _robust_sd(samples)
+        changed = False
+        for rank, samples in enumerate(self._samples):
+            if step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below:
+                continue
+            samples.append(latest.compute_s[rank])
+            self._compute_baseline[rank] = median(samples)
+            changed = True
+
+        if changed:  # cached per-step compute signals were relative to the old baseline
+            for entry in self._history:
+                for name in ("compute_raw", "compute_ratio", "compute_peer"):
+                    entry.signals.pop(name, None)
+
     def _denominator(self, kind: str, rank: int) -> float:
         if kind == COMM:
             return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
         return max(self._compute_baseline[rank], _TINY_S)
+
+    @property
+    def _margin(self) -> float:
+        """A peer's compute this far below its baseline moved to another rank's clock (not noise)."""
+        return self.config.threshold - 1.0
+
+    def _compute_floor(self, rank: int) -> float:
+        """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
+        of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
+        that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
+        spreads = [_robust_sd(s) / max(b, _TINY_S)
+                   for s, b in zip(self._samples, self._compute_baseline) if len(s) >= 4]
+        if not spreads:
+            return 0.0
+        return 1.0 + self.config.compute_noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(self.config.window)
 
     def _comm_floor(self, rank: int) -> float:
         """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
@@ -351,7 +439,9 @@ class SlowdownDetector:
         for rank, ratio in enumerate(ratios):
             stands_out = skip_peers or peers[rank] >= cfg.peer_threshold
             in_excess = ratio >= cfg.threshold and above_floor[rank] and stands_out
-            cleared = ratio < cfg.recover_below or not above_floor[rank]
+            # comm below its noise floor is no own comm excess; compute below its floor is a
+            # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
+            cleared = ratio < cfg.recover_below or (kind == COMM and not above_floor[rank])
             event = self._advance(kind, rank, ratio, in_excess, cleared, timing)
             if event is not None:
                 events.append(event)
@@ -398,6 +488,8 @@ class SlowdownDetector:
             "compute_baseline": None if self._compute_baseline is None else list(self._compute_baseline),
             "comm_baseline": None if self._comm_baseline is None else asdict(self._comm_baseline),
             "learning": [[list(c), list(m)] for c, m in self._learning],
+            "compute_samples": [list(s) for s in self._samples],
+            "comm_own_samples": [list(s) for s in self._comm_own],
             "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)] for e in self._history],
             "trackers": [
                 {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
@@ -416,6 +508,10 @@ class SlowdownDetector:
             raise DetectorInputError(f"not a detector state_dict() of version {STATE_VERSION}: {error}") from None
         (self._num_ranks, self._last_step, self._compute_baseline, self._comm_baseline, self._learning,
          self._history, self._trackers) = restored
+        self._samples = [deque(map(float, s), maxlen=self.config.refine_window)
+                         for s in state.get("compute_samples", [])]
+        self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
+                          for s in state.get("comm_own_samples", [])]
         self._latest_ratios, self._steps_since_start = {}, 0
 
     def _parse_state(self, state: Mapping[str, Any]) -> tuple:
@@ -478,7 +574,13 @@ class SlowdownDetector:
                 dropped.append(tracker.active)
         if carried[COMPUTE]:
             self._compute_baseline = [self._compute_baseline[old] * s for old, s in zip(mapping, compute_scale)]
+            if self._samples:
+                self._samples = [deque((x * s for x in self._samples[old]), maxlen=self.config.refine_window)
+                                 for old, s in zip(mapping, compute_scale)]
+        self._expected = None  # the plan of the new partition comes with set_expected
         self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if carried[COMM] else None
+        self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+                          for old, s in zip(mapping, comm_scale)] if carried[COMM] and self._comm_own else []
         self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()

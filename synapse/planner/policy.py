@@ -58,6 +58,10 @@ class DecisionContext:
     against it, whichever is later.
     ``steps_since_last_action``: steps since the last non-KEEP decision (None: never).
     ``actions_in_episode``: non-KEEP decisions already taken against the current slowdown.
+    ``estimated_factor``: the alpha/beta estimator's factor (alpha for a compute slowdown, beta
+    for a link) of the device the detector blames; None: not known. The options are planned
+    with the estimator's factors, so a policy that trusts their ETAs can check that the two
+    monitors agree first.
     """
 
     step: int
@@ -70,6 +74,7 @@ class DecisionContext:
     time_lost_s: float = 0.0
     steps_since_last_action: int | None = None
     actions_in_episode: int = 0
+    estimated_factor: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", tuple(self.options))
@@ -86,6 +91,9 @@ class DecisionContext:
             )
         if self.hard_failure and self.failed_device is None:
             raise PolicyError("hard_failure=True needs failed_device (the id of the device that died)")
+        if self.estimated_factor is not None and not (math.isfinite(self.estimated_factor)
+                                                      and self.estimated_factor > 0):
+            raise PolicyError(f"estimated_factor must be a finite number > 0 or None, got {self.estimated_factor!r}")
         if not math.isfinite(self.time_lost_s) or self.time_lost_s < 0:
             raise PolicyError(f"time_lost_s must be finite seconds >= 0, got {self.time_lost_s!r}")
         self._check_options()
@@ -215,17 +223,37 @@ def _by_eta(ctx: DecisionContext, options: Sequence[Option]) -> Option:
 
 @dataclass(frozen=True)
 class EtaPolicyConfig:
-    min_saving_s: float = 30.0       # act only if it saves at least this many seconds ...
-    min_saving_frac: float = 0.10    # ... and at least this fraction of ETA(KEEP)
-    sustain: int = 3                 # consecutive detections needed before acting
-    quiet_last_steps: int = 20       # never restart this close to the end
-    cooldown_steps: int = 50         # steps between two actions
+    """When acting is "clearly worth it", relative to the run (issue #15): the saving must be at
+    least ``min_saving_frac`` of the time left (ETA of KEEP) and ``min_saving_restart_frac`` of the
+    option's own restart cost (the ETA pays that cost once already; this margin covers its error,
+    which grows with it). So the same settings act on a 30-second CPU sweep and a 10-hour GPU run.
+    ``min_saving_s`` is an optional absolute floor (0: none)."""
+
+    min_saving_s: float = 0.0             # optional absolute floor, seconds
+    min_saving_frac: float = 0.10         # saving >= this fraction of ETA(KEEP) ...
+    min_saving_restart_frac: float = 0.5  # ... and >= this fraction of the option's restart cost
+    sustain: int = 3                      # consecutive detections needed before acting
+    quiet_last_steps: int = 10            # never restart this close to the end
+    cooldown_steps: int = 20              # steps between two actions
+    min_estimated_factor: float = 1.1     # act only once the estimator also sees the blamed device slow
 
     def __post_init__(self) -> None:
-        if not isinstance(self.min_saving_s, (int, float)) or not 0 <= self.min_saving_s < math.inf:
-            raise PolicyConfigError(f"min_saving_s must be finite seconds >= 0, got {self.min_saving_s!r}")
-        if not isinstance(self.min_saving_frac, (int, float)) or not 0 <= self.min_saving_frac < 1:
-            raise PolicyConfigError(f"min_saving_frac must be in [0, 1), got {self.min_saving_frac!r}")
+        if isinstance(self.min_saving_s, bool) or not isinstance(self.min_saving_s, (int, float)) \
+                or not 0 <= self.min_saving_s < math.inf:
+            raise PolicyConfigError(f"min_saving_s must be finite seconds >= 0 (0: no absolute floor), "
+                                    f"got {self.min_saving_s!r}")
+        if isinstance(self.min_saving_frac, bool) or not isinstance(self.min_saving_frac, (int, float)) \
+                or not 0 <= self.min_saving_frac < 1:
+            raise PolicyConfigError(f"min_saving_frac must be in [0, 1) (a fraction of the time left, e.g. 0.1), "
+                                    f"got {self.min_saving_frac!r}")
+        value = self.min_saving_restart_frac
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 10:
+            raise PolicyConfigError(f"min_saving_restart_frac must be in [0, 10] (a multiple of the option's "
+                                    f"restart cost, e.g. 0.5), got {value!r}")
+        value = self.min_estimated_factor
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= 10.0:
+            raise PolicyConfigError(f"min_estimated_factor must be in [1, 10] (1: do not check that the "
+                                    f"estimator agrees with the detector), got {value!r}")
         for name, minimum in (("sustain", 1), ("quiet_last_steps", 0), ("cooldown_steps", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -252,7 +280,9 @@ class EtaPolicy(Policy):
             return self._keep(ctx, "no alternative to KEEP")
         best = _by_eta(ctx, alternatives)
         saving_s = ctx.eta_s(ctx.keep) - ctx.eta_s(best)
-        required_s = max(self.config.min_saving_s, self.config.min_saving_frac * ctx.eta_s(ctx.keep))
+        cfg = self.config
+        required_s = max(cfg.min_saving_s, cfg.min_saving_frac * ctx.eta_s(ctx.keep),
+                         cfg.min_saving_restart_frac * best.restart_cost_s)
         numbers = {"best_alternative": best.kind.value, "saving_s": saving_s, "required_saving_s": required_s}
         blocked = self._blocked_by(ctx)
         if blocked:
@@ -275,6 +305,12 @@ class EtaPolicy(Policy):
         since = ctx.steps_since_last_action
         if since is not None and since < cfg.cooldown_steps:
             return f"cooling down ({since} < {cfg.cooldown_steps} steps since the last action)"
+        factor = ctx.estimated_factor
+        if factor is not None and factor < cfg.min_estimated_factor:
+            # The options' ETAs come from the estimator: planning around a device it does not
+            # (yet) measure as slow would move work on noise.
+            return (f"the estimator does not see the detected device as slow yet (factor {factor:.2f} < "
+                    f"{cfg.min_estimated_factor})")
         return None
 
 

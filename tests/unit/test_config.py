@@ -294,3 +294,11 @@ def test_run_refuses_a_bad_config_before_creating_anything(make_config, tmp_path
     with pytest.raises(ConfigError, match=r"^kd\.T"):
         run(cfg, log=lambda line: None)
     assert not (tmp_path / "never").exists()
+
+
+def test_relative_eta_thresholds_are_checked_by_validate(make_config):
+    validate(make_config("policy.params.min_saving_restart_frac=1.5", "policy.params.min_saving_frac=0.2"))
+    with pytest.raises(ConfigError, match=r"^policy: .*min_saving_restart_frac must be in \[0, 10\]"):
+        validate(make_config("policy.params.min_saving_restart_frac=-1"))
+    with pytest.raises(ConfigError, match=r"^policy: .*min_saving_frac must be in \[0, 1\)"):
+        validate(make_config("policy.params.min_saving_frac=1.5"))

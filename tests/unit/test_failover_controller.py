@@ -183,3 +183,75 @@ def test_a_cheap_live_replan_is_taken_for_a_slowdown_a_restart_would_not_pay_for
 
     assert decisions(RestartCost(launch_s=700.0)) == []  # a REPLAN as dear as a restart: ride it out
     assert decisions(RestartCost(launch_s=0.3, warmup_s=0.1)) == [REPLAN]
+
+
+@pytest.mark.parametrize("policy", ["eta", "keep", "replan", "degrade", "ski_rental"])
+def test_a_resume_before_the_last_action_rewinds_it_and_the_slowdown_is_still_decided(planner, policy):
+    """Issue #15 item 3: a hard failure's DEGRADE is decided at the last step seen (here 140) but
+    the next launch resumes from an earlier checkpoint (132). Device 0 is still slow, so the
+    policy is asked again at steps 133.. : the steps since the last action count from the resume
+    point, never negative (before: PolicyError "steps_since_last_action ... got -7")."""
+    events = []
+    controller = make_controller(planner, policy, events=events)
+    stage = start(controller)
+    timings = Timings(planner, seed=7)
+    timings.feed(controller, stage, {}, 100)
+    for _ in range(40):  # device 0 slow; the workers would stop at a decision, these records just go on
+        controller.observe(timings.record(stage, {0: 2.5}))
+    assert controller.detector.active, "the slowdown must be detected before the failure"
+    failed = controller.on_hard_failure(1, timings.step, TOTAL, "killed by SIGKILL")
+    assert failed.action is DEGRADE and controller.last_action_step == 140
+    degraded = Placement(failed.chosen.devices, failed.chosen.teacher_counts, failed.chosen.student_counts)
+    controller.begin_stage(degraded, start_step=132)
+    assert controller.last_action_step == 132
+    timings.step = 132
+    for _ in range(30):
+        controller.observe(timings.record(degraded, {0: 2.5}))
+    assert not [e for e in events if e["event"] == "controller_error"], events[-1]
+    assert controller.errors == 0
+
+
+def test_rewind_moves_only_a_later_action_back():
+    controller = FailoverController(policy=make_policy("keep"), planner=None, restart_costs=None)
+    controller.last_action_step = 40
+    controller.rewind(50)
+    assert controller.last_action_step == 40
+    controller.rewind(31)
+    assert controller.last_action_step == 31
+
+
+class _BrokenPolicy(type(make_policy("keep"))):
+    """A policy with a bug: it raises on every call (the controller must survive it)."""
+
+    name = "broken"
+
+    def decide(self, ctx):
+        raise ZeroDivisionError("a bug in a policy")
+
+
+def test_a_failing_policy_is_logged_and_read_as_keep_and_a_hard_failure_still_degrades(planner):
+    events = []
+    controller = make_controller(planner, events=events)
+    controller.policy = _BrokenPolicy()
+    stage = start(controller)
+    timings = Timings(planner, seed=8)
+    timings.feed(controller, stage, {}, 100)
+    assert timings.feed(controller, stage, {2: 3.0}, 60) == [], "a failing policy means KEEP"
+    errors = [e for e in events if e["event"] == "controller_error"]
+    assert errors and "ZeroDivisionError: a bug in a policy" in errors[0]["error"] and errors[0]["where"] == "observe"
+    assert controller.errors > len(errors) - 1
+    failed = controller.on_hard_failure(2, timings.step, TOTAL, "killed")
+    assert failed.action is DEGRADE and failed.chosen.devices == (0, 1)
+    assert events[-2]["event"] == "controller_error" and events[-2]["where"] == "on_hard_failure"
+
+
+def test_the_policy_is_told_the_estimators_factor_of_the_blamed_device(planner):
+    controller = make_controller(planner, "keep")
+    stage = start(controller)
+    timings = Timings(planner, seed=9)
+    timings.feed(controller, stage, {}, 100)
+    for _ in range(30):
+        controller.observe(timings.record(stage, {2: 2.0}))
+    assert [d.rank for d in controller.detector.active] == [2]
+    decision = controller.decide(timings.step, TOTAL)
+    assert decision.inputs["estimated_factor"] == pytest.approx(2.0, rel=0.2)

@@ -341,3 +341,53 @@ def test_regression_keep_then_replan_then_degrade():
     assert decisions[10][1].action is REPLAN and actions.count(REPLAN) == 1
     final = decisions[-1][1]
     assert final.action is DEGRADE and 2 not in final.chosen.devices and len(final.chosen.devices) == 3
+
+
+# ------------------------------------------------- thresholds relative to the run (issue #15)
+
+
+def _replan_options(keep_step, replan_step, restart_s):
+    return make_options(keep_step, replan=(replan_step, restart_s))
+
+
+def test_the_default_eta_policy_acts_on_a_30_second_run_and_a_10_hour_run_alike():
+    policy = make_policy("eta")
+    # 40 steps left at 0.25 s (10 s): a 0.5-s live REPLAN to 0.15 s saves 3.5 s, 35% of what is left.
+    short = policy.decide(ctx(_replan_options(0.25, 0.15, 0.5), remaining=40))
+    assert short.action is REPLAN, short.reason  # an absolute 5-s floor refused this before
+    # 100,000 steps left at 0.36 s (10 h): a 10-minute restart to 0.30 s saves 1.5 h (15%).
+    long = policy.decide(ctx(_replan_options(0.36, 0.30, 600.0), remaining=100_000))
+    assert long.action is REPLAN, long.reason
+    # ... but 0.34 s saves only 1400 s, 3.9% of the 10 h: not worth the disruption.
+    mild = policy.decide(ctx(_replan_options(0.36, 0.34, 600.0), remaining=100_000))
+    assert mild.action is KEEP and mild.inputs["required_saving_s"] == pytest.approx(3600.0)
+
+
+def test_the_saving_must_also_cover_a_fraction_of_the_restart_cost():
+    # KEEP 100 s; REPLAN 40 + 50 = 90 s saves 10 s = 10% of what is left, but < 0.5 x 40 s.
+    options = _replan_options(1.0, 0.5, 40.0)
+    decision = make_policy("eta").decide(ctx(options, remaining=100))
+    assert decision.action is KEEP and decision.inputs["required_saving_s"] == pytest.approx(20.0)
+    assert make_policy("eta", min_saving_restart_frac=0.0).decide(ctx(options, remaining=100)).action is REPLAN
+
+
+@pytest.mark.parametrize("value", [-0.1, 11, True, "0.5"])
+def test_min_saving_restart_frac_is_range_checked(value):
+    with pytest.raises(PolicyConfigError, match="min_saving_restart_frac must be in"):
+        make_policy("eta", min_saving_restart_frac=value)
+
+
+def test_eta_waits_until_the_estimator_sees_the_blamed_device_slow():
+    """The options are planned with the estimator's factors: right after its warm-up they can be
+    noise (measured on CPU: alpha 1.11 for a device 3x slower), and a REPLAN planned on them moves
+    work to the wrong place."""
+    policy = make_policy("eta")
+    waiting = policy.decide(ctx(STRONG, estimated_factor=1.05))
+    assert waiting.action is KEEP and "estimator does not see" in waiting.reason
+    assert policy.decide(ctx(STRONG, estimated_factor=2.9)).action is REPLAN
+    assert policy.decide(ctx(STRONG, estimated_factor=None)).action is REPLAN  # unknown: no gate
+    assert make_policy("eta", min_estimated_factor=1.0).decide(ctx(STRONG, estimated_factor=1.05)).action is REPLAN
+    with pytest.raises(PolicyConfigError, match="min_estimated_factor"):
+        make_policy("eta", min_estimated_factor=0.5)
+    with pytest.raises(PolicyError, match="estimated_factor"):
+        ctx(STRONG, estimated_factor=float("nan"))

@@ -1,0 +1,114 @@
+# python experiments/bench_injection_members.py [--members slow_compute,...] [--policies keep,eta]
+"""Every shipped injection member, run with its own documented command: detected where and when,
+what the policy decided, and the time saved against policy=keep (issue #15).
+
+For each ``synapse/conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
+line of the file's header, as a user would copy it, plus ``policy=<p>`` (and no progress bar or
+report). Expected: the first detection names the fault's rank and kind (compute for
+``slow_compute``/``background_load``, comm for ``slow_comm``) within 10 steps of its start.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from benchlib import (
+    REPO,
+    machine_load,
+    markdown_table,
+    read_events,
+    train_py_summary,
+    write_results,
+)
+
+from synapse.conf import CONF_DIR
+
+INJECTION_DIR = Path(CONF_DIR) / "injection"
+
+MEMBERS = ("slow_compute", "intermittent", "slow_ramp", "slow_comm", "background_load", "cascade", "demo")
+SLOW_KINDS = {"slow_compute": "compute", "background_load": "compute", "slow_comm": "comm"}
+RUN_TIMEOUT_S = 1200.0
+
+
+def documented_overrides(member: str) -> tuple[str, list[str]]:
+    """The member's documented command (its first '#   python train.py ...' line) as overrides."""
+    text = (INJECTION_DIR / f"{member}.yaml").read_text()
+    line = next(m.group(1) for m in re.finditer(r"^#\s+(python train\.py.*?)\s*(?:#.*)?$", text, re.MULTILINE))
+    overrides = shlex.split(line)[2:]
+    if not any(o.startswith("injection=") for o in overrides):
+        overrides.append(f"injection={member}")  # the demo's command is plain `python train.py`
+    return line, overrides
+
+
+def first_slowdown_fault(member: str) -> dict:
+    faults = yaml.safe_load((INJECTION_DIR / f"{member}.yaml").read_text())["faults"]
+    fault = min((f for f in faults if f["kind"] in SLOW_KINDS), key=lambda f: f["start"])
+    return {"rank": fault["rank"], "kind": SLOW_KINDS[fault["kind"]], "start": fault["start"]}
+
+
+def run_member(member: str, policy: str, run_dir: Path) -> dict:
+    command, overrides = documented_overrides(member)
+    summary, process_s = train_py_summary(run_dir, [*overrides, f"policy={policy}", "trainer.progress=false",
+                                                    "report=false"], RUN_TIMEOUT_S)
+    expected = first_slowdown_fault(member)
+    detections = [{k: d[k] for k in ("rank", "kind", "ratio", "onset_step", "detected_step")}
+                  for d in read_events(run_dir, "slowdown_detected")]
+    first = detections[0] if detections else None
+    return {"member": member, "policy": policy, "command": command, "expected": expected,
+            "wall_time_s": summary["wall_time_s"], "process_s": process_s, "steps": summary.get("steps"),
+            "detections": detections,
+            "right_rank_in_10": bool(first and first["rank"] == expected["rank"] and first["kind"] == expected["kind"]
+                                     and first["detected_step"] - expected["start"] <= 10),
+            "decisions": [{k: d.get(k) for k in ("step", "action", "reason")} for d in summary["decisions"]],
+            "controller_errors": len(read_events(run_dir, "controller_error"))}
+
+
+def table(runs: list[dict], policies: list[str]) -> str:
+    by = {(r["member"], r["policy"]): r for r in runs}
+    rows = []
+    for member in dict.fromkeys(r["member"] for r in runs):
+        keep, eta = by.get((member, "keep")), by.get((member, "eta"))
+        ref = keep or eta  # detection as seen without any action changing the pipeline
+        first = ref["detections"][0] if ref["detections"] else None
+        expected = ref["expected"]
+        seen = (f"step {first['detected_step']} (rank {first['rank']} {first['kind']}, {first['ratio']:.1f}x)"
+                if first else "not detected")
+        decided = ", ".join(f"{d['action']}@{d['step']}" for d in eta["decisions"]) if eta else "-"
+        saved = f"{keep['wall_time_s'] - eta['wall_time_s']:+.1f} s" if keep and eta else "-"
+        walls = f"{keep['wall_time_s']:.1f} / {eta['wall_time_s']:.1f} s" if keep and eta else "-"
+        rows.append([member, f"rank {expected['rank']} {expected['kind']} from step {expected['start']}", seen,
+                     "yes" if ref["right_rank_in_10"] else "no", decided or "keep", walls, saved])
+    return markdown_table(["member", "fault", "first detection (keep run)", "right rank, <= 10 steps",
+                           "eta decisions", "wall keep / eta", "saved vs keep"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--members", default=",".join(MEMBERS))
+    parser.add_argument("--policies", default="keep,eta")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "injection_members_cpu.json")
+    args = parser.parse_args()
+    members, policies = args.members.split(","), args.policies.split(",")
+    load_before, started, runs = machine_load(), time.time(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for member in members:
+            for policy in policies:
+                run = run_member(member, policy, Path(tmp) / f"{member}_{policy}")
+                runs.append(run)
+                print(f"{member:16s} {policy:5s} {run['wall_time_s']:6.1f} s  first detection "
+                      f"{run['detections'][:1]}  decisions {run['decisions']}", flush=True)
+    result = {"what": "Shipped injection members, each with its documented command: detection, decision, "
+                      "time saved vs policy=keep (CPU)",
+              "command": "python experiments/bench_injection_members.py", "load_before": load_before,
+              "load_after": machine_load(), "seconds": time.time() - started, "runs": runs}
+    write_results(args.out, result, table(runs, policies),
+                  runs_note="one run per member and policy (no repeats; a shared machine: see the load); ")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Per-rank compute baselines from the plan and from peers: the detector's pure helpers.
+
+Why not learn every baseline from the first steps alone: a device slow from the start
+would become its own normal. Before the first step the plan says what each rank's stage
+should cost at nominal speed (``expected_s``, the cost model's per-step compute); the
+measurement says by how much this machine differs from the profile. That difference is
+common to healthy ranks, so each rank is judged against its *peers'* measured/expected
+ratio: a rank whose ratio is ``prior_threshold`` times its peers' is slow from the start,
+and its baseline is what its peers say it should be.
+
+The threshold is generous on purpose: the cost model's per-stage error is real. On CPU
+it is within 15%; on 2 H200s at 16 images per micro-batch the first stage measured 3.4x
+its peer's ratio without any fault (host-bound kernels, experiments/results/h200x2), so
+the default (4.0) flags a rank only beyond that.
+
+Compute that moved between ranks' clocks is not a slower device: on GPUs a rank's
+measured compute can include time its kernels sat queued behind a receive, and the two
+ranks of the h200x2 no-load run swapped ~0.09 s of "compute" back and forth with the step
+time unchanged (flagged at step 62, ratio 1.71, before). `net_compute_ratios` therefore
+counts a rank's excess only beyond what its peers' compute fell below their baselines.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import median
+
+_TINY_S = 1e-9
+
+
+def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: int) -> float | None:
+    """Median measured/expected ratio of the ranks other than ``rank`` (None: no peers)."""
+    ratios = [m / max(e, _TINY_S) for r, (m, e) in enumerate(zip(measured_s, expected_s)) if r != rank]
+    return median(ratios) if ratios else None
+
+
+def prior_checked(learned_s: Sequence[float], expected_s: Sequence[float] | None,
+                  prior_threshold: float | None) -> tuple[list[float], list[int]]:
+    """The learned baselines, with each rank slow against its peers replaced by the peers' view.
+
+    Returns (baselines, ranks replaced). No expected times, no threshold or one rank: unchanged."""
+    baselines = list(learned_s)
+    if expected_s is None or prior_threshold is None or len(baselines) < 2:
+        return baselines, []
+    replaced = []
+    for rank, (learned, expected) in enumerate(zip(learned_s, expected_s)):
+        scale = peer_scale(learned_s, expected_s, rank)
+        if scale is not None and expected > 0 and learned >= prior_threshold * scale * expected:
+            baselines[rank] = scale * expected
+            replaced.append(rank)
+    return baselines, replaced
+
+
+def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], margin: float) -> list[float]:
+    """Each rank's compute ratio less what its peers' compute fell below their baselines.
+
+    ``ratios`` are window medians of compute over baseline. Only a peer more than ``margin``
+    below its baseline counts (its full shortfall, in seconds): the noise of healthy peers,
+    a few percent of a window median each, must not hide a slowdown in a large pipeline."""
+    shortfall = [(r - 1.0) * b if r < 1.0 - margin else 0.0 for r, b in zip(ratios, baseline_s)]
+    total = sum(shortfall)
+    return [max(0.0, r + (total - own) / max(b, _TINY_S)) for r, b, own in zip(ratios, baseline_s, shortfall)]

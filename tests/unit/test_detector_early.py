@@ -1,0 +1,112 @@
+"""Issue #15 item 1: slowdowns that start early, devices slow from the start, and real
+fault-free streams recorded on H200s (tests/data/fault_free_streams, see its index.json)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_detector import Slow, feed, stream, summary
+
+from synapse.monitor.baseline import net_compute_ratios, prior_checked
+from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, SlowdownDetector
+from synapse.monitor.timing import StepTiming
+
+STREAMS = Path(__file__).resolve().parents[1] / "data" / "fault_free_streams"
+INDEX = json.loads((STREAMS / "index.json").read_text())
+
+
+def recorded(name: str) -> list[StepTiming]:
+    rows = [json.loads(line) for line in (STREAMS / f"{name}.jsonl").read_text().splitlines()]
+    return [StepTiming(r["step"], r["time"], r["step_seconds"], tuple(r["compute_s"]), tuple(r["comm_s"]))
+            for r in rows]
+
+
+KNOWN_UNSOLVED = {
+    # The 2-H200 no-load control (batch 128 of ViT-L -> ResNet-152, host-bound micro-batches).
+    # Its per-rank "compute" (CUDA events around kernels that queue behind NCCL receives) moves
+    # between the ranks with the step time unchanged: steps 25-47 rank 0 +50% (the step +35%),
+    # steps 77-120 rank 1 +45% (the step +0-5%). The step-62 flag of old (rank 1, 1.71, the two
+    # ranks swapping ~0.09 s) is gone (net_compute_ratios), but these two are still flagged; the
+    # fix is per-rank own-time measurement (issue #15 item 5), not a detector threshold: a
+    # 1.5x change of one rank is what a real fault looks like too.
+    "h200x2_failover_no_load",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
+    n in KNOWN_UNSOLVED, reason="per-rank CUDA compute moves between ranks (see KNOWN_UNSOLVED)", strict=True))
+    for n in sorted(INDEX)])
+def test_real_fault_free_streams_raise_no_false_detection(name):
+    detector = SlowdownDetector()
+    if INDEX[name]["expected_compute_s"]:
+        detector.set_expected(INDEX[name]["expected_compute_s"])
+    assert feed(detector, recorded(name)) == [], name
+
+
+def test_the_two_h200_ranks_swapping_compute_is_no_longer_flagged_at_step_62():
+    detector = SlowdownDetector()
+    events = feed(detector, [r for r in recorded("h200x2_failover_no_load") if r.step <= 70])
+    assert not [e for e in events if e.rank == 1], events
+
+
+def test_the_recorded_no_load_stream_has_over_100_steps_and_all_streams_500():
+    assert INDEX["h200x2_failover_no_load"]["steps"] == 120
+    assert sum(meta["steps"] for meta in INDEX.values()) >= 500
+
+
+@pytest.mark.parametrize("onset, factor", [(20, 2.0), (25, 3.0), (30, 3.0), (30, 4.0)])
+def test_a_slowdown_from_an_early_step_is_detected_within_10_steps(onset, factor):
+    for num_ranks in (2, 3, 4):
+        records = stream(num_ranks, 150, seed=onset + num_ranks, compute_slow=[Slow(1, factor, start=onset)])
+        events = feed(SlowdownDetector(), records)
+        assert summary(events) == [(1, COMPUTE, SLOWDOWN)], f"K={num_ranks}"
+        assert events[0].detected_step - onset <= 10, f"K={num_ranks}: {events[0]}"
+
+
+def test_an_intermittent_slowdown_from_step_30_is_detected_within_10_steps():
+    bursts = [Slow(2, 3.0, start, start + 10) for start in range(30, 150, 20)]
+    events = feed(SlowdownDetector(), stream(3, 150, seed=3, compute_slow=bursts))
+    first = events[0]
+    assert (first.rank, first.kind, first.event) == (2, COMPUTE, SLOWDOWN) and first.detected_step - 30 <= 10
+
+
+def test_a_device_slow_from_step_0_is_found_from_the_plan_and_its_peers():
+    expected = [0.4, 0.5, 0.3]  # the plan's per-step compute of each rank
+    records = stream(3, 120, seed=8, noise=0.1, spike_prob=0.0)
+    scale = [e / c for e, c in zip(expected, records[0].compute_s)]  # make the plan exact up to noise
+    records = [replace(r, compute_s=tuple(c * s * (5.0 if rank == 1 else 1.0)
+                                         for rank, (c, s) in enumerate(zip(r.compute_s, scale))))
+               for r in records]
+    assert feed(SlowdownDetector(), records) == [], "without the plan a device slow from the start is its normal"
+    detector = SlowdownDetector()
+    detector.set_expected(expected)
+    events = feed(detector, records)
+    assert summary(events) == [(1, COMPUTE, SLOWDOWN)] and detector.prior_replaced == (1,)
+    assert events[0].ratio > 4.0
+
+
+def test_prior_check_replaces_only_a_rank_far_slower_than_its_peers_against_the_plan():
+    learned = [0.2, 0.9, 0.3]
+    assert prior_checked(learned, [0.1, 0.1, 0.15], 4.0) == ([0.2, pytest.approx(0.2), 0.3], [1])
+    assert prior_checked(learned, [0.1, 0.3, 0.15], 4.0) == (learned, [])  # the plan expected it
+    assert prior_checked(learned, None, 4.0) == (learned, [])
+    assert prior_checked([0.5], [0.1], 4.0) == ([0.5], [])  # no peers
+
+
+def test_compute_that_moved_between_ranks_is_not_a_slowdown():
+    # rank 0 measures 0.09 s less, rank 1 0.09 s more: the step did not change
+    assert net_compute_ratios([0.45, 1.8], [0.18, 0.11], margin=0.25) == pytest.approx([0.45, 1.8 - 0.099 / 0.11])
+    assert net_compute_ratios([1.0, 2.0], [0.18, 0.11], margin=0.25) == [1.0, 2.0]  # no peer dropped
+    records = stream(2, 200, seed=4, spike_prob=0.0, noise=0.05)
+    swapped = [replace(r, compute_s=(r.compute_s[0] * 0.5, r.compute_s[1] + r.compute_s[0] * 0.5))
+               if 60 <= r.step < 90 else r for r in records]
+    assert feed(SlowdownDetector(), swapped) == []
+
+
+def test_config_rejects_bad_new_keys():
+    with pytest.raises(ValueError, match="prior_threshold"):
+        DetectorConfig(prior_threshold=1.0)
+    with pytest.raises(ValueError, match="refine_window"):
+        DetectorConfig(refine_window=-1)
