@@ -349,13 +349,21 @@ def test_prefetcher_keeps_order_and_runs_ahead():
         return torch.tensor([item])
 
     out = []
-    for value in DevicePrefetcher(range(20), finish, torch.device("cpu"), depth=2):
+    for value in DevicePrefetcher(range(20), finish, torch.device("cpu"), depth=2, overlap=True):
         out.append(int(value))
         if len(out) == 1:
             deadline = threading.Event()
             deadline.wait(0.5)
             assert len(finished) >= 2  # the next batches were finished while this one was in use
     assert out == list(range(20))
+
+
+def test_on_the_cpu_the_prefetcher_finishes_inline_with_no_thread():
+    finished: list[int] = []
+    prefetcher = DevicePrefetcher(range(5), lambda item: finished.append(item) or item, torch.device("cpu"))
+    for value in prefetcher:
+        assert finished[-1] == value  # nothing finished ahead: no second thread competes with the step
+    assert finished == list(range(5)) and not prefetcher._thread.is_alive()
 
 
 def test_prefetcher_reraises_an_error_from_finishing():
@@ -366,7 +374,7 @@ def test_prefetcher_reraises_an_error_from_finishing():
 
     seen = []
     with pytest.raises(ValueError, match="bad batch 3"):
-        for value in DevicePrefetcher(range(10), finish, torch.device("cpu")):
+        for value in DevicePrefetcher(range(10), finish, torch.device("cpu"), overlap=True):
             seen.append(value)
     assert seen == [0, 1, 2]
 
@@ -383,7 +391,7 @@ def test_prefetcher_stops_its_thread_when_the_consumer_stops_early():
         finally:
             closed.set()
 
-    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"))
+    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"), overlap=True)
     for value in prefetcher:
         if value == 5:
             break
