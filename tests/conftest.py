@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import synapse.config  # noqa: F401  (registers the structured-config schema used by conf/config.yaml)
 
@@ -80,3 +80,15 @@ def run_train_py(args: Sequence[str], timeout: float, **env_vars: str) -> subpro
 @pytest.fixture
 def train_py() -> Callable[..., subprocess.CompletedProcess]:
     return run_train_py
+
+
+def as_written(value):
+    """A composed value as a YAML file wrote it: typed nodes (policy.params, each injected fault) hold
+    every key they do not set as None."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return {k: as_written(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [as_written(v) for v in value]
+    return value

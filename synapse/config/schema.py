@@ -164,9 +164,30 @@ class CheckpointConfig:
 
 
 @dataclass
+class FaultSettings:
+    """One injected fault; which keys each kind takes is synapse.monitor.fault_spec's to say (unset:
+    not given). E.g. {kind: slow_compute, rank: 2, start: 70, factor: 4}."""
+
+    kind: Optional[str] = None
+    rank: Optional[int] = None
+    phase: Any = None  # one phase or a list of phases
+    fault_id: Optional[int] = None
+    step: Optional[int] = None
+    start: Optional[int] = None
+    end: Optional[int] = None
+    seconds: Optional[float] = None
+    factor: Optional[float] = None
+    ramp_steps: Optional[int] = None
+    on_steps: Optional[int] = None
+    off_steps: Optional[int] = None
+    workers: Optional[int] = None
+    matrix_size: Optional[int] = None
+
+
+@dataclass
 class InjectionConfig:
     name: str = "none"
-    faults: list[Any] = field(default_factory=list)
+    faults: list[FaultSettings] = field(default_factory=list)
 
 
 @dataclass
@@ -182,10 +203,28 @@ class MonitorConfig:
     probe_timeout_s: float = 30.0
 
 
+def policy_params_node() -> type:
+    """Every policy's parameters in one node, each unset by default (the policy's own default):
+    the fields and types of the policies' settings dataclasses, so a misspelt or mistyped
+    parameter fails when the config is composed; which policy takes which is checked by validate()."""
+    from ..planner.policy import POLICY_SETTINGS
+
+    fields_by_name: dict[str, Any] = {}
+    for settings in POLICY_SETTINGS:
+        for name, hint in typing.get_type_hints(settings).items():
+            if typing.get_origin(hint) is tuple:  # OmegaConf holds sequences as lists
+                hint = list[typing.get_args(hint)[0]]
+            fields_by_name.setdefault(name, Optional[hint])
+    return dataclasses.make_dataclass("PolicyParams", [(n, h, field(default=None)) for n, h in fields_by_name.items()])
+
+
+PolicyParams = policy_params_node()
+
+
 @dataclass
 class PolicyConfig:
     name: str = "eta"
-    params: dict[str, Any] = field(default_factory=dict)
+    params: PolicyParams = field(default_factory=PolicyParams)
 
 
 @dataclass

@@ -15,7 +15,8 @@ from ..monitor.fault_spec import INSTANT_KINDS
 
 
 def fault_id(fault: Mapping[str, Any], position: int) -> int:
-    return int(fault.get("fault_id", position))
+    given = fault.get("fault_id")  # unset (None) in the typed config: the fault's place in the list
+    return int(position if given is None else given)
 
 
 def faults_for_stage(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
@@ -33,7 +34,8 @@ def faults_for_stage(faults: Sequence[Mapping[str, Any]], first_devices: Sequenc
         device = first_devices[int(fault["rank"])]
         if device not in stage_devices:
             continue  # the device is gone, and its fault with it
-        staged.append({**fault, "rank": list(stage_devices).index(device), "fault_id": ident})
+        given = {key: value for key, value in fault.items() if value is not None}  # unset keys stay unset
+        staged.append({**given, "rank": list(stage_devices).index(device), "fault_id": ident})
     return staged
 
 

@@ -175,7 +175,8 @@ class _SpecReader:
     """Reads one fault mapping; every error names the fault's index and the fix."""
 
     def __init__(self, spec: Mapping[str, Any], index: int):
-        self.spec, self.index = {str(k): v for k, v in spec.items()}, index
+        # An unset key (None, as the typed config node holds every key) is a key not given.
+        self.spec, self.index = {str(k): v for k, v in spec.items() if v is not None}, index
         self.kind = self.spec.get("kind")
 
     def fail(self, problem: str, fix: str) -> None:

@@ -401,8 +401,13 @@ _POLICIES: dict[str, tuple[type[Policy], type | None]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
+# The settings dataclasses of the policies that take parameters (the config schema types them all).
+POLICY_SETTINGS = tuple(config for _, config in _POLICIES.values() if config is not None)
+
+
 def make_policy(name: str, **params: Any) -> Policy:
-    """The policy called ``name``, configured with ``params`` (validated)."""
+    """The policy called ``name``, configured with ``params`` (validated; a None is the policy's default)."""
+    params = {key: value for key, value in params.items() if value is not None}
     if name not in _POLICIES:
         raise PolicyConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
     policy_cls, config_cls = _POLICIES[name]

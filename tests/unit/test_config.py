@@ -14,11 +14,12 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from synapse.config import ConfigError, validate
 from synapse.app import run
-from synapse.models import build_model
-
 from synapse.conf import CONF_DIR
+from synapse.config import ConfigError, validate
+from synapse.models import build_model
+from tests.conftest import as_written
+
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 MEMBERS = [(group, f.stem) for group in GROUPS for f in sorted((CONF_DIR / group).glob("*.yaml"))]
 EXPERIMENTS = [member for group, member in MEMBERS if group == "experiment"]
@@ -92,7 +93,7 @@ def test_every_group_member_composes_is_applied_and_validates(make_config, group
         if value == "???":  # merged onto an Optional field, '???' leaves it unset: validate names it
             assert OmegaConf.select(cfg, full_key) is None
         else:
-            assert OmegaConf.select(cfg, full_key) == value, f"{path.name} sets {full_key}={value}"
+            assert as_written(OmegaConf.select(cfg, full_key)) == value, f"{path.name} sets {full_key}={value}"
     # ... and the command the file documents validates, or the error names what this machine lacks.
     overrides = documented_overrides(path, group, member)
     if overrides != [f"{group}={member}"]:
@@ -169,8 +170,10 @@ def test_misspelt_key_added_with_plus_is_refused_by_validate(make_config):
     with pytest.raises(ConfigError, match=r"^nonsense: is not a Synapse setting"):
         validate(make_config("+nonsense=1"))
     validate(make_config("failover.detector.window=5"))  # settings dicts hold their defaults: plain overrides
-    with pytest.raises(ConfigError, match=r"^policy: policy 'eta' has no parameter\(s\) \['margin'\]"):
-        validate(make_config("+policy.params.margin=0.1"))  # ... and nothing else
+    with pytest.raises(ConfigError, match=r"^policy: policy 'eta' has no parameter\(s\) \['ladder'\]"):
+        validate(make_config("policy.params.ladder=[replan]"))  # another policy's parameter ...
+    with pytest.raises(ConfigError, match=r"^policy.params.margin: is not a Synapse setting"):
+        validate(make_config("+policy.params.margin=0.1"))  # ... and none at all
 
 
 @pytest.mark.parametrize("override, key", [

@@ -18,10 +18,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 import synapse.config  # noqa: F401  (registers the schema)
+from synapse.conf import CONF_DIR
 from synapse.config import ConfigError, validate
 from synapse.engine.teacher import teacher_weights
+from tests.conftest import as_written
 
-from synapse.conf import CONF_DIR
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 BATCH_SIZES = [8, 16, 32, 64, 128, 256, 512]
 
@@ -61,8 +62,7 @@ def test_every_value_an_experiment_sets_survives_composition(name, tmp_path):
     written.pop("hydra", None)
     cfg = compose_experiment(name, tmp_path)
     for key, value in leaves(written):
-        composed = OmegaConf.select(cfg, key)
-        composed = OmegaConf.to_container(composed) if OmegaConf.is_config(composed) else composed
+        composed = as_written(OmegaConf.select(cfg, key))
         assert composed == value, f"{name}.yaml sets {key}={value!r} but the composed config has {composed!r}"
 
 
@@ -100,7 +100,7 @@ def test_the_batch_sweep_runs_every_batch_size_under_both_policies(tmp_path):
     jobs = sweep_jobs(cfg)
     assert len(jobs) == 14 and set(map(tuple, jobs)) == {(f"data.batch_size={b}", f"policy={p}")
                                                          for b, p in product(BATCH_SIZES, ["keep", "eta"])}
-    (fault,) = OmegaConf.to_container(cfg.injection.faults)
+    (fault,) = as_written(cfg.injection.faults)
     assert fault == {"kind": "slow_compute", "rank": 3, "start": 80, "factor": 4.0}
     assert (cfg.teacher.name, cfg.student.name, cfg.trainer.precision) == ("vit_large", "resnet152", "bf16")
     by_batch = {int(dict(o.split("=") for o in job)["data.batch_size"]): job for job in jobs}
