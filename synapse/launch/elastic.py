@@ -33,6 +33,7 @@ from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
 from ..pipeline.runtime import WAIT_PHASES, progress_path, read_progress
 from ..pipeline.worker import worker_main
+from . import rendezvous
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -40,6 +41,7 @@ from ..pipeline.worker import worker_main
 # and, unlike a plain fork of the supervisor, the server never saw CUDA or the monitor threads.
 START_METHOD = "forkserver"
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", "synapse.pipeline.worker"])
+rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
 
 
 class WorkerFailure(RuntimeError):
@@ -76,7 +78,9 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
     logs = DefaultLogsSpecs(log_dir=str(run_dir / "logs" / f"launch_{attempt}"), redirects=Std.ALL, tee=Std.ALL)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
-        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        run_id=run_id, rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=endpoint,
+        # MASTER_ADDR of the workers: on one node, loopback (not the host name, which may resolve outward)
+        local_addr=rendezvous.LOOPBACK if trainer.nodes == 1 else None,
         rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s,
                       # connecting to the store: torch's default is 60 s, whatever rdzv_timeout_s says
                       "read_timeout": trainer.rdzv_timeout_s,

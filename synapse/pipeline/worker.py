@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -53,6 +54,8 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     device_id = resolve_devices(cfg.trainer)[local_rank]
     setup = build_compute_setup(cfg.trainer, device_id=device_id, local_processes=local_world)
     backend = "nccl" if resolve_accelerator(cfg.trainer) == "cuda" else "gloo"
+    if cfg.trainer.nodes == 1:
+        listen_on_loopback_only()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
     log = _rank_logger(rank)
     trainer = None
@@ -74,6 +77,15 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
         if trainer is not None:
             trainer.injector.close()  # stop background loads, record fault_cleared
         dist.destroy_process_group()
+
+
+def listen_on_loopback_only() -> None:
+    """One node: gloo's and NCCL's own listening sockets on the loopback interface, not on the
+    address the host name resolves to (reachable from other hosts). A user's setting is kept."""
+    loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback[0])
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback[0])
 
 
 def _rank_logger(rank: int):
