@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -21,6 +24,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..config import resolve_accelerator, resolve_devices
+from ..run_lock import hold_as_worker
 from ..engine.device import build_compute_setup
 from ..planner.placement import Placement
 from .trainer import build_pipeline_trainer
@@ -30,12 +34,58 @@ from .trainer import build_pipeline_trainer
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
                 resume: str | None, failure_dir: str, stage: int = 0) -> dict[str, Any] | None:
     try:
+        die_with_the_supervisor()
+        hold_as_worker(Path(run_dir), OmegaConf.create(cfg_yaml).trainer.node_rank)
         return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume, stage)
     except BaseException as exc:
         # The elastic agent may tear this rank down before it reports; a file per failing
         # rank, with a precise time, lets the supervisor name the root cause.
         write_failure(Path(failure_dir), int(os.environ.get("RANK", -1)), exc)
         raise
+
+
+def die_with_the_supervisor() -> None:
+    """End this worker the moment the supervisor dies (kill -9 of train.py, the OOM killer).
+
+    The supervisor is the fork server's parent. The fork server does not exit when it dies (every
+    worker holds the server's "alive" pipe open), so the kernel's parent-death signal would not
+    fire; instead a thread waits on a pidfd of the supervisor and SIGKILLs this process when it
+    becomes readable (the supervisor exited). No worker trains on, writing checkpoints and records
+    into a run directory a resumed run may already be using."""
+    supervisor = _parent_of(os.getppid())
+    if not supervisor:
+        raise SupervisorGoneError(f"worker pid {os.getpid()}: the supervisor died before this worker started")
+    try:
+        handle = os.pidfd_open(supervisor)
+    except ProcessLookupError:
+        raise SupervisorGoneError(f"worker pid {os.getpid()}: supervisor pid {supervisor} is gone") from None
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): poll the pid instead
+        handle = None
+    threading.Thread(target=_end_with, args=(supervisor, handle), name="synapse-lifeline", daemon=True).start()
+
+
+def _end_with(supervisor: int, handle: int | None) -> None:
+    if handle is not None:
+        select.select([handle], [], [])  # readable once the supervisor has exited
+    else:
+        while _parent_of(os.getppid()) == supervisor:
+            time.sleep(0.5)
+    print(f"worker pid {os.getpid()}: supervisor pid {supervisor} died; this worker ends with it", file=sys.stderr,
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SupervisorGoneError(RuntimeError):
+    """The supervisor that started this worker is gone."""
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return 0 if parent <= 1 else parent
 
 
 def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:

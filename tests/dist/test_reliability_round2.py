@@ -13,18 +13,26 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from synapse.failover.stages import read_stages
+from synapse.monitor.heartbeat import read_heartbeats
 from synapse.monitor.liveness import pid_alive
+from synapse.run_lock import RunDirInUseError
 
 from .helpers import assert_identical_states, final_student_state
 from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_leftover_processes is autouse)
-    events, in_group, live_descendants, no_leftover_processes, overrides_for, reference, reference_run, run_overrides, train_py,
+    REPO_ROOT, STEPS, events, in_group, live_descendants, no_leftover_processes, overrides_for, reference, reference_run,
+    run_overrides, steps_done, train_py, wait_until,
 )
+
+
+def train_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
 
 pytestmark = [pytest.mark.dist]
 
@@ -133,3 +141,92 @@ def test_a_planted_heartbeat_pid_is_neither_killed_nor_blamed(tmp_path, teacher_
     assert ended["cause"] == "rank_hung" and ended["rank"] == 1
     assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
     assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- the supervisor alone killed; two runs, one dir
+def wait_for_step(run_dir: Path, proc, step: int, timeout: float = 200) -> None:
+    wait_until(lambda: steps_done(run_dir) >= step, proc, timeout, f"step {step}")
+
+
+@pytest.mark.timeout(300)
+def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:4,seconds:0.05}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 4)
+        workers = {b["pid"] for b in read_heartbeats(run_dir).values()}
+        os.kill(first.pid, signal.SIGKILL)  # only train.py (the OOM killer's choice), not its process group
+        first.wait(30)
+        deadline = time.monotonic() + 20
+        while any(pid_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivors = sorted(p for p in workers if pid_alive(p))
+        assert not survivors, f"workers {survivors} outlived their supervisor"
+        steps_when_killed = steps_done(run_dir)
+        time.sleep(1.0)
+        assert steps_done(run_dir) == steps_when_killed, "nobody trains on after the supervisor died"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    second = train_py(run_dir, [*args, "resume=auto"])
+    assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    assert [s.outcome for s in read_stages(run_dir)][-1] == "finished"
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    # From step 2 on, rank 0 is slowed (0.4 s per task: ~3 s a step) so the first run is still
+    # training while the others start; policy=keep: a delay, not a reason to re-plan.
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:2,seconds:0.4}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 2)
+        for extra in ([], ["resume=auto"]):  # a second run, and a resume of the running one
+            second = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args, *extra,
+                                     f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                    timeout=120, env=train_env())
+            assert second.returncode != 0
+            assert (f"run directory {run_dir} is in use: another Synapse supervisor (pid {first.pid}"
+                    in second.stderr), second.stderr[-3000:]
+            assert "Fix:" in second.stderr
+        assert steps_done(run_dir) < STEPS, "the first run was still training"
+        assert first.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    assert [s.outcome for s in read_stages(run_dir)] == ["finished"]
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+WORKER_HOLDING_THE_DIR = """
+import sys, time
+from pathlib import Path
+from synapse.run_lock import hold_as_worker
+hold_as_worker(Path(sys.argv[1]))
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_resume_is_refused_while_workers_of_an_earlier_run_hold_the_directory(tmp_path, teacher_file):
+    # A worker left alive (here: a process holding the workers' lock, as every worker does) while
+    # its supervisor is gone: resume=auto must not race it.
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_HOLDING_THE_DIR, str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True, env=train_env())
+    try:
+        assert worker.stdout.readline().strip() == "holding"
+        plant_heartbeat(tmp_path, 0, worker.pid)
+        with pytest.raises(RunDirInUseError) as refused:
+            run_overrides(overrides_for(tmp_path, teacher_file, "resume=auto"))
+        message = str(refused.value)
+        assert f"workers of an earlier run still hold" in message and f"kill {worker.pid}" in message, message
+    finally:
+        worker.kill()
+        worker.wait()
+    assert not (tmp_path / "logs").exists(), "refused before anything started"
