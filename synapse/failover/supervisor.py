@@ -160,8 +160,13 @@ class Supervisor:
         finally:
             watcher.stop()
         if watcher.error is not None:
-            raise FailoverError(f"the failover controller failed during stage {self.stages[-1].index}: "
-                                f"{type(watcher.error).__name__}: {watcher.error}") from watcher.error
+            error = FailoverError(
+                f"the failover controller failed during stage {self.stages[-1].index} at step "
+                f"{watcher.error_step}: {type(watcher.error).__name__}: {watcher.error}; the "
+                f"workers stopped with a checkpoint at the next step. Fix: continue with resume=auto (report the "
+                f"error if it recurs; failover.enabled=false runs without the controller)")
+            self._end_stage_in_error(watcher, error)
+            raise error from watcher.error
         return summary, watcher, failure
 
     def _on_live_stage(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
@@ -207,7 +212,7 @@ class Supervisor:
             self._measure_restart(restart, watcher.first_record)
         self._save_state()
 
-    def _end_stage_in_error(self, watcher: StageWatcher, error: WorkerFailure) -> None:
+    def _end_stage_in_error(self, watcher: StageWatcher, error: Exception) -> None:
         """The stage's record says how it ended even when the run cannot go on."""
         spec = self.stages[-1]
         spec.ended_at = time.time()
@@ -215,7 +220,7 @@ class Supervisor:
         spec.outcome = "error"
         write_stage(self.run_dir, spec)
         self.events.append("stage_ended", stage=spec.index, outcome="error", step=spec.end_step,
-                           cause=str(error)[:2000], rank=error.rank)
+                           cause=str(error)[:2000], rank=getattr(error, "rank", None))
         self._save_state()
 
     # ---------------------------------------------------------------- deciding the restart

@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from synapse.failover.stages import read_stages
+from synapse import checkpoint as ckpt
+from synapse.engine.metrics import read_jsonl
+from synapse.failover.controller import FailoverController
+from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.failover.supervisor import FailoverError
+from synapse.launch.run import run
 from synapse.monitor.heartbeat import read_heartbeats
 from synapse.monitor.liveness import pid_alive
 from synapse.run_lock import RunDirInUseError
@@ -230,3 +235,36 @@ def test_resume_is_refused_while_workers_of_an_earlier_run_hold_the_directory(tm
         worker.kill()
         worker.wait()
     assert not (tmp_path / "logs").exists(), "refused before anything started"
+
+
+# ---------------------------------------------------------------- the controller breaks mid-stage
+@pytest.mark.timeout(240)
+def test_a_controller_error_stops_the_workers_at_once_with_a_checkpoint(tmp_path, teacher_file, reference,
+                                                                          monkeypatch):
+    # A bug in the controller (injected into the supervisor, which runs in this process): at step 3
+    # observe() raises. Failover is then off; the run must say so at once and stop safely.
+    real_observe = FailoverController.observe
+
+    def broken_observe(self, record):
+        if record["step"] == 3:
+            raise ZeroDivisionError("injected controller bug")
+        return real_observe(self, record)
+
+    monkeypatch.setattr(FailoverController, "observe", broken_observe)
+    lines: list[str] = []
+    overrides = overrides_for(tmp_path, teacher_file, "policy=keep",
+                              "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
+    with pytest.raises(FailoverError, match="controller failed during stage 0 at step 3: ZeroDivisionError"):
+        run(compose_stage_config(overrides), log=lines.append, overrides=overrides)
+    (failed,) = events(tmp_path, "controller_failed")
+    assert failed["step"] == 3 and "injected controller bug" in failed["error"]
+    assert any("the controller failed at step 3" in line for line in lines), lines
+    trained = [r["step"] for r in read_jsonl(tmp_path / "performance.jsonl")]
+    assert max(trained) < STEPS, f"the workers trained on unprotected to step {max(trained)}"
+    (stage,) = read_stages(tmp_path)
+    assert stage.outcome == "error" and stage.end_step == max(trained)
+    stopped_at = [r.step for r in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1]
+    assert stopped_at == max(trained), "the stop wrote a checkpoint of the last step"
+    monkeypatch.setattr(FailoverController, "observe", real_observe)
+    run_overrides([*overrides, "resume=auto"])
+    assert_identical_states(final_student_state(tmp_path), reference)
