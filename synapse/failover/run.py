@@ -93,13 +93,29 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     # devices and partition the last stage ran on, with what the controller had learnt.
     state = run_dir / STATE_FILE
     if state.is_file():
-        controller.load_state_dict(json.loads(state.read_text()))
+        load_controller_state(controller, state)
     last = history[-1]
     supervisor.stages = history
     log(f"failover: continuing after stage {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")
     return supervisor.run(StageSpec(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
                                     start_step=start), compose=True)
+
+
+class ControllerStateError(ValueError):
+    """``failover/controller_state.json`` cannot be read back; the message names it and the fix."""
+
+
+def load_controller_state(controller: FailoverController, path: Path) -> None:
+    """What the controller had learnt (baselines, restart costs), saved after every stage."""
+    try:
+        controller.load_state_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ControllerStateError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); it holds only what the failover controller learnt "
+            f"during the run (step-time baselines, measured restart costs), no training state. Fix: delete it and "
+            f"rerun with resume=auto: the run continues from its newest checkpoint and the controller learns "
+            f"again") from exc
 
 
 def same_command(partition: Placement, first: StageSpec) -> bool:

@@ -34,6 +34,7 @@ from .trainer import build_pipeline_trainer
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
                 resume: str | None, failure_dir: str, stage: int = 0) -> dict[str, Any] | None:
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the supervisor's to handle
         die_with_the_supervisor()
         hold_as_worker(Path(run_dir), OmegaConf.create(cfg_yaml).trainer.node_rank)
         return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume, stage)
@@ -89,10 +90,16 @@ def _parent_of(pid: int) -> int:
 
 
 def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
-    failure_dir.mkdir(parents=True, exist_ok=True)
+    """This rank's failure record; best effort (on a full disk it cannot be written, and a
+    partial one is removed: the supervisor then judges the launch by the disk's free space)."""
     record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
               "traceback": "".join(traceback.format_exception(exc))}
-    (failure_dir / f"rank_{rank}.json").write_text(json.dumps(record, indent=1))
+    path = failure_dir / f"rank_{rank}.json"
+    try:
+        failure_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    except OSError:
+        path.unlink(missing_ok=True)
 
 
 def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],

@@ -8,12 +8,14 @@ of tests/RELIABILITY.md name these tests.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from synapse.run_lock import RunDirInUseError
 
 from .helpers import assert_identical_states, final_student_state
 from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_leftover_processes is autouse)
-    REPO_ROOT, STEPS, events, in_group, live_descendants, no_leftover_processes, overrides_for, reference, reference_run,
+    REPO_ROOT, STEPS, events, in_group, live_descendants, mount_tmpfs, no_leftover_processes, unmount, overrides_for, reference, reference_run,
     run_overrides, steps_done, train_py, wait_until,
 )
 
@@ -268,3 +270,119 @@ def test_a_controller_error_stops_the_workers_at_once_with_a_checkpoint(tmp_path
     monkeypatch.setattr(FailoverController, "observe", real_observe)
     run_overrides([*overrides, "resume=auto"])
     assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- storage
+def fill_disk(path: Path) -> Path:
+    """Fill the filesystem holding ``path`` to the last byte (a real full disk); the filler file."""
+    filler = path / "filler.bin"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+@pytest.mark.timeout(240)
+def test_disk_full_between_checkpoints_names_enospc_and_loses_nothing(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    mount_tmpfs(run_dir, 64 << 20)  # the run's own disk; filled once step 3 is done (checkpoint 2 is safe)
+    try:
+        overrides = overrides_for(run_dir, teacher_file, "policy=keep",
+                                  "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
+        filled = threading.Event()
+
+        def fill_after_step_3() -> None:
+            deadline = time.monotonic() + 180
+            while steps_done(run_dir) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fill_disk(run_dir)
+            filled.set()
+
+        filler = threading.Thread(target=fill_after_step_3, daemon=True)
+        filler.start()
+        with pytest.raises(Exception) as failure:
+            run_overrides(overrides)
+        filler.join(5)
+        assert filled.is_set()
+        message = f"{type(failure.value).__name__}: {failure.value}"
+        assert "No space left on device" in message and str(run_dir) in message, message
+        assert "Fix: free space" in message and "resume=auto" in message, message
+        (run_dir / "filler.bin").unlink()
+        run_overrides([*overrides, "resume=auto"])
+        assert_identical_states(final_student_state(run_dir), reference)
+    finally:
+        unmount(run_dir)
+
+
+@pytest.mark.timeout(240)
+def test_a_corrupt_controller_state_is_named_with_its_path_and_fix(tmp_path, teacher_file, reference):
+    overrides = overrides_for(tmp_path, teacher_file, "policy=keep")
+    run_overrides([*overrides, "trainer.stop_after=4"])  # a run interrupted at step 4, its stage history kept
+    state = tmp_path / "failover" / "controller_state.json"
+    assert state.is_file()
+    state.write_text(state.read_text()[: len(state.read_text()) // 2])  # cut short (a crash mid-write, bit rot)
+    with pytest.raises(ValueError) as refused:
+        run_overrides([*overrides, "resume=auto"])
+    message = str(refused.value)
+    assert str(state) in message and "Fix: delete it and rerun with resume=auto" in message, message
+    assert not (tmp_path / "logs" / "launch_1").exists(), "refused before any worker started"
+    state.unlink()
+    run_overrides([*overrides, "resume=auto"])
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum, whom", [(signal.SIGINT, "group"), (signal.SIGTERM, "supervisor")],
+                         ids=["ctrl_c_to_the_terminal_group", "sigterm_to_the_supervisor"])
+def test_an_interrupt_checkpoints_at_the_next_step_and_resumes(tmp_path, teacher_file, reference, signum, whom):
+    run_dir = tmp_path / "run"
+    args = overrides_for(run_dir, teacher_file, "policy=keep", "checkpoint.every=100",  # no periodic checkpoint
+                         "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.1}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 3)
+        if whom == "group":  # a terminal's Ctrl-C reaches every process of the foreground group
+            os.killpg(first.pid, signum)
+        else:
+            os.kill(first.pid, signum)
+        assert first.wait(120) != 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    log = (tmp_path / "run.train_py.log").read_text()
+    (stage,) = read_stages(run_dir)
+    assert stage.outcome == "interrupted" and stage.end_step is not None, (stage, log[-3000:])
+    assert 3 <= stage.end_step < STEPS
+    saved = [r.step for r in ckpt.list_checkpoints(run_dir / "checkpoints")]
+    assert saved == [stage.end_step], "the interrupt wrote a checkpoint of the last finished step"
+    assert f"interrupted by {signal.Signals(signum).name}" in log and "resume=auto" in log, log[-3000:]
+    second = train_py(run_dir, [*args, "resume=auto"])
+    assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    assert read_stages(run_dir)[-1].start_step == stage.end_step
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_aborts_at_once(tmp_path, teacher_file):
+    run_dir = tmp_path / "run"
+    # Steps 3+ take ~2 s each: the first Ctrl-C's stop waits for the step in flight, the second does not.
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.25}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 2)
+        os.killpg(first.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(60)
+        steps = steps_done(run_dir)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode != 0
+    assert steps < STEPS
