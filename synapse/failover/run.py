@@ -19,6 +19,7 @@ from ..trackers import open_tracker
 from ..planner.policy import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages
+from .summary import SUMMARY_FILE
 from .supervisor import STATE_FILE, Supervisor, first_stage, user_overrides
 
 # Measured restart and live re-plan costs, shipped with the package (experiments/bench_restart_cost.py and
@@ -79,9 +80,12 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"))
     history = read_stages(run_dir) if cfg.resume is not None else []
-    if not history:
-        return supervisor.run(first_stage(partition, resume))
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0
+    if not history:  # a fresh run, or one resumed by path into a new directory: its record starts at `start`
+        spec = first_stage(partition, resume)
+        spec.start_step = start
+        return supervisor.run(spec)
+    supervisor.earlier_restarts = earlier_restarts(run_dir, log)
     if not same_command(partition, history[0]):  # resumed with other devices or another partition
         supervisor.stages = history
         log(f"failover: resuming at step {start} as stage {len(history)} on the configured devices "
@@ -100,6 +104,17 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
         f"from step {start}")
     return supervisor.run(StageSpec(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
                                     start_step=start), compose=True)
+
+
+def earlier_restarts(run_dir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The restarts an earlier supervisor of this run recorded, so a resumed run's summary keeps them."""
+    path = run_dir / SUMMARY_FILE
+    try:
+        return list(json.loads(path.read_text())["restarts"]) if path.is_file() else []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log(f"failover: {path} is unreadable ({type(exc).__name__}: {exc}); the summary of this resumed run "
+            f"lists only its own restarts")
+        return []
 
 
 class ControllerStateError(ValueError):

@@ -83,6 +83,7 @@ class Supervisor:
     restarts: list[Restart] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     interrupt: InterruptToStop | None = field(default=None, repr=False)  # set while run() runs
+    earlier_restarts: list[dict[str, Any]] = field(default_factory=list)  # by an earlier supervisor of the run
 
     tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
     _event_tail: JsonlTail | None = None
@@ -135,8 +136,7 @@ class Supervisor:
             spec = self._next_stage(current, restart)
             stage_cfg, overrides = self._compose(spec)
         self.tracker.close()
-        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
-                                        self.started_at, summary or {})
+        return self._write_summary(summary)
 
     def _mark_stage(self, spec: StageSpec) -> None:
         placement = spec.placement
@@ -155,8 +155,12 @@ class Supervisor:
     def live_replan(self) -> bool:
         return self.cfg.failover.replan_mode == "live"
 
+    def _write_summary(self, summary: dict | None) -> dict[str, Any]:
+        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
+                                        self.started_at, summary or {}, earlier_restarts=self.earlier_restarts)
+
     def _end_interrupted(self, spec: StageSpec, summary: dict | None) -> dict[str, Any]:
-        write_experiment_summary(self, summary or {})
+        self._write_summary(summary)
         saved = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints")
         at = f"a checkpoint of step {saved.step} is in {saved.path}" if saved else "no checkpoint was written"
         raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: stage {spec.index} stopped after step "

@@ -386,3 +386,31 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path, teacher_file):
             os.killpg(first.pid, signal.SIGKILL)
     assert first.returncode != 0
     assert steps < STEPS
+
+
+# ---------------------------------------------------------------- bad inputs that only a run shows
+@pytest.mark.timeout(240)
+def test_resume_by_path_into_a_new_directory_records_where_it_started(tmp_path, teacher_file, reference):
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_overrides([*overrides_for(first, teacher_file, "policy=keep"), "trainer.stop_after=4"])
+    step_4 = first / "checkpoints" / ckpt.step_dir_name(4)
+    summary = run_overrides(overrides_for(second, teacher_file, "policy=keep", f"resume={step_4}"))
+    (stage,) = read_stages(second)
+    assert stage.start_step == 4 and stage.end_step == STEPS, stage
+    assert summary["experiment"]["stages"][0]["start_step"] == 4
+    assert_identical_states(final_student_state(second), reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_supervisor_keeps_the_earlier_restarts_in_its_summary(tmp_path, teacher_file, reference):
+    overrides = overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:3,phase:forward}]")
+    # Each launch stops after 3 steps: stage 0 dies at step 3, stage 1 (from checkpoint 2) ends at step 5.
+    first = run_overrides([*overrides, "trainer.stop_after=3"])
+    (restart,) = first["experiment"]["restarts"]
+    assert restart["trigger"] == "failure"
+    resumed = run_overrides([*overrides, "resume=auto"])
+    restarts = resumed["experiment"]["restarts"]
+    assert restarts[:1] == [restart], "the earlier supervisor's restart is kept"
+    stored = json.loads((tmp_path / "experiment_summary.json").read_text())["restarts"]
+    assert stored[:1] == [restart]
+    assert_identical_states(final_student_state(tmp_path), reference)
