@@ -414,3 +414,21 @@ def test_a_resumed_supervisor_keeps_the_earlier_restarts_in_its_summary(tmp_path
     stored = json.loads((tmp_path / "experiment_summary.json").read_text())["restarts"]
     assert stored[:1] == [restart]
     assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- a hang inside a live re-partition
+@pytest.mark.timeout(300)
+def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_file, reference):
+    # A fire drill re-partitions live at step 3; rank 1 hangs while preparing its blocks. The others
+    # wait for it in the re-partition's agreement, so every rank stalls: the one blamed must be 1.
+    run_overrides(overrides_for(tmp_path, teacher_file, "failover.replan_mode=live",
+                                "failover.drills=[{step:3,action:replan}]",
+                                "injection.faults=[{kind:hang,rank:1,step:1,phase:repartition}]",
+                                "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
+                                "trainer.collective_timeout_s=900"))
+    assert [(e["rank"], e["phase"]) for e in events(tmp_path, "fault_injected")] == [(1, "repartition")]
+    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 1, ended
+    stages = read_stages(tmp_path)
+    assert stages[0].outcome == "failed" and stages[1].devices == [0, 2], [s.devices for s in stages]
+    assert_identical_states(final_student_state(tmp_path), reference)
