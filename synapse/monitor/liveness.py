@@ -101,13 +101,15 @@ class LivenessTracker:
 
     def __init__(self, hang_timeout_s: float, since: float | None = None,
                  is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True):
-        """``is_ours``: whether a live pid was started by this supervisor; a live pid that was not
-        (a planted or stale heartbeat) is reported as ``not ours`` and never judged hung."""
+        """``is_ours``: whether a pid was started by this supervisor, asked when a pid is first seen; a
+        pid that was not (a planted or stale heartbeat: someone else's process, or one already gone
+        when first seen) is reported as ``not ours`` and never judged hung or dead."""
         if hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
         self.hang_timeout_s = hang_timeout_s
         self.since = since
         self._is_alive, self._is_ours = is_alive, is_ours
+        self._trusted: set[int] = set()
         self._progress: dict[int, _RankProgress] = {}
         self._reported: set[tuple] = set()
 
@@ -140,8 +142,12 @@ class LivenessTracker:
         if p.phase == FINISHED_PHASE:
             return {**status, "state": "finished"}, None
         alive = self._is_alive(p.pid)
-        if alive and not self._is_ours(p.pid):
-            return {**status, "state": "not ours"}, None
+        if p.pid not in self._trusted:  # judged once per pid: a live process this supervisor started
+            if not self._is_ours(p.pid):
+                # Alive and someone else's, or already gone and never seen as ours (a planted or stale
+                # file): neither killed nor reported, so it cannot tear a healthy launch down.
+                return {**status, "state": "not ours"}, None
+            self._trusted.add(p.pid)
         if not alive:
             return {**status, "state": "dead"}, self._once(("dead", p.pid), {
                 "event": "rank_dead", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase})
