@@ -29,6 +29,10 @@ class RunDirInUseError(RuntimeError):
     """Another supervisor, or workers of one, hold the run directory."""
 
 
+class RunDirUnusableError(ValueError):
+    """The run directory cannot be created or written (a file in the way, read-only)."""
+
+
 def lock_paths(run_dir: Path, node_rank: int = 0) -> tuple[Path, Path]:
     """(supervisor lock, workers lock) of one node of a run directory."""
     suffix = "" if node_rank == 0 else f".node{node_rank}"
@@ -56,8 +60,13 @@ def _holder(path: Path) -> dict:
 def hold_run_dir(run_dir: Path, node_rank: int = 0) -> Iterator[None]:
     """Hold the run directory for this supervisor; ``RunDirInUseError`` if another run holds it."""
     supervisor_lock, workers_lock = lock_paths(run_dir, node_rank)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    handle = open(supervisor_lock, "a+")
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        handle = open(supervisor_lock, "a+")
+    except OSError as exc:  # a file in the way, a read-only or foreign directory
+        raise RunDirUnusableError(
+            f"run directory {run_dir} cannot be used: {exc.strerror or exc} ({exc.filename or run_dir}). Fix: give a "
+            f"writable directory (hydra.run.dir=... / run_dir=...), or remove what is in the way") from exc
     try:
         if not _try_flock(handle, fcntl.LOCK_EX):
             holder = _holder(supervisor_lock)

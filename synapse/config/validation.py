@@ -259,6 +259,11 @@ def _validate_trainer(trainer: DictConfig) -> None:
     if trainer.strategy == "single" and num_stages(trainer) > 1:
         fail("trainer.strategy", f"single runs on one device but {num_stages(trainer)} are configured",
               "use trainer.strategy=auto (pipeline over all devices) or trainer.devices=1")
+    if trainer.nodes == 1 and trainer.rdzv_endpoint and not _is_loopback_endpoint(trainer.rdzv_endpoint):
+        fail("trainer.rdzv_endpoint", f"{trainer.rdzv_endpoint}: a one-node run listens on 127.0.0.1 only (its "
+              f"rendezvous must not be reachable from other hosts), so workers could not reach this address",
+              f"use 127.0.0.1:{trainer.rdzv_endpoint.rpartition(':')[2]} or leave trainer.rdzv_endpoint unset; "
+              f"set trainer.nodes for a run across machines")
     if trainer.nodes > 1 and not trainer.rdzv_endpoint:
         fail("trainer.rdzv_endpoint", f"trainer.nodes={trainer.nodes} needs a rendezvous endpoint every node can reach",
               "set trainer.rdzv_endpoint=host:port (the same on every node)")
@@ -273,6 +278,18 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.log_every", trainer.log_every)
     choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
     resolve_devices(trainer)
+
+
+def _is_loopback_endpoint(endpoint: str) -> bool:
+    import ipaddress
+
+    host = endpoint.rpartition(":")[0].strip("[]") if ":" in endpoint else endpoint
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _validate_cpu_slot_ids(trainer: DictConfig) -> None:

@@ -120,3 +120,26 @@ def test_a_checkpoint_with_non_finite_tensors_is_never_written(tmp_path, bad):
                  "Fix: lower optim.lr")
     assert not (tmp / ckpt.shard_name(0)).exists()
     assert [r.step for r in ckpt.list_checkpoints(root)] == [2]
+
+
+@pytest.mark.parametrize("endpoint", ["10.255.255.1:29500", "example.com:29500"])
+def test_a_one_node_run_with_an_outward_rendezvous_endpoint_is_refused(make_config, tiny_run, tmp_path, endpoint):
+    # One node listens on loopback only (the rendezvous store must not be reachable from other
+    # hosts): an outward address would leave the workers unable to meet, after a timeout.
+    message = refused_before_launch(make_config, tiny_run, tmp_path, f"trainer.rdzv_endpoint={endpoint}",
+                                    error=ConfigError)
+    assert_names(message, f"trainer.rdzv_endpoint: {endpoint}: a one-node run listens on 127.0.0.1 only",
+                 "Fix: use 127.0.0.1:29500 or leave trainer.rdzv_endpoint unset")
+
+
+def test_a_run_dir_that_is_a_file_is_refused_with_its_path(make_config, tiny_run, tmp_path):
+    from synapse.launch.run import run
+    from synapse.run_lock import RunDirUnusableError
+
+    in_the_way = tmp_path / "run"
+    in_the_way.write_text("not a directory")
+    with pytest.raises(RunDirUnusableError) as caught:
+        run(make_config(*tiny_run, "trainer.accelerator=cpu", "trainer.devices=2", run_dir=in_the_way),
+            log=lambda line: None)
+    assert_names(str(caught.value), f"run directory {in_the_way} cannot be used", "Fix: give a writable directory")
+    assert in_the_way.read_text() == "not a directory"
