@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from synapse import checkpoint as ckpt
-from synapse.engine.metrics import read_jsonl
+from synapse.records import read_jsonl
 from synapse.failover.controller import FailoverController
 from synapse.failover.stages import compose_stage_config, read_stages
 from synapse.failover.supervisor import FailoverError
-from synapse.launch.run import run
+from synapse.app import run
 from synapse.monitor.heartbeat import read_heartbeats
 from synapse.monitor.liveness import pid_alive
 from synapse.run_lock import RunDirInUseError
@@ -186,10 +186,10 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
 @pytest.mark.timeout(300)
 def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
-    # From step 2 on, rank 0 is slowed (0.4 s per task: ~3 s a step) so the first run is still
-    # training while the others start; policy=keep: a delay, not a reason to re-plan.
+    # From step 2 on, rank 0 is slowed (1 s per task: ~8 s a step) so the first run is still
+    # training while the others start and are refused; policy=keep: a delay, not a reason to re-plan.
     args = overrides_for(run_dir, teacher_file, "policy=keep",
-                         "injection.faults=[{kind:slow_compute,rank:0,start:2,seconds:0.4}]")
+                         "injection.faults=[{kind:slow_compute,rank:0,start:2,seconds:1.0}]")
     first = train_py(run_dir, args)
     try:
         wait_for_step(run_dir, first, 2)
@@ -197,6 +197,7 @@ def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teache
             second = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args, *extra,
                                      f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, capture_output=True, text=True,
                                     timeout=120, env=train_env())
+            assert first.poll() is None, "the first run ended before the second started: nothing was tested"
             assert second.returncode != 0
             assert (f"run directory {run_dir} is in use: another Synapse supervisor (pid {first.pid}"
                     in second.stderr), second.stderr[-3000:]

@@ -76,7 +76,7 @@ def test_a_truncated_cached_teacher_names_the_cache_entry_to_delete(make_config,
     cached.parent.mkdir(parents=True)
     torch.save(build_model(cfg.teacher.name, 10, 3, 32).state_dict(), cached)
     cached.write_bytes(cached.read_bytes()[: cached.stat().st_size // 2])  # a copy cut short
-    from synapse.launch.run import run
+    from synapse.app import run
 
     with pytest.raises(ModelError) as caught:
         run(cfg, log=lambda line: None)
@@ -133,7 +133,7 @@ def test_a_one_node_run_with_an_outward_rendezvous_endpoint_is_refused(make_conf
 
 
 def test_a_run_dir_that_is_a_file_is_refused_with_its_path(make_config, tiny_run, tmp_path):
-    from synapse.launch.run import run
+    from synapse.app import run
     from synapse.run_lock import RunDirUnusableError
 
     in_the_way = tmp_path / "run"
