@@ -28,6 +28,10 @@ from .launch.planning import (auto_partition, build_stage_planner, choose_microb
                               profile_models)
 from .models import count_blocks
 from .pipeline.partition import placement_for_config
+from .run_lock import hold_run_dir
+from .storage import DiskFullError, disk_full_error, is_disk_full
+from .checkpoint import CheckpointWriteError
+from .launch.elastic import DISK_FULL, newest_checkpoint
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -35,7 +39,19 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
     ``@hydra.main`` they are read from Hydra); restart stages are composed from them."""
     validate(cfg)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/run_lock.py)
+        try:
+            return _run_holding(cfg, run_dir, log, overrides)
+        except Exception as exc:
+            if isinstance(exc, (DiskFullError, CheckpointWriteError)) or not (
+                    is_disk_full(exc) or getattr(exc, "cause", None) == DISK_FULL):
+                raise
+            # Whatever write hit the full disk last (a record, a stage file), the user hears ENOSPC.
+            raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
+                 ) -> dict[str, Any]:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.mode != "kd" and cfg.pipeline.microbatches == "auto":  # nothing pipelined to plan
         cfg.pipeline.microbatches = 1

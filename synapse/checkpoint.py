@@ -112,12 +112,36 @@ class _ErrorKeepingWriter:
         return self.file.fileno()
 
 
+class NonFiniteCheckpointError(CheckpointError):
+    """A checkpoint would hold NaN or infinite values: it is never written."""
+
+
+def first_nonfinite(obj: Any, name: str = "") -> str | None:
+    """The name of the first floating-point tensor in ``obj`` (nested dicts, lists) holding NaN or inf."""
+    if torch.is_tensor(obj):
+        return name if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    items = obj.items() if isinstance(obj, Mapping) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = first_nonfinite(value, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def save_tensor_file(obj: Any, path: Path) -> None:
     """torch.save and fsync, so the bytes are on disk before the manifest names them.
 
     A failed write removes what it wrote and raises ``CheckpointWriteError`` with the OS's reason.
+    Tensors holding NaN or inf are never written (``NonFiniteCheckpointError``): a resume from
+    such a checkpoint could only diverge, and the previous checkpoint stays the newest.
     """
     path = Path(path)
+    bad = first_nonfinite(obj)
+    if bad is not None:
+        raise NonFiniteCheckpointError(
+            f"refusing to write {path}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
+            f"checkpoint with non-finite values is ever written, so the newest intact one in {path.parent.parent} "
+            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
     writer = None
     try:
         with open(path, "wb") as f:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..trackers import TRACKERS
 from .devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices, uses_pipeline
-from .errors import choice, fail, positive
+from .errors import choice, fail, finite, positive
 from .schema import (ACCELERATORS, MODES, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
                      PRECISIONS, SCHEDULES, STRATEGIES)
 
@@ -21,6 +21,7 @@ from .schema import (ACCELERATORS, MODES, NONFINITE_POLICIES, OPTIMIZERS, PARTIT
 def validate(cfg: DictConfig) -> None:
     """Check every value that types cannot; raise ConfigError before any work starts."""
     _validate_known_keys(cfg)
+    _validate_finite(OmegaConf.to_container(cfg, resolve=False))  # interpolations are strings here: skipped
     choice("mode", cfg.mode, MODES)
     _validate_models(cfg)
     _validate_data(cfg.data)
@@ -36,6 +37,7 @@ def validate(cfg: DictConfig) -> None:
     positive("checkpoint.keep", cfg.checkpoint.keep)
     choice("logger.name", cfg.logger.name, TRACKERS)
     _validate_block_counts(cfg)
+    _validate_single_sample_batch_norm(cfg)
     _validate_weight_files(cfg)
     _validate_resume(cfg)
 
@@ -64,6 +66,38 @@ def _validate_block_counts(cfg: DictConfig) -> None:
         if cfg.partition.mode == "manual" and sum(counts) != blocks:
             fail(f"partition.{role}", f"{list(counts)} covers {sum(counts)} blocks but the {role} {name} has "
                   f"{blocks}", f"make the counts sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
+
+
+def _validate_single_sample_batch_norm(cfg: DictConfig) -> None:
+    """A micro-batch of one sample cannot train a model whose BatchNorm sees one value per channel
+    (after global pooling): torch refuses it mid-profile or mid-step. Found here by one forward on
+    the meta device (shapes only: no memory, no compute)."""
+    micro = cfg.data.batch_size // (cfg.pipeline.microbatches if uses_pipeline(cfg.trainer) else 1)
+    if micro != 1 or cfg.mode == "profile":
+        return
+    import torch
+
+    from ..data import dataset_info
+    from ..engine.trainer import data_kwargs
+    from ..models import build_model
+
+    trained = {"teacher": ["teacher"], "baseline": ["student"]}.get(cfg.mode, ["student"])
+    if cfg.mode == "kd" and not cfg.teacher.checkpoint and cfg.teacher.auto_train:
+        trained.append("teacher")  # trained with labels first
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    for role in trained:
+        with torch.device("meta"):
+            model = build_model(cfg[role].name, info.num_classes, info.in_chans, info.image_size).train()
+            try:
+                model(torch.empty(1, info.in_chans, info.image_size, info.image_size))
+            except Exception as exc:  # noqa: BLE001  (a model the meta device cannot run: the step will tell)
+                if "Expected more than 1 value per channel" not in str(exc):
+                    continue
+                where = (f"data.batch_size={cfg.data.batch_size} / pipeline.microbatches={cfg.pipeline.microbatches}"
+                         if uses_pipeline(cfg.trainer) else f"data.batch_size={cfg.data.batch_size}")
+                fail("data.batch_size", f"{where} gives micro-batches of one sample, but the {role} "
+                     f"{cfg[role].name} has BatchNorm layers that see one value per channel then ({exc})",
+                     "use at least 2 samples per micro-batch (a larger data.batch_size or fewer micro-batches)")
 
 
 def _validate_weight_files(cfg: DictConfig) -> None:
@@ -129,6 +163,18 @@ def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[st
     return unknown
 
 
+def _validate_finite(node, prefix: str = "") -> None:
+    """Every float of the config, however deep (lists, free-form dicts such as policy.params and
+    failover.detector): finite. Before any range check, since NaN passes them all."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        path = f"{prefix}[{key}]" if isinstance(node, list) else f"{prefix}{'.' if prefix else ''}{key}"
+        if isinstance(value, (dict, list)):
+            _validate_finite(value, path)
+        else:
+            finite(path, value)
+
+
 def _validate_known_keys(cfg: DictConfig) -> None:
     for key, close in _unknown_keys(cfg):
         parent = key.rpartition(".")[0]
@@ -180,15 +226,23 @@ def _validate_kd(kd: DictConfig) -> None:
         fail("kd.lambda_kd", f"must be in [0, 1], got {kd.lambda_kd}", "kd.lambda_kd=0.9 weighs KD 0.9 and cross-entropy 0.1")
 
 
+MAX_LR = 1e3
+
+
 def _validate_optim(optim: DictConfig) -> None:
     choice("optim.name", optim.name, OPTIMIZERS)
     choice("optim.schedule", optim.schedule, SCHEDULES)
     positive("optim.lr", optim.lr)
+    if optim.lr > MAX_LR:  # torch cannot even cast 1e300 to float32; any lr this large diverges at step 1
+        fail("optim.lr", f"{optim.lr} is implausibly large (above {MAX_LR:g})", "use a learning rate such as 2e-3")
     positive("optim.weight_decay", optim.weight_decay, allow_zero=True)
     positive("optim.warmup_steps", optim.warmup_steps, allow_zero=True)
     positive("optim.step_size", optim.step_size)
     if not 0 <= optim.momentum < 1:
         fail("optim.momentum", f"must be in [0, 1), got {optim.momentum}", "use e.g. optim.momentum=0.9")
+    if not 0 < optim.gamma <= 1:
+        fail("optim.gamma", f"must be in (0, 1] (the factor the LR is multiplied by every optim.step_size steps), got "
+              f"{optim.gamma}", "use e.g. optim.gamma=0.1")
 
 
 def _validate_trainer(trainer: DictConfig) -> None:
@@ -197,11 +251,19 @@ def _validate_trainer(trainer: DictConfig) -> None:
     choice("trainer.precision", trainer.precision, PRECISIONS)
     choice("trainer.strategy", trainer.strategy, STRATEGIES)
     positive("trainer.nodes", trainer.nodes)
+    if not 0 <= trainer.node_rank < trainer.nodes:
+        fail("trainer.node_rank", f"must be in 0..{trainer.nodes - 1} for trainer.nodes={trainer.nodes}, got "
+              f"{trainer.node_rank}", "number the nodes 0..nodes-1 (node 0 hosts the rendezvous), or raise trainer.nodes")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
     if trainer.strategy == "single" and num_stages(trainer) > 1:
         fail("trainer.strategy", f"single runs on one device but {num_stages(trainer)} are configured",
               "use trainer.strategy=auto (pipeline over all devices) or trainer.devices=1")
+    if trainer.nodes == 1 and trainer.rdzv_endpoint and not _is_loopback_endpoint(trainer.rdzv_endpoint):
+        fail("trainer.rdzv_endpoint", f"{trainer.rdzv_endpoint}: a one-node run listens on 127.0.0.1 only (its "
+              f"rendezvous must not be reachable from other hosts), so workers could not reach this address",
+              f"use 127.0.0.1:{trainer.rdzv_endpoint.rpartition(':')[2]} or leave trainer.rdzv_endpoint unset; "
+              f"set trainer.nodes for a run across machines")
     if trainer.nodes > 1 and not trainer.rdzv_endpoint:
         fail("trainer.rdzv_endpoint", f"trainer.nodes={trainer.nodes} needs a rendezvous endpoint every node can reach",
               "set trainer.rdzv_endpoint=host:port (the same on every node)")
@@ -216,6 +278,18 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.log_every", trainer.log_every)
     choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
     resolve_devices(trainer)
+
+
+def _is_loopback_endpoint(endpoint: str) -> bool:
+    import ipaddress
+
+    host = endpoint.rpartition(":")[0].strip("[]") if ":" in endpoint else endpoint
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
@@ -322,6 +396,11 @@ def _validate_failover(cfg: DictConfig) -> None:
         fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
               "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
     spares = [int(d) for d in cfg.trainer.spare_devices]
+    if spares and min(spares) < 0:
+        fail("trainer.spare_devices", f"negative device id in {spares}", "device ids start at 0")
+    if spares and resolve_accelerator(cfg.trainer) == "cpu" and max(spares) >= 64:
+        fail("trainer.spare_devices", f"CPU slot ids {[d for d in spares if d >= 64]} are out of range (slots are "
+              f"0..63)", "number CPU slots from 0")
     clash = sorted(set(spares) & set(resolve_devices(cfg.trainer)))
     if clash or len(set(spares)) != len(spares):
         fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "

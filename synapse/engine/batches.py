@@ -35,6 +35,7 @@ def _die_with_the_rank(worker_id: int) -> None:
     A pipeline rank can be SIGKILLed (a real fault, or an injected one); its loader workers
     must not outlive it as orphans, each holding a copy of the data set.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the rank stops at a step boundary, its loader with it
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # no prctl: torch's own watchdog still ends the worker

@@ -59,6 +59,7 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
                           "teacher.checkpoint=/path/to/teacher.pt, or teacher.auto_train=true to train one first")
     cached = Path(cfg.cache_dir) / "teachers" / f"{cfg.teacher.name}-{teacher_cache_key(cfg)}.pt"
     if cached.is_file():
+        check_cached_teacher(cfg, cached)
         log(f"teacher: reusing the cached {cfg.teacher.name} trained on {cfg.data.name} ({cached})")
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
@@ -70,6 +71,22 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
         shutil.copyfile(weights, tmp)
         os.replace(tmp, cached)  # atomic: a concurrent run never reads half a file
     return cached
+
+
+def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
+    """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
+    teacher.checkpoint, which the user never set."""
+    from ..models import ModelError
+    from ..models.factory import check_weights_file
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    try:
+        check_weights_file(cfg.teacher.name, cached, info.num_classes, info.in_chans, info.image_size,
+                           what="cached teacher")
+    except ModelError as exc:
+        raise ModelError(f"the cached teacher {cached} (trained earlier because teacher.checkpoint is unset) is "
+                         f"unusable: {exc}. Fix: delete that cache entry (rm {cached}) and rerun: the teacher is "
+                         f"trained again and cached anew") from exc
 
 
 def train_label_model(cfg: DictConfig, run_dir: Path, model_name: str, log: Callable[[str], None] = print,

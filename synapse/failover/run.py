@@ -19,6 +19,7 @@ from ..trackers import open_tracker
 from ..planner.policy import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages
+from .summary import SUMMARY_FILE
 from .supervisor import STATE_FILE, Supervisor, first_stage, user_overrides
 
 # Measured restart and live re-plan costs, shipped with the package (experiments/bench_restart_cost.py and
@@ -79,9 +80,12 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"))
     history = read_stages(run_dir) if cfg.resume is not None else []
-    if not history:
-        return supervisor.run(first_stage(partition, resume))
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0
+    if not history:  # a fresh run, or one resumed by path into a new directory: its record starts at `start`
+        spec = first_stage(partition, resume)
+        spec.start_step = start
+        return supervisor.run(spec)
+    supervisor.earlier_restarts = earlier_restarts(run_dir, log)
     if not same_command(partition, history[0]):  # resumed with other devices or another partition
         supervisor.stages = history
         log(f"failover: resuming at step {start} as stage {len(history)} on the configured devices "
@@ -93,13 +97,40 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     # devices and partition the last stage ran on, with what the controller had learnt.
     state = run_dir / STATE_FILE
     if state.is_file():
-        controller.load_state_dict(json.loads(state.read_text()))
+        load_controller_state(controller, state)
     last = history[-1]
     supervisor.stages = history
     log(f"failover: continuing after stage {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")
     return supervisor.run(StageSpec(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
                                     start_step=start), compose=True)
+
+
+def earlier_restarts(run_dir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The restarts an earlier supervisor of this run recorded, so a resumed run's summary keeps them."""
+    path = run_dir / SUMMARY_FILE
+    try:
+        return list(json.loads(path.read_text())["restarts"]) if path.is_file() else []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log(f"failover: {path} is unreadable ({type(exc).__name__}: {exc}); the summary of this resumed run "
+            f"lists only its own restarts")
+        return []
+
+
+class ControllerStateError(ValueError):
+    """``failover/controller_state.json`` cannot be read back; the message names it and the fix."""
+
+
+def load_controller_state(controller: FailoverController, path: Path) -> None:
+    """What the controller had learnt (baselines, restart costs), saved after every stage."""
+    try:
+        controller.load_state_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ControllerStateError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); it holds only what the failover controller learnt "
+            f"during the run (step-time baselines, measured restart costs), no training state. Fix: delete it and "
+            f"rerun with resume=auto: the run continues from its newest checkpoint and the controller learns "
+            f"again") from exc
 
 
 def same_command(partition: Placement, first: StageSpec) -> bool:

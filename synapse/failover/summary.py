@@ -23,9 +23,11 @@ SUMMARY_FILE = "experiment_summary.json"
 
 def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: FailoverController,
                              stages: Sequence[StageSpec], restarts: Sequence[Any], started_at: float,
-                             last: dict[str, Any]) -> dict[str, Any]:
-    """``restarts``: the supervisor's ``Restart`` records (dataclasses)."""
-    restart_views = [{k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")} for r in restarts]
+                             last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``restarts``: the supervisor's ``Restart`` records (dataclasses); ``earlier_restarts``: those an
+    earlier supervisor of a resumed run recorded (its summary's), kept first."""
+    restart_views = [*earlier_restarts,
+                     *({k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")} for r in restarts)]
     summary = {
         "policy": cfg.policy.name,
         "injection": cfg.injection.name,
@@ -36,7 +38,7 @@ def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: Failove
                    for s in stages],
         "decisions": [_decision_view(d) for d in controller.decisions],
         "restarts": restart_views,
-        "time_lost_s": _time_lost(controller, restarts),
+        "time_lost_s": _time_lost(controller, restarts, earlier_restarts),
         "restart_cost_estimate_s": controller.restart_costs.estimate().to_dict(),
         "final_eval": last.get("final_eval") or {},
         "images_per_s_last_stage": last.get("images_per_s"),
@@ -54,8 +56,10 @@ def _decision_view(record: dict[str, Any]) -> dict[str, Any]:
             "chosen_devices": record["chosen"]["devices"], "alphas": record.get("alphas")}
 
 
-def _time_lost(controller: FailoverController, restarts: Sequence[Any]) -> dict[str, float]:
+def _time_lost(controller: FailoverController, restarts: Sequence[Any],
+               earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, float]:
     """Seconds lost: slow steps before each action (over the healthy step time) and restart downtime."""
     slow = controller.time_lost_total_s
-    downtime = sum(r.downtime_s or 0.0 for r in restarts)
+    downtime = (sum(r.downtime_s or 0.0 for r in restarts)
+                + sum(r.get("downtime_s") or 0.0 for r in earlier_restarts))
     return {"slow_steps_s": slow, "restart_downtime_s": downtime, "total_s": slow + downtime}

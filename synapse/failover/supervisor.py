@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,8 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from ..config import resolve_devices, validate
-from ..control import FileControlChannel
+from ..control import FileControlChannel, StopRequest
 from ..launch.elastic import WorkerFailure, launch_pipeline
+from ..launch.interrupt import InterruptToStop, RunInterrupted
 from ..monitor.events import EventLog, EventLogError, events_path
 from ..monitor.injection import fired_fault_indices
 from ..planner.placement import Placement
@@ -80,6 +82,8 @@ class Supervisor:
     stages: list[StageSpec] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    interrupt: InterruptToStop | None = field(default=None, repr=False)  # set while run() runs
+    earlier_restarts: list[dict[str, Any]] = field(default_factory=list)  # by an earlier supervisor of the run
 
     tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
     _event_tail: JsonlTail | None = None
@@ -99,7 +103,20 @@ class Supervisor:
 
     # ---------------------------------------------------------------- the loop
     def run(self, first: StageSpec, compose: bool = False) -> dict[str, Any]:
-        """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides."""
+        """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides.
+        A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
+        with InterruptToStop(self._stop_on_interrupt) as self.interrupt:
+            return self._run_stages(first, compose)
+
+    def _stop_on_interrupt(self, signal_name: str) -> None:
+        """First SIGINT/SIGTERM (signal handler, main thread): every rank stops after its step in flight."""
+        self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (again to abort "
+                 f"now)")
+        spec = self.stages[-1]  # a stop, not a decision: the placement stays the running one
+        FileControlChannel(self.run_dir).send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})",
+                                                          spec.start_step, spec.index, "restart", spec.placement))
+
+    def _run_stages(self, first: StageSpec, compose: bool) -> dict[str, Any]:
         spec, restart = first, None
         stage_cfg, overrides = self._compose(spec) if compose else (self.cfg, self._stage_overrides(spec))
         while True:
@@ -113,12 +130,13 @@ class Supervisor:
                 break
             if summary and summary["steps"] >= summary["total_steps"]:
                 break  # a stop requested at the very last step: nothing left to run
+            if self.interrupt.requested:
+                return self._end_interrupted(current, summary)
             restart = self._plan_restart(current, watcher, failure)
             spec = self._next_stage(current, restart)
             stage_cfg, overrides = self._compose(spec)
         self.tracker.close()
-        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
-                                        self.started_at, summary or {})
+        return self._write_summary(summary)
 
     def _mark_stage(self, spec: StageSpec) -> None:
         placement = spec.placement
@@ -137,8 +155,21 @@ class Supervisor:
     def live_replan(self) -> bool:
         return self.cfg.failover.replan_mode == "live"
 
+    def _write_summary(self, summary: dict | None) -> dict[str, Any]:
+        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
+                                        self.started_at, summary or {}, earlier_restarts=self.earlier_restarts)
+
+    def _end_interrupted(self, spec: StageSpec, summary: dict | None) -> dict[str, Any]:
+        self._write_summary(summary)
+        saved = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints")
+        at = f"a checkpoint of step {saved.step} is in {saved.path}" if saved else "no checkpoint was written"
+        raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: stage {spec.index} stopped after step "
+                             f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
+
     def _launch(self, spec: StageSpec, stage_cfg: DictConfig, restart: Restart | None):
         FileControlChannel(self.run_dir).clear()
+        if self.interrupt is not None and self.interrupt.requested:  # it came while the stage was being set up
+            self._stop_on_interrupt(self.interrupt.signal_name)
         self.controller.begin_stage(spec.placement, start_step=spec.start_step)
         watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
                                live_replan=self.live_replan, on_live_stage=self._on_live_stage)
@@ -160,8 +191,13 @@ class Supervisor:
         finally:
             watcher.stop()
         if watcher.error is not None:
-            raise FailoverError(f"the failover controller failed during stage {self.stages[-1].index}: "
-                                f"{type(watcher.error).__name__}: {watcher.error}") from watcher.error
+            error = FailoverError(
+                f"the failover controller failed during stage {self.stages[-1].index} at step "
+                f"{watcher.error_step}: {type(watcher.error).__name__}: {watcher.error}; the "
+                f"workers stopped with a checkpoint at the next step. Fix: continue with resume=auto (report the "
+                f"error if it recurs; failover.enabled=false runs without the controller)")
+            self._end_stage_in_error(watcher, error)
+            raise error from watcher.error
         return summary, watcher, failure
 
     def _on_live_stage(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
@@ -198,7 +234,9 @@ class Supervisor:
                       summary: dict | None, restart: Restart | None) -> None:
         spec.ended_at = time.time()
         spec.end_step = (watcher.last_record or {}).get("step", spec.start_step)
-        spec.outcome = "failed" if failure else ("stopped" if (summary or {}).get("stopped_on_request")
+        stopped = (summary or {}).get("stopped_on_request")
+        interrupted = self.interrupt is not None and self.interrupt.requested
+        spec.outcome = "failed" if failure else (("interrupted" if interrupted else "stopped") if stopped
                                                  else "finished")
         write_stage(self.run_dir, spec)
         self.events.append("stage_ended", stage=spec.index, outcome=spec.outcome, step=spec.end_step,
@@ -207,7 +245,7 @@ class Supervisor:
             self._measure_restart(restart, watcher.first_record)
         self._save_state()
 
-    def _end_stage_in_error(self, watcher: StageWatcher, error: WorkerFailure) -> None:
+    def _end_stage_in_error(self, watcher: StageWatcher, error: Exception) -> None:
         """The stage's record says how it ended even when the run cannot go on."""
         spec = self.stages[-1]
         spec.ended_at = time.time()
@@ -215,7 +253,7 @@ class Supervisor:
         spec.outcome = "error"
         write_stage(self.run_dir, spec)
         self.events.append("stage_ended", stage=spec.index, outcome="error", step=spec.end_step,
-                           cause=str(error)[:2000], rank=error.rank)
+                           cause=str(error)[:2000], rank=getattr(error, "rank", None))
         self._save_state()
 
     # ---------------------------------------------------------------- deciding the restart

@@ -8,6 +8,7 @@ a worker must not wait for it).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..control import FileControlChannel, StopRequest
+from ..monitor.events import EventLog, events_path
 from ..planner.eta import OptionKind
 from ..planner.placement import Placement
 from ..planner.policy import Decision
@@ -36,6 +38,7 @@ class StageWatcher(threading.Thread):
         self.first_record: dict[str, Any] | None = None
         self.last_record: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        self.error_step: int | None = None  # the step whose record the controller failed on
         self.live_replan, self.on_live_stage = live_replan, on_live_stage
         self.pending_live: Decision | None = None
         self._done = threading.Event()
@@ -54,8 +57,24 @@ class StageWatcher(threading.Thread):
                 self._poll()
                 self._done.wait(self.period_s)
             self._poll()
-        except BaseException as exc:  # surfaced by the supervisor after the launch
+        except BaseException as exc:  # the supervisor raises it once the workers have stopped
             self.error = exc
+            if not self._done.is_set():
+                self._fail_safe(exc)
+
+    def _fail_safe(self, exc: BaseException) -> None:
+        """The controller broke mid-stage: without it no slowdown or failure would be acted on, so
+        say so now (console and event log) and have every rank stop after its next step with a
+        checkpoint, instead of training on unprotected until the launch ends."""
+        step = self.error_step = (self.last_record or {}).get("step")
+        self.log(f"failover: the controller failed at step {step} ({type(exc).__name__}: {exc}); failover cannot "
+                 f"go on, so the workers stop after the next step with a checkpoint (continue with resume=auto)")
+        with contextlib.suppress(Exception):  # the event is a record of the failure, never a second one
+            EventLog(events_path(self.run_dir), source="supervisor").append(
+                "controller_failed", stage=self.stage, step=step, error=f"{type(exc).__name__}: {exc}"[:2000])
+        # The placement stays the running one: a stop, not a decision.
+        self.control.send(StopRequest(uuid.uuid4().hex, "controller_failed", int(step or 0), self.stage, "restart",
+                                      self.controller.stage))
 
     def _poll(self) -> None:
         for record in self._records.read_new():
@@ -67,9 +86,14 @@ class StageWatcher(threading.Thread):
                 self.stage, self.decision, self.pending_live = stage, None, None
             self.first_record = self.first_record or record
             self.last_record = record
-            if self.decision is not None:
+            if self.decision is not None or self.error is not None:
                 continue  # stop already requested: keep the timings, decide nothing more
-            decision = self.controller.observe(record)
+            try:
+                decision = self.controller.observe(record)
+            except Exception as exc:  # noqa: BLE001  (any bug in the controller: stop safely, now)
+                self.error = exc
+                self._fail_safe(exc)
+                continue
             if decision is not None:
                 self._act(decision)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import json
 import time
 import socket
 from pathlib import Path
@@ -27,12 +26,15 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ..checkpoint import latest_valid_checkpoint
 from ..config import resolve_accelerator, resolve_devices
 from ..monitor.health import build_health_monitor
 from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
 from ..pipeline.runtime import WAIT_PHASES, progress_path, read_progress
 from ..pipeline.worker import worker_main
+from ..storage import disk_full_error, filesystem_full, read_json_record
+from . import interrupt, rendezvous
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -40,6 +42,7 @@ from ..pipeline.worker import worker_main
 # and, unlike a plain fork of the supervisor, the server never saw CUDA or the monitor threads.
 START_METHOD = "forkserver"
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", "synapse.pipeline.worker"])
+rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
 
 
 class WorkerFailure(RuntimeError):
@@ -76,13 +79,18 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
     logs = DefaultLogsSpecs(log_dir=str(run_dir / "logs" / f"launch_{attempt}"), redirects=Std.ALL, tee=Std.ALL)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
-        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        run_id=run_id, rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=endpoint,
+        # MASTER_ADDR of the workers: on one node, loopback (not the host name, which may resolve outward)
+        local_addr=rendezvous.LOOPBACK if trainer.nodes == 1 else None,
         rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s,
                       # connecting to the store: torch's default is 60 s, whatever rdzv_timeout_s says
                       "read_timeout": trainer.rdzv_timeout_s,
                       # Node 0 hosts the c10d store; on one machine the others must not try to.
                       "is_host": trainer.node_rank == 0},
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
+        # Under the supervisor, Ctrl-C and SIGTERM mean "checkpoint and stop" (launch/interrupt.py), not
+        # torch's "abort the launch now".
+        signals_to_handle="SIGHUP,SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
     )
 
@@ -121,6 +129,12 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
             results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
                                                           resume, str(failure_dir), stage)
+    except ValueError as exc:
+        # torch's agent parses each failed worker's error file; on a full disk that file is empty
+        # and the agent dies of a JSONDecodeError that says nothing of the disk.
+        if not filesystem_full(log_dir):
+            raise
+        raise _disk_full_failure(log_dir) from exc
     except ChildFailedError as exc:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
         progress = read_progress_boards(run_dir, beats, since=launched_at)
@@ -197,7 +211,8 @@ _PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken p
 def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     """The failure records workers wrote, root cause first: the earliest error that is not a
     consequence of losing a peer (then the earliest of those)."""
-    records = [json.loads(p.read_text()) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
+    records = [read_json_record(p) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
+    records = [r for r in records if r is not None]  # an empty one: its writer ran out of disk
     return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
 
 
@@ -215,6 +230,8 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
 
     ``progress``: the ranks' progress boards (``read_progress_boards``), which name the hung rank.
     """
+    if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
+        return _disk_full_failure(log_dir)
     records = read_failures(failure_dir)
     # A rank that wrote a failure record exited because of that error: the monitor seeing its pid
     # gone afterwards is a consequence, and the records name the root cause.
@@ -241,6 +258,20 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     device_error = _device_error(root)
     cause = device_error or f"{root['type']}: {root['message']}"
     return WorkerFailure(message, root["rank"], cause.splitlines()[0][:200], device_failure=device_error is not None)
+
+
+DISK_FULL = "No space left on device"
+
+
+def _disk_full_failure(log_dir: Path) -> WorkerFailure:
+    run_dir = Path(log_dir).parents[1]
+    message = str(disk_full_error(run_dir, newest_checkpoint(run_dir), "the workers' writes failed"))
+    return WorkerFailure(message, None, DISK_FULL, device_failure=False)
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    ref = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
+    return ref.path if ref is not None else None
 
 
 def _device_error(record: dict) -> str | None:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..records import JsonlWriter
 from .events import EventLog, events_path
 from .heartbeat import read_heartbeats
-from .liveness import LivenessTracker
+from .liveness import LivenessTracker, is_own_process
 from .nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
 from .probe import CudaProbe, ProbeResult
 
@@ -88,7 +88,8 @@ class HealthMonitor:
         self.on_hard_failure = on_hard_failure
         self.log = log
         self.gpu_devices = tuple(gpu_devices)
-        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=time.time() if since is None else since)
+        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=time.time() if since is None else since,
+                                       is_ours=is_own_process)
         self.nvml = open_nvml(log, nvml_importer) if self.settings.nvml else NullNvml()
         self.events_log = EventLog(events_path(self.run_dir), source="health")
         self.events: list[dict[str, Any]] = []

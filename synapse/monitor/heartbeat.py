@@ -39,5 +39,16 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # being replaced right now: the next read sees it
-        beats[record["rank"]] = record
+        if is_heartbeat(record):  # anything else (damaged, or planted) is not a worker's: ignored
+            beats[record["rank"]] = record
     return beats
+
+
+def is_heartbeat(record: Any) -> bool:
+    """Whether ``record`` has the shape ``Heartbeat.beat`` writes (the fields the monitor reads)."""
+    def whole(value: Any, minimum: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+    return (isinstance(record, dict) and whole(record.get("rank"), 0) and whole(record.get("pid"), 1)
+            and whole(record.get("step"), 0) and isinstance(record.get("phase", ""), str)
+            and isinstance(record.get("time", 0.0), (int, float)) and not isinstance(record.get("time"), bool))

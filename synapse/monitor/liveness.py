@@ -6,12 +6,18 @@ not changed for ``hang_timeout_s``. A heartbeat with phase ``finished`` is a ran
 ended normally: its pid going away is not a death. Heartbeats written before ``since``
 (an earlier launch of the same run) are ignored.
 
+Only processes this supervisor started are judged or signalled: a heartbeat file is plain data
+in the run directory, and a pid planted there (a hostile or stale file naming an unrelated
+process) must never be hung-reported or killed. "Started here" is checked through the parent
+links in /proc (the workers are children of the fork server, a child of the supervisor).
+
 Each problem is reported once: ``rank_dead`` once per pid, ``rank_hung`` once per
 (pid, step, phase), so a rank that recovers and hangs again later is reported again.
 """
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -35,6 +41,53 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def is_own_process(pid: int, ancestor: int | None = None) -> bool:
+    """Whether ``pid`` is ``ancestor`` (default: this process) or one of its descendants.
+
+    Read from /proc's parent links; False where they cannot be read (the process is gone, or no
+    procfs), so a pid whose origin cannot be proven is never treated as ours."""
+    ancestor = os.getpid() if ancestor is None else ancestor
+    for _ in range(64):  # deeper than any process tree this program builds
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
+def signal_own_process(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid`` only if it is a descendant of this process; True if sent.
+
+    A pidfd pins the process while its parentage is checked, so a pid reused in between gets
+    nothing (the signal goes to the exited process and fails)."""
+    if pid == os.getpid():
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): check, then signal
+        fd = None
+    try:
+        if not is_own_process(pid):
+            return False
+        if fd is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(fd, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 @dataclass
 class _RankProgress:
     pid: int
@@ -47,12 +100,16 @@ class LivenessTracker:
     """Turns successive heartbeat snapshots into per-rank status and new events."""
 
     def __init__(self, hang_timeout_s: float, since: float | None = None,
-                 is_alive: Callable[[int], bool] = pid_alive):
+                 is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True):
+        """``is_ours``: whether a pid was started by this supervisor, asked when a pid is first seen; a
+        pid that was not (a planted or stale heartbeat: someone else's process, or one already gone
+        when first seen) is reported as ``not ours`` and never judged hung or dead."""
         if hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
         self.hang_timeout_s = hang_timeout_s
         self.since = since
-        self._is_alive = is_alive
+        self._is_alive, self._is_ours = is_alive, is_ours
+        self._trusted: set[int] = set()
         self._progress: dict[int, _RankProgress] = {}
         self._reported: set[tuple] = set()
 
@@ -84,7 +141,14 @@ class LivenessTracker:
         status = {"pid": p.pid, "step": p.step, "phase": p.phase, "stalled_s": round(stalled, 3)}
         if p.phase == FINISHED_PHASE:
             return {**status, "state": "finished"}, None
-        if not self._is_alive(p.pid):
+        alive = self._is_alive(p.pid)
+        if p.pid not in self._trusted:  # judged once per pid: a live process this supervisor started
+            if not self._is_ours(p.pid):
+                # Alive and someone else's, or already gone and never seen as ours (a planted or stale
+                # file): neither killed nor reported, so it cannot tear a healthy launch down.
+                return {**status, "state": "not ours"}, None
+            self._trusted.add(p.pid)
+        if not alive:
             return {**status, "state": "dead"}, self._once(("dead", p.pid), {
                 "event": "rank_dead", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase})
         if stalled >= self.hang_timeout_s:
@@ -103,15 +167,12 @@ class LivenessTracker:
 def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | None = None,
                       signum: int = 9) -> list[int]:
     """Send ``signum`` (default SIGKILL) to every live worker pid of these heartbeats (written at or
-    after ``since``); the elastic agent then sees its workers fail and the launch ends at once.
-    The supervisor's teardown after a hard failure; returns the pids signalled."""
+    after ``since``) that this process started; the elastic agent then sees its workers fail and
+    the launch ends at once. The supervisor's teardown after a hard failure; returns the pids
+    signalled. A pid of another origin is left alone, whatever the file says."""
     signalled = []
     for beat in beats.values():
         pid = int(beat["pid"])
-        if (since is None or beat.get("time", 0.0) >= since) and pid != os.getpid() and pid_alive(pid):
-            try:
-                os.kill(pid, signum)
-                signalled.append(pid)
-            except ProcessLookupError:
-                continue
+        if (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) and signal_own_process(pid, signum):
+            signalled.append(pid)
     return signalled

@@ -180,12 +180,17 @@ class PipelineRunner:
         (2) leaves a peer waiting; the collective timeout then makes it a hard failure.
         """
         started = time.perf_counter()
+        # The progress board says, through every phase, whether this rank works or waits on the
+        # others: a rank that hangs here is then told from the ranks waiting for it (elastic.hang_culprit).
+        self.runtime.mark("repartition")
         prepared = self._agree(self._try(lambda: self._prepare_moves(new)), new, "preparing the transfer")
         if prepared is None:
             return False
         moves, optim_state, outgoing = prepared
         device = self.setup.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.runtime.mark("recv")  # a point-to-point exchange: each rank waits on its peers
         received = exchange_blocks(moves, self.rank, outgoing.__getitem__, device)
+        self.runtime.mark("repartition")
         built = self._agree(self._try(lambda: self._assemble_stage(new, received, optim_state)), new,
                             "building the new stage")
         if built is None:
@@ -221,6 +226,7 @@ class PipelineRunner:
         """The result if every rank succeeded; None (and one event) if any failed."""
         result, error = outcome
         errors: list[Any] = [None] * self.world_size
+        self.runtime.mark("sync")
         dist.all_gather_object(errors, error)
         failed = {rank: e for rank, e in enumerate(errors) if e is not None}
         if not failed:

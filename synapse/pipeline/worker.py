@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -20,6 +24,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..config import resolve_accelerator, resolve_devices
+from ..run_lock import hold_as_worker
 from ..engine.device import build_compute_setup
 from ..planner.placement import Placement
 from .trainer import build_pipeline_trainer
@@ -29,6 +34,9 @@ from .trainer import build_pipeline_trainer
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
                 resume: str | None, failure_dir: str, stage: int = 0) -> dict[str, Any] | None:
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the supervisor's to handle
+        die_with_the_supervisor()
+        hold_as_worker(Path(run_dir), OmegaConf.create(cfg_yaml).trainer.node_rank)
         return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume, stage)
     except BaseException as exc:
         # The elastic agent may tear this rank down before it reports; a file per failing
@@ -37,11 +45,61 @@ def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: di
         raise
 
 
+def die_with_the_supervisor() -> None:
+    """End this worker the moment the supervisor dies (kill -9 of train.py, the OOM killer).
+
+    The supervisor is the fork server's parent. The fork server does not exit when it dies (every
+    worker holds the server's "alive" pipe open), so the kernel's parent-death signal would not
+    fire; instead a thread waits on a pidfd of the supervisor and SIGKILLs this process when it
+    becomes readable (the supervisor exited). No worker trains on, writing checkpoints and records
+    into a run directory a resumed run may already be using."""
+    supervisor = _parent_of(os.getppid())
+    if not supervisor:
+        raise SupervisorGoneError(f"worker pid {os.getpid()}: the supervisor died before this worker started")
+    try:
+        handle = os.pidfd_open(supervisor)
+    except ProcessLookupError:
+        raise SupervisorGoneError(f"worker pid {os.getpid()}: supervisor pid {supervisor} is gone") from None
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): poll the pid instead
+        handle = None
+    threading.Thread(target=_end_with, args=(supervisor, handle), name="synapse-lifeline", daemon=True).start()
+
+
+def _end_with(supervisor: int, handle: int | None) -> None:
+    if handle is not None:
+        select.select([handle], [], [])  # readable once the supervisor has exited
+    else:
+        while _parent_of(os.getppid()) == supervisor:
+            time.sleep(0.5)
+    print(f"worker pid {os.getpid()}: supervisor pid {supervisor} died; this worker ends with it", file=sys.stderr,
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SupervisorGoneError(RuntimeError):
+    """The supervisor that started this worker is gone."""
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return 0 if parent <= 1 else parent
+
+
 def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
-    failure_dir.mkdir(parents=True, exist_ok=True)
+    """This rank's failure record; best effort (on a full disk it cannot be written, and a
+    partial one is removed: the supervisor then judges the launch by the disk's free space)."""
     record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
               "traceback": "".join(traceback.format_exception(exc))}
-    (failure_dir / f"rank_{rank}.json").write_text(json.dumps(record, indent=1))
+    path = failure_dir / f"rank_{rank}.json"
+    try:
+        failure_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    except OSError:
+        path.unlink(missing_ok=True)
 
 
 def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
@@ -53,6 +111,8 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     device_id = resolve_devices(cfg.trainer)[local_rank]
     setup = build_compute_setup(cfg.trainer, device_id=device_id, local_processes=local_world)
     backend = "nccl" if resolve_accelerator(cfg.trainer) == "cuda" else "gloo"
+    if cfg.trainer.nodes == 1:
+        listen_on_loopback_only()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
     log = _rank_logger(rank)
     trainer = None
@@ -74,6 +134,15 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
         if trainer is not None:
             trainer.injector.close()  # stop background loads, record fault_cleared
         dist.destroy_process_group()
+
+
+def listen_on_loopback_only() -> None:
+    """One node: gloo's and NCCL's own listening sockets on the loopback interface, not on the
+    address the host name resolves to (reachable from other hosts). A user's setting is kept."""
+    loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback[0])
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback[0])
 
 
 def _rank_logger(rank: int):

@@ -53,12 +53,24 @@ def _is_positive_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
+# Beyond these a value is a unit mistake or garbage, not a measurement: one block's pass taking over
+# an hour, or a tensor over 10 TB. Accepted, they made the planner predict "step inf ms".
+MAX_TIME_MS = 3.6e6
+MAX_SIZE_KB = 1e10
+
+
 def _check_quantity(value: float, where: str) -> None:
     if not math.isfinite(value):
         raise ProfileError(f"{where}: value {value!r} is not finite; re-run the profiler for this block")
     if value < 0:
         raise ProfileError(f"{where}: value {value!r} is negative; times and sizes must be >= 0 "
                            "(re-profile the model with mode=profile, or correct the value)")
+    is_time = "time_ms" in where
+    limit = MAX_TIME_MS if is_time else MAX_SIZE_KB
+    if value > limit:
+        what = "one block's time above 1 hour" if is_time else "a size above 10 TB"
+        raise ProfileError(f"{where}: value {value!r} is implausibly large ({what}; the limit is {limit:g}); times "
+                           "are in ms and sizes in KB: check the units, or re-profile the model with mode=profile")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,435 @@
+"""Issue #19's cases (reliability, round two): the run's attack surface, processes it must not
+touch, runs that must not share a directory, workers that must not outlive their supervisor,
+controller and storage errors that must be loud, and interrupts that must checkpoint.
+
+Real runs as in test_reliability.py (whose helpers and leftover-process check are reused); rows
+of tests/RELIABILITY.md name these tests.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse import checkpoint as ckpt
+from synapse.records import read_jsonl
+from synapse.failover.controller import FailoverController
+from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.failover.supervisor import FailoverError
+from synapse.app import run
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import pid_alive
+from synapse.run_lock import RunDirInUseError
+
+from .helpers import assert_identical_states, final_student_state
+from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_leftover_processes is autouse)
+    REPO_ROOT, STEPS, events, in_group, live_descendants, mount_tmpfs, no_leftover_processes, unmount, overrides_for, reference, reference_run,
+    run_overrides, steps_done, train_py, wait_until,
+)
+
+
+def train_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+
+pytestmark = [pytest.mark.dist]
+
+
+# ---------------------------------------------------------------- what the run exposes
+def _socket_address(hex_address: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (/proc/net/tcp's little-endian words) -> ("127.0.0.1", 8080)."""
+    ip, port = hex_address.split(":")
+    raw = bytes.fromhex(ip)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, words), int(port, 16)
+
+
+def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of ``pids`` holds."""
+    listening = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    listening[fields[9]] = _socket_address(fields[1])  # by inode
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone meanwhile
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in listening:
+                found.add(listening[link[8:-1]])
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.timeout(240)
+def test_a_single_node_run_listens_on_loopback_only(tmp_path, teacher_file):
+    run_dir = tmp_path / "run"
+    proc = train_py(run_dir, overrides_for(run_dir, teacher_file, "policy=keep", devices=2))
+    seen: set[tuple[str, int]] = set()
+    try:
+        while proc.poll() is None:  # the supervisor, its fork server and the workers: one process group
+            seen |= listening_sockets(in_group(proc.pid))
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(30)
+    assert proc.returncode == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    assert seen, "the run's stores were never seen listening: the check itself is broken"
+    exposed = sorted(s for s in seen if not is_loopback(s[0]))
+    assert not exposed, f"listening on non-loopback addresses {exposed} (all seen: {sorted(seen)})"
+
+
+# ---------------------------------------------------------------- processes the run did not start
+@contextlib.contextmanager
+def unrelated_process():
+    """A live process this test process did not start as a descendant (its parent exits at once,
+    so it is re-parented away) and in a session of its own: the 'unrelated process' a planted
+    heartbeat names."""
+    shell = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                           start_new_session=True, check=True)
+    pid = int(shell.stdout.strip())
+    try:
+        assert pid_alive(pid) and pid not in live_descendants(os.getpid())
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def plant_heartbeat(run_dir: Path, rank: int, pid: int) -> None:
+    """A hostile live/rank_<r>.json: a pid that is not the run's, dated in the future (so no
+    'older than this launch' filter skips it) and never advancing."""
+    path = run_dir / "live" / f"rank_{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "pid": pid, "device": "cpu:9", "step": 0, "phase": "training",
+                                "time": time.time() + 3600}))
+
+
+@pytest.mark.timeout(240)
+def test_a_planted_heartbeat_pid_is_neither_killed_nor_blamed(tmp_path, teacher_file, reference):
+    # A hang makes the supervisor tear the launch down (SIGKILL to the workers it finds in live/);
+    # a planted rank_9.json names an unrelated live process that must survive it.
+    with unrelated_process() as victim:
+        plant_heartbeat(tmp_path, 9, victim)
+        run_overrides(overrides_for(tmp_path, teacher_file,
+                                    "injection.faults=[{kind:hang,rank:1,step:5,phase:backward}]",
+                                    "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
+                                    "trainer.collective_timeout_s=900"))
+        assert pid_alive(victim), "the supervisor killed a process it did not start"
+    assert not [e for e in events(tmp_path, "rank_hung") if e["pid"] == victim], "a foreign pid was judged hung"
+    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 1
+    assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- the supervisor alone killed; two runs, one dir
+def wait_for_step(run_dir: Path, proc, step: int, timeout: float = 200) -> None:
+    wait_until(lambda: steps_done(run_dir) >= step, proc, timeout, f"step {step}")
+
+
+@pytest.mark.timeout(300)
+def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:4,seconds:0.05}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 4)
+        workers = {b["pid"] for b in read_heartbeats(run_dir).values()}
+        os.kill(first.pid, signal.SIGKILL)  # only train.py (the OOM killer's choice), not its process group
+        first.wait(30)
+        deadline = time.monotonic() + 20
+        while any(pid_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivors = sorted(p for p in workers if pid_alive(p))
+        assert not survivors, f"workers {survivors} outlived their supervisor"
+        steps_when_killed = steps_done(run_dir)
+        time.sleep(1.0)
+        assert steps_done(run_dir) == steps_when_killed, "nobody trains on after the supervisor died"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    second = train_py(run_dir, [*args, "resume=auto"])
+    assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    assert [s.outcome for s in read_stages(run_dir)][-1] == "finished"
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    # From step 2 on, rank 0 is slowed (1 s per task: ~8 s a step) so the first run is still
+    # training while the others start and are refused; policy=keep: a delay, not a reason to re-plan.
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:2,seconds:1.0}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 2)
+        for extra in ([], ["resume=auto"]):  # a second run, and a resume of the running one
+            second = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args, *extra,
+                                     f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                    timeout=120, env=train_env())
+            assert first.poll() is None, "the first run ended before the second started: nothing was tested"
+            assert second.returncode != 0
+            assert (f"run directory {run_dir} is in use: another Synapse supervisor (pid {first.pid}"
+                    in second.stderr), second.stderr[-3000:]
+            assert "Fix:" in second.stderr
+        assert steps_done(run_dir) < STEPS, "the first run was still training"
+        assert first.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    assert [s.outcome for s in read_stages(run_dir)] == ["finished"]
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+WORKER_HOLDING_THE_DIR = """
+import sys, time
+from pathlib import Path
+from synapse.run_lock import hold_as_worker
+hold_as_worker(Path(sys.argv[1]))
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_resume_is_refused_while_workers_of_an_earlier_run_hold_the_directory(tmp_path, teacher_file):
+    # A worker left alive (here: a process holding the workers' lock, as every worker does) while
+    # its supervisor is gone: resume=auto must not race it.
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_HOLDING_THE_DIR, str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True, env=train_env())
+    try:
+        assert worker.stdout.readline().strip() == "holding"
+        plant_heartbeat(tmp_path, 0, worker.pid)
+        with pytest.raises(RunDirInUseError) as refused:
+            run_overrides(overrides_for(tmp_path, teacher_file, "resume=auto"))
+        message = str(refused.value)
+        assert f"workers of an earlier run still hold" in message and f"kill {worker.pid}" in message, message
+    finally:
+        worker.kill()
+        worker.wait()
+    assert not (tmp_path / "logs").exists(), "refused before anything started"
+
+
+# ---------------------------------------------------------------- the controller breaks mid-stage
+@pytest.mark.timeout(240)
+def test_a_controller_error_stops_the_workers_at_once_with_a_checkpoint(tmp_path, teacher_file, reference,
+                                                                          monkeypatch):
+    # A bug in the controller (injected into the supervisor, which runs in this process): at step 3
+    # observe() raises. Failover is then off; the run must say so at once and stop safely.
+    real_observe = FailoverController.observe
+
+    def broken_observe(self, record):
+        if record["step"] == 3:
+            raise ZeroDivisionError("injected controller bug")
+        return real_observe(self, record)
+
+    monkeypatch.setattr(FailoverController, "observe", broken_observe)
+    lines: list[str] = []
+    overrides = overrides_for(tmp_path, teacher_file, "policy=keep",
+                              "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
+    with pytest.raises(FailoverError, match="controller failed during stage 0 at step 3: ZeroDivisionError"):
+        run(compose_stage_config(overrides), log=lines.append, overrides=overrides)
+    (failed,) = events(tmp_path, "controller_failed")
+    assert failed["step"] == 3 and "injected controller bug" in failed["error"]
+    assert any("the controller failed at step 3" in line for line in lines), lines
+    trained = [r["step"] for r in read_jsonl(tmp_path / "performance.jsonl")]
+    assert max(trained) < STEPS, f"the workers trained on unprotected to step {max(trained)}"
+    (stage,) = read_stages(tmp_path)
+    assert stage.outcome == "error" and stage.end_step == max(trained)
+    stopped_at = [r.step for r in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1]
+    assert stopped_at == max(trained), "the stop wrote a checkpoint of the last step"
+    monkeypatch.setattr(FailoverController, "observe", real_observe)
+    run_overrides([*overrides, "resume=auto"])
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- storage
+def fill_disk(path: Path) -> Path:
+    """Fill the filesystem holding ``path`` to the last byte (a real full disk); the filler file."""
+    filler = path / "filler.bin"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+@pytest.mark.timeout(240)
+def test_disk_full_between_checkpoints_names_enospc_and_loses_nothing(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    mount_tmpfs(run_dir, 64 << 20)  # the run's own disk; filled once step 3 is done (checkpoint 2 is safe)
+    try:
+        overrides = overrides_for(run_dir, teacher_file, "policy=keep",
+                                  "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
+        filled = threading.Event()
+
+        def fill_after_step_3() -> None:
+            deadline = time.monotonic() + 180
+            while steps_done(run_dir) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fill_disk(run_dir)
+            filled.set()
+
+        filler = threading.Thread(target=fill_after_step_3, daemon=True)
+        filler.start()
+        with pytest.raises(Exception) as failure:
+            run_overrides(overrides)
+        filler.join(5)
+        assert filled.is_set()
+        message = f"{type(failure.value).__name__}: {failure.value}"
+        assert "No space left on device" in message and str(run_dir) in message, message
+        assert "Fix: free space" in message and "resume=auto" in message, message
+        (run_dir / "filler.bin").unlink()
+        run_overrides([*overrides, "resume=auto"])
+        assert_identical_states(final_student_state(run_dir), reference)
+    finally:
+        unmount(run_dir)
+
+
+@pytest.mark.timeout(240)
+def test_a_corrupt_controller_state_is_named_with_its_path_and_fix(tmp_path, teacher_file, reference):
+    overrides = overrides_for(tmp_path, teacher_file, "policy=keep")
+    run_overrides([*overrides, "trainer.stop_after=4"])  # a run interrupted at step 4, its stage history kept
+    state = tmp_path / "failover" / "controller_state.json"
+    assert state.is_file()
+    state.write_text(state.read_text()[: len(state.read_text()) // 2])  # cut short (a crash mid-write, bit rot)
+    with pytest.raises(ValueError) as refused:
+        run_overrides([*overrides, "resume=auto"])
+    message = str(refused.value)
+    assert str(state) in message and "Fix: delete it and rerun with resume=auto" in message, message
+    assert not (tmp_path / "logs" / "launch_1").exists(), "refused before any worker started"
+    state.unlink()
+    run_overrides([*overrides, "resume=auto"])
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum, whom", [(signal.SIGINT, "group"), (signal.SIGTERM, "supervisor")],
+                         ids=["ctrl_c_to_the_terminal_group", "sigterm_to_the_supervisor"])
+def test_an_interrupt_checkpoints_at_the_next_step_and_resumes(tmp_path, teacher_file, reference, signum, whom):
+    run_dir = tmp_path / "run"
+    args = overrides_for(run_dir, teacher_file, "policy=keep", "checkpoint.every=100",  # no periodic checkpoint
+                         "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.1}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 3)
+        if whom == "group":  # a terminal's Ctrl-C reaches every process of the foreground group
+            os.killpg(first.pid, signum)
+        else:
+            os.kill(first.pid, signum)
+        assert first.wait(120) != 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    log = (tmp_path / "run.train_py.log").read_text()
+    (stage,) = read_stages(run_dir)
+    assert stage.outcome == "interrupted" and stage.end_step is not None, (stage, log[-3000:])
+    assert 3 <= stage.end_step < STEPS
+    saved = [r.step for r in ckpt.list_checkpoints(run_dir / "checkpoints")]
+    assert saved == [stage.end_step], "the interrupt wrote a checkpoint of the last finished step"
+    assert f"interrupted by {signal.Signals(signum).name}" in log and "resume=auto" in log, log[-3000:]
+    second = train_py(run_dir, [*args, "resume=auto"])
+    assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
+    assert read_stages(run_dir)[-1].start_step == stage.end_step
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_aborts_at_once(tmp_path, teacher_file):
+    run_dir = tmp_path / "run"
+    # Steps 3+ take ~2 s each: the first Ctrl-C's stop waits for the step in flight, the second does not.
+    args = overrides_for(run_dir, teacher_file, "policy=keep",
+                         "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.25}]")
+    first = train_py(run_dir, args)
+    try:
+        wait_for_step(run_dir, first, 2)
+        os.killpg(first.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(60)
+        steps = steps_done(run_dir)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode != 0
+    assert steps < STEPS
+
+
+# ---------------------------------------------------------------- bad inputs that only a run shows
+@pytest.mark.timeout(240)
+def test_resume_by_path_into_a_new_directory_records_where_it_started(tmp_path, teacher_file, reference):
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_overrides([*overrides_for(first, teacher_file, "policy=keep"), "trainer.stop_after=4"])
+    step_4 = first / "checkpoints" / ckpt.step_dir_name(4)
+    summary = run_overrides(overrides_for(second, teacher_file, "policy=keep", f"resume={step_4}"))
+    (stage,) = read_stages(second)
+    assert stage.start_step == 4 and stage.end_step == STEPS, stage
+    assert summary["experiment"]["stages"][0]["start_step"] == 4
+    assert_identical_states(final_student_state(second), reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_supervisor_keeps_the_earlier_restarts_in_its_summary(tmp_path, teacher_file, reference):
+    overrides = overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:3,phase:forward}]")
+    # Each launch stops after 3 steps: stage 0 dies at step 3, stage 1 (from checkpoint 2) ends at step 5.
+    first = run_overrides([*overrides, "trainer.stop_after=3"])
+    (restart,) = first["experiment"]["restarts"]
+    assert restart["trigger"] == "failure"
+    resumed = run_overrides([*overrides, "resume=auto"])
+    restarts = resumed["experiment"]["restarts"]
+    assert restarts[:1] == [restart], "the earlier supervisor's restart is kept"
+    stored = json.loads((tmp_path / "experiment_summary.json").read_text())["restarts"]
+    assert stored[:1] == [restart]
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
+# ---------------------------------------------------------------- a hang inside a live re-partition
+@pytest.mark.timeout(300)
+def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_file, reference):
+    # A fire drill re-partitions live at step 3; rank 1 hangs while preparing its blocks. The others
+    # wait for it in the re-partition's agreement, so every rank stalls: the one blamed must be 1.
+    run_overrides(overrides_for(tmp_path, teacher_file, "failover.replan_mode=live",
+                                "failover.drills=[{step:3,action:replan}]",
+                                "injection.faults=[{kind:hang,rank:1,step:1,phase:repartition}]",
+                                "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
+                                "trainer.collective_timeout_s=900"))
+    assert [(e["rank"], e["phase"]) for e in events(tmp_path, "fault_injected")] == [(1, "repartition")]
+    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 1, ended
+    stages = read_stages(tmp_path)
+    assert stages[0].outcome == "failed" and stages[1].devices == [0, 2], [s.devices for s in stages]
+    assert_identical_states(final_student_state(tmp_path), reference)
