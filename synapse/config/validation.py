@@ -77,8 +77,7 @@ def _validate_single_sample_batch_norm(cfg: DictConfig) -> None:
         return
     import torch
 
-    from ..data import dataset_info
-    from ..engine.trainer import data_kwargs
+    from ..data import data_kwargs, dataset_info
     from ..models import build_model
 
     trained = {"teacher": ["teacher"], "baseline": ["student"]}.get(cfg.mode, ["student"])
