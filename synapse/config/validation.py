@@ -72,6 +72,8 @@ def _validate_single_sample_batch_norm(cfg: DictConfig) -> None:
     """A micro-batch of one sample cannot train a model whose BatchNorm sees one value per channel
     (after global pooling): torch refuses it mid-profile or mid-step. Found here by one forward on
     the meta device (shapes only: no memory, no compute)."""
+    if cfg.pipeline.microbatches == "auto":
+        return  # the planner only considers micro-batches of two samples or more
     micro = cfg.data.batch_size // (cfg.pipeline.microbatches if uses_pipeline(cfg.trainer) else 1)
     if micro != 1 or cfg.mode == "profile":
         return

@@ -24,11 +24,11 @@ class MicrobatchChoiceError(ValueError):
 def candidate_counts(batch_size: int, num_stages: int, most: int | None = None) -> tuple[int, ...]:
     """Micro-batch counts worth pricing: the divisors of the batch from the stage count up (fewer
     leave stages idle for most of the step), at most ``most`` (default 4 K: the bubble is then
-    under 20% and smaller micro-batches only lose efficiency), and the stage count's neighbours
-    when the batch has no divisor in that range."""
+    under 20% and smaller micro-batches only lose efficiency) and at most half the batch (two
+    samples per micro-batch), or the largest divisors below that range when it holds none."""
     if batch_size < 1 or num_stages < 1:
         raise MicrobatchChoiceError(f"batch_size={batch_size} and num_stages={num_stages} must be >= 1")
-    most = most or 4 * num_stages
+    most = min(most or 4 * num_stages, max(1, batch_size // 2))  # a micro-batch of one sample cannot train BatchNorm
     divisors = [m for m in range(1, batch_size + 1) if batch_size % m == 0]
     wanted = tuple(m for m in divisors if num_stages <= m <= most)
     return wanted or tuple(m for m in divisors if m <= most)[-2:]

@@ -36,8 +36,9 @@ def test_candidates_are_the_divisors_from_the_stage_count_up_to_four_times_it():
     assert candidate_counts(128, 2) == (2, 4, 8)
     assert candidate_counts(128, 4) == (4, 8, 16)
     assert candidate_counts(96, 3) == (3, 4, 6, 8, 12)
-    assert candidate_counts(7, 2) == (7,)
-    assert candidate_counts(5, 8) == (1, 5)  # no divisor in [8, 32]: the largest below
+    assert candidate_counts(7, 2) == (1,)  # 7 micro-batches would hold one sample each
+    assert candidate_counts(8, 4) == (4,)  # 8 would too
+    assert candidate_counts(5, 8) == (1,)  # no divisor in [8, 32] with two samples each: the largest below
     assert candidate_counts(64, 1) == (1, 2, 4)
     with pytest.raises(MicrobatchChoiceError):
         candidate_counts(0, 2)
