@@ -9,6 +9,7 @@ and the test checks that ``synapse`` itself is imported from the wheel, not from
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -20,6 +21,8 @@ import torch
 from synapse.models import build_model
 
 REPO = Path(__file__).resolve().parents[2]
+# The installed package must be the one found: nothing on PYTHONPATH may point at a checkout.
+CLEAN_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -34,7 +37,7 @@ def installed(tmp_path_factory) -> Path:
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     wheel = next(wheels.glob("synapse-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "-q", str(wheel)], check=True, cwd=root, timeout=300)
+                    "--no-index", "--ignore-installed", "-q", str(wheel)], check=True, cwd=root, timeout=300, env=CLEAN_ENV)
     return env_dir / "bin"
 
 
@@ -43,7 +46,7 @@ def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed,
              "print(json.dumps({'file': synapse.__file__, 'conf': str(synapse.conf.CONF_DIR), "
              "'priors': sorted(p.name for p in f.PRIORS_DIR.glob('*.json'))}))")
     out = subprocess.run([str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120).stdout
+                         cwd=tmp_path, timeout=120, env=CLEAN_ENV).stdout
     found = json.loads(out)
     assert not found["file"].startswith(str(REPO)), f"synapse was imported from the checkout: {found['file']}"
     assert (Path(found["conf"]) / "config.yaml").is_file() and (Path(found["conf"]) / "injection" / "demo.yaml").is_file()
@@ -61,7 +64,7 @@ def test_the_installed_command_runs_a_failover_that_composes_a_stage_config(inst
                "teacher=resnet_micro", "student=resnet_micro", f"teacher.checkpoint={teacher}",
                "data.batch_size=16", "pipeline.microbatches=2", "report=false",
                "failover.drills=[{step:3,action:degrade,device:1}]"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=420)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=420, env=CLEAN_ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     stage1 = run_dir / "stages" / "1"
     composed = (stage1 / "config.yaml").read_text()
