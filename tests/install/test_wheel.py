@@ -60,7 +60,7 @@ def test_the_installed_command_runs_a_failover_that_composes_a_stage_config(inst
     run_dir = tmp_path / "run"
     command = [str(installed / "synapse"), f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}",
                "trainer=cpu", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.threads=1",
-               "trainer.progress=false", "trainer.max_steps=6", "partition=even", "injection=none",
+               "trainer.progress=false", "trainer.max_steps=20", "partition=even", "injection=none",
                "teacher=resnet_micro", "student=resnet_micro", f"teacher.checkpoint={teacher}",
                "data.batch_size=16", "pipeline.microbatches=2", "report=false",
                "failover.drills=[{step:3,action:degrade,device:1}]"]
@@ -70,5 +70,5 @@ def test_the_installed_command_runs_a_failover_that_composes_a_stage_config(inst
     composed = (stage1 / "config.yaml").read_text()
     assert "devices:" in composed and json.loads((stage1 / "stage.json").read_text())["devices"] == [0]
     summary = json.loads((run_dir / "experiment_summary.json").read_text())
-    assert summary["steps"] == summary["total_steps"] == 6
+    assert summary["steps"] == summary["total_steps"] == 20
     assert [s["index"] for s in summary["stages"]] == [0, 1]
