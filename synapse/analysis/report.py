@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from matplotlib.figure import Figure
 
 from . import files
 from .counterfactual import decision_outcomes, option_etas
