@@ -141,6 +141,10 @@ class PipelineConfig:
     # (synapse.planner.microbatches; the GPU preset's default). With one device this is gradient
     # accumulation over the same micro-batches, the reference the pipelined runtime must reproduce.
     microbatches: Any = 1
+    # On CUDA, capture each stage's teacher forward and student forward/backward as CUDA graphs
+    # and replay them (synapse.pipeline.graphs): small micro-batches stop being launch bound.
+    # Ignored on the CPU; a shape whose capture fails runs eagerly, with a logged reason.
+    cuda_graphs: bool = True
 
 
 @dataclass

@@ -20,10 +20,11 @@ class ComputeSetup:
     autocast_dtype: torch.dtype | None  # None: full fp32
     channels_last: bool
 
-    def autocast(self):
+    def autocast(self, cache: bool = True):
+        """``cache=False`` where CUDA graphs are captured: they may not use the cast-weight cache."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

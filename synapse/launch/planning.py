@@ -43,7 +43,14 @@ def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print, mi
     micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
                               profile_device(cfg), info.num_classes, info.in_chans, info.image_size, cfg.cache_dir,
-                              warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log)
+                              warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log,
+                              launch=profile_launch(cfg))
+
+
+def profile_launch(cfg: DictConfig) -> str:
+    """Blocks are profiled as the stages will run them: replayed CUDA graphs on a GPU with
+    pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included)."""
+    return "graphed" if resolve_accelerator(cfg.trainer) == "cuda" and cfg.pipeline.cuda_graphs else "eager"
 
 
 def device_facts(cfg: DictConfig) -> DeviceFacts:

@@ -32,6 +32,7 @@ from ..engine.device import ComputeSetup
 from ..engine.step import NonFiniteGuard
 from ..monitor.injection import PHASES, FaultInjector
 from .clock import StageClock
+from .graphs import StageGraphs, slots_for
 from .stage import FusedStage
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
@@ -124,6 +125,12 @@ class TimedPipelineStage(PipelineStage):
                 for buffer, value in zip(buffers, saved):
                     buffer.copy_(value)
 
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
+        graphs = getattr(self.submod, "graphs", None)
+        if graphs is not None:
+            graphs.select(fwd_chunk_id)  # this micro-batch's captures (see pipeline.graphs)
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
         self._hook("backward")
         if self.clock is None:
@@ -136,7 +143,7 @@ class PipelineRuntime:
     def __init__(self, module: FusedStage, rank: int, world_size: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
                  injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None,
-                 nonfinite: str = "stop", board: ProgressBoard | None = None):
+                 nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False):
         self.module, self.rank, self.world_size = module, rank, world_size
         self.setup, self.microbatches, self.group = setup, microbatches, group
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -151,6 +158,8 @@ class PipelineRuntime:
         self.current_step = 0
         module.phase_hook = self.stage.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
+        if cuda_graphs and setup.device.type == "cuda":
+            module.graphs = StageGraphs(module, slots_for(schedule, microbatches, rank, world_size))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
@@ -213,7 +222,8 @@ class PipelineRuntime:
         losses: list[torch.Tensor] = []
         if self.is_last:
             kwargs = {"target": labels.to(self.setup.device, non_blocking=True), "losses": losses}
-        with self.setup.autocast():
+        # A capture cannot use autocast's cast cache (each replay casts the weights it reads anew).
+        with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
         if self.guard.apply_update(step, self._decisive_loss(loss)):

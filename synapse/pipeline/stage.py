@@ -66,6 +66,7 @@ class FusedStage(nn.Module):
         self.zero_grad_teacher_input = zero_grad_teacher_input and not is_first
         self.clock = None  # set by the runtime to time teacher and student forwards
         self.phase_hook = None  # set by the runtime: called with "forward" (fault injection)
+        self.graphs = None  # set by the runtime on CUDA: captured replays of the training forward
 
     def train(self, mode: bool = True) -> "FusedStage":
         super().train(mode)
@@ -73,6 +74,16 @@ class FusedStage(nn.Module):
         return self
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.phase_hook is not None:
+            self.phase_hook("forward")
+        teacher_in, student_in = (inputs[0], inputs[0]) if self.is_first else inputs
+        if self.graphs is not None and self.graphs.applies(teacher_in, student_in):
+            replayed = self.graphs.run(teacher_in, student_in, self._timed)
+            if replayed is not None:
+                return replayed
+        return self._eager_forward(*inputs)
+
+    def _eager_forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_first:
             (images,) = inputs
             # The teacher runs first on the same tensor; a copy keeps an in-place first block
@@ -84,8 +95,6 @@ class FusedStage(nn.Module):
             # A received activation is a leaf; an in-place first block (ReLU(inplace=True))
             # may not modify a leaf that requires grad. The copy is exact and autograd-transparent.
             student_in = student_in.clone()
-        if self.phase_hook is not None:
-            self.phase_hook("forward")
         with self._timed("teacher_fwd"), torch.no_grad():
             teacher_out = run_blocks(list(self.teacher), teacher_in.detach())
         with self._timed("student_fwd"):

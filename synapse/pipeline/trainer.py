@@ -200,7 +200,9 @@ class PipelineRunner:
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
-                                       nonfinite=self.cfg.trainer.nonfinite, board=old.board)
+                                       nonfinite=self.cfg.trainer.nonfinite, board=old.board,
+                                       cuda_graphs=self.cfg.pipeline.cuda_graphs)
+        old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.owned = owned  # the new runtime holds the new optimizer and scheduler
         self.partition, self.stage = new, self.stage + 1
@@ -366,7 +368,8 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
-                              nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)))
+                              nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),
+                              cuda_graphs=cfg.pipeline.cuda_graphs)
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)

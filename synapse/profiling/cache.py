@@ -46,15 +46,16 @@ class ProfilePaths:
 def profile_for_config(teacher_name: str, student_name: str, micro_batch: int, precision: str, device: str,
                        num_classes: int, in_chans: int, image_size: int, cache_dir: str | Path,
                        warmup: int = 3, repeats: int = 10, refresh: bool = False,
-                       log: Log | None = None) -> ProfilePaths:
+                       log: Log | None = None, launch: str = "eager") -> ProfilePaths:
     """Profile (or find in the cache) the teacher and the student of a run; returns the two CSV paths.
 
-    ``precision`` is the trainer's ('auto' | 'fp32' | 'bf16'; auto = bf16 on CUDA, fp32 on CPU).
+    ``precision`` is the trainer's ('auto' | 'fp32' | 'bf16'; auto = bf16 on CUDA, fp32 on CPU);
+    ``launch`` how the stages will run ('eager' | 'graphed', see ``profiling.graphed``).
     """
     dtype = resolve_precision(precision, device)
     paths = {}
     for role, name in (("teacher", teacher_name), ("student", student_name)):
         request = ProfileRequest(name, role, micro_batch, dtype, device, num_classes, in_chans, image_size,
-                                 warmup, repeats)
+                                 warmup, repeats, launch)
         paths[role] = get_or_profile(request, cache_dir, refresh=refresh, log=log)[1]
     return ProfilePaths(**paths)

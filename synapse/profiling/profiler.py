@@ -32,6 +32,7 @@ from torch import nn
 from ..models import build_model, model_blocks, model_spec
 from ..planner.profile import BYTES_PER_KB, BlockProfile, ModelProfile
 from .context import ComputeSetup, MeasureContext
+from .graphed import graphed_times
 from .request import ProfileRequest, cache_key, device_name, resolve_device
 from .result import ProfileDetails, ProfileResult
 from .sweeps import BlockSizes, SweepTimes, size_sweep, timed_sweep
@@ -65,10 +66,10 @@ class _Medians:
 
 def profile_model(model_name: str, role: str, micro_batch: int, dtype: str = "fp32", device: str = "cpu",
                   num_classes: int = 1000, in_chans: int = 3, image_size: int = 224, warmup: int = 3,
-                  repeats: int = 10, log: Log | None = None) -> ProfileResult:
+                  repeats: int = 10, log: Log | None = None, launch: str = "eager") -> ProfileResult:
     """Measure ``model_name`` in ``role`` ('teacher' | 'student'); see ``run_profile``."""
     request = ProfileRequest(model_name, role, micro_batch, dtype, device, num_classes, in_chans, image_size,
-                             warmup, repeats)
+                             warmup, repeats, launch)
     return run_profile(request, log)
 
 
@@ -100,13 +101,17 @@ def _measure(context: MeasureContext) -> tuple[list[BlockSizes], _Medians]:
     blocks = model_blocks(model)
     images = _random_images(context)
     sizes = size_sweep(model, blocks, images, context)
-    sweeps = [timed_sweep(model, blocks, images, context) for _ in range(request.warmup + request.repeats)]
+    if request.launch == "graphed":
+        medians = _Medians(**vars(graphed_times(blocks, images, context)))
+    else:
+        sweeps = [timed_sweep(model, blocks, images, context) for _ in range(request.warmup + request.repeats)]
+        medians = _Medians.of(sweeps[request.warmup:])
     model.zero_grad(set_to_none=True)
     del model, blocks, images
     if context.device.type == "cuda":
         torch.cuda.synchronize(context.device)
         torch.cuda.empty_cache()  # hand the memory back before the next model is built
-    return sizes, _Medians.of(sweeps[request.warmup:])
+    return sizes, medians
 
 
 @contextlib.contextmanager
@@ -178,7 +183,8 @@ def _details(context: MeasureContext, hardware: str, medians: _Medians, elapsed_
         whole_forward_ms=medians.whole_forward_ms, whole_backward_ms=medians.whole_backward_ms,
         forward_ratio=_ratio(blocks_forward, medians.whole_forward_ms),
         backward_ratio=None if request.is_teacher else _ratio(blocks_backward, medians.whole_backward_ms),
-        elapsed_s=elapsed_s, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        elapsed_s=elapsed_s, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        launch=request.launch)
 
 
 def _ratio(part: float, whole: float) -> float:

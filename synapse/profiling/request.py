@@ -17,6 +17,9 @@ from ..models import model_spec
 
 ROLES = ("teacher", "student")
 DTYPES = ("fp32", "bf16")
+# How the blocks will run: "eager" (kernels issued one by one: at small micro-batches the host's
+# launch time) or "graphed" (replayed CUDA graphs: the GPU's own time; see profiling.graphed).
+LAUNCHES = ("eager", "graphed")
 PRECISIONS = ("auto", *DTYPES)
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -90,6 +93,7 @@ class ProfileRequest:
     image_size: int = 224
     warmup: int = 3
     repeats: int = 10
+    launch: str = "eager"
 
     def __post_init__(self) -> None:
         model_spec(self.model_name)  # raises ModelError (a ValueError) listing the known names
@@ -100,6 +104,11 @@ class ProfileRequest:
             raise ProfilerError(f"dtype={self.dtype!r} is unknown; use one of {', '.join(DTYPES)} "
                                 f"(bf16 runs under torch.autocast)")
         check_device_spec(self.device)
+        if self.launch not in LAUNCHES:
+            raise ProfilerError(f"launch={self.launch!r} is unknown; use 'eager' or 'graphed'")
+        if self.launch == "graphed" and not self.device.startswith("cuda"):
+            raise ProfilerError(f"launch='graphed' needs a CUDA device, got device={self.device!r}; "
+                                "profile with launch='eager' on the CPU")
         for label in ("micro_batch", "num_classes", "in_chans", "image_size", "repeats"):
             _check_positive(label, getattr(self, label))
         _check_positive("warmup", self.warmup, minimum=0)
@@ -121,4 +130,5 @@ def cache_key(request: ProfileRequest, hardware: str) -> str:
     return "_".join([
         request.model_name, request.role, f"mb{request.micro_batch}", request.dtype, _slug(hardware)[:48],
         f"{request.image_size}px", f"{request.in_chans}ch", f"{request.num_classes}cls",
+        *(["graphed"] if request.launch == "graphed" else []),
     ])

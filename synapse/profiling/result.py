@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from ..planner.profile import ModelProfile, load_profile_csv, metadata_path, write_profile_csv
@@ -46,6 +46,7 @@ class ProfileDetails:
     backward_ratio: float | None  # None for the teacher (no backward)
     elapsed_s: float
     measured_at: str
+    launch: str = "eager"  # 'eager' | 'graphed' (profiles written before graphed ones existed: eager)
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,9 @@ def load_result(csv_path: str | Path) -> ProfileResult:
         raise ProfilerError(f"{path}: not valid JSON ({error}); delete it and the CSV next to it "
                             f"to re-profile") from None
     names = {f.name for f in fields(ProfileDetails)}
-    missing = sorted(names - set(data)) if isinstance(data, dict) else sorted(names)
+    required = {f.name for f in fields(ProfileDetails) if f.default is MISSING}
+    missing = sorted(required - set(data)) if isinstance(data, dict) else sorted(required)
     if missing:
         raise ProfilerError(f"{path}: missing {missing}; it was written by another version, delete it and "
                             f"the CSV next to it to re-profile")
-    return ProfileResult(profile, ProfileDetails(**{name: data[name] for name in names}))
+    return ProfileResult(profile, ProfileDetails(**{name: data[name] for name in names if name in data}))

@@ -248,6 +248,35 @@ def test_broken_details_file_says_how_to_recover(profiles, tmp_path, content, me
     assert "re-profile" in str(error.value)
 
 
+def test_details_written_before_graphed_profiles_load_as_eager(profiles, tmp_path):
+    path = save_result(profiles["vit_micro", "teacher"], tmp_path / "t.csv")
+    data = json.loads(details_path(path).read_text())
+    assert data.pop("launch") == "eager"
+    details_path(path).write_text(json.dumps(data))
+    assert load_result(path).details.launch == "eager"
+
+
+def test_graphed_profiles_are_cached_apart_from_eager_ones():
+    eager = cache_key(fast_request(), "NVIDIA H200")
+    graphed = cache_key(fast_request(device="cuda:0", launch="graphed"), "NVIDIA H200")
+    assert graphed == eager + "_graphed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_profile_blocks_add_up_to_the_whole_replayed_model():
+    """Each block replayed alone: the sum stays near the whole model replayed as one graph, and
+    below the eager sweep's time at a launch-bound micro-batch."""
+    kwargs = dict(micro_batch=8, dtype="bf16", device="cuda:0", num_classes=10, image_size=64, warmup=2, repeats=5)
+    for model, role in (("resnet18", "student"), ("vit_tiny", "teacher")):
+        graphed = profile_model(model, role, launch="graphed", **kwargs)
+        eager = profile_model(model, role, **kwargs)
+        assert graphed.details.launch == "graphed"
+        assert 0.8 < graphed.details.forward_ratio < 1.5
+        total = lambda r: sum(b.forward_time_ms + b.backward_time_ms for b in r.profile.blocks)  # noqa: E731
+        assert total(graphed) < total(eager)
+
+
 # ---------------------------------------------------------------- requests and errors
 
 
@@ -256,6 +285,8 @@ def test_broken_details_file_says_how_to_recover(profiles, tmp_path, content, me
     (dict(device="cuda:x"), "'cuda:x' is not a device"),
     (dict(device="cpu:0"), "'cpu:0' is not a device"),
     (dict(dtype="fp16"), "dtype='fp16' is unknown"),
+    (dict(launch="compiled"), "launch='compiled' is unknown"),
+    (dict(launch="graphed"), "launch='graphed' needs a CUDA device"),
     (dict(role="both"), "role='both' is unknown"),
     (dict(micro_batch=0), "micro_batch=0"),
     (dict(repeats=0), "repeats=0"),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bash experiments/gpu/graphs.sh   (one-H200 device machine, repository root; results under $OUT)
+# CUDA-graphed stages (synapse.pipeline.graphs):
+# 1. the GPU tests: graphed vs eager gradients under 1F1B with M > K, the too-few-slots control;
+# 2. the user's command, ViT-L/16 -> ResNet-152 @128 on synthetic data: the single-device trainer
+#    vs K = 1 through the pipeline runtime (M = 1, 2, 4; graphs on and off), 60 steps each,
+#    step time medians over steps 11-60 with quartiles (experiments/gpu/step_times.py).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/unit/test_graphed_stage.py 2>&1 | tail -6 \
+  | tee "$OUT/pytest_graphed_stage.txt"
+python3 -c "
+import torch; from synapse.models import build_model; torch.manual_seed(0)
+torch.save(build_model('vit_large', 100, 3, 224).state_dict(), '/tmp/vitl.pt')"
+common="trainer=gpu injection=none teacher=vit_large student=resnet152 data=synthetic data.batch_size=128 \
+  data.num_workers=8 teacher.checkpoint=/tmp/vitl.pt trainer.progress=false checkpoint.at_epoch_end=false \
+  checkpoint.every=0 trainer.eval_every_epochs=100 report=false trainer.max_steps=60"
+run() {  # name, overrides...
+  local name=$1; shift
+  timeout 300 python3 train.py $common "$@" hydra.run.dir=/tmp/k1_$name > "$OUT/k1_$name.log" 2>&1
+  python3 experiments/gpu/step_times.py "$name" /tmp/k1_$name/metrics.jsonl 10 | tee -a "$OUT/k1_step_times.txt"
+}
+run single pipeline.microbatches=1
+run pipe_m1_graphs trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=true
+run pipe_m1_eager trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=false
+run pipe_m4_graphs trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=true
+run pipe_m4_eager trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=false

@@ -1,0 +1,184 @@
+"""CUDA-graphed fused stages: capture a stage's teacher forward and student forward/backward once
+per input shape, then replay them.
+
+Why: at the micro-batch sizes a pipeline needs (16-32 images), a stage is launch bound; the
+host cannot issue kernels as fast as the GPU runs them. A replayed graph issues a whole
+forward (or backward) with one launch.
+
+Why slots: a replay writes its outputs and its saved activations into the graph's own static
+memory, so the next replay of the *same* graph overwrites them. Under 1F1B stage r holds up to
+``K - r`` micro-batches between their forward and their backward (GPipe: all M), so each
+in-flight micro-batch needs its own capture. A slot is a thin module that shares the stage's
+blocks (the same parameters and buffers) and is captured on its own; micro-batch ``i`` runs in
+slot ``i % slots``. The schedule waits on every send of micro-batch ``i`` before it starts the
+forward of ``i + slots``, so nothing that still travels is overwritten.
+
+What stays eager: evaluation (eval mode), a forward without autograd (shape inference), CPU
+tensors, and any shape whose capture failed (logged once with the reason). BatchNorm running
+statistics are put back after the capture's warm-up iterations, so a graphed step updates them
+exactly once, as an eager one does.
+
+Why every parameter has a gradient tensor before a replay: a replayed backward hands autograd
+views of the graph's static gradient buffers, and autograd *adopts* such a tensor as a
+parameter's ``.grad`` when that is None. The next replay of the graph would then overwrite
+the accumulated gradient. With ``.grad`` allocated, autograd adds into it instead.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..models.blocks import run_blocks
+
+log = logging.getLogger(__name__)
+
+WARMUP_ITERATIONS = 3  # eager runs before a capture: cudnn picks its algorithms, lazy state settles
+MAX_SHAPES = 4  # input signatures captured per slot; a run that keeps changing shape stays eager
+
+
+def slots_for(schedule: str, microbatches: int, rank: int, world_size: int) -> int:
+    """How many micro-batches of this stage can be between forward and backward at once."""
+    if schedule == "1f1b":
+        # torch's 1F1B runs min(M, K - r) forwards before its first backward, then one
+        # backward before each further forward.
+        return max(1, min(microbatches, world_size - rank))
+    return microbatches  # GPipe: every forward before any backward
+
+
+def _signature(*tensors: torch.Tensor) -> tuple:
+    return tuple((tuple(t.shape), t.dtype, t.stride(), t.requires_grad) for t in tensors)
+
+
+def _capture_kwargs(function: Callable) -> dict[str, Any]:
+    """Capture only this thread's stream: the data loader's thread and NCCL's watchdog keep
+    using the GPU while a stage captures (older torch has no such option)."""
+    if "capture_error_mode" in inspect.signature(function).parameters:
+        return {"capture_error_mode": "thread_local"}
+    return {}
+
+
+class _StudentSlot(nn.Module):
+    """The student blocks of one stage, as one capturable module (shares their parameters)."""
+
+    def __init__(self, blocks: nn.ModuleList, zero_grad_teacher_input: bool):
+        super().__init__()
+        self.blocks = blocks
+        self.zero_grad_teacher_input = zero_grad_teacher_input
+
+    def forward(self, student_in: torch.Tensor, *teacher_in: torch.Tensor) -> torch.Tensor:
+        from .stage import attach_zero_grad  # stage imports this module
+
+        if student_in.requires_grad and student_in.is_leaf:
+            student_in = student_in.clone()  # an in-place first block may not modify a leaf
+        out = run_blocks(list(self.blocks), student_in)
+        if self.zero_grad_teacher_input and teacher_in:
+            out = attach_zero_grad(out, teacher_in[0])
+        return out.contiguous()
+
+
+class _TeacherReplay:
+    """One captured teacher forward (no autograd): copy the input in, replay, read the output."""
+
+    def __init__(self, blocks: nn.ModuleList, sample: torch.Tensor):
+        self.static_in = sample.detach().clone()
+        self.graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(sample.device)
+        side.wait_stream(torch.cuda.current_stream(sample.device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(WARMUP_ITERATIONS):
+                run_blocks(list(blocks), self.static_in)
+        torch.cuda.current_stream(sample.device).wait_stream(side)
+        with torch.no_grad(), torch.cuda.graph(self.graph, **_capture_kwargs(torch.cuda.graph)):
+            self.static_out = run_blocks(list(blocks), self.static_in).contiguous()
+
+    def __call__(self, teacher_in: torch.Tensor) -> torch.Tensor:
+        self.static_in.copy_(teacher_in)
+        self.graph.replay()
+        return self.static_out
+
+
+class _Slot:
+    """The captures of one in-flight slot, by input signature."""
+
+    def __init__(self):
+        self.teacher: dict[tuple, _TeacherReplay] = {}
+        self.student: dict[tuple, nn.Module] = {}
+
+
+class StageGraphs:
+    """Replays of one ``FusedStage``'s training forward (and, through autograd, its backward)."""
+
+    def __init__(self, stage: nn.Module, slots: int):
+        self.stage, self.slots = stage, [_Slot() for _ in range(max(1, slots))]
+        self.slot = 0  # set by the pipeline stage before each forward (micro-batch index % slots)
+        self.failed: set[tuple] = set()  # signatures whose capture failed: they run eagerly
+        self.captures = 0
+        self._params = [p for p in stage.student.parameters() if p.requires_grad]
+
+    def select(self, microbatch: int) -> None:
+        self.slot = microbatch % len(self.slots)
+
+    def applies(self, teacher_in: torch.Tensor, student_in: torch.Tensor) -> bool:
+        return (self.stage.training and torch.is_grad_enabled() and student_in.is_cuda
+                and _signature(teacher_in, student_in) not in self.failed)
+
+    def run(self, teacher_in: torch.Tensor, student_in: torch.Tensor, timed: Callable[[str], Any] = None
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Both outputs from the replays, or None where this input runs eagerly."""
+        timed = timed or (lambda name: nullcontext())
+        signature = _signature(teacher_in, student_in)
+        slot = self.slots[self.slot]
+        if signature not in slot.student:
+            if not self._capture(slot, signature, teacher_in, student_in):
+                return None
+        self._allocate_grads()
+        with timed("teacher_fwd"):
+            teacher_out = slot.teacher[signature](teacher_in.detach())
+        with timed("student_fwd"):
+            extra = (teacher_in,) if self.stage.zero_grad_teacher_input and teacher_in.requires_grad else ()
+            student_out = slot.student[signature](student_in, *extra)
+        return teacher_out, student_out
+
+    def _allocate_grads(self) -> None:
+        for param in self._params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+
+    def _capture(self, slot: _Slot, signature: tuple, teacher_in: torch.Tensor, student_in: torch.Tensor) -> bool:
+        if len(slot.student) >= MAX_SHAPES:
+            self._give_up(signature, f"more than {MAX_SHAPES} input shapes")
+            return False
+        buffers = [b for b in self.stage.buffers()]
+        saved = [b.detach().clone() for b in buffers]
+        try:
+            teacher = _TeacherReplay(self.stage.teacher, teacher_in.detach())
+            student = self._graphed_student(student_in, teacher_in)
+        except Exception as exc:  # noqa: BLE001 - any capture failure leaves this shape eager
+            self._give_up(signature, f"{type(exc).__name__}: {exc}")
+            return False
+        finally:
+            with torch.no_grad():  # the warm-up iterations trained BatchNorm statistics: undo that
+                for buffer, value in zip(buffers, saved):
+                    buffer.copy_(value)
+        slot.teacher[signature], slot.student[signature] = teacher, student
+        self.captures += 1
+        return True
+
+    def _graphed_student(self, student_in: torch.Tensor, teacher_in: torch.Tensor) -> nn.Module:
+        module = _StudentSlot(self.stage.student, self.stage.zero_grad_teacher_input)
+        sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
+        if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
+            sample += (teacher_in.detach().clone().requires_grad_(True),)
+        return torch.cuda.make_graphed_callables(module, sample, num_warmup_iters=WARMUP_ITERATIONS,
+                                                 allow_unused_input=True,
+                                                 **_capture_kwargs(torch.cuda.make_graphed_callables))
+
+    def _give_up(self, signature: tuple, reason: str) -> None:
+        self.failed.add(signature)
+        log.warning("cuda graphs: a stage input of shape %s runs eagerly (%s)",
+                    [list(s[0]) for s in signature], reason)

@@ -1,0 +1,126 @@
+"""Block times as a CUDA-graphed stage runs them: each block captured, then replayed and timed.
+
+Why a second way to time blocks: the timed sweeps (``sweeps``) measure a block as an eager
+stage runs it, which at small micro-batches is mostly the host issuing kernels (on an H200,
+ViT-L/16 -> ResNet-152 stages at micro-batch 16-32 ran 2.5-3.5x their graphed time). A
+graphed stage (``synapse.pipeline.graphs``) issues a whole pass with one launch, so its time
+is what the GPU spends; a block's share of it is its own replay, timed by CUDA events around
+that replay alone (one launch: the host is never the bottleneck).
+
+Per block: the teacher's forward (no grad) is captured with ``torch.cuda.graph``; the
+student's forward and backward with ``torch.cuda.make_graphed_callables``, and a sample is
+the forward replay then the backward replay, each between two events. The whole model is
+timed the same way, as the yardstick for the sum of its blocks. Each time is the median over
+``repeats`` samples after ``warmup`` untimed ones.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..models import run_blocks
+from .context import MeasureContext, loss_gradient
+
+WARMUP_ITERATIONS = 3  # eager runs before each capture (cudnn chooses its algorithms)
+
+
+@dataclass(frozen=True)
+class GraphedTimes:
+    forward_ms: list[float]
+    backward_ms: list[float]
+    whole_forward_ms: float
+    whole_backward_ms: float
+
+
+class _Chain(nn.Module):
+    def __init__(self, blocks: list[nn.Module]):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return run_blocks(list(self.blocks), x)
+
+
+def graphed_times(blocks: list[nn.Module], images: torch.Tensor, context: MeasureContext) -> GraphedTimes:
+    """Every block's replayed forward (and backward, for the student), and the whole model's."""
+    inputs = _block_inputs(blocks, images, context)
+    forward, backward = [], []
+    for index, (block, x) in enumerate(zip(blocks, inputs)):
+        # a wrapper is captured, not the block: make_graphed_callables patches its module's forward
+        fwd, bwd = _time_replays(_Chain([block]), x, context, input_grad=index > 0)
+        forward.append(fwd)
+        backward.append(bwd)
+    whole_fwd, whole_bwd = _time_replays(_Chain(blocks), images, context, input_grad=False)
+    return GraphedTimes(forward, backward, whole_fwd, whole_bwd)
+
+
+def _block_inputs(blocks: list[nn.Module], images: torch.Tensor, context: MeasureContext) -> list[torch.Tensor]:
+    """The tensor entering each block, from one eager forward (no grad)."""
+    inputs, x = [], images
+    with torch.no_grad(), context.setup.autocast():
+        for block in blocks:
+            inputs.append(x)
+            x = block(x)
+    return inputs
+
+
+def _time_replays(module: nn.Module, x: torch.Tensor, context: MeasureContext, input_grad: bool
+                  ) -> tuple[float, float]:
+    """``input_grad``: whether the input gets a gradient (a received activation) or not (the images)."""
+    request = context.request
+    with context.setup.autocast(cache=False):  # a capture may not use autocast's cast cache
+        if request.is_teacher:
+            run = _teacher_replay(module, x)
+            samples = [_timed(run) for _ in range(request.warmup + request.repeats)]
+            return statistics.median(samples[request.warmup:]), 0.0
+        graphed = _student_replay(module, x, input_grad)
+        gradient = loss_gradient(graphed(x)).detach()
+        samples = [_timed_forward_backward(graphed, x, gradient) for _ in range(request.warmup + request.repeats)]
+    forward, backward = zip(*samples[request.warmup:])
+    return statistics.median(forward), statistics.median(backward)
+
+
+def _teacher_replay(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    static_in = x.detach().clone()
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(WARMUP_ITERATIONS):
+            module(static_in)
+    torch.cuda.current_stream(x.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        module(static_in)
+    return graph.replay
+
+
+def _student_replay(module: nn.Module, x: torch.Tensor, input_grad: bool) -> nn.Module:
+    for param in module.parameters():  # see pipeline.graphs: a replayed backward adds into these
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+    sample = x.detach().clone().requires_grad_(input_grad)
+    return torch.cuda.make_graphed_callables(module, (sample,), num_warmup_iters=WARMUP_ITERATIONS)
+
+
+def _timed(run: Callable[[], None]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _timed_forward_backward(graphed: nn.Module, x: torch.Tensor, gradient: torch.Tensor) -> tuple[float, float]:
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    out = graphed(x)
+    middle.record()
+    out.backward(gradient)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(middle), middle.elapsed_time(end)
