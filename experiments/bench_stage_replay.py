@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from synapse.models import build_model, model_blocks, run_blocks
+from synapse.models import build_model, model_blocks
 from synapse.pipeline.graphs import StageGraphs
 from synapse.pipeline.stage import FusedStage
 from synapse.planner.cost_model import StepSpec

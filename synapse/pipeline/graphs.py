@@ -17,15 +17,10 @@ What stays eager: evaluation (eval mode), a forward without autograd (shape infe
 tensors, and any shape whose capture failed (logged once with the reason). BatchNorm running
 statistics are put back after the capture's warm-up iterations, so a graphed step updates them
 exactly once, as an eager one does.
-
-Why every parameter has a gradient tensor before a replay: a replayed backward hands autograd
-views of the graph's static gradient buffers, and autograd *adopts* such a tensor as a
-parameter's ``.grad`` when that is None. The next replay of the graph would then overwrite
-the accumulated gradient. With ``.grad`` allocated, autograd adds into it instead.
+(Gradients: see ``engine.graph_capture``.)
 """
 from __future__ import annotations
 
-import inspect
 import logging
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -33,11 +28,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..engine.graph_capture import ForwardReplay, allocate_grads, graph_module
 from ..models.blocks import run_blocks
 
 log = logging.getLogger(__name__)
 
-WARMUP_ITERATIONS = 3  # eager runs before a capture: cudnn picks its algorithms, lazy state settles
 MAX_SHAPES = 4  # input signatures captured per slot; a run that keeps changing shape stays eager
 
 
@@ -52,14 +47,6 @@ def slots_for(schedule: str, microbatches: int, rank: int, world_size: int) -> i
 
 def _signature(*tensors: torch.Tensor) -> tuple:
     return tuple((tuple(t.shape), t.dtype, t.stride(), t.requires_grad) for t in tensors)
-
-
-def _capture_kwargs(function: Callable) -> dict[str, Any]:
-    """Capture only this thread's stream: the data loader's thread and NCCL's watchdog keep
-    using the GPU while a stage captures (older torch has no such option)."""
-    if "capture_error_mode" in inspect.signature(function).parameters:
-        return {"capture_error_mode": "thread_local"}
-    return {}
 
 
 class _StudentSlot(nn.Module):
@@ -81,32 +68,11 @@ class _StudentSlot(nn.Module):
         return out.contiguous()
 
 
-class _TeacherReplay:
-    """One captured teacher forward (no autograd): copy the input in, replay, read the output."""
-
-    def __init__(self, blocks: nn.ModuleList, sample: torch.Tensor):
-        self.static_in = sample.detach().clone()
-        self.graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream(sample.device)
-        side.wait_stream(torch.cuda.current_stream(sample.device))
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(WARMUP_ITERATIONS):
-                run_blocks(list(blocks), self.static_in)
-        torch.cuda.current_stream(sample.device).wait_stream(side)
-        with torch.no_grad(), torch.cuda.graph(self.graph, **_capture_kwargs(torch.cuda.graph)):
-            self.static_out = run_blocks(list(blocks), self.static_in).contiguous()
-
-    def __call__(self, teacher_in: torch.Tensor) -> torch.Tensor:
-        self.static_in.copy_(teacher_in)
-        self.graph.replay()
-        return self.static_out
-
-
 class _Slot:
     """The captures of one in-flight slot, by input signature."""
 
     def __init__(self):
-        self.teacher: dict[tuple, _TeacherReplay] = {}
+        self.teacher: dict[tuple, ForwardReplay] = {}
         self.student: dict[tuple, nn.Module] = {}
 
 
@@ -136,18 +102,13 @@ class StageGraphs:
         if signature not in slot.student:
             if not self._capture(slot, signature, teacher_in, student_in):
                 return None
-        self._allocate_grads()
+        allocate_grads(self._params)  # see engine.graph_capture: autograd must add into .grad
         with timed("teacher_fwd"):
             teacher_out = slot.teacher[signature](teacher_in.detach())
         with timed("student_fwd"):
             extra = (teacher_in,) if self.stage.zero_grad_teacher_input and teacher_in.requires_grad else ()
             student_out = slot.student[signature](student_in, *extra)
         return teacher_out, student_out
-
-    def _allocate_grads(self) -> None:
-        for param in self._params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
 
     def _capture(self, slot: _Slot, signature: tuple, teacher_in: torch.Tensor, student_in: torch.Tensor) -> bool:
         if len(slot.student) >= MAX_SHAPES:
@@ -156,7 +117,7 @@ class StageGraphs:
         buffers = [b for b in self.stage.buffers()]
         saved = [b.detach().clone() for b in buffers]
         try:
-            teacher = _TeacherReplay(self.stage.teacher, teacher_in.detach())
+            teacher = ForwardReplay(lambda x: run_blocks(list(self.stage.teacher), x), teacher_in.detach())
             student = self._graphed_student(student_in, teacher_in)
         except Exception as exc:  # noqa: BLE001 - any capture failure leaves this shape eager
             self._give_up(signature, f"{type(exc).__name__}: {exc}")
@@ -174,9 +135,7 @@ class StageGraphs:
         sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
         if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
             sample += (teacher_in.detach().clone().requires_grad_(True),)
-        return torch.cuda.make_graphed_callables(module, sample, num_warmup_iters=WARMUP_ITERATIONS,
-                                                 allow_unused_input=True,
-                                                 **_capture_kwargs(torch.cuda.make_graphed_callables))
+        return graph_module(module, sample)
 
     def _give_up(self, signature: tuple, reason: str) -> None:
         self.failed.add(signature)

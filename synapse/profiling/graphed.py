@@ -15,6 +15,7 @@ timed the same way, as the yardstick for the sum of its blocks. Each time is the
 """
 from __future__ import annotations
 
+import copy
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -22,10 +23,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..engine.graph_capture import ForwardReplay, graph_module
 from ..models import run_blocks
 from .context import MeasureContext, loss_gradient
 
-WARMUP_ITERATIONS = 3  # eager runs before each capture (cudnn chooses its algorithms)
 
 
 @dataclass(frozen=True)
@@ -85,25 +86,14 @@ def _time_replays(module: nn.Module, x: torch.Tensor, context: MeasureContext, i
 
 
 def _teacher_replay(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
-    static_in = x.detach().clone()
-    side = torch.cuda.Stream(x.device)
-    side.wait_stream(torch.cuda.current_stream(x.device))
-    with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(WARMUP_ITERATIONS):
-            module(static_in)
-    torch.cuda.current_stream(x.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
-        module(static_in)
-    return graph.replay
+    replay = ForwardReplay(module, x)
+    return replay.graph.replay
 
 
 def _student_replay(module: nn.Module, x: torch.Tensor, input_grad: bool) -> nn.Module:
-    for param in module.parameters():  # see pipeline.graphs: a replayed backward adds into these
-        if param.requires_grad and param.grad is None:
-            param.grad = torch.zeros_like(param)
-    sample = x.detach().clone().requires_grad_(input_grad)
-    return torch.cuda.make_graphed_callables(module, (sample,), num_warmup_iters=WARMUP_ITERATIONS)
+    # A copy: fresh parameters, with no autograd node left from the eager sweeps on the default
+    # stream (a backward capture that meets one syncs with that stream and is invalidated).
+    return graph_module(copy.deepcopy(module), (x.detach().clone().requires_grad_(input_grad),))
 
 
 def _timed(run: Callable[[], None]) -> float:

@@ -19,6 +19,7 @@ CUDA, cudnn.benchmark on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from .result import ProfileDetails, ProfileResult
 from .sweeps import BlockSizes, SweepTimes, size_sweep, timed_sweep
 
 Log = Callable[[str], None]
+logger = logging.getLogger(__name__)
 _measurements = 0  # how many profiles this process has measured (lets tests see a cache hit)
 
 
@@ -53,15 +55,16 @@ class _Medians:
     backward_ms: list[float]
     whole_forward_ms: float
     whole_backward_ms: float
+    launch: str  # how the blocks were timed: 'eager' sweeps or 'graphed' replays
 
     @classmethod
-    def of(cls, sweeps: list[SweepTimes]) -> "_Medians":
+    def of(cls, sweeps: list[SweepTimes], launch: str) -> "_Medians":
         def per_block(samples: list[list[float]]) -> list[float]:
             return [float(statistics.median(column)) for column in zip(*samples)]
 
         return cls(per_block([s.forward_ms for s in sweeps]), per_block([s.backward_ms for s in sweeps]),
                    float(statistics.median(s.whole_forward_ms for s in sweeps)),
-                   float(statistics.median(s.whole_backward_ms for s in sweeps)))
+                   float(statistics.median(s.whole_backward_ms for s in sweeps)), launch)
 
 
 def profile_model(model_name: str, role: str, micro_batch: int, dtype: str = "fp32", device: str = "cpu",
@@ -101,17 +104,28 @@ def _measure(context: MeasureContext) -> tuple[list[BlockSizes], _Medians]:
     blocks = model_blocks(model)
     images = _random_images(context)
     sizes = size_sweep(model, blocks, images, context)
-    if request.launch == "graphed":
-        medians = _Medians(**vars(graphed_times(blocks, images, context)))
-    else:
+    medians = _graphed_medians(blocks, images, context) if request.launch == "graphed" else None
+    if medians is None:
         sweeps = [timed_sweep(model, blocks, images, context) for _ in range(request.warmup + request.repeats)]
-        medians = _Medians.of(sweeps[request.warmup:])
+        medians = _Medians.of(sweeps[request.warmup:], launch="eager")
     model.zero_grad(set_to_none=True)
     del model, blocks, images
     if context.device.type == "cuda":
         torch.cuda.synchronize(context.device)
         torch.cuda.empty_cache()  # hand the memory back before the next model is built
     return sizes, medians
+
+
+def _graphed_medians(blocks, images: torch.Tensor, context: MeasureContext) -> _Medians | None:
+    """Block times as replayed graphs, or None (logged) where this model cannot be captured:
+    the stages then run it eagerly too, and the eager sweeps measure what they will see."""
+    try:
+        times = graphed_times(blocks, images, context)
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to the eager measurement
+        logger.warning("%s (%s): cannot be captured as CUDA graphs (%s: %s); profiled eagerly",
+                       context.request.model_name, context.request.role, type(exc).__name__, exc)
+        return None
+    return _Medians(times.forward_ms, times.backward_ms, times.whole_forward_ms, times.whole_backward_ms, "graphed")
 
 
 @contextlib.contextmanager
@@ -184,7 +198,7 @@ def _details(context: MeasureContext, hardware: str, medians: _Medians, elapsed_
         forward_ratio=_ratio(blocks_forward, medians.whole_forward_ms),
         backward_ratio=None if request.is_teacher else _ratio(blocks_backward, medians.whole_backward_ms),
         elapsed_s=elapsed_s, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        launch=request.launch)
+        launch=medians.launch)
 
 
 def _ratio(part: float, whole: float) -> float:
