@@ -173,6 +173,34 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pipeline_estimates(rows: list[dict], batch: int) -> list[dict]:
+    """Per pair, K and micro-batch size: the 1F1B step of the plan from its stage replays,
+    (M + K - 1) x the slowest graphed stage with M = batch / micro-batch (communication left out:
+    on NVLink a stage boundary's activation moves in well under a millisecond)."""
+    out = []
+    keys = sorted({(r["pair"], r["K"], r["micro_batch"]) for r in rows})
+    for pair, k, micro in keys:
+        stages = [r for r in rows if (r["pair"], r["K"], r["micro_batch"]) == (pair, k, micro)]
+        if len(stages) != k or batch % micro:
+            continue
+        m = batch // micro
+        slowest = max(r["graphed_ms"]["median"] for r in stages)
+        step_ms = (m + k - 1) * slowest
+        out.append({"pair": pair, "K": k, "micro_batch": micro, "microbatches": m, "slowest_stage_ms": slowest,
+                    "step_ms": step_ms, "images_per_s": batch / step_ms * 1e3})
+    return out
+
+
+def estimates_markdown(estimates: list[dict], single: dict[str, float]) -> str:
+    lines = ["| pair | K | micro-batch | M | slowest stage ms | step ms | img/s | vs one GPU |", "|" + " --- |" * 8]
+    for e in estimates:
+        base = single.get(e["pair"])
+        ratio = f"{e['images_per_s'] / base:.2f}" if base else "-"
+        lines.append(f"| {e['pair']} | {e['K']} | {e['micro_batch']} | {e['microbatches']} | "
+                     f"{e['slowest_stage_ms']:.2f} | {e['step_ms']:.1f} | {e['images_per_s']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", default="vit_large:resnet152,vit_base:resnet50")
@@ -182,7 +210,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--cache-dir", default="/tmp/synapse_cache")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--summarize", type=Path, help="only write the pipeline estimates of an earlier result JSON")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--single", default="", help="pair=img/s of the single-GPU trainer, comma separated")
     args = parser.parse_args()
+    if args.summarize:
+        rows = json.loads(args.summarize.read_text())["rows"]
+        single = {p: float(v) for p, v in (item.split("=") for item in args.single.split(",") if item)}
+        estimates = pipeline_estimates(rows, args.batch)
+        (args.out / "pipeline_estimates.json").write_text(json.dumps(estimates, indent=1))
+        (args.out / "pipeline_estimates.md").write_text(estimates_markdown(estimates, single) + "\n")
+        return
     torch.backends.cudnn.benchmark = True
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -43,6 +43,8 @@ class _Chain(nn.Module):
         self.blocks = nn.ModuleList(blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and x.is_leaf:
+            x = x.clone()  # as a stage does: an in-place first block (ReLU) may not modify a leaf
         return run_blocks(list(self.blocks), x)
 
 
