@@ -127,7 +127,10 @@ class TrainerConfig:
     threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
     eval_every_epochs: int = 1
     log_every: int = 1
-    progress: bool = True
+    progress: bool = True  # one bar (a pipeline's is the supervisor's, from the records); off a terminal, a few lines
+    # Whose output reaches the console, as torchrun's --local-ranks-filter: local ranks ([] none, null all).
+    # Every rank's stdout/stderr is in <run dir>/logs/launch_<n>/; a failed rank's last lines are printed.
+    local_ranks_filter: Optional[list[int]] = field(default_factory=lambda: [0])
     deterministic: bool = False
     # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
     # skip (drop its update on every rank; the step still counts and the schedule advances).

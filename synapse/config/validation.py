@@ -278,7 +278,11 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
     positive("trainer.log_every", trainer.log_every)
     choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
-    resolve_devices(trainer)
+    local = resolve_devices(trainer)
+    shown = trainer.local_ranks_filter
+    if shown is not None and any(not 0 <= int(r) < len(local) for r in shown):
+        fail("trainer.local_ranks_filter", f"{list(shown)} names a local rank outside 0..{len(local) - 1} (this node "
+              f"runs {len(local)} worker(s))", "list local ranks in that range, [] for none, or null for all")
 
 
 def _is_loopback_endpoint(endpoint: str) -> bool:

@@ -1,23 +1,84 @@
-"""Terminal progress: step, loss, throughput and time left, or nothing when disabled."""
+"""Terminal progress of a training run: a bar on a terminal, a few plain lines anywhere else.
+
+A bar redraws its line many times a second; written to a file or a pipe (a Slurm or submitit
+``.err`` file, ``| tee``) every refresh would become text of its own. So off a terminal the
+progress is a handful of plain lines, one per quarter of the run (``Milestones``).
+``progress_text`` is the one format of a progress line, shared with the supervisor's bar
+(``synapse.failover.progress``), which draws a pipelined run's progress from its records.
+"""
 from __future__ import annotations
 
 import sys
+from typing import Callable, TextIO
 
 from tqdm import tqdm
 
+MILESTONE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or stream-like object without a terminal
+        return False
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def progress_text(step: int, total: int, *, loss: float | None = None, images_per_s: float | None = None,
+                  eta_s: float | None = None, val_top1: float | None = None, prefix: str = "") -> str:
+    """``[prefix | ]step 57/264 (22%) | loss 0.9394 | 629 img/s | val 97.8% | ETA 0:23``."""
+    parts = [prefix] if prefix else []
+    parts.append(f"step {step}/{total} ({step / total:.0%})" if total else f"step {step}")
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if images_per_s is not None:
+        parts.append(f"{images_per_s:,.0f} img/s")
+    if val_top1 is not None:
+        parts.append(f"val {val_top1:.1f}%")
+    if eta_s is not None:
+        parts.append(f"ETA {format_seconds(eta_s)}")
+    return " | ".join(parts)
+
+
+class Milestones:
+    """Which steps get a plain progress line: the first step at or past each quarter of the run."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, fractions=MILESTONE_FRACTIONS):
+        self._marks = sorted({max(1, round(total_steps * f)) for f in fractions} if total_steps else set())
+        self._marks = [m for m in self._marks if m > start_step]
+
+    def reached(self, step: int) -> bool:
+        """True once per mark, at the first step that reaches it."""
+        hit = False
+        while self._marks and step >= self._marks[0]:
+            self._marks.pop(0)
+            hit = True
+        return hit
+
 
 class Progress:
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
-        self._bar = (tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr,
-                          leave=False) if enabled else None)
-        self._shown = start_step
+    """Progress of the single-process trainer (the pipeline's bar is the supervisor's)."""
+
+    def __init__(self, total_steps: int, start_step: int, enabled: bool = True,
+                 log: Callable[[str], None] = print, stream: TextIO | None = None):
+        stream = stream or sys.stderr
+        self._bar = (tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=stream,
+                          leave=False) if enabled and is_terminal(stream) else None)
+        self._lines = Milestones(total_steps, start_step) if enabled and self._bar is None else None
+        self._total, self._shown, self._log = total_steps, start_step, log
 
     def update(self, step: int, loss: float, images_per_s: float) -> None:
-        if self._bar is None:
-            return
-        self._bar.update(step - self._shown)
+        if self._bar is not None:
+            self._bar.update(step - self._shown)
+            self._bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{images_per_s:,.0f}", refresh=False)
+        elif self._lines is not None and self._lines.reached(step):
+            self._log(progress_text(step, self._total, loss=loss, images_per_s=images_per_s))
         self._shown = step
-        self._bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{images_per_s:,.0f}", refresh=False)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -144,7 +144,8 @@ class Trainer:
         started, first_step = time.time(), self.step
         stop_after = self.cfg.trainer.stop_after
         images_per_step = self.cfg.data.batch_size
-        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records)
+        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records,
+                            log=self.log)
         runner = self.runner
         with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path

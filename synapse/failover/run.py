@@ -67,8 +67,7 @@ def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path,
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
         drills=[dict(d) for d in settings(cfg.failover.drills)],
-        # a line of its own: the last rank's progress bar (another process) ends without a newline
-        say=(lambda line: log("\n" + line)) if cfg.trainer.progress else log,
+        say=log,
     )
 
 

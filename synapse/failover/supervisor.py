@@ -30,6 +30,7 @@ from ..config import resolve_devices, validate
 from ..control import FileControlChannel, StopRequest
 from ..launch.elastic import WorkerFailure, launch_pipeline
 from ..launch.interrupt import InterruptToStop, RunInterrupted
+from ..launch.worker_logs import failed_rank_tail
 from ..monitor.events import EventLog, EventLogError, events_path
 from ..monitor.injection import fired_fault_indices
 from ..planner.placement import Placement
@@ -38,6 +39,7 @@ from ..records import JsonlTail
 from ..trackers import NullTracker, Tracker
 from .controller import FailoverController
 from .faults import faults_for_stage
+from .progress import run_progress
 from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
 from .summary import write_experiment_summary
 from .watch import StageWatcher
@@ -105,8 +107,13 @@ class Supervisor:
     def run(self, first: StageSpec, compose: bool = False) -> dict[str, Any]:
         """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides.
         A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
-        with InterruptToStop(self._stop_on_interrupt) as self.interrupt:
+        with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
+                run_progress(self.run_dir, self.log, self.cfg.trainer.progress, self._running_stage):
             return self._run_stages(first, compose)
+
+    def _running_stage(self) -> tuple[int, Placement] | None:
+        """What the progress bar shows as the stage (read from its thread: the newest stage started)."""
+        return (self.stages[-1].index, self.stages[-1].placement) if self.stages else None
 
     def _stop_on_interrupt(self, signal_name: str) -> None:
         """First SIGINT/SIGTERM (signal handler, main thread): every rank stops after its step in flight."""
@@ -183,6 +190,7 @@ class Supervisor:
             summary = launch_pipeline(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
                                       attempt=str(spec.index), log=self.log, stage=spec.index)
         except WorkerFailure as exc:
+            self._show_failed_rank(spec, exc)
             if not exc.device_failure:  # an error in the code: a restart would fail the same way
                 watcher.stop()
                 self._end_stage_in_error(watcher, exc)
@@ -199,6 +207,13 @@ class Supervisor:
             self._end_stage_in_error(watcher, error)
             raise error from watcher.error
         return summary, watcher, failure
+
+    def _show_failed_rank(self, spec: StageSpec, failure: WorkerFailure) -> None:
+        """The failed rank's last lines, unless they were on the console already (trainer.local_ranks_filter)."""
+        shown = self.cfg.trainer.local_ranks_filter
+        if failure.rank is not None and (shown is None or failure.rank not in shown):
+            tail = failed_rank_tail(self.run_dir / "logs" / f"launch_{spec.index}", failure.rank)
+            self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
 
     def _on_live_stage(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
         """The workers re-partitioned without stopping (watcher thread): record the new stage."""

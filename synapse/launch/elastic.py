@@ -76,7 +76,7 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
     trainer = cfg.trainer
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
-    logs = DefaultLogsSpecs(log_dir=str(run_dir / "logs" / f"launch_{attempt}"), redirects=Std.ALL, tee=Std.ALL)
+    logs = worker_logs_spec(run_dir / "logs" / f"launch_{attempt}", trainer.local_ranks_filter)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
         run_id=run_id, rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=endpoint,
@@ -92,7 +92,20 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
         # torch's "abort the launch now".
         signals_to_handle="SIGHUP,SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
+        log_line_prefix_template=RANK_PREFIX if trainer.nodes == 1 else f"[node {trainer.node_rank}] {RANK_PREFIX}",
     )
+
+
+RANK_PREFIX = "[rank ${rank}] "  # what a worker's line shown on the console starts with (torch's Template)
+
+
+def worker_logs_spec(log_dir: Path, shown_ranks) -> DefaultLogsSpecs:
+    """Every rank's stdout and stderr go to ``<log_dir>/<id>/attempt_0/<local rank>/``; only the ranks of
+    ``trainer.local_ranks_filter`` are also shown on the console (None: all of them, []: none)."""
+    if shown_ranks is not None and len(shown_ranks) == 0:  # torch reads an empty filter as "all"
+        return DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.NONE)
+    return DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.ALL,
+                            local_ranks_filter=None if shown_ranks is None else {int(r) for r in shown_ranks})
 
 
 def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],

@@ -106,6 +106,7 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
                  resume: str | None, stage: int) -> dict[str, Any] | None:
     started = time.time()
     cfg = OmegaConf.create(cfg_yaml)
+    cfg.trainer.progress = False  # the process that launched the workers draws the run's one bar from its records
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device_id = resolve_devices(cfg.trainer)[local_rank]
@@ -114,7 +115,7 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     if cfg.trainer.nodes == 1:
         listen_on_loopback_only()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
-    log = _rank_logger(rank)
+    log = _worker_logger()
     trainer = None
     try:
         stage_partition = Placement.from_dict(partition)
@@ -145,8 +146,9 @@ def listen_on_loopback_only() -> None:
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback[0])
 
 
-def _rank_logger(rank: int):
+def _worker_logger():
+    """Lines to this rank's stdout log file (the launcher names the rank where it shows them on the console)."""
     def log(message: str) -> None:
-        print(f"[rank {rank}] {message}", file=sys.stdout, flush=True)
+        print(message, file=sys.stdout, flush=True)
 
     return log

@@ -1,0 +1,225 @@
+"""The run's one progress bar, drawn by the supervisor from the records the workers write.
+
+Pipeline workers draw no bar of their own (each would be another process writing to the same
+terminal); the last rank appends a record per step to ``metrics.jsonl`` (loss, images/s, and
+each evaluation) and ``performance.jsonl`` (the schedule's length). ``RunProgress`` tails both
+and shows steps, loss, images/s, the last validation top-1, the time left and the running
+stage with its partition.
+
+On a terminal it is one line at the bottom that redraws in place: every other line written
+meanwhile (the supervisor's log, the workers' lines torch's agent copies to the console, warnings)
+goes through ``ConsoleBar`` so that it lands above the bar, never inside it. Anywhere else (a
+pipe, a submitit or Slurm ``.err`` file) a redrawn line would be a new line per refresh, so the
+progress is a few plain log lines instead, one per quarter of the run.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+from ..engine.progress import Milestones, is_terminal, progress_text
+from ..planner.placement import Placement
+from ..records import JsonlTail, RecordFileError
+
+RATE_WINDOW = 20  # recent steps the time left is extrapolated from (evaluations and restarts included)
+CLEAR_LINE = "\r\x1b[K"
+
+
+class ConsoleBar:
+    """One status line at the bottom of a terminal; ``write_line`` prints above it (thread-safe)."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self.text = stream, ""
+        self._lock = threading.RLock()
+
+    def show(self, text: str) -> None:
+        with self._lock:
+            self.text = text
+            self._draw()
+
+    def write_line(self, line: str) -> None:
+        with self._lock:
+            self.stream.write(CLEAR_LINE + line.rstrip("\n") + "\n")
+            self._draw()
+
+    def close(self) -> None:
+        """Leave the last state of the bar on the screen as an ordinary line."""
+        with self._lock:
+            if self.text:
+                self.stream.write(CLEAR_LINE + self.text + "\n")
+                self.stream.flush()
+            self.text = ""
+
+    def _draw(self) -> None:
+        if self.text:
+            width = shutil.get_terminal_size((100, 24)).columns
+            self.stream.write(CLEAR_LINE + self.text[:max(10, width - 1)])
+        self.stream.flush()
+
+
+class _LinesAboveBar(io.TextIOBase):
+    """A text stream whose complete lines go through the bar (a partial line waits for its end)."""
+
+    def __init__(self, bar: ConsoleBar, original: TextIO):
+        self._bar, self._original, self._pending = bar, original, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._bar.write_line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self._original.flush()
+
+    def isatty(self) -> bool:
+        return False  # so that nothing else draws in place through it
+
+    def fileno(self) -> int:
+        return self._original.fileno()
+
+
+@contextlib.contextmanager
+def lines_above(bar: ConsoleBar) -> Iterator[None]:
+    """While the bar is on screen, route sys.stdout, sys.stderr and the logging handlers that write
+    to them through the bar (torch's agent copies the workers' lines to whatever sys.stdout is
+    when a launch starts, so launches inside this block are routed too)."""
+    originals = sys.stdout, sys.stderr
+    routed = {id(s): _LinesAboveBar(bar, s) for s in originals}
+    handlers = [h for h in _all_handlers() if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler) and id(h.stream) in routed]
+    previous = [h.setStream(routed[id(h.stream)]) for h in handlers]
+    sys.stdout, sys.stderr = routed[id(originals[0])], routed[id(originals[1])]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = originals
+        for handler, stream in zip(handlers, previous):
+            handler.setStream(stream)
+
+
+def _all_handlers() -> list[logging.Handler]:
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    return [h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers]
+
+
+class RunProgress(threading.Thread):
+    """Tails the run's records and draws the bar (terminal) or logs a plain line per quarter (elsewhere).
+
+    ``stage``: the running stage's index and placement (the supervisor's newest stage), or None
+    where no supervisor knows it (the stage number then comes from the records)."""
+
+    def __init__(self, run_dir: Path, log: Callable[[str], None], bar: ConsoleBar | None,
+                 stage: Callable[[], tuple[int, Placement] | None] = lambda: None, period_s: float = 0.2):
+        super().__init__(name="synapse-progress", daemon=True)
+        self.bar, self.log, self.stage, self.period_s = bar, log, stage, period_s
+        self._metrics = JsonlTail(Path(run_dir) / "metrics.jsonl")
+        self._performance = JsonlTail(Path(run_dir) / "performance.jsonl")
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self.step, self.total, self.record_stage = 0, 0, None
+        self.loss: float | None = None
+        self.images_per_s: float | None = None
+        self.val_top1: float | None = None
+        self._milestones: Milestones | None = None
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self._poll()  # the records of the last steps
+
+    def run(self) -> None:
+        while not self._done.wait(self.period_s):
+            try:
+                self._poll()
+            except RecordFileError:  # a torn record the workers will rewrite; the bar waits a refresh
+                continue
+
+    def _poll(self) -> None:
+        for record in self._performance.read_new():
+            self.total = int(record.get("total_steps") or self.total)
+            self.record_stage = record.get("stage", self.record_stage)
+        moved = False
+        for record in self._metrics.read_new():
+            moved |= self._take(record)
+        if moved:
+            self._report()
+
+    def _take(self, record: dict[str, Any]) -> bool:
+        if record.get("kind") == "eval":
+            self.val_top1 = record.get("student_top1", self.val_top1)
+            return True
+        if record.get("kind") != "train":
+            return False
+        self.step, self.loss = int(record["step"]), record.get("loss")
+        self.images_per_s = record.get("images_per_s")
+        self._recent.append((self.step, float(record.get("time", time.time()))))
+        return True
+
+    def eta_s(self) -> float | None:
+        """Steps left times the recent wall time per step (what the records show, evaluations included)."""
+        if len(self._recent) < 2 or not self.total:
+            return None
+        (first_step, first_t), (last_step, last_t) = self._recent[0], self._recent[-1]
+        if last_step <= first_step:
+            return None
+        return (self.total - self.step) * (last_t - first_t) / (last_step - first_step)
+
+    def text(self) -> str:
+        return progress_text(self.step, self.total, loss=self.loss, images_per_s=self.images_per_s,
+                             eta_s=self.eta_s(), val_top1=self.val_top1, prefix=self._stage_text())
+
+    def _stage_text(self) -> str:
+        known = self.stage()
+        if known is None:
+            return "" if self.record_stage is None else f"stage {self.record_stage}"
+        index, placement = known
+        return (f"stage {index} on {list(placement.devices)}: teacher {list(placement.teacher_counts)} / "
+                f"student {list(placement.student_counts)}")
+
+    def _report(self) -> None:
+        if self.bar is not None:
+            self.bar.show(self.text())
+            return
+        if self._milestones is None and self.total:
+            self._milestones = Milestones(self.total, start_step=max(0, self.step - 1))
+        if self._milestones is not None and self._milestones.reached(self.step):
+            self.log(self.text())
+
+
+@contextlib.contextmanager
+def run_progress(run_dir: Path, log: Callable[[str], None], enabled: bool = True,
+                 stage: Callable[[], tuple[int, Placement] | None] = lambda: None,
+                 stream: TextIO | None = None) -> Iterator[RunProgress | None]:
+    """Show the run's progress while the block runs: a bar when both stdout and stderr are a
+    terminal (``stream``: where it is drawn, sys.stderr by default), else a plain line per quarter
+    through ``log``; nothing when ``enabled`` is false (``trainer.progress=false``)."""
+    if not enabled:
+        yield None
+        return
+    stream = stream or sys.stderr
+    terminal = is_terminal(stream) and is_terminal(sys.stdout) and os.environ.get("TERM") != "dumb"
+    bar = ConsoleBar(stream) if terminal else None
+    progress = RunProgress(run_dir, log, bar, stage)
+    progress.start()
+    try:
+        with lines_above(bar) if bar is not None else contextlib.nullcontext():
+            try:
+                yield progress
+            finally:
+                progress.stop()
+    finally:
+        if bar is not None:
+            bar.close()
