@@ -21,7 +21,7 @@ from .engine.device import build_compute_setup
 from .engine.evaluate import evaluate
 from .engine.teacher import prepare_teacher, teacher_weights, train_label_model
 from .engine.trainer import build_trainer, resolve_resume
-from .failover.progress import run_progress
+from .failover.progress import supervised_console
 from .failover.report import print_failover_story
 from .failover.run import run_with_failover
 from .launch.elastic import launch_pipeline
@@ -122,7 +122,7 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         summary = run_with_failover(cfg, run_dir, planner, partition, str(weights), resume, overrides, log)
         print_failover_story(summary.get("experiment", {}), run_dir, log)
     else:  # multi-node runs restart by hand: every node's supervisor would have to agree on each stage
-        with run_progress(run_dir, log, cfg.trainer.progress):
+        with supervised_console(run_dir, log, cfg.trainer.progress):
             summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), resume, log=log)
     comparison = compare_plan_with_run(run_dir)
     if comparison:

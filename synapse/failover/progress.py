@@ -133,6 +133,7 @@ class RunProgress(threading.Thread):
         self.images_per_s: float | None = None
         self.val_top1: float | None = None
         self._milestones: Milestones | None = None
+        self._first_step: int | None = None  # of this supervisor (a resumed run starts past 0)
         self._done = threading.Event()
 
     def stop(self) -> None:
@@ -164,6 +165,7 @@ class RunProgress(threading.Thread):
         if record.get("kind") != "train":
             return False
         self.step, self.loss = int(record["step"]), record.get("loss")
+        self._first_step = self.step if self._first_step is None else self._first_step
         self.images_per_s = record.get("images_per_s")
         self._recent.append((self.step, float(record.get("time", time.time()))))
         return True
@@ -194,20 +196,44 @@ class RunProgress(threading.Thread):
             self.bar.show(self.text())
             return
         if self._milestones is None and self.total:
-            self._milestones = Milestones(self.total, start_step=max(0, self.step - 1))
+            self._milestones = Milestones(self.total, start_step=max(0, (self._first_step or 1) - 1))
         if self._milestones is not None and self._milestones.reached(self.step):
             self.log(self.text())
 
 
+AGENT_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+
+
 @contextlib.contextmanager
-def run_progress(run_dir: Path, log: Callable[[str], None], enabled: bool = True,
-                 stage: Callable[[], tuple[int, Placement] | None] = lambda: None,
-                 stream: TextIO | None = None) -> Iterator[RunProgress | None]:
-    """Show the run's progress while the block runs: a bar when both stdout and stderr are a
+def agent_logs_to_run_log() -> Iterator[None]:
+    """torch's elastic agent logs each worker it terminates and the traceback of the one that died,
+    ~10 lines a failure, to stderr. The supervisor says what failed and prints that rank's last lines,
+    so while it runs those records go to the run's log file (train.log) only."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    saved = []
+    for name in AGENT_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate, list(logger.handlers)))
+        logger.propagate = False
+        logger.handlers = files or [logging.NullHandler()]
+    try:
+        yield
+    finally:
+        for logger, propagate, handlers in saved:
+            logger.propagate, logger.handlers = propagate, handlers
+
+
+@contextlib.contextmanager
+def supervised_console(run_dir: Path, log: Callable[[str], None], enabled: bool = True,
+                       stage: Callable[[], tuple[int, Placement] | None] = lambda: None,
+                       stream: TextIO | None = None) -> Iterator[RunProgress | None]:
+    """The console while workers run: torch's agent logs to the run's log file only
+    (``agent_logs_to_run_log``), and the run's progress: a bar when both stdout and stderr are a
     terminal (``stream``: where it is drawn, sys.stderr by default), else a plain line per quarter
-    through ``log``; nothing when ``enabled`` is false (``trainer.progress=false``)."""
+    through ``log``; no progress when ``enabled`` is false (``trainer.progress=false``)."""
     if not enabled:
-        yield None
+        with agent_logs_to_run_log():
+            yield None
         return
     stream = stream or sys.stderr
     terminal = is_terminal(stream) and is_terminal(sys.stdout) and os.environ.get("TERM") != "dumb"
@@ -215,7 +241,7 @@ def run_progress(run_dir: Path, log: Callable[[str], None], enabled: bool = True
     progress = RunProgress(run_dir, log, bar, stage)
     progress.start()
     try:
-        with lines_above(bar) if bar is not None else contextlib.nullcontext():
+        with agent_logs_to_run_log(), lines_above(bar) if bar is not None else contextlib.nullcontext():
             try:
                 yield progress
             finally:

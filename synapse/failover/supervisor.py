@@ -39,7 +39,7 @@ from ..records import JsonlTail
 from ..trackers import NullTracker, Tracker
 from .controller import FailoverController
 from .faults import faults_for_stage
-from .progress import run_progress
+from .progress import supervised_console
 from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
 from .summary import write_experiment_summary
 from .watch import StageWatcher
@@ -108,7 +108,7 @@ class Supervisor:
         """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides.
         A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
-                run_progress(self.run_dir, self.log, self.cfg.trainer.progress, self._running_stage):
+                supervised_console(self.run_dir, self.log, self.cfg.trainer.progress, self._running_stage):
             return self._run_stages(first, compose)
 
     def _running_stage(self) -> tuple[int, Placement] | None:
