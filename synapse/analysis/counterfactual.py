@@ -22,7 +22,8 @@ from .load import Run
 OPTION_ORDER = ("keep", "replan", "degrade", "replace")
 OUTCOME_COLUMNS = ["decision", "step", "elapsed_s", "action", "reason", "predicted_eta_s", "realised_remaining_s",
                    "error_s", "error_frac", "later_actions"]
-REGRET_COLUMNS = ["scenario", "policy", "jobs", "value", "best_policy", "best_value", "regret_s", "regret_frac"]
+REGRET_COLUMNS = ["scenario", "policy", "jobs", "value", "best_policy", "best_value", "regret_s", "regret_frac",
+                  "regret_min_s", "regret_max_s"]
 
 
 def option_etas(run: Run) -> pd.DataFrame:
@@ -59,14 +60,16 @@ def decision_outcomes(run: Run) -> pd.DataFrame:
 
 
 def policy_regret(sweep: pd.DataFrame, metric: str = "wall_time_s") -> pd.DataFrame:
-    """Per scenario run under two or more policies: each policy's ``metric`` (mean over its jobs),
-    the best policy's, and the regret (how much more this policy's run took than the best's)."""
+    """Per scenario run under two or more policies: each policy's ``metric`` (mean over its jobs,
+    e.g. repeats over seeds), the best policy's, and the regret (how much more this policy's run took
+    than the best's on average); ``regret_min_s``/``regret_max_s``: the spread of its single jobs'
+    regret against the best policy's mean (equal to ``regret_s`` for a single job)."""
     for column in ("scenario", "policy", metric):
         if column not in sweep.columns:
             raise AnalysisError(f"policy_regret needs a {column!r} column; got {list(sweep.columns)}. Fix: pass the "
                                 f"frame of load_sweep(<sweep dir>)")
     usable = sweep.dropna(subset=[metric, "policy"])
-    per_policy = (usable.groupby(["scenario", "policy"], sort=True)[metric].agg(["mean", "size"])
+    per_policy = (usable.groupby(["scenario", "policy"], sort=True)[metric].agg(["mean", "size", "min", "max"])
                   .rename(columns={"mean": "value", "size": "jobs"}).reset_index())
     rows = []
     for scenario, group in per_policy.groupby("scenario", sort=True):
@@ -75,6 +78,8 @@ def policy_regret(sweep: pd.DataFrame, metric: str = "wall_time_s") -> pd.DataFr
         best = group.loc[group["value"].idxmin()]
         for record in group.to_dict("records"):
             regret = record["value"] - best["value"]
+            low, high = record.pop("min") - best["value"], record.pop("max") - best["value"]
             rows.append({**record, "best_policy": best["policy"], "best_value": best["value"], "regret_s": regret,
-                         "regret_frac": regret / best["value"] if best["value"] else math.nan})
+                         "regret_frac": regret / best["value"] if best["value"] else math.nan,
+                         "regret_min_s": low, "regret_max_s": high})
     return pd.DataFrame(rows, columns=REGRET_COLUMNS)

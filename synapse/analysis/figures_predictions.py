@@ -18,39 +18,70 @@ from .style import OPTION_COLORS, NoDataError, new_figure, themed
 PLAN_COLORS = {"compute": "#4c72b0", "noncompute": "#a1c4e8"}
 
 
+PER_ROW, MAX_ROWS = 10, 3  # decisions per panel row, and rows at most: the figure stays a page wide
+
+
+def shown_decisions(decisions: pd.DataFrame, limit: int = PER_ROW * MAX_ROWS) -> pd.DataFrame:
+    """At most ``limit`` decisions (one row each, by step): every acting one (the latest if even those
+    are too many), then KEEPs evenly spread over the run."""
+    if len(decisions) <= limit:
+        return decisions
+    acting = decisions[decisions["action"] != "keep"].tail(limit)
+    keeps = decisions[decisions["action"] == "keep"]
+    room = limit - len(acting)
+    picked = keeps.iloc[np.linspace(0, len(keeps) - 1, room).round().astype(int)] if room > 0 else keeps.iloc[:0]
+    return pd.concat([acting, picked]).sort_index()
+
+
 def plot_decision_etas(run: Run) -> Figure:
     """Per logged decision: every option's predicted time to finish (bars; the chosen one hatched
-    and outlined) and the remaining time the run actually took from that moment (black diamond)."""
+    and outlined) and the remaining time the run actually took from that moment (black diamond).
+    At most 10 decisions per row and 3 rows: beyond 30, every acting decision and KEEPs spread
+    over the run (the title says how many are shown)."""
     d = run.decisions
     if d.empty:
         raise NoDataError(f"{run.path} logged no failover decision (failover_events.jsonl): nothing was detected, "
                           f"or the run had no failover")
-    decisions = d.drop_duplicates("decision").set_index("decision")
+    every = d.drop_duplicates("decision").set_index("decision")
+    decisions = shown_decisions(every)
     kinds = [k for k in OPTION_ORDER if k in set(d["option"])] + sorted(set(d["option"]) - set(OPTION_ORDER))
+    chunks = [decisions.iloc[i:i + PER_ROW] for i in range(0, len(decisions), PER_ROW)]
+    with themed():
+        fig, axes = new_figure(max(6.0, 1.6 + 1.3 * len(chunks[0])), 0.6 + 3.6 * len(chunks), len(chunks), 1)
+        axes = np.atleast_1d(axes).reshape(-1, 1)
+        for ax, chunk in zip(axes[:, 0], chunks):
+            _decision_bars(ax, run, d[d["decision"].isin(chunk.index)], chunk, kinds)
+        shown = "" if len(decisions) == len(every) else (
+            f" ({len(decisions)} of {len(every)} decisions shown: every acting one, KEEPs spread over the run)")
+        axes[0, 0].set_title(f"{run.name}: predicted ETA per option (hatched: chosen)\nvs the realised remaining "
+                             f"time{shown}")
+        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="option")
+        axes[-1, 0].set_xlabel("decision (step, action taken)")
+    return fig
+
+
+def _decision_bars(ax, run: Run, d: pd.DataFrame, decisions: pd.DataFrame, kinds: list[str]) -> None:
     width = 0.8 / len(kinds)
     positions = {index: i for i, index in enumerate(decisions.index)}
-    with themed():
-        fig, ax = new_figure(max(6.0, 1.6 + 1.3 * len(decisions)), 4.6)
-        for k, kind in enumerate(kinds):
-            rows = d[d["option"] == kind]
-            x = np.array([positions[i] for i in rows["decision"]]) + (k - (len(kinds) - 1) / 2) * width
-            chosen = rows["chosen"].astype(bool).to_numpy()
-            ax.bar(x, rows["eta_s"], width=width, color=OPTION_COLORS.get(kind, "#8c8c8c"), label=kind.upper(),
-                   edgecolor=np.where(chosen, "black", "none").tolist(), linewidth=np.where(chosen, 1.8, 0).tolist(),
-                   hatch=None, gid=f"eta_{kind}")
-            for bar, is_chosen in zip(ax.containers[-1], chosen):
-                bar.set_hatch("//" if is_chosen else None)
-        _plot_realised(ax, run, positions)
-        ax.set_xticks(range(len(decisions)), [f"step {int(r.step)}\n{str(r.action).upper()}"
-                                               for r in decisions.itertuples()])
-        ax.set(xlabel="decision (step, action taken)", ylabel="time to finish the run (s)",
-               title=f"{run.name}: predicted ETA per option (hatched: chosen)\nvs the realised remaining time")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="option")
-    return fig
+    for k, kind in enumerate(kinds):
+        rows = d[d["option"] == kind]
+        x = np.array([positions[i] for i in rows["decision"]]) + (k - (len(kinds) - 1) / 2) * width
+        chosen = rows["chosen"].astype(bool).to_numpy()
+        ax.bar(x, rows["eta_s"], width=width, color=OPTION_COLORS.get(kind, "#8c8c8c"), label=kind.upper(),
+               edgecolor=np.where(chosen, "black", "none").tolist(), linewidth=np.where(chosen, 1.8, 0).tolist(),
+               hatch=None, gid=f"eta_{kind}")
+        for bar, is_chosen in zip(ax.containers[-1], chosen):
+            bar.set_hatch("//" if is_chosen else None)
+    _plot_realised(ax, run, positions)
+    ax.set_xticks(range(len(decisions)), [f"step {int(r.step)}\n{str(r.action).upper()}"
+                                          for r in decisions.itertuples()])
+    ax.set_xlim(-0.6, max(len(decisions), 3) - 0.4)  # a short last row keeps the others' bar width
+    ax.set(ylabel="time to finish the run (s)")
 
 
 def _plot_realised(ax, run: Run, positions: dict[int, int]) -> None:
     outcomes = decision_outcomes(run).dropna(subset=["realised_remaining_s"])
+    outcomes = outcomes[outcomes["decision"].isin(positions)]  # this row's decisions
     if outcomes.empty:
         return
     x = [positions[i] for i in outcomes["decision"]]

@@ -7,9 +7,9 @@ its key (``data.batch_size``, ``policy``; values as numbers where they are numbe
 friendly columns read from the job's config (``batch_size``, ``policy``, ``injection``,
 ``slowdown``) and the outcome of the job (wall time, time lost, recovery, accuracy, ...).
 
-``scenario`` names what the job ran apart from its policy: the overrides that differ between
-jobs, policy ones left out. Jobs with the same scenario are the same experiment under
-different policies, which is what ``counterfactual.policy_regret`` compares.
+``scenario`` names what the job ran apart from its policy and its seed: the overrides that differ
+between jobs, policy and seed ones left out. Jobs with the same scenario are the same experiment
+under different policies (compared by ``counterfactual.policy_regret``), repeated over seeds.
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from . import files
 from .load import Run, load_run
 
 POLICY_KEYS = ("policy",)  # override keys (and their sub-keys) that choose the policy
-JOB_COLUMNS = ["job", "path", "status", "batch_size", "policy", "injection", "slowdown", "scenario", "wall_time_s",
+REPEAT_KEYS = ("seed",)  # override keys that repeat a scenario (same experiment, other random draws)
+JOB_COLUMNS = ["job", "path", "status", "batch_size", "policy", "seed", "injection", "slowdown", "scenario",
+               "wall_time_s",
                "steps", "total_steps", "stages", "restarts", "decisions", "decisions_logged", "time_lost_s",
                "slow_steps_s", "restart_downtime_s", "recovery_s", "final_top1", "images_per_s"]
 
@@ -92,9 +94,9 @@ def override_value(text: str) -> Any:
 
 
 def scenario_labels(overrides: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per job, the overrides that differ between jobs, without the policy ones ("all" if none differ)."""
+    """Per job, the overrides that differ between jobs, without the policy and seed ones ("all" if none differ)."""
     keys = {k for o in overrides for k in o}
-    varying = sorted(k for k in keys if not _is_policy_key(k)
+    varying = sorted(k for k in keys if not _is_policy_key(k) and k not in REPEAT_KEYS
                      and len({repr(o.get(k)) for o in overrides}) > 1)
     return [", ".join(f"{k}={o.get(k)}" for k in varying) or "all" for o in overrides]
 
@@ -121,6 +123,7 @@ def run_outcome(run: Run) -> dict[str, Any]:
     return {
         "status": "finished" if steps is not None and total is not None and steps >= total else "incomplete",
         "batch_size": _get(config, "data", "batch_size"), "policy": _get(config, "policy", "name"),
+        "seed": _get(config, "seed"),
         "injection": _get(config, "injection", "name"),
         "slowdown": describe_faults(_get(config, "injection", "faults") or []),
         "wall_time_s": run.wall_time_s, "steps": steps, "total_steps": total,
@@ -143,7 +146,8 @@ def final_top1(run: Run) -> float:
 
 
 def describe_faults(faults: Sequence[Mapping[str, Any]]) -> str:
-    """A short name for an injection: 'slow_compute r2@12 x4' per fault, '+' between, 'none'."""
+    """A short name for an injection: 'slow_compute r2@12 x4' per fault ('..., 10 on/10 off' for an
+    intermittent one), '+' between, 'none'."""
     parts = []
     for fault in faults:
         text = f"{fault.get('kind', 'fault')} r{fault.get('rank', '?')}@{fault.get('start', '?')}"
@@ -151,6 +155,8 @@ def describe_faults(faults: Sequence[Mapping[str, Any]]) -> str:
             text += f"-{fault['end']}"
         if fault.get("factor") is not None:
             text += f" x{fault['factor']:g}"
+        if fault.get("on_steps"):
+            text += f" intermittent {fault['on_steps']} on/{fault.get('off_steps', '?')} off"
         parts.append(text)
     return " + ".join(parts) or "none"
 
