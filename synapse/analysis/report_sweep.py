@@ -5,11 +5,11 @@ import time
 from pathlib import Path
 
 from .counterfactual import policy_regret
-from .figures_sweep import plot_regret, plot_sweep
-from .markdown import markdown_table
 from .figure_set import REPORT_DIR, REPORT_FILE, FigureSet
-from .style import FORMATS
+from .figures_sweep import plot_regret, plot_sweep
 from .files import read_yaml
+from .markdown import markdown_table
+from .style import FORMATS
 from .sweep import load_sweep
 
 JOB_HEADERS = {"job": "job", "status": "status", "batch_size": "batch", "policy": "policy", "seed": "seed",
@@ -70,9 +70,9 @@ def write_sweep_report(path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
                       "repeat the jobs over seeds (e.g. `seed=0,1,2`) before reading it as a ranking."),
         markdown_table(regret, REGRET_HEADERS),
         "## Figures", figures.markdown(),
-        "## Logs", "Each job's folder, its log (`train.log`), its console as the launcher kept it, and every "
-                   "pipeline rank's output (`logs/launch_<stage>/`). Per-job reports: "
-                   "`python -m synapse.analysis report <sweep>/<job>`.",
+        "## Logs", ("Each job's folder, its log (`train.log`), its console as the launcher kept it, and every "
+                    "pipeline rank's output (`logs/launch_<stage>/`). Per-job reports: "
+                    "`python -m synapse.analysis report <sweep>/<job>`."),
         "\n".join(job_log_lines(Path(path), sweep)),
     ]
     report = out / REPORT_FILE

@@ -9,7 +9,8 @@ progress is a handful of plain lines, one per quarter of the run (``Milestones``
 from __future__ import annotations
 
 import sys
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from tqdm import tqdm
 
@@ -24,7 +25,7 @@ def is_terminal(stream: TextIO) -> bool:
 
 
 def format_seconds(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 

@@ -23,8 +23,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 from ..engine.progress import Milestones, is_terminal, progress_text
 from ..planner.placement import Placement

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import select
 import sys
 
 import pytest
@@ -50,7 +51,14 @@ def terminal():
     """A real pseudo-terminal: what is written to its slave end is read back from the master."""
     master, slave = os.openpty()
     stream = os.fdopen(slave, "w")
-    yield stream, lambda: os.read(master, 65536).decode()
+
+    def read_all() -> str:  # a pty hands its data over in pieces
+        data = b""
+        while select.select([master], [], [], 1.0)[0]:
+            data += os.read(master, 65536)
+        return data.decode()
+
+    yield stream, read_all
     stream.close()
     os.close(master)
 

@@ -93,7 +93,7 @@ def test_the_sweep_report_links_each_jobs_logs_that_exist(tmp_path):
     for suffix in ("out", "err"):
         (tmp_path / ".submitit" / "4242" / f"4242_0_log.{suffix}").write_text("")
     lines = job_log_lines(tmp_path, pd.DataFrame({"job": [0, 1]}))
-    assert lines == ["- job 0: [folder](../0/) · [train.log](../0/train.log) · "
-                     "[console err](../.submitit/4242/4242_0_log.err) · [console out](../.submitit/4242/4242_0_log.out)"
-                     " · [rank logs](../0/logs/)",
+    assert lines == [("- job 0: [folder](../0/) · [train.log](../0/train.log) · "
+                      "[console err](../.submitit/4242/4242_0_log.err) · [console out](../.submitit/4242/4242_0_log.out)"
+                      " · [rank logs](../0/logs/)"),
                      "- job 1: [folder](../1/)"]
