@@ -211,7 +211,7 @@ class Supervisor:
     def _show_failed_rank(self, spec: StageSpec, failure: WorkerFailure) -> None:
         """The failed rank's last lines, unless they were on the console already (trainer.local_ranks_filter)."""
         shown = self.cfg.trainer.local_ranks_filter
-        if failure.rank is not None and (shown is None or failure.rank not in shown):
+        if failure.rank is not None and shown is not None and failure.rank not in shown:
             tail = failed_rank_tail(self.run_dir / "logs" / f"launch_{spec.index}", failure.rank)
             self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
 

@@ -70,8 +70,11 @@ def test_a_supervised_run_prints_one_progress_rank_0_and_the_failed_ranks_tail(t
 
 
 @pytest.mark.timeout(300)
-def test_local_ranks_filter_null_shows_every_rank(tmp_path, teacher_file):
-    done = train_py(tmp_path / "run", teacher_file, "trainer.local_ranks_filter=null", "injection=none")
+def test_local_ranks_filter_null_shows_every_rank_and_no_second_copy_of_the_failed_ones(tmp_path, teacher_file):
+    done = train_py(tmp_path / "run", teacher_file, "trainer.local_ranks_filter=null")
     assert done.returncode == 0, done.stdout[-4000:]
-    shown = {line.split("]")[0] for line in done.stdout.splitlines() if "live re-partition at step" in line}
+    console = done.stdout.splitlines()
+    shown = {line.split("]")[0] for line in console if line.startswith("[rank") and "live re-partition" in line}
     assert shown == {"[rank 0", "[rank 1", "[rank 2"}, done.stdout
+    assert any("failover: device 2 (rank 2) failed" in line for line in console), done.stdout
+    assert not any("of rank 2's stdout.log" in line for line in console), "rank 2's lines were shown already"
