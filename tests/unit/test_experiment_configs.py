@@ -127,3 +127,17 @@ def test_kd_on_imagenet100_asks_for_the_data_and_never_trains_a_vit_large_teache
     given = compose_experiment("kd_vit_resnet_imagenet100", tmp_path, "data.root=/datasets/imagenet",
                                "teacher.checkpoint=/weights/vit_large.pt")
     assert given.data.root == "/datasets/imagenet" and given.teacher.checkpoint == "/weights/vit_large.pt"
+
+
+def test_the_cpu_batch_slowdown_sweep_is_16_jobs_through_submitit_with_seeds_as_repeats(tmp_path):
+    from synapse.analysis.sweep import scenario_labels
+
+    cfg = compose_experiment("batch_slowdown_sweep_cpu", tmp_path, hydra=True)
+    assert cfg.hydra.launcher._target_.endswith("submitit_launcher.LocalLauncher"), "local_sequential"
+    jobs = sweep_jobs(cfg)
+    assert len(jobs) == 16
+    overrides = [dict(o.split("=") for o in job) for job in jobs]
+    assert {o["injection"] for o in overrides} == {"slow_compute", "intermittent"}
+    assert {o["seed"] for o in overrides} == {"0", "1"} and {o["policy"] for o in overrides} == {"keep", "eta"}
+    assert len(set(scenario_labels(overrides))) == 4, "batch x pattern; policy and seed are not the scenario"
+    validate(compose_experiment("batch_slowdown_sweep_cpu", tmp_path, *jobs[-1]))
