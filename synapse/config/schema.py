@@ -168,6 +168,9 @@ class CheckpointConfig:
     every: int = 0  # save every N optimizer steps (0: only at epoch ends and the end)
     keep: int = 2  # how many recent checkpoints to keep
     at_epoch_end: bool = True
+    # Write in the background (torch.distributed.checkpoint.async_save): the loop is held only while
+    # the state is copied to host memory; false: each save is committed before training goes on.
+    async_save: bool = True
 
 
 @dataclass

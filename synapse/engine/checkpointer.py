@@ -1,27 +1,39 @@
 """Checkpoint I/O as a component of the training loop, the same for one device and for K ranks.
 
-A checkpoint is one shard per rank (the single device is rank 0 of 1) holding the student
-tensors that rank trains, keyed by their original names, with their optimizer state and the
-rank's RNG, plus one ``state`` file (step, sampler position, learning-rate schedule, RNG)
-written by rank 0 and a checksummed manifest committed by rank 0 once every shard is on disk.
-Because tensors are addressed by name, any partition and any number of ranks can load it.
+A checkpoint holds the student tensors each rank trains, keyed by their original names, with
+their optimizer state, in torch.distributed.checkpoint (DCP) storage, plus each rank's RNG and
+one ``state`` file (step, sampler position, learning-rate schedule, RNG) written by rank 0, and a
+checksummed manifest committed by rank 0 once every rank's part is on disk. Because tensors are
+addressed by name, any partition and any number of ranks can load it.
+
+Saves are asynchronous (``checkpoint.async_save``, on by default): ``save`` copies the state into
+host buffers (pinned on a GPU) and returns; DCP writes them on its thread, and rank 0 then
+checksums and commits (the manifest last, the folder renamed into place): only then is it a
+checkpoint. The next ``save`` first waits for this one (the buffers are reused: one copy of the
+state at most), and so do the end of the run and a stop request (``wait``). A process killed
+meanwhile leaves a ``.tmp`` folder and the previous checkpoint in use.
 
 ``ShardGroup`` is what differs between the paths: the ranks agree on the temporary folder's
-name and wait for each other (no-ops for one device; collectives in the pipeline).
+name and wait for each other, and DCP coordinates on the group's own ``process_group`` (none for
+one device; a separate gloo group in the pipeline, so DCP's thread never shares a group with
+the training loop's collectives).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
 from .. import checkpoint as ckpt
+from ..checkpoint import dcp_store
 from ..monitor.injection import FaultInjector
 from .device import rng_state, set_rng_state
 from .optim import load_optimizer_state_by_name, optimizer_state_by_name
+from .staging import HostBufferStager
 
 
 class ShardGroup(Protocol):
@@ -33,11 +45,16 @@ class ShardGroup(Protocol):
 
     def barrier(self) -> None: ...
 
+    @property
+    def process_group(self) -> Any:
+        """The group DCP coordinates on (None: one process, no collectives)."""
+
 
 class SingleShard:
     """One process holds the whole student: nothing to agree on, nobody to wait for."""
 
     rank, world_size = 0, 1
+    process_group = None
 
     def agree(self, value: Any) -> Any:
         return value
@@ -68,39 +85,87 @@ class Checkpointer:
     student_name: str
     shards: ShardGroup
     injector: FaultInjector
-    on_saved: Callable[[int, Path, float], None] = lambda step, path, seconds: None
+    # (step, path, seconds until committed, seconds the training loop was held, context): rank 0, once
+    # committed (on the commit thread); context is what ``save_context`` said when the save started
+    on_saved: Callable[[int, Path, float, float, dict], None] = lambda step, path, seconds, stall, context: None
+    save_context: Callable[[], dict] = dict
     mark: Callable[[str], None] = lambda phase: None  # where this rank is (the hang watchdog's board)
+    asynchronous: bool = True  # False: every save is committed before ``save`` returns
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _pending: Future | None = None
+    _stager: HostBufferStager | None = None
+    _finisher: ThreadPoolExecutor | None = None
 
     def save(self, step: int, held: HeldState, sampler_state: Mapping[str, Any]) -> Path:
+        """Start checkpoint ``step``; with ``asynchronous``, return once its state is staged."""
+        self.wait()  # the previous save first: its buffers are about to be reused
         started = time.perf_counter()
         rank, world = self.shards.rank, self.shards.world_size
         tmp = ckpt.begin_checkpoint(self.root, step, nonce=self.shards.agree(ckpt.new_nonce() if world > 1 else None))
         self.mark("checkpoint_write")
-        if rank == 0:  # the committer frees what failed saves left, before the shards take space
+        if rank == 0:  # the committer frees what failed saves left, before the new files take space
             ckpt.remove_stray_temporaries(self.root, keep=tmp)
-        ckpt.save_tensor_file({"model": {n: t.detach().cpu() for n, t in held.tensors.items()},
-                               "optim": optimizer_state_by_name(held.optimizer, held.parameters),
-                               "rng": rng_state()}, tmp / ckpt.shard_name(rank))
+        entries = dcp_store.flat_state(held.tensors, optimizer_state_by_name(held.optimizer, held.parameters,
+                                                                             clone=False))
+        _refuse_nonfinite(entries, tmp)
+        ckpt.save_tensor_file(rng_state(), tmp / ckpt.rng_name(rank))
         if rank == 0:
             state = {"step": step, "sampler": dict(sampler_state), "scheduler": held.scheduler.state_dict(),
                      "rng": rng_state()}
             ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        if self._stager is None:
+            self._stager = HostBufferStager(self.device)
+        upload = dcp_store.start_save(entries, tmp, self._stager, self.shards.process_group)
+        stall = time.perf_counter() - started
+        meta = {"student": self.student_name, "world_size": world, **held.meta}
+        if self._finisher is None:
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        self._pending = self._finisher.submit(self._finish, step, tmp, upload, meta, started, stall,
+                                              self.save_context())
+        if not self.asynchronous:
+            self.wait()
+        return self.root / ckpt.step_dir_name(step)
+
+    def _finish(self, step: int, tmp: Path, upload: Future, meta: dict[str, Any], started: float,
+                stall: float, context: dict) -> Path:
+        """On the commit thread: DCP's write done everywhere, then rank 0 checksums and commits."""
+        try:
+            upload.result()
+        except BaseException as exc:  # DCP says a rank's failure as CheckpointException (a BaseException)
+            raise _write_failure(tmp, exc) from exc
         self.injector.on("checkpoint_write", step)  # this rank's files written, nothing committed
-        self.shards.barrier()
         path = self.root / ckpt.step_dir_name(step)
-        if rank == 0:
-            self.mark("checkpoint_write")
-            meta = {"student": self.student_name, "world_size": world, **held.meta}
+        if self.shards.rank == 0:
             path = ckpt.commit_checkpoint(tmp, step, meta=meta)
             ckpt.prune_checkpoints(self.root, self.keep)
-        self.shards.barrier()  # nobody moves on before the checkpoint is committed
-        if rank == 0:
-            self.on_saved(step, path, time.perf_counter() - started)
+            self.on_saved(step, path, time.perf_counter() - started, stall, context)
         return path
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight is committed (rank 0) or written (others); raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        self.mark("checkpoint_wait")
+        return pending.result()
+
+    def close(self, wait: bool = True) -> None:
+        """Flush the save in flight (``wait``) and free the staging buffers and the commit thread."""
+        try:
+            if wait:
+                self.wait()
+        finally:
+            if self._finisher is not None:
+                self._finisher.shutdown(wait=wait)
+                self._finisher = None
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
 
     def load(self, path: Path, held: HeldState) -> tuple[int, dict[str, Any]]:
         """Load this rank's tensors by name from a checkpoint of any partition and world size;
         returns the step and the sampler's state."""
+        self.wait()  # a checkpoint this process is still writing is not loaded half-done
         model_state, optim_state = ckpt.load_student_state(path)
         missing = [n for n in held.tensors if n not in model_state]
         if missing:
@@ -118,9 +183,32 @@ class Checkpointer:
         state = ckpt.load_run_state(path)
         held.scheduler.load_state_dict(state["scheduler"])
         same_ranks = ckpt.read_manifest(path)["meta"].get("world_size") == self.shards.world_size
-        own = ckpt.load_file(Path(path) / ckpt.shard_name(self.shards.rank)).get("rng") if same_ranks else None
+        own = ckpt.load_rank_rng(path, self.shards.rank) if same_ranks else None
         if own is not None:  # the same ranks: each continues its own RNG stream
             set_rng_state(own)
         elif self.shards.world_size == 1:  # one device continues rank 0's (older K=1 shards hold none)
             set_rng_state(state["rng"])
         return int(state["step"]), state["sampler"]
+
+
+def _refuse_nonfinite(entries: Mapping[str, Any], tmp: Path) -> None:
+    """No checkpoint holds NaN or inf: one check over every floating tensor (one host sync on a GPU)."""
+    floats = [t for t in entries.values() if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    if floats and not bool(torch.stack([t.isfinite().all() for t in floats]).all()):
+        bad = ckpt.first_nonfinite(dict(entries))
+        raise ckpt.NonFiniteCheckpointError(
+            f"refusing to write {tmp}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
+            f"checkpoint with non-finite values is ever written, so the newest intact one in {tmp.parent} "
+            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
+
+
+def _write_failure(tmp: Path, exc: BaseException) -> BaseException:
+    """A failed DCP write as ``CheckpointWriteError`` when the OS refused it (disk full, read-only)."""
+    for failure in dcp_store.failures(exc):
+        reason = failure
+        while reason is not None and not isinstance(reason, OSError):
+            reason = reason.__cause__ or reason.__context__
+        if isinstance(reason, OSError):
+            return ckpt.write_error(tmp, reason)
+    first = dcp_store.first_failure(exc)
+    return first if isinstance(first, Exception) else RuntimeError(f"checkpoint write failed: {first!r}")

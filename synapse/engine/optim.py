@@ -57,10 +57,13 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     return ResumableLambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
 
-def optimizer_state_by_name(optimizer: torch.optim.Optimizer,
-                            named_params: dict[str, nn.Parameter]) -> dict[str, dict[str, Any]]:
-    """Per-parameter optimizer state (momentum, Adam moments, step) keyed by parameter name."""
-    return {name: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()}
+def optimizer_state_by_name(optimizer: torch.optim.Optimizer, named_params: dict[str, nn.Parameter],
+                            clone: bool = True) -> dict[str, dict[str, Any]]:
+    """Per-parameter optimizer state (momentum, Adam moments, step) keyed by parameter name.
+
+    ``clone=False`` hands out the optimizer's own tensors (a checkpoint stager copies them anyway)."""
+    return {name: {k: ((v.detach().clone() if clone else v.detach()) if torch.is_tensor(v) else v)
+                   for k, v in optimizer.state[p].items()}
             for name, p in named_params.items() if p in optimizer.state}
 
 

@@ -176,12 +176,22 @@ class Trainer:
             except BaseException:
                 with contextlib.suppress(Exception):  # the finished steps' records outlive the error
                     self._flush(metrics, pending, progress, None)
+                self._finish_saving_after_error()
                 raise
             self._flush(metrics, pending, progress, None)
             if (stop_after is not None or runner.stop_requested) and self.step < self.total_steps:
                 self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
+            self.checkpointer.close()  # the save in flight is committed before the run (or launch) ends
         progress.close()
         return self._summary(time.time() - started, self.step - first_step)
+
+    def _finish_saving_after_error(self) -> None:
+        """A save started before the error was of sound steps: let it commit, but say (not raise) its
+        own failure, so the error that ended the run stays the one reported."""
+        try:
+            self.checkpointer.close()
+        except BaseException as exc:  # noqa: BLE001 - the original error follows
+            self.log(f"the checkpoint in flight was not committed: {type(exc).__name__}: {exc}")
 
     def _metrics_writer(self) -> JsonlWriter | TrackedWriter:
         """metrics.jsonl and the configured tracker (logger=...), on the process that keeps records."""
@@ -296,7 +306,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)
-    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name, SingleShard(), injector)
+    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name, SingleShard(), injector,
+                                asynchronous=cfg.checkpoint.async_save, device=setup.device)
 
     def evaluate_student() -> dict[str, float]:
         return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)

@@ -48,6 +48,9 @@ class ProcessGroupShards:
     def __init__(self, runner: "PipelineRunner"):
         self.runner = runner
         self.rank, self.world_size = runner.rank, runner.world_size
+        # DCP's own gloo group: its collectives run on the checkpoint thread, concurrently with the
+        # training loop's on the default group (which may be NCCL; async_save needs a CPU backend).
+        self.process_group = dist.new_group(backend="gloo")
 
     def agree(self, value: Any) -> Any:
         box = [value if self.rank == 0 else None]
@@ -378,13 +381,14 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
                             stage=stage, log=log)
 
-    def saved(step: int, path: Path, seconds: float) -> None:
-        events.append("checkpoint_saved", step=step, path=str(path), stage=runner.stage, seconds=seconds,
-                      for_stop=runner.stop_requested)
+    def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
+        events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)
 
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name,
                                 ProcessGroupShards(runner), injector, on_saved=saved,
-                                mark=lambda phase: runner.runtime.mark(phase))
+                                mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
+                                device=setup.device,
+                                save_context=lambda: {"stage": runner.stage, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
     return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
                    parts.total_steps, parts.num_epochs, injector, events, log=log)

@@ -1,17 +1,23 @@
 """Atomic, verifiable, partition-independent checkpoints.
 
-Layout of one checkpoint (a directory, so K ranks can each write their shard)::
+Layout of one checkpoint (format version 2; a directory, so K ranks can each write their part)::
 
     checkpoints/step_00000120/
-        shard_00.pt      student parameters, buffers and optimizer state of the blocks rank 0 owns,
-        shard_01.pt      keyed by the *original* parameter names (any partition can load them)
+        .metadata        torch.distributed.checkpoint's global index of every tensor, by name
+        __0_0.distcp     student parameters, buffers and optimizer state of the blocks rank 0 owns,
+        __1_0.distcp     keyed by the *original* parameter names (any partition can load them; dcp.py)
+        rng_00.pt ...    each rank's RNG states (a resume on the same ranks continues them)
         state.pt         step, epoch, sampler position, scheduler, RNG states, extra component state
         manifest.json    format version, step, sha256 and size of every file: written last
+
+Version 1 (before DCP) held one ``shard_XX.pt`` per rank instead of the DCP files and the RNG
+files; it is still read (``load_student_state``), never written.
 
 A checkpoint is written into ``step_X.tmp-<nonce>/``, every file fsync'ed, the manifest written,
 and the directory renamed into place, so a process killed mid-write leaves at most a stray
 ``.tmp`` directory and the previous checkpoint untouched. Loading verifies every checksum and
-uses ``torch.load(weights_only=True)``: a checkpoint can never execute code.
+uses ``torch.load(weights_only=True)`` (and, for DCP's index, an unpickler that rebuilds only its
+metadata types): a checkpoint can never execute code.
 
 A write that fails (disk full, read-only or vanished directory) raises ``CheckpointWriteError``
 with the operating system's reason, the file it was writing and the newest checkpoint that is
@@ -38,7 +44,10 @@ from typing import Any, Mapping
 
 import torch
 
-FORMAT_VERSION = 1
+from . import dcp as dcp_store
+
+FORMAT_VERSION = 2  # what this Synapse writes: tensors in torch.distributed.checkpoint storage
+READABLE_VERSIONS = (1, 2)  # 1: one torch.save shard per rank (before DCP), still loaded
 MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -80,7 +89,12 @@ def step_dir_name(step: int) -> str:
 
 
 def shard_name(rank: int) -> str:
+    """A rank's file of a version-1 checkpoint (read only)."""
     return f"shard_{rank:02d}.pt"
+
+
+def rng_name(rank: int) -> str:
+    return f"rng_{rank:02d}.pt"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -219,7 +233,9 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
     """Checksum every file, write the manifest, and atomically move the directory into place."""
     files = {p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
              for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "meta": meta or {}}
+    # The layout says the version: DCP storage is 2, torch.save shards (tests, older writers) are 1.
+    version = FORMAT_VERSION if (tmp / dcp_store.METADATA_FILE).is_file() else 1
+    manifest = {"format_version": version, "step": step, "files": files, "meta": meta or {}}
     try:
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1)
@@ -266,7 +282,7 @@ def check_format_version(manifest: dict[str, Any], path: Path) -> int:
     not changed since), so they stay readable.
     """
     version = manifest.get("format_version", 1)
-    if version == FORMAT_VERSION and not isinstance(version, bool):
+    if version in READABLE_VERSIONS and not isinstance(version, bool):
         return version
     if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         why = "it was written by a newer Synapse: update this installation to resume it"
@@ -274,7 +290,8 @@ def check_format_version(manifest: dict[str, Any], path: Path) -> int:
         why = f"{version!r} is not a version any Synapse release wrote: the manifest was edited or damaged"
     raise IncompatibleCheckpointError(
         f"{path} has checkpoint format version {version!r}, this Synapse reads version {FORMAT_VERSION}; "
-        f"resume it with the Synapse release that wrote it ({why}), or start afresh with resume=null in a new run dir")
+        f"resume it with the Synapse release that wrote it ({why}), or start afresh with resume=null in a new run dir "
+        f"(versions {', '.join(map(str, READABLE_VERSIONS))} are read)")
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
@@ -336,8 +353,10 @@ def load_file(path: Path, *, mmap: bool = False) -> Any:
 
 
 def load_student_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-    """Merge every shard into one model state dict and one optimizer state, keyed by parameter name."""
+    """Every rank's part as one model state dict and one optimizer state, keyed by parameter name."""
     manifest = verify_checkpoint(path)
+    if manifest.get("format_version", 1) >= 2:
+        return dcp_store.split_state(_read_dcp(Path(path), dcp_store.read_state))
     model: dict[str, torch.Tensor] = {}
     optim: dict[str, dict[str, Any]] = {}
     for name in sorted(manifest["files"]):
@@ -350,6 +369,30 @@ def load_student_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, d
 
 def load_run_state(path: Path) -> dict[str, Any]:
     return load_file(Path(path) / STATE_FILE)
+
+
+def load_rank_rng(path: Path, rank: int) -> dict[str, Any] | None:
+    """The RNG states rank ``rank`` saved (version 2: its own file; 1: inside its shard), if any."""
+    for name, pick in ((rng_name(rank), lambda d: d), (shard_name(rank), lambda d: d.get("rng"))):
+        if (Path(path) / name).is_file():
+            return pick(load_file(Path(path) / name))
+    return None
+
+
+def _read_dcp(path: Path, read):
+    """``read(path)`` of the DCP part, its failures said as this module's errors."""
+    try:
+        try:
+            return read(path)
+        except dcp_store.CheckpointException as exc:  # DCP wraps a failure of its read (a BaseException)
+            raise dcp_store.first_failure(exc) from exc
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpointError(f"{path} cannot be read safely ({exc}); Synapse loads checkpoints with "
+                                    f"weights_only=True and never runs code from them; use a checkpoint "
+                                    f"written by Synapse") from exc
+    except Exception as exc:
+        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}: {exc}); it is damaged or not a "
+                              f"Synapse checkpoint") from exc
 
 
 # ----------------------------------------------------------------------------- checks before a resume
@@ -404,6 +447,8 @@ def _check_student_name(path: Path, manifest: dict[str, Any], student: str) -> N
 def _check_student_shapes(path: Path, manifest: dict[str, Any], student: str,
                           expected: Mapping[str, tuple[int, ...]]) -> None:
     saved: dict[str, tuple[int, ...]] = {}
+    if manifest.get("format_version", 1) >= 2:
+        saved.update(_read_dcp(Path(path), dcp_store.model_shapes))
     for name in sorted(manifest["files"]):
         if name.startswith("shard_"):
             try:
