@@ -5,13 +5,12 @@ Layout of one checkpoint (format version 2; a directory, so K ranks can each wri
     checkpoints/step_00000120/
         .metadata        torch.distributed.checkpoint's global index of every tensor, by name
         __0_0.distcp     student parameters, buffers and optimizer state of the blocks rank 0 owns,
-        __1_0.distcp     keyed by the *original* parameter names (any partition can load them; dcp.py)
-        rng_00.pt ...    each rank's RNG states (a resume on the same ranks continues them)
+        __1_0.distcp     keyed by the *original* parameter names (any partition can load them; dcp.py),
+                         and each rank's RNG states (a resume on the same ranks continues them)
         state.pt         step, epoch, sampler position, scheduler, RNG states, extra component state
         manifest.json    format version, step, sha256 and size of every file: written last
 
-Version 1 (before DCP) held one ``shard_XX.pt`` per rank instead of the DCP files and the RNG
-files; it is still read (``load_student_state``), never written.
+Version 1 (before DCP) held one ``shard_XX.pt`` per rank instead of the DCP files; it is still read (``load_student_state``), never written.
 
 A checkpoint is written into ``step_X.tmp-<nonce>/``, every file fsync'ed, the manifest written,
 and the directory renamed into place, so a process killed mid-write leaves at most a stray
@@ -91,10 +90,6 @@ def step_dir_name(step: int) -> str:
 def shard_name(rank: int) -> str:
     """A rank's file of a version-1 checkpoint (read only)."""
     return f"shard_{rank:02d}.pt"
-
-
-def rng_name(rank: int) -> str:
-    return f"rng_{rank:02d}.pt"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -354,29 +349,32 @@ def load_file(path: Path, *, mmap: bool = False) -> Any:
 
 def load_student_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
     """Every rank's part as one model state dict and one optimizer state, keyed by parameter name."""
+    model, optim, _ = load_training_state(path)
+    return model, optim
+
+
+def load_training_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]],
+                                             dict[int, dict[str, Any]]]:
+    """``load_student_state`` plus each rank's RNG states (rank -> states; ranks that saved none left out)."""
     manifest = verify_checkpoint(path)
     if manifest.get("format_version", 1) >= 2:
-        return dcp_store.split_state(_read_dcp(Path(path), dcp_store.read_state))
+        flat = _read_dcp(Path(path), dcp_store.read_state)
+        return (*dcp_store.split_state(flat), dcp_store.rng_by_rank(flat))
     model: dict[str, torch.Tensor] = {}
     optim: dict[str, dict[str, Any]] = {}
+    rng: dict[int, dict[str, Any]] = {}
     for name in sorted(manifest["files"]):
         if name.startswith("shard_"):
             shard = load_file(Path(path) / name)
             model.update(shard["model"])
             optim.update(shard["optim"])
-    return model, optim
+            if shard.get("rng") is not None:
+                rng[int(name[len("shard_"):-len(".pt")])] = shard["rng"]
+    return model, optim, rng
 
 
 def load_run_state(path: Path) -> dict[str, Any]:
     return load_file(Path(path) / STATE_FILE)
-
-
-def load_rank_rng(path: Path, rank: int) -> dict[str, Any] | None:
-    """The RNG states rank ``rank`` saved (version 2: its own file; 1: inside its shard), if any."""
-    for name, pick in ((rng_name(rank), lambda d: d), (shard_name(rank), lambda d: d.get("rng"))):
-        if (Path(path) / name).is_file():
-            return pick(load_file(Path(path) / name))
-    return None
 
 
 def _read_dcp(path: Path, read):

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.staging import AsyncStager
 
 METADATA_FILE = ".metadata"  # DCP's name for its global index
-MODEL, OPTIM = "model/", "optim/"
+MODEL, OPTIM, RNG = "model/", "optim/", "rng/"
 
 # Without a process group DCP warns on every call that it assumes one process: that is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -83,12 +83,25 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
         self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
 
-def flat_state(model: Mapping[str, torch.Tensor], optim: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """One rank's tensors and optimizer state as DCP keys (names hold dots, never slashes)."""
+def flat_state(model: Mapping[str, torch.Tensor], optim: Mapping[str, Mapping[str, Any]],
+               rng: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One rank's tensors, optimizer state and RNG states as DCP keys (names hold dots, never slashes)."""
     flat: dict[str, Any] = {MODEL + name: tensor for name, tensor in model.items()}
     for name, state in optim.items():
         flat.update({f"{OPTIM}{name}/{key}": value for key, value in state.items()})
+    for rank, states in (rng or {}).items():
+        flat.update({f"{RNG}{rank:02d}/{key}": value for key, value in states.items()})
     return flat
+
+
+def rng_by_rank(flat: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each rank's RNG states from ``flat_state``'s keys."""
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in flat.items():
+        if key.startswith(RNG):
+            rank, _, name = key[len(RNG):].partition("/")
+            found.setdefault(int(rank), {})[name] = value
+    return found
 
 
 def split_state(flat: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:

@@ -20,6 +20,7 @@ the training loop's collectives).
 """
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class Checkpointer:
 
     def save(self, step: int, held: HeldState, sampler_state: Mapping[str, Any]) -> Path:
         """Start checkpoint ``step``; with ``asynchronous``, return once its state is staged."""
+        entered = time.perf_counter()  # the loop is held from here: waiting for the previous save counts
         self.wait()  # the previous save first: its buffers are about to be reused
         started = time.perf_counter()
         rank, world = self.shards.rank, self.shards.world_size
@@ -105,40 +107,44 @@ class Checkpointer:
         self.mark("checkpoint_write")
         if rank == 0:  # the committer frees what failed saves left, before the new files take space
             ckpt.remove_stray_temporaries(self.root, keep=tmp)
-        entries = dcp_store.flat_state(held.tensors, optimizer_state_by_name(held.optimizer, held.parameters,
-                                                                             clone=False))
-        _refuse_nonfinite(entries, tmp)
-        ckpt.save_tensor_file(rng_state(), tmp / ckpt.rng_name(rank))
-        if rank == 0:
-            state = {"step": step, "sampler": dict(sampler_state), "scheduler": held.scheduler.state_dict(),
-                     "rng": rng_state()}
-            ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
+        optim = optimizer_state_by_name(held.optimizer, held.parameters, clone=False)
+        entries = dcp_store.flat_state(held.tensors, optim, rng={rank: rng_state()})
+        # What changes with the next step is captured now; rank 0 writes it once DCP's write is done.
+        state = {"step": step, "sampler": dict(sampler_state), "scheduler": held.scheduler.state_dict(),
+                 "rng": rng_state()} if rank == 0 else None
         if self._stager is None:
             self._stager = HostBufferStager(self.device)
         upload = dcp_store.start_save(entries, tmp, self._stager, self.shards.process_group)
-        stall = time.perf_counter() - started
+        staged_at = time.perf_counter()
         meta = {"student": self.student_name, "world_size": world, **held.meta}
         if self._finisher is None:
             self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
-        self._pending = self._finisher.submit(self._finish, step, tmp, upload, meta, started, stall,
-                                              self.save_context())
+        timing = (entered, started, staged_at)
+        self._pending = self._finisher.submit(self._finish, step, tmp, upload, self._stager.staged, state, meta,
+                                              timing, self.save_context())
         if not self.asynchronous:
             self.wait()
         return self.root / ckpt.step_dir_name(step)
 
-    def _finish(self, step: int, tmp: Path, upload: Future, meta: dict[str, Any], started: float,
-                stall: float, context: dict) -> Path:
-        """On the commit thread: DCP's write done everywhere, then rank 0 checksums and commits."""
+    def _finish(self, step: int, tmp: Path, upload: Future, staged: Mapping[str, Any], state: dict | None,
+                meta: dict[str, Any], timing: tuple[float, float, float], context: dict) -> Path:
+        """On the commit thread: DCP's write done everywhere, then rank 0 checks, checksums and commits."""
+        entered, started, staged_at = timing
         try:
             upload.result()
         except BaseException as exc:  # DCP says a rank's failure as CheckpointException (a BaseException)
             raise _write_failure(tmp, exc) from exc
+        _refuse_nonfinite(staged, tmp)  # the staged copy is what was written: checked off the loop
         self.injector.on("checkpoint_write", step)  # this rank's files written, nothing committed
         path = self.root / ckpt.step_dir_name(step)
         if self.shards.rank == 0:
+            ckpt.save_tensor_file(state, tmp / ckpt.STATE_FILE)
             path = ckpt.commit_checkpoint(tmp, step, meta=meta)
             ckpt.prune_checkpoints(self.root, self.keep)
-            self.on_saved(step, path, time.perf_counter() - started, stall, context)
+            done = time.perf_counter()
+            # Held: until staged (async), or until committed (a synchronous save returns only then).
+            stall = (staged_at if self.asynchronous else done) - entered
+            self.on_saved(step, path, done - started, stall, context)
         return path
 
     def wait(self) -> Path | None:
@@ -166,7 +172,7 @@ class Checkpointer:
         """Load this rank's tensors by name from a checkpoint of any partition and world size;
         returns the step and the sampler's state."""
         self.wait()  # a checkpoint this process is still writing is not loaded half-done
-        model_state, optim_state = ckpt.load_student_state(path)
+        model_state, optim_state, rng_by_rank = ckpt.load_training_state(path)
         missing = [n for n in held.tensors if n not in model_state]
         if missing:
             raise ckpt.CheckpointError(f"{path} lacks {len(missing)} tensors this stage needs (e.g. {missing[:3]}); "
@@ -183,7 +189,7 @@ class Checkpointer:
         state = ckpt.load_run_state(path)
         held.scheduler.load_state_dict(state["scheduler"])
         same_ranks = ckpt.read_manifest(path)["meta"].get("world_size") == self.shards.world_size
-        own = ckpt.load_rank_rng(path, self.shards.rank) if same_ranks else None
+        own = rng_by_rank.get(self.shards.rank) if same_ranks else None
         if own is not None:  # the same ranks: each continues its own RNG stream
             set_rng_state(own)
         elif self.shards.world_size == 1:  # one device continues rank 0's (older K=1 shards hold none)
@@ -191,14 +197,14 @@ class Checkpointer:
         return int(state["step"]), state["sampler"]
 
 
-def _refuse_nonfinite(entries: Mapping[str, Any], tmp: Path) -> None:
-    """No checkpoint holds NaN or inf: one check over every floating tensor (one host sync on a GPU)."""
-    floats = [t for t in entries.values() if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
-    if floats and not bool(torch.stack([t.isfinite().all() for t in floats]).all()):
-        bad = ckpt.first_nonfinite(dict(entries))
+def _refuse_nonfinite(staged: Mapping[str, Any], tmp: Path) -> None:
+    """No checkpoint holding NaN or inf is ever committed: its folder is removed, the previous stays newest."""
+    bad = ckpt.first_nonfinite({k: v for k, v in staged.items() if not k.startswith(dcp_store.RNG)})
+    if bad is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise ckpt.NonFiniteCheckpointError(
-            f"refusing to write {tmp}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
-            f"checkpoint with non-finite values is ever written, so the newest intact one in {tmp.parent} "
+            f"refusing to commit {tmp}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
+            f"checkpoint with non-finite values is ever committed, so the newest intact one in {tmp.parent} "
             f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
 
 

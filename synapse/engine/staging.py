@@ -54,5 +54,10 @@ class HostBufferStager(AsyncStager):
         self._buffers = {}
 
     @property
+    def staged(self) -> dict[str, torch.Tensor]:
+        """The host copies of the last ``stage`` (valid until the next)."""
+        return dict(self._buffers)
+
+    @property
     def staged_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._buffers.values())

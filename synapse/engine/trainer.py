@@ -306,8 +306,12 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)
+    def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
+        events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)
+
     checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name, SingleShard(), injector,
-                                asynchronous=cfg.checkpoint.async_save, device=setup.device)
+                                on_saved=saved, asynchronous=cfg.checkpoint.async_save, device=setup.device,
+                                save_context=lambda: {"for_stop": runner.stop_requested})
 
     def evaluate_student() -> dict[str, float]:
         return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
