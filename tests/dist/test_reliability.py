@@ -338,7 +338,7 @@ def test_corrupted_latest_checkpoint_is_skipped_with_an_event_and_the_previous_u
             if time.monotonic() > deadline:
                 return
             time.sleep(0.005)
-        flip_byte_in_the_middle(newest / ckpt.shard_name(1))
+        flip_byte_in_the_middle(newest / "__1_0.distcp")  # rank 1's tensors in DCP storage
         corrupted.set()
 
     corrupter = threading.Thread(target=corrupt_step_6_once_committed, daemon=True)
