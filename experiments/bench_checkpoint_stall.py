@@ -10,8 +10,8 @@ Runs the user's command (``python train.py``) twice with the same settings, once
   the state copied to host memory: pinned on a GPU);
 * **committed after**: seconds until the checkpoint was committed (async: in the background);
 * **after-save step excess**: what the background write costs the steps that follow a save:
-  the step times (metrics.jsonl) of the ``--every - 1`` steps after each save, minus the median
-  step time of the same run's steps outside those windows, summed per save.
+  the step times (metrics.jsonl) of the ``(every - 1) // 2`` steps right after each save, minus
+  the median step time of the later steps of the intervals (after the first save), summed per save.
 
 Medians with min-max over the saves; the first save is listed apart too (it allocates the staging
 buffers). CPU (default): one CPU process, resnet_mini teacher -> resnet18 student on the embedded
@@ -57,15 +57,17 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def after_save_excess(steps: list[dict[str, Any]], saved_at: Sequence[int], window: int) -> list[float]:
-    """Per save: extra seconds of the ``window`` steps after it over the run's quiet median step."""
-    after = {s + k for s in saved_at for k in range(1, window + 1)}
-    quiet = [r["step_time_s"] for r in steps if r["step"] not in after and r["step"] not in saved_at and r["step"] > 2]
-    if not quiet or window == 0:
+    """Per save: extra seconds of the ``window`` steps right after it over the median of the steps
+    later in the same intervals (farther from any save), after the first save (warm-up is over)."""
+    first = min(saved_at, default=0)
+    near = {s + k for s in saved_at for k in range(1, window + 1)}
+    far = [r["step_time_s"] for r in steps if r["step"] > first and r["step"] not in near and r["step"] not in saved_at]
+    if not far or window == 0:
         return []
-    median = statistics.median(quiet)
+    median = statistics.median(far)
     times = {r["step"]: r["step_time_s"] for r in steps}
-    return [sum(times[s + k] - median for k in range(1, window + 1) if s + k in times) for s in saved_at
-            if s + window in times]
+    return [sum(times[s + k] - median for k in range(1, window + 1)) for s in saved_at
+            if all(s + k in times for k in range(1, window + 1))]
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def measure(args: argparse.Namespace, asynchronous: bool, work: Path) -> dict[st
             "stall_s": spread(stalls), "stall_s_after_first": spread(stalls[1:]),
             "committed_after_s": spread([e["seconds"] for e in saves]),
             "after_save_step_excess_s": spread(after_save_excess(steps, [e["step"] for e in periodic],
-                                                                 args.every - 1)),
+                                                                 max(1, (args.every - 1) // 2))),
             "median_step_s": statistics.median(r["step_time_s"] for r in steps[2:]) if len(steps) > 2 else None}
 
 
