@@ -126,6 +126,14 @@ class Checkpointer:
             self.wait()
         return self.root / ckpt.step_dir_name(step)
 
+    def prepare(self, held: HeldState) -> None:
+        """Allocate the staging buffers for ``held`` now (after a first step, when the optimizer has
+        its state), so that the first save holds the loop no longer than the others."""
+        if self._stager is None:
+            self._stager = HostBufferStager(self.device)
+        optim = optimizer_state_by_name(held.optimizer, held.parameters, clone=False)
+        self._stager.reserve(dcp_store.flat_state(held.tensors, optim, rng={self.shards.rank: rng_state()}))
+
     def _finish(self, step: int, tmp: Path, upload: Future, staged: Mapping[str, Any], state: dict | None,
                 meta: dict[str, Any], timing: tuple[float, float, float], context: dict) -> Path:
         """On the commit thread: DCP's write done everywhere, then rank 0 checks, checksums and commits."""

@@ -169,6 +169,9 @@ class Trainer:
                     runner.apply_control(self.step)  # e.g. a live re-partition asked for at this step (not step time)
                     tick = time.perf_counter()
                     pending = self._flush(metrics, pending, progress, record)
+                    if self.step == first_step + 1 and self.cfg.checkpoint.async_save:
+                        self.checkpointer.prepare(runner.held_state())  # staging buffers, before any save
+                        tick = time.perf_counter()
                     if self._checkpoint_and_evaluate(batch, metrics):
                         tick = time.perf_counter()  # checkpoint and evaluation time is not step time
                     if runner.stop_requested:

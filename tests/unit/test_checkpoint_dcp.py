@@ -224,3 +224,16 @@ def test_sigkill_during_an_async_save_leaves_the_previous_checkpoint_in_use(tmp_
     model, optim = ckpt.load_student_state(ref.path)
     assert ref.step == 1 and not torch.equal(model["weight"], torch.full((1000, 1000), 2.0))
     assert json.loads((ref.path / ckpt.MANIFEST).read_text())["format_version"] == 2
+
+
+def test_prepared_buffers_are_the_ones_the_first_save_stages_into(tmp_path):
+    # Pinning host memory is the slow part of a first save on a GPU: prepare() does it after the
+    # first step, and the save then only copies.
+    model, optimizer, scheduler = training_state()
+    saver = checkpointer(tmp_path)
+    saver.prepare(held(model, optimizer, scheduler))
+    reserved = {key: t.data_ptr() for key, t in saver._stager.staged.items()}
+    assert any(key.startswith(dcp_store.OPTIM) for key in reserved)  # the optimizer state too
+    saver.save(1, held(model, optimizer, scheduler), {})
+    assert {key: t.data_ptr() for key, t in saver._stager.staged.items()} == reserved
+    saver.close()
