@@ -25,6 +25,7 @@ from ..data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from ..kd import KDLossParams
 from ..models import build_model, load_weights
 from ..monitor.events import EventLog, events_path
+from ..monitor.fault_spec import instant_fault_steps
 from ..monitor.injection import FaultInjector, parse_faults
 from ..records import JsonlWriter, NullWriter
 from ..trackers import TrackedWriter, open_tracker
@@ -147,6 +148,7 @@ class Trainer:
         progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records,
                             log=self.log)
         runner = self.runner
+        fault_steps = instant_fault_steps(parse_faults(self.cfg.injection.faults, self.checkpointer.shards.world_size))
         with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             tick = time.perf_counter()
@@ -157,6 +159,9 @@ class Trainer:
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
                         break
+                    if self.step + 1 in fault_steps:  # injected faults land on a settled checkpoint
+                        self.checkpointer.wait()
+                        self.checkpointer.shards.barrier()
                     self.injector.on("step_start", self.step + 1)
                     loss = self._guarded_step(batch.images, batch.labels, self.step + 1)
                     self.step += 1

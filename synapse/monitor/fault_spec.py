@@ -267,3 +267,14 @@ class _SpecReader:
             hint = " (2.0 = twice as slow)" if key == "factor" else ""
             self.fail(f"{key}={value} must be > {exclusive_minimum}{hint}", f"use {key} > {exclusive_minimum}")
         return float(value)
+
+
+def instant_fault_steps(faults: Sequence[FaultSpec]) -> set[int]:
+    """Steps at which an instant fault fires on some rank (at a fixed step: not the event phases).
+
+    Every rank knows them (each parses the whole list), so all can settle together before such a
+    step: the training loop lets the checkpoint in flight commit first, which makes the checkpoint
+    a restart resumes from the same under any load (an asynchronous save would otherwise race the
+    injected crash; a real crash mid-save is tested by the ``checkpoint_write`` phase)."""
+    return {f.step for f in faults if f.instant and f.phase not in EVENT_PHASES}
+
