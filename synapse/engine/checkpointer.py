@@ -20,6 +20,8 @@ the training loop's collectives).
 """
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +34,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..checkpoint import dcp_store
 from ..monitor.injection import FaultInjector
+from ..storage import filesystem_full
 from .device import rng_state, set_rng_state
 from .optim import load_optimizer_state_by_name, optimizer_state_by_name
 from .staging import HostBufferStager
@@ -224,5 +227,7 @@ def _write_failure(tmp: Path, exc: BaseException) -> BaseException:
             reason = reason.__cause__ or reason.__context__
         if isinstance(reason, OSError):
             return ckpt.write_error(tmp, reason)
+    if filesystem_full(tmp.parent):  # torch.save inside DCP says a full disk as "unexpected pos 704 vs 598"
+        return ckpt.write_error(tmp, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     first = dcp_store.first_failure(exc)
     return first if isinstance(first, Exception) else RuntimeError(f"checkpoint write failed: {first!r}")
