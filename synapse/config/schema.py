@@ -187,6 +187,7 @@ class FaultSettings:
     end: Optional[int] = None
     seconds: Optional[float] = None
     factor: Optional[float] = None
+    bytes_per_s: Optional[float] = None
     ramp_steps: Optional[int] = None
     on_steps: Optional[int] = None
     off_steps: Optional[int] = None

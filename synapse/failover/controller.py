@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..monitor.detector import COMPUTE, SLOWDOWN, Detection, SlowdownDetector
-from ..monitor.timing import StepTiming
+from ..monitor.timing import StepTiming, link_send_seconds
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.placement import Placement
@@ -157,12 +157,11 @@ class FailoverController:
                      "(logged as controller_error in failover_events.jsonl)")
 
     def _observe(self, record: Mapping[str, Any]) -> Decision | None:
-        timing = StepTiming(int(record["step"]), float(record["time"]), float(record["step_seconds"]),
-                            tuple(record["compute_s"]), tuple(record["comm_s"]))
+        timing = StepTiming.from_dict(record)
         self._last_step = timing.step
         for detection in self.detector.update(timing):
             self._log_detection(detection, timing)
-        self._update_estimator(timing)
+        self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._recent.append((timing.step, timing.step_seconds))
         drill = self._due_drill(timing.step)
         if drill is not None:
@@ -202,10 +201,14 @@ class FailoverController:
     def _partition_of(stage: Placement) -> tuple:
         return stage.devices, stage.teacher_counts, stage.student_counts
 
-    def _update_estimator(self, timing: StepTiming) -> None:
+    def _update_estimator(self, timing: StepTiming, link_s: list[float] | None) -> None:
+        """Beta (comm) is measured on each link's own send time when the records carry it: the
+        cost model prices link r's transfers on stage r, and waiting is no link's slowness.
+        Older records only have comm = step - compute, waiting included."""
         compute, comm = self._nominal
+        measured_comm = timing.comm_s if link_s is None or len(link_s) != timing.num_ranks else link_s
         self.estimator.update(devices=self.stage.devices, measured_compute_s=timing.compute_s,
-                              measured_comm_s=timing.comm_s, predicted_compute_s=compute, predicted_comm_s=comm)
+                              measured_comm_s=measured_comm, predicted_compute_s=compute, predicted_comm_s=comm)
 
     def _log_detection(self, detection: Detection, timing: StepTiming) -> None:
         event = "slowdown_detected" if detection.event == SLOWDOWN else "slowdown_recovered"

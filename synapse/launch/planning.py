@@ -53,13 +53,20 @@ def profile_launch(cfg: DictConfig) -> str:
     return "graphed" if resolve_accelerator(cfg.trainer) == "cuda" and cfg.pipeline.cuda_graphs else "eager"
 
 
+# gloo between two CPU processes over loopback, measured by experiments/bench_gloo_p2p.py
+# (experiments/results/planner_cpu.md): the price of a CPU pipeline's links. A link must have a
+# price for its slowdown (beta, measured from each rank's own send time) to move the cuts.
+GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
+
+
 def device_facts(cfg: DictConfig) -> DeviceFacts:
     """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
     gbps = cfg.partition.link_bandwidth_gbps
-    bandwidth = gbps * 1e9 if gbps else math.inf
     if resolve_accelerator(cfg.trainer) == "cuda":
-        return DeviceFacts("cuda:{}".format, _gpu_memory, bandwidth)
-    return DeviceFacts("cpu:{}".format, lambda device: math.inf, bandwidth, cpu_rank_contention(cfg.trainer))
+        return DeviceFacts("cuda:{}".format, _gpu_memory, gbps * 1e9 if gbps else math.inf)
+    bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
+    return DeviceFacts("cpu:{}".format, lambda device: math.inf, bandwidth, cpu_rank_contention(cfg.trainer),
+                       GLOO_LOOPBACK_LATENCY_S)
 
 
 def _gpu_memory(device: int) -> float:

@@ -47,6 +47,12 @@ is in excess when own excess >= ``min_comm_s`` and >= `NOISE_Z` sd of its window
 median (sd from the baseline), and ``(baseline + own) / max(baseline,
 min_comm_s)`` passes the ratio checks.
 
+Own transfer time (records with ``send_s``): the pipeline runtime measures each rank's own
+send work apart from its waiting, so comm is judged on it directly (`synapse.monitor.link`):
+a rank's comm is in excess when the window median of its send excess passes the same
+checks, and waiting, however long, is never blamed. The waiting rule below is for
+records without ``send_s`` (older runs, other runtimes).
+
 If the runtime counts *all* idle time as comm (``comm = step - compute``) and
 K >= 2, beyond_peer_step is <= 0 exactly: a waiting rank is never blamed, and
 neither is a slow link, since per-rank totals cannot say whose link it is (the
@@ -70,6 +76,7 @@ from statistics import median
 from typing import Any
 
 from synapse.monitor.baseline import net_compute_ratios, prior_checked
+from synapse.monitor.link import LinkBaseline
 from synapse.monitor.timing import StepTiming
 
 COMPUTE, COMM = "compute", "comm"
@@ -187,6 +194,7 @@ class _Entry:
     compute_s: tuple[float, ...]
     comm_s: tuple[float, ...]
     step_s: float = 0.0
+    send_s: tuple[float, ...] | None = None  # own send seconds per rank (None: not measured)
     signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
 
 
@@ -254,6 +262,13 @@ class SlowdownDetector:
         self._history: deque[_Entry] = deque(maxlen=self.config.history_len)
         self._trackers: dict[tuple[str, int], _Tracker] = {}
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
+        cfg = self.config
+        self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
+
+    @property
+    def _link_mode(self) -> bool:
+        """Whether comm is judged on own send time (the records carry it and its baseline is known)."""
+        return self._link.ready and bool(self._history) and self._history[-1].send_s is not None
 
     @property
     def num_ranks(self) -> int | None:
@@ -294,8 +309,10 @@ class SlowdownDetector:
         if self._steps_since_start <= self.config.warmup_steps:
             return []
         self._learn_baselines(timing)
+        if timing.send_s is not None:
+            self._link.learn(timing.send_s)
         self._history.append(_Entry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
-                                    timing.step_seconds))
+                                    timing.step_seconds, timing.send_s))
         if self._compute_baseline is None or len(self._history) < self.config.window:
             return []
         return self._evaluate(timing)
@@ -343,7 +360,11 @@ class SlowdownDetector:
         signals = entry.signals
         if name in signals:
             return signals[name]
-        if name.startswith(COMPUTE):
+        if name.startswith("link"):
+            excess = self._link.excess(entry.send_s)
+            ratios = self._link.ratios(excess)
+            signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
+        elif name.startswith(COMPUTE):
             raw = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute_baseline)]
             ratios = net_compute_ratios(raw, self._compute_baseline, self._margin)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
@@ -367,6 +388,10 @@ class SlowdownDetector:
         beyond_noise = [ratio >= self._compute_floor(r) for r, ratio in enumerate(ratios)]
         events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing)
         self._refine(ratios)
+        if self._link_mode:
+            own = window_median("link_excess")
+            above_floor = [x >= self._link.floor(r, self.config.window, NOISE_Z) for r, x in enumerate(own)]
+            return events + self._judge(COMM, self._link.ratios(own), window_median("link_peer"), above_floor, timing)
         if self._comm_baseline is None:
             return events
         slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
@@ -388,6 +413,12 @@ class SlowdownDetector:
         # time moves between ranks' clocks), and learning that would move their baselines.
         if any(t.active is not None or t.above > 0 for t in self._trackers.values()):
             return
+        if self._link_mode:
+            quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio")) if ratio < self.config.recover_below]
+            self._link.refine(latest.send_s, quiet)
+            for entry in self._history:
+                for name in ("link_excess", "link_ratio", "link_peer"):
+                    entry.signals.pop(name, None)
         if self._comm_own and self._comm_baseline is not None:  # a better estimate of comm's noise
             own = self._signal(latest, "comm_beyond_comm")
             for rank, samples in enumerate(self._comm_own):
@@ -407,6 +438,8 @@ class SlowdownDetector:
                     entry.signals.pop(name, None)
 
     def _denominator(self, kind: str, rank: int) -> float:
+        if kind == COMM and self._link_mode:
+            return self._link.denominator(rank)
         if kind == COMM:
             return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
         return max(self._compute_baseline[rank], _TINY_S)
@@ -468,6 +501,8 @@ class SlowdownDetector:
                level_before: float) -> Detection:
         if kind == COMPUTE:
             series = [e.compute_s[rank] - self._compute_baseline[rank] for e in self._history]
+        elif self._link_mode:
+            series = [self._signal(e, "link_excess")[rank] if e.send_s is not None else 0.0 for e in self._history]
         else:
             series = [min(self._signal(e, "comm_beyond_comm")[rank], self._signal(e, "comm_beyond_step")[rank])
                       for e in self._history]
@@ -490,7 +525,9 @@ class SlowdownDetector:
             "learning": [[list(c), list(m)] for c, m in self._learning],
             "compute_samples": [list(s) for s in self._samples],
             "comm_own_samples": [list(s) for s in self._comm_own],
-            "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)] for e in self._history],
+            "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)]
+                        + ([list(e.send_s)] if e.send_s is not None else []) for e in self._history],
+            "link": self._link.state_dict(),
             "trackers": [
                 {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
                  "active": None if t.active is None else t.active.to_dict()}
@@ -512,6 +549,7 @@ class SlowdownDetector:
                          for s in state.get("compute_samples", [])]
         self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
                           for s in state.get("comm_own_samples", [])]
+        self._link.load_state_dict(state.get("link"))
         self._latest_ratios, self._steps_since_start = {}, 0
 
     def _parse_state(self, state: Mapping[str, Any]) -> tuple:
@@ -529,8 +567,9 @@ class SlowdownDetector:
         if comm is not None:
             comm = _CommBaseline(*(per_rank(comm[k], f"comm_baseline.{k}") for k in _COMM_BASELINE_FIELDS))
         learning = [(tuple(per_rank(c, "learning")), tuple(per_rank(m, "learning"))) for c, m in state["learning"]]
-        history = deque((_Entry(int(step), float(start), tuple(per_rank(c, "history")), tuple(per_rank(m, "history")))
-                         for step, start, c, m in state["history"]), maxlen=self.config.history_len)
+        history = deque((_Entry(int(step), float(start), tuple(per_rank(c, "history")), tuple(per_rank(m, "history")),
+                                send_s=tuple(per_rank(rest[0], "history")) if rest else None)
+                         for step, start, c, m, *rest in state["history"]), maxlen=self.config.history_len)
         trackers = {}
         for item in state["trackers"]:
             kind, rank = _check_kind(item["kind"]), int(item["rank"])
@@ -564,7 +603,10 @@ class SlowdownDetector:
         compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
         comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
         carried = {COMPUTE: self._compute_baseline is not None}
-        carried[COMM] = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
+        # A device keeps its link over a re-partition: own send baselines carry over unscaled.
+        carried[COMM] = carried[COMPUTE] and (self._link.ready or (self._comm_baseline is not None
+                                                                   and comm_scale is not None))
+        self._link.carried(mapping)
         dropped, trackers = [], {}
         for (kind, old_rank), tracker in sorted(self._trackers.items()):
             if tracker.active is not None and old_rank in mapping and carried[kind]:

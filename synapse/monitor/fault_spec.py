@@ -12,12 +12,14 @@ Two families of faults (``injection.faults`` in the config, one mapping per faul
   live REPLAN: ``{kind: raise, rank: 1, step: 1, phase: repartition}``).
 * *span* faults act over the steps ``[start, end]`` (``end`` inclusive, omitted: to the end
   of the run): ``slow_compute`` (extra time per forward/backward task), ``slow_comm``
-  (extra time each time the rank posts its sends) and ``background_load`` (a separate
+  (extra time each time the rank hands its sends over: a slow link on its side) and ``background_load`` (a separate
   process contending for the rank's device). Config:
   ``{kind: slow_compute, rank: 2, start: 30, end: 90, factor: 2.0}``.
 
 A slowdown is either fixed (``seconds`` extra per task) or relative (``factor``: extra =
-(factor - 1) x the rank's own measured time of the task). ``ramp_steps: N`` raises it
+(factor - 1) x the rank's own measured time of the task). A ``slow_comm`` fault may instead
+be a bandwidth-limited link (``bytes_per_s``: each send waits its bytes / bytes_per_s), whose
+cost then depends on where the cuts are, as a real slow link's does. ``ramp_steps: N`` raises it
 linearly from nothing at ``start`` to full strength N steps later (a ramp to factor f over
 [start, end] is ``ramp_steps: end - start``). ``on_steps``/``off_steps`` make any span fault
 intermittent: on for ``on_steps`` steps, off for ``off_steps``, repeating from ``start``.
@@ -52,6 +54,8 @@ _KEYS = {
     **{kind: (*_COMMON_KEYS, "step") for kind in INSTANT_KINDS},
     **{kind: (*_COMMON_KEYS, "step", "start", "end", "seconds", "factor", "ramp_steps", "on_steps", "off_steps")
        for kind in SLOWDOWN_KINDS},
+    "slow_comm": (*_COMMON_KEYS, "step", "start", "end", "seconds", "factor", "bytes_per_s", "ramp_steps",
+                  "on_steps", "off_steps"),
     "background_load": (*_COMMON_KEYS, "step", "start", "end", "on_steps", "off_steps", "workers", "matrix_size"),
 }
 _EXAMPLES = {
@@ -61,7 +65,7 @@ _EXAMPLES = {
     "cuda_error": "{kind: cuda_error, rank: 1, step: 60, phase: forward}",
     "nan_loss": "{kind: nan_loss, rank: 2, step: 60}",
     "slow_compute": "{kind: slow_compute, rank: 2, start: 30, factor: 2.0} or {..., seconds: 0.05}",
-    "slow_comm": "{kind: slow_comm, rank: 1, start: 30, end: 80, seconds: 0.02}",
+    "slow_comm": "{kind: slow_comm, rank: 1, start: 30, end: 80, seconds: 0.02} or {..., bytes_per_s: 2.0e6}",
     "background_load": "{kind: background_load, rank: 2, start: 30, end: 90, workers: 1}",
 }
 
@@ -81,6 +85,7 @@ class FaultSpec:
     phases: tuple[str, ...] = ("step_start",)
     seconds: float | None = None  # slowdowns: fixed extra seconds per task
     factor: float | None = None  # slowdowns: task time x factor
+    bytes_per_s: float | None = None  # slow_comm: a link this fast (each send waits bytes / bytes_per_s)
     ramp_steps: int | None = None  # slowdowns: linear rise over this many steps from start
     on_steps: int | None = None  # span faults: intermittent on/off periods (steps)
     off_steps: int | None = None
@@ -126,13 +131,16 @@ class FaultSpec:
         """The slowdown factor in force during ``step`` (1.0: none); only for ``factor`` slowdowns."""
         return 1.0 + (self.factor - 1.0) * self.level(step) if self.factor is not None else 1.0
 
-    def extra_seconds(self, step: int, task_seconds: float | None) -> float:
-        """Seconds to add to one task of ``step``; ``task_seconds`` is its measured time (None: unknown)."""
+    def extra_seconds(self, step: int, task_seconds: float | None, nbytes: int = 0) -> float:
+        """Seconds to add to one task of ``step``; ``task_seconds`` is its measured time (None: unknown),
+        ``nbytes`` what the task sends (a ``bytes_per_s`` link)."""
         level = self.level(step)
         if level == 0.0:
             return 0.0
         if self.seconds is not None:
             return self.seconds * level
+        if self.bytes_per_s is not None:
+            return level * nbytes / self.bytes_per_s
         if task_seconds is None:
             return 0.0  # nothing measured yet (validation keeps factor faults off step 1)
         return (self.effective_factor(step) - 1.0) * max(0.0, task_seconds)
@@ -144,7 +152,7 @@ class FaultSpec:
         if self.instant:
             return {**fields, "step": self.start, "phase": self.phase}
         fields.update(start=self.start, end=self.end, phases=list(self.phases))
-        for name in ("seconds", "factor", "ramp_steps", "on_steps", "off_steps"):
+        for name in ("seconds", "factor", "bytes_per_s", "ramp_steps", "on_steps", "off_steps"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
         if self.kind == "background_load":
@@ -227,16 +235,19 @@ class _SpecReader:
         return FaultSpec(**fields, **self.slowdown(start))
 
     def slowdown(self, start: int) -> dict[str, Any]:
-        if ("seconds" in self.spec) == ("factor" in self.spec):
-            self.fail("give exactly one of seconds (fixed extra per task) or factor (relative)",
-                      "e.g. seconds: 0.05 or factor: 2.0")
+        given = [key for key in ("seconds", "factor", "bytes_per_s") if key in self.spec]
+        if len(given) != 1:
+            link = " or bytes_per_s (a link this fast)" if self.kind == "slow_comm" else ""
+            self.fail(f"give exactly one of seconds (fixed extra per task) or factor (relative){link}"
+                      + (f", not {given}" if given else ""), "e.g. seconds: 0.05 or factor: 2.0")
         seconds = self.number("seconds", exclusive_minimum=0.0) if "seconds" in self.spec else None
+        link_speed = self.number("bytes_per_s", exclusive_minimum=0.0) if "bytes_per_s" in self.spec else None
         factor = self.number("factor", exclusive_minimum=1.0) if "factor" in self.spec else None
         ramp = self.optional_integer("ramp_steps", 1)
         if factor is not None and ramp is None and start < 2:
             self.fail("a factor slowdown scales the task time measured in the step before, and step 1 has none",
                       "start at step 2 or later (or use seconds, or ramp_steps)")
-        return {"seconds": seconds, "factor": factor, "ramp_steps": ramp}
+        return {"seconds": seconds, "factor": factor, "bytes_per_s": link_speed, "ramp_steps": ramp}
 
     def phases(self, allowed: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
         raw = self.spec.get("phase", default)

@@ -102,7 +102,8 @@ class FaultInjector:
         self._clock, self._last_timing = clock, last_timing
 
     # ---------------------------------------------------------------- the hook
-    def on(self, phase: str, step: int) -> None:
+    def on(self, phase: str, step: int, nbytes: int = 0) -> None:
+        """``nbytes``: what the task sends (``send`` phase; a bandwidth-like slow link scales with it)."""
         if step < 1 or self._closed:
             return
         if self.spans:
@@ -110,7 +111,7 @@ class FaultInjector:
                 self._step = step
                 self._enter_step(step, phase)
             self._baseline.count_task(phase, step)
-            self._slow_down(phase, step)
+            self._slow_down(phase, step, nbytes)
         if self.pending:
             self._fire_instant(phase, step)
 
@@ -146,13 +147,13 @@ class FaultInjector:
                 else:
                     span.load.pause()
 
-    def _slow_down(self, phase: str, step: int) -> None:
+    def _slow_down(self, phase: str, step: int, nbytes: int = 0) -> None:
         for span in self.spans:
             spec = span.spec
             if span.state != "active" or spec.kind not in SLOWDOWN_KINDS or phase not in spec.phases:
                 continue
             base = self._baseline.per_task(phase, step, self._last_timing())
-            extra = spec.extra_seconds(step, sum(base.values()) if base else None)
+            extra = spec.extra_seconds(step, sum(base.values()) if base else None, nbytes)
             for part, seconds in split_extra(phase, extra, base).items():
                 with timed(self._clock, part):
                     self._delay(seconds, host_only=part == "comm")

@@ -2,7 +2,7 @@
 
 The last pipeline rank writes one record per optimizer step (one JSON object per line, see
 ``PipelineRunner.write_performance_record``): ``step``, ``stage``, ``devices``, ``total_steps``,
-``step_seconds``, ``compute_s``, ``comm_s``, ``ranks`` (each rank's clock parts),
+``step_seconds``, ``compute_s``, ``comm_s``, ``send_s``, ``ranks`` (each rank's clock parts),
 ``images_per_s`` and ``time`` (added by the writer). ``StepTiming`` is the part of it the
 slowdown detector and the alpha/beta estimator use; both are pure and never see a process group.
 
@@ -19,6 +19,9 @@ What the fields mean (the detector's rules depend on it):
   waiting for a peer that is not ready yet. A slow stage therefore makes its
   neighbours' ``comm_s`` grow (see `synapse.monitor.detector` for how that is
   told apart from a slow link).
+* ``send_s[r]`` (optional; records before it lack it): the part of ``comm_s[r]`` that is rank
+  r's *own* transfer work, handing its sends over (``synapse.pipeline.clock``). Waiting for a
+  peer is not in it, so a link slowed on one rank raises that rank's ``send_s`` alone.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class StepTiming:
     step_seconds: float
     compute_s: tuple[float, ...]
     comm_s: tuple[float, ...]
+    send_s: tuple[float, ...] | None = None  # own transfer time per rank; None: not measured
 
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
@@ -78,6 +82,11 @@ class StepTiming:
                 f"step {self.step}: compute_s has {len(self.compute_s)} ranks but comm_s has "
                 f"{len(self.comm_s)}; give both one value per rank"
             )
+        if self.send_s is not None:
+            object.__setattr__(self, "send_s", _check_per_rank("send_s", self.send_s))
+            if len(self.send_s) != len(self.comm_s):
+                raise TimingRecordError(f"step {self.step}: send_s has {len(self.send_s)} ranks but comm_s has "
+                                        f"{len(self.comm_s)}; give one value per rank (or leave send_s out)")
 
     @property
     def num_ranks(self) -> int:
@@ -89,13 +98,16 @@ class StepTiming:
         return self.wall_time - self.step_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "step": self.step,
             "wall_time": self.wall_time,
             "step_seconds": self.step_seconds,
             "compute_s": list(self.compute_s),
             "comm_s": list(self.comm_s),
         }
+        if self.send_s is not None:
+            data["send_s"] = list(self.send_s)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTiming:
@@ -108,7 +120,7 @@ class StepTiming:
         missing = [key for key in _REQUIRED_KEYS if key not in data]
         if missing:
             raise TimingRecordError(f"step-timing record lacks {missing}; required keys: {list(_REQUIRED_KEYS)}")
-        return cls(**{key: data[key] for key in _REQUIRED_KEYS})
+        return cls(**{key: data[key] for key in _REQUIRED_KEYS}, send_s=data.get("send_s"))
 
     def to_json_line(self) -> str:
         """One line of performance.jsonl (no trailing newline)."""
@@ -132,3 +144,15 @@ def read_step_timings(path: str | Path) -> list[StepTiming]:
         except TimingRecordError as error:
             raise TimingRecordError(f"{path}:{number}: {error}") from None
     return timings
+
+
+def link_send_seconds(ranks: Sequence[Mapping[str, Any]] | None) -> list[float] | None:
+    """Own send seconds on each link of one step: link r (between ranks r and r + 1) carries rank
+    r's forward sends and rank r + 1's backward sends, which is the traffic the cost model charges
+    to stage r (`synapse.planner.cost_model`); the last rank has no link (0). None when the
+    record's per-rank parts lack ``send_fwd``/``send_bwd`` (records before own send timing)."""
+    if not ranks or not all(isinstance(r, Mapping) and "send_fwd" in r and "send_bwd" in r for r in ranks):
+        return None
+    fwd = [_check_seconds(f"ranks[{r}].send_fwd", part["send_fwd"]) for r, part in enumerate(ranks)]
+    bwd = [_check_seconds(f"ranks[{r}].send_bwd", part["send_bwd"]) for r, part in enumerate(ranks)]
+    return [fwd[r] + bwd[r + 1] for r in range(len(ranks) - 1)] + [0.0]

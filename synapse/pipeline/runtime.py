@@ -21,6 +21,7 @@ import mmap
 import os
 import struct
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -88,9 +89,9 @@ class TimedPipelineStage(PipelineStage):
     clock: StageClock | None = None
     phase_hook: Callable[[str], None] | None = None
 
-    def _hook(self, phase: str) -> None:
+    def _hook(self, phase: str, nbytes: int = 0) -> None:
         if self.phase_hook is not None:
-            self.phase_hook(phase)
+            self.phase_hook(phase, nbytes) if nbytes else self.phase_hook(phase)
 
     def get_fwd_recv_ops(self, *args: Any, **kwargs: Any):
         self._hook("recv")  # the schedule waits on these right after: this rank now waits on a peer
@@ -101,14 +102,20 @@ class TimedPipelineStage(PipelineStage):
         return super().get_bwd_recv_ops(*args, **kwargs)
 
     def get_fwd_send_ops(self, *args: Any, **kwargs: Any):
-        # Sends are posted here: a hook at this point delays this rank's outgoing transfers
-        # (communication slowdown injection) without touching the schedule's logic.
-        self._hook("send")
-        return super().get_fwd_send_ops(*args, **kwargs)
+        return self._timed_send("send_fwd", super().get_fwd_send_ops, args, kwargs)
 
     def get_bwd_send_ops(self, *args: Any, **kwargs: Any):
-        self._hook("send")
-        return super().get_bwd_send_ops(*args, **kwargs)
+        return self._timed_send("send_bwd", super().get_bwd_send_ops, args, kwargs)
+
+    def _timed_send(self, part: str, make_ops: Callable, args: tuple, kwargs: dict):
+        """This rank's own send work (the clock's ``send``): preparing its outgoing ops and whatever
+        holds them back before the schedule posts them. The hook runs after the ops exist, with
+        their size: a slow-link fault on this rank delays its sends here, in proportion to the
+        bytes if it is bandwidth-like, without touching the schedule's logic."""
+        with self.clock.interval(part) if self.clock is not None else nullcontext():
+            ops = make_ops(*args, **kwargs)
+            self._hook("send", sum(op.tensor.numel() * op.tensor.element_size() for op in ops))
+        return ops
 
     def _shape_inference(self, *args: Any, **kwargs: Any):
         """Before torch 2.13, a stage learns its shapes by running its module once before the first
@@ -185,13 +192,13 @@ class PipelineRuntime:
         """Record on the progress board that this rank entered ``phase`` of the current step."""
         self.board.mark(phase, self.current_step)
 
-    def _phase(self, phase: str) -> None:
+    def _phase(self, phase: str, nbytes: int = 0) -> None:
         # A wait is marked once the injector let the rank go: a hang or delay in the hook is this
         # rank's own (it has not handed its work over yet), not a wait on a peer.
         if phase not in WAIT_PHASES:
             self.mark(phase)
         if phase in PHASES:
-            self.injector.on(phase, self.current_step)
+            self.injector.on(phase, self.current_step, nbytes=nbytes)
         if phase in WAIT_PHASES:
             self.mark(phase)
 

@@ -157,7 +157,7 @@ class PipelineRunner:
             "step": step, "stage": self.stage, "devices": list(self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
-            "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
+            "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
         })
 
     def apply_control(self, step: int) -> None:

@@ -26,7 +26,8 @@ class DeviceFacts:
     device_name: Callable[[int], str] = "cpu:{}".format
     memory_bytes: Callable[[int], float] = lambda device: math.inf
     link_bandwidth_bytes_per_s: float = math.inf
-    contention: float = 1.0  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
+    contention: float = 1.0
+    link_latency_s: float = 0.0  # per message (see cost_model.DeviceSpec)  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
 
     def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
               betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
@@ -38,7 +39,7 @@ class DeviceFacts:
         betas = betas or {}
         return [DeviceSpec(self.device_name(d), alpha=alpha, beta=float(betas.get(d, 1.0)),
                            memory_bytes=self.memory_bytes(d), link_bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
-                           contention=self.contention)
+                           contention=self.contention, link_latency_s=self.link_latency_s)
                 for d, alpha in zip(devices, by_stage)]
 
 
