@@ -83,7 +83,7 @@ class FailoverController:
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
     _last_keep_reason: str | None = None
-    _nominal: tuple[list[float], list[float]] | None = None  # this stage's predicted compute, comm per rank
+    _nominal: tuple[list[float], list[float], list[float]] | None = None  # predicted compute, comm, transfer
 
     # ---------------------------------------------------------------- stages
     def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
@@ -94,7 +94,8 @@ class FailoverController:
         self.spare_devices = tuple(d for d in self.spare_devices if d not in stage.devices)
         self._recent.clear()
         self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
-                         self.planner.per_step_comm_s(*self._partition_of(stage)))
+                         self.planner.per_step_comm_s(*self._partition_of(stage)),
+                         self.planner.per_step_transfer_s(*self._partition_of(stage)))
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
             return
@@ -205,10 +206,11 @@ class FailoverController:
         """Beta (comm) is measured on each link's own send time when the records carry it: the
         cost model prices link r's transfers on stage r, and waiting is no link's slowness.
         Older records only have comm = step - compute, waiting included."""
-        compute, comm = self._nominal
-        measured_comm = timing.comm_s if link_s is None or len(link_s) != timing.num_ranks else link_s
+        compute, comm, transfer = self._nominal
+        own = link_s is not None and len(link_s) == timing.num_ranks
         self.estimator.update(devices=self.stage.devices, measured_compute_s=timing.compute_s,
-                              measured_comm_s=measured_comm, predicted_compute_s=compute, predicted_comm_s=comm)
+                              measured_comm_s=link_s if own else timing.comm_s, predicted_compute_s=compute,
+                              predicted_comm_s=transfer if own else comm, comm_is_transfer=own)
 
     def _log_detection(self, detection: Detection, timing: StepTiming) -> None:
         event = "slowdown_detected" if detection.event == SLOWDOWN else "slowdown_recovered"

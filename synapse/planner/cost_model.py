@@ -5,14 +5,17 @@ Stage r (on device r) holds teacher blocks [a_r, a_{r+1}) and student blocks
 
     compute_r  = c_r * alpha_r * (teacher fwd + student fwd + student bwd of its blocks [+ loss_s if last])
     overhead_r = c_r * per_microbatch_overhead_s
-    comm_r     = beta_r * ((teacher_out(a_{r+1}) + 2 * student_out(b_{r+1})) / link_bandwidth_r
-                           + MESSAGES_PER_MICROBATCH * link_latency_r)
+    comm_r     = beta_r * (teacher_out(a_{r+1}) + 2 * student_out(b_{r+1})) / link_bandwidth_r
+                 + MESSAGES_PER_MICROBATCH * link_latency_r
     t_r        = compute_r + overhead_r + comm_r      (comm_{K-1} = 0: the KD loss is local)
 
 Both nets share the device, so their times add. Stage r sends the teacher and
 student boundary activations forward and receives the student gradient (same
 size as the student activation) back; that traffic, three messages, is charged
-to the sender r, serially with compute (no overlap: a conservative bound).
+to the sender r, serially with compute (no overlap: a conservative bound). beta_r
+is a slower link in the sense of bandwidth (fewer bytes per second): it prices the
+bytes at the cut, so a re-plan under a slow link moves the cut to where the
+activations are small; the per-message latency is the link's, unscaled.
 
 The terms that matter on CPU (all default to "absent", which is the GPU model):
 
@@ -229,7 +232,7 @@ class CostModel:
         device = self.devices[stage]
         cut_bytes = teacher_out[:, None] + 2.0 * student_out[None, :]
         latency_s = MESSAGES_PER_MICROBATCH * device.link_latency_s
-        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s + device.beta * latency_s
+        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s + latency_s
 
     def compute_scale(self, stage: int) -> float:
         """Wall seconds per profiled second of block work on `stage`: its alpha times its contention."""

@@ -39,6 +39,20 @@ Contract for the predictions:
   transfers, so beta reads waiting as well; the reference removes the part
   common to all ranks, not per-rank differences in waiting.
 
+Own transfer time (``comm_is_transfer=True``): when measured comm is each link's own send
+time (no waiting in it) and the prediction is the cost model's transfer time of the bytes
+the link carries (no latency), beta is read as a bandwidth slowdown::
+
+    beta_g = 1 + max(0, measured_s - healthy_s[g]) / predicted_s
+
+``healthy_s[g]`` is the link's lower-quartile own time over the baseline phase (posting
+overhead a healthy link pays whatever it carries; the lower quartile stays healthy if a
+fault starts inside the phase). A link that moves bytes k times slower then reads about
+k whatever the cuts, so the planner's price of each cut (bytes x beta / bandwidth) holds
+after a re-plan too. No reference: the excess is already in the prediction's units.
+The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
+one a thousand times slower (4 MB/s) still moves a small activation.
+
 State is keyed by device id (an int, like `synapse.planner.eta.DeviceId`), not by
 rank: alpha is a property of the device, and survives re-partitions unchanged.
 """
@@ -80,7 +94,7 @@ class EstimatorConfig:
     min_alpha: float = 0.25
     max_alpha: float = 20.0
     min_beta: float = 0.25
-    max_beta: float = 20.0
+    max_beta: float = 1000.0
     min_predicted_s: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -122,6 +136,7 @@ class _Kind:
         self.baseline: dict[int, list[float]] = {}  # device -> raw ratios of the baseline phase
         self.baseline_steps = 0
         self.factors: dict[int, _Factor] = {}
+        self.healthy: dict[int, float] = {}  # transfer mode: each link's own send seconds when healthy
 
     def observe(self, ratios: Mapping[int, float]) -> None:
         """Raw measured / predicted ratios of one step, for the devices measured."""
@@ -164,8 +179,26 @@ class _Kind:
         factor = self.factors.get(device)
         return 1.0 if factor is None or factor.value is None else factor.value
 
+    def observe_transfer(self, samples: Mapping[int, tuple[float, float]]) -> None:
+        """(measured own transfer s, predicted transfer s) of one step per device (module docstring)."""
+        if not samples:
+            return
+        if self.reference is None:
+            for device, (measured, _) in samples.items():
+                self.baseline.setdefault(device, []).append(measured)
+            self.baseline_steps += 1
+            if self.baseline_steps >= self.config.baseline_steps:
+                self.healthy = {device: _lower_quartile(values) for device, values in self.baseline.items()}
+                self.baseline, self.baseline_steps, self.reference = {}, 0, 1.0
+                self.factors = {device: _Factor(self.config.median_window, 1.0) for device in self.healthy}
+            return
+        for device, (measured, predicted) in samples.items():
+            healthy = self.healthy.setdefault(device, measured)
+            self._smooth(device, 1.0 + max(0.0, measured - healthy) / predicted)
+
     def state_dict(self) -> dict[str, Any]:
         return {
+            "healthy": [[device, value] for device, value in sorted(self.healthy.items())],
             "reference": self.reference,
             "baseline_steps": self.baseline_steps,
             "baseline": [[device, list(values)] for device, values in sorted(self.baseline.items())],
@@ -177,11 +210,17 @@ class _Kind:
         if reference is not None and not (_is_number(reference) and reference > 0):
             raise ValueError(f"reference={reference!r} must be a number > 0 or null")
         self.reference = reference
+        self.healthy = {_device_id(device): float(value) for device, value in state.get("healthy", [])}
         self.baseline_steps = int(state["baseline_steps"])
         self.baseline = {_device_id(device): [float(v) for v in values] for device, values in state["baseline"]}
         # Smoothing windows are not saved: they would hold the previous process's last steps.
         self.factors = {_device_id(device): _Factor(self.config.median_window, None if value is None else float(value))
                         for device, value in state["factors"]}
+
+
+def _lower_quartile(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4]
 
 
 def _device_id(device: Any) -> int:
@@ -210,9 +249,10 @@ class AlphaBetaEstimator:
 
     def update(self, *, devices: Sequence[int], measured_compute_s: Sequence[float],
                measured_comm_s: Sequence[float], predicted_compute_s: Sequence[float],
-               predicted_comm_s: Sequence[float]) -> None:
+               predicted_comm_s: Sequence[float], comm_is_transfer: bool = False) -> None:
         """One step. ``devices[r]`` is the device of rank r; the other sequences are
-        per rank, predictions at nominal speed (see the module docstring)."""
+        per rank, predictions at nominal speed (see the module docstring). ``comm_is_transfer``:
+        measured comm is each link's own send time and predicted its bytes' transfer time."""
         devices = [_device_id(d) for d in devices]
         if not devices or len(set(devices)) != len(devices):
             raise EstimatorInputError(f"devices={devices!r} must list one distinct device id per rank")
@@ -225,6 +265,10 @@ class AlphaBetaEstimator:
         if self._steps_since_start <= self.config.warmup_steps:
             return
         for kind, state in self._kinds.items():
+            if kind == COMM and comm_is_transfer:
+                state.observe_transfer({device: (m, p) for device, m, p in zip(devices, measured[kind], predicted[kind])
+                                        if p >= self.config.min_predicted_s})
+                continue
             state.observe({device: m / p for device, m, p in zip(devices, measured[kind], predicted[kind])
                            if p >= self.config.min_predicted_s})
 

@@ -9,6 +9,7 @@ and plans a new one (the ``plan_fn`` of ``synapse.planner.eta.build_options``). 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -77,6 +78,13 @@ class StagePlanner:
                         student_counts: Sequence[int]) -> list[float]:
         cost = self.predict(devices, teacher_counts, student_counts)
         return [self.step.microbatches * c for c in cost.stage_comm_s]
+
+    def per_step_transfer_s(self, devices: Sequence[int], teacher_counts: Sequence[int],
+                            student_counts: Sequence[int]) -> list[float]:
+        """Each rank's link time in one step for the bytes it carries alone (no per-message latency):
+        what beta scales, and what the estimator measures a link's own send excess against."""
+        bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
+        return bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas=None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:

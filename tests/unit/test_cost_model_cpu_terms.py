@@ -137,9 +137,10 @@ def test_defaults_keep_the_model_without_cpu_terms():
 
 
 def test_link_latency_is_paid_per_message_even_on_an_infinitely_fast_link():
+    # beta is a bandwidth slowdown: it prices bytes, not the per-message latency
     devices = [DeviceSpec("a", beta=2.0, link_latency_s=1e-4), DeviceSpec("b", link_latency_s=1.0)]
     model = model_with(devices)
-    assert model.comm_time_s(0, 2, 1) == pytest.approx(2.0 * MESSAGES_PER_MICROBATCH * 1e-4)
+    assert model.comm_time_s(0, 2, 1) == pytest.approx(MESSAGES_PER_MICROBATCH * 1e-4)
     assert model.comm_time_s(1, 3, 2) == 0.0  # the last stage sends nothing
 
 
@@ -290,3 +291,9 @@ def test_compare_plan_with_run_puts_overhead_with_the_non_compute_time(tmp_path)
     assert result["predicted_stage_compute_s"] == pytest.approx([4 * c for c in plan.stage_compute_s])
     assert result["step_error"] == pytest.approx(plan.step_time_s / 0.1 - 1)
     assert json.loads((tmp_path / "plan_vs_measured.json").read_text()) == json.loads(json.dumps(result))
+
+
+def test_a_slow_link_prices_the_bytes_at_its_cut_and_the_latency_stays():
+    devices = [DeviceSpec("a", beta=50.0, link_bandwidth_bytes_per_s=1e6, link_latency_s=5e-5), DeviceSpec("b")]
+    expected = 50.0 * (20 + 2 * 5) * KB / 1e6 + MESSAGES_PER_MICROBATCH * 5e-5
+    assert model_with(devices).comm_time_s(0, 2, 1) == pytest.approx(expected)

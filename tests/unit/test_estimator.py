@@ -103,10 +103,11 @@ def test_factors_are_clipped_to_the_configured_bounds():
         return {0: 1.0, 1: 1.0, 2: 500.0 if step >= 100 else 1.0, 3: 0.001 if step >= 100 else 1.0}[device]
 
     estimator = AlphaBetaEstimator()
-    run(estimator, range(300), [0, 1, 2, 3], seed=5, alpha=alpha, beta=lambda step, d: 100.0 if d == 0 else 1.0)
+    run(estimator, range(300), [0, 1, 2, 3], seed=5, alpha=alpha,
+        beta=lambda step, d: 2 * CONFIG.max_beta if d == 0 else 1.0)
     assert estimator.alpha(2) == pytest.approx(CONFIG.max_alpha)
     assert estimator.alpha(3) == pytest.approx(CONFIG.min_alpha)
-    # beta of device 0 was 100x from the start, but the reference is the other devices' median
+    # beta of device 0 was 2 x max_beta from the start, but the reference is the other devices' median
     assert estimator.beta(0) == pytest.approx(CONFIG.max_beta)
 
 
@@ -207,3 +208,35 @@ def test_update_rejects_bad_input_naming_it(kwargs, needle):
     with pytest.raises(EstimatorInputError) as error:
         AlphaBetaEstimator().update(**{**good, **kwargs})
     assert needle in str(error.value)
+
+
+def transfer_run(estimator, steps, slow_from, factor, transfer_s, healthy_s=0.3e-3, seed=0):
+    """Two links; link 1 moves its bytes ``factor`` times slower from ``slow_from`` on."""
+    rng = random.Random(seed)
+    for step in steps:
+        slow = factor if step >= slow_from else 1.0
+        measured = [healthy_s * rng.uniform(0.9, 1.1) + (slow - 1.0) * transfer_s[1] * (r == 1) for r in range(2)]
+        estimator.update(devices=[0, 1, 2], measured_compute_s=[0.1, 0.1, 0.1], predicted_compute_s=[0.1, 0.1, 0.1],
+                         measured_comm_s=measured + [0.0], predicted_comm_s=list(transfer_s) + [0.0],
+                         comm_is_transfer=True)
+
+
+def test_own_transfer_beta_is_a_bandwidth_slowdown_whatever_the_bytes():
+    # the same 40x slower link read through two different cuts (bytes 8x apart) gives the same beta
+    for transfer_s in ([1e-4, 8e-4], [1e-4, 1e-4]):
+        estimator = AlphaBetaEstimator()
+        transfer_run(estimator, range(120), slow_from=60, factor=40.0, transfer_s=transfer_s)
+        assert estimator.beta(1) == pytest.approx(40.0, rel=0.1), transfer_s
+        # the healthy link: its posting-time noise (+-10% of 0.3 ms) reads as a little excess, which
+        # prices its cut at most a few tens of microseconds higher
+        assert 1.0 <= estimator.beta(0) < 1.5 and (estimator.beta(0) - 1.0) * transfer_s[0] < 0.1 * 0.3e-3
+
+
+def test_own_transfer_baseline_stays_healthy_when_the_link_slows_inside_it():
+    estimator = AlphaBetaEstimator()  # warm-up 10, baseline over steps 10..39; the fault starts at 25
+    transfer_run(estimator, range(120), slow_from=25, factor=10.0, transfer_s=[1e-4, 1e-4])
+    assert estimator.beta(1) == pytest.approx(10.0, rel=0.1)
+    restored = AlphaBetaEstimator()
+    restored.load_state_dict(estimator.state_dict())
+    transfer_run(restored, range(120, 160), slow_from=0, factor=10.0, transfer_s=[1e-4, 1e-4])
+    assert restored.beta(1) == pytest.approx(10.0, rel=0.1)  # the healthy level survives a restart
