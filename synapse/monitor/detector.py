@@ -603,9 +603,10 @@ class SlowdownDetector:
         compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
         comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
         carried = {COMPUTE: self._compute_baseline is not None}
-        # A device keeps its link over a re-partition: own send baselines carry over unscaled.
-        carried[COMM] = carried[COMPUTE] and (self._link.ready or (self._comm_baseline is not None
-                                                                   and comm_scale is not None))
+        comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
+        # A device keeps its link over a re-partition: own send baselines carry over unscaled, and
+        # with them the comm slowdowns they found.
+        carried[COMM] = comm_carried or (carried[COMPUTE] and self._link.ready)
         self._link.carried(mapping)
         dropped, trackers = [], {}
         for (kind, old_rank), tracker in sorted(self._trackers.items()):
@@ -620,9 +621,9 @@ class SlowdownDetector:
                 self._samples = [deque((x * s for x in self._samples[old]), maxlen=self.config.refine_window)
                                  for old, s in zip(mapping, compute_scale)]
         self._expected = None  # the plan of the new partition comes with set_expected
-        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if carried[COMM] else None
+        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
         self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
-                          for old, s in zip(mapping, comm_scale)] if carried[COMM] and self._comm_own else []
+                          for old, s in zip(mapping, comm_scale)] if comm_carried and self._comm_own else []
         self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()
