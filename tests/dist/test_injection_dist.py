@@ -65,6 +65,10 @@ def test_slow_compute_slow_comm_and_background_load_act_exactly_on_their_steps(t
     comm, rank0_compute = per_step(records, "comm_s", 0), per_step(records, "compute_s", 0)
     assert all(comm[s] >= task_time for s in (8, 9)), comm
     assert all(rank0_compute[s] < task_time / 2 for s in (8, 9)), rank0_compute
+    # ... and its own send time, not the others' (they only waited for it): the slow link is rank 0's.
+    send = {r: per_step(records, "send_s", r) for r in range(3)}
+    assert all(send[0][s] >= task_time for s in (8, 9)), send[0]
+    assert all(send[r][s] < task_time / 4 for r in (1, 2) for s in (8, 9)), send
     # The load ran on rank 1's core and is gone with its worker.
     (load,) = read_events(tmp_path, "fault_injected", kind="background_load")
     assert (load["device"], load["core"]) == ("cpu", cpu_core_for_rank(1)) and len(load["load_pids"]) == 1
