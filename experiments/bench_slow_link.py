@@ -1,7 +1,8 @@
 # python experiments/bench_slow_link.py [--repeats 3] [--policies keep,replan,eta]
 """The same slow link under policy=keep, replan and eta (issue #15 item 2), on 3 CPU ranks.
 
-The fault is the shipped ``slow_comm`` member with its own documented command: from step 30 to
+The fault is the shipped ``slow_comm`` member with its own documented command (and no evaluation
+during the run, see ISOLATE): from step 30 to
 100 rank 1's sends move at 8 MB/s (``bytes_per_s``), so what the link costs depends on the bytes
 at the cuts. Per run: where and when the slow link was detected (expected: rank 1, comm, within
 10 steps of step 30), the decisions with the partition before and after, the run's wall time and
@@ -18,16 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, train_py_summary, write_results
+from benchlib import (
+    REPO,
+    machine_load,
+    markdown_table,
+    read_events,
+    read_jsonl,
+    train_py_summary,
+    write_results,
+)
 
 COMMAND = ["trainer.accelerator=cpu", "trainer.devices=3", "trainer.max_steps=120", "injection=slow_comm"]
+# No evaluation during the run: on CPU ranks rank 0 computes ~1.3x slower after the first one with no
+# fault (README, "Detection"; cause open), which eta acts on too; here only the link is measured.
+ISOLATE = ["trainer.eval_every_epochs=100"]
 FAULT = {"rank": 1, "kind": "comm", "start": 30, "end": 100}
 AFTER_ACTION = (46, 100)  # faulty steps after the earliest action a run could take
 RUN_TIMEOUT_S = 1200.0
 
 
 def run_once(policy: str, run_dir: Path) -> dict:
-    summary, process_s = train_py_summary(run_dir, [*COMMAND, f"policy={policy}", "trainer.progress=false",
+    summary, process_s = train_py_summary(run_dir, [*COMMAND, *ISOLATE, f"policy={policy}", "trainer.progress=false",
                                                     "report=false"], RUN_TIMEOUT_S)
     detections = [{k: d[k] for k in ("rank", "kind", "ratio", "onset_step", "detected_step")}
                   for d in read_events(run_dir, "slowdown_detected")]
@@ -87,7 +99,7 @@ def main() -> None:
                 print(f"{policy:6s} #{repeat} {run['wall_time_s']:6.1f} s  link {run['link_detected']}  "
                       f"decisions {run['decisions']}  partitions {run['partitions']}", flush=True)
     result = {"what": "One slow link (rank 1 at 8 MB/s, steps 30-100) under keep, replan and eta, 3 CPU ranks",
-              "command": "python experiments/bench_slow_link.py", "train_py": " ".join(["python train.py", *COMMAND]),
+              "command": "python experiments/bench_slow_link.py", "train_py": " ".join(["python train.py", *COMMAND, *ISOLATE]),
               "load_before": load_before, "load_after": machine_load(), "seconds": time.time() - started,
               "runs": runs}
     write_results(args.out, result, table(runs, policies),

@@ -70,108 +70,35 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from statistics import median
 from typing import Any
 
 from synapse.monitor.baseline import net_compute_ratios, prior_checked
+from synapse.monitor.detection import (  # noqa: F401  (the detector's public names, re-exported)
+    COMM,
+    COMPUTE,
+    KINDS,
+    RECOVERY,
+    SLOWDOWN,
+    Detection,
+    DetectorConfig,
+    DetectorConfigError,
+    DetectorInputError,
+    _check_kind,
+    _check_mapping,
+    _check_scales,
+)
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.timing import StepTiming
 
-COMPUTE, COMM = "compute", "comm"
-KINDS = (COMPUTE, COMM)
-SLOWDOWN, RECOVERY = "slowdown", "recovery"
 STATE_VERSION = 1
 NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
 # Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
 _MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
 _COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
-
-
-class DetectorConfigError(ValueError):
-    """A detector setting is out of range (the message names it and the fix)."""
-
-
-class DetectorInputError(ValueError):
-    """A record, state dict or rebase argument does not fit the detector's state."""
-
-
-def _check_number(name: str, value: Any, minimum: float, *, integer: bool = False,
-                  strict: bool = False, hint: str = "") -> None:
-    kinds = (int,) if integer else (int, float)
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < minimum or (strict and value == minimum):
-        what = "an integer" if integer else "a finite number"
-        raise DetectorConfigError(f"{name}={value!r} must be {what} {'>' if strict else '>='} {minimum}{hint}")
-
-
-@dataclass(frozen=True)
-class DetectorConfig:
-    """Settings of `SlowdownDetector` (roles: see the module docstring)."""
-
-    warmup_steps: int = 10
-    baseline_window: int = 15
-    refine_window: int = 200
-    compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
-    comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
-    prior_threshold: float | None = 4.0
-    window: int = 10
-    threshold: float = 1.25
-    peer_threshold: float | None = 1.15
-    sustain: int = 3
-    min_comm_s: float = 0.005
-    wait_explain_factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        _check_number("warmup_steps", self.warmup_steps, 0, integer=True)
-        for name in ("baseline_window", "comm_baseline_window", "window", "sustain"):
-            _check_number(name, getattr(self, name), 1, integer=True)
-        _check_number("refine_window", self.refine_window, 0, integer=True, hint=" (0: never refine)")
-        _check_number("compute_noise_z", self.compute_noise_z, 0.0, hint=" (e.g. 5; 0: no noise floor)")
-        if self.prior_threshold is not None:
-            _check_number("prior_threshold", self.prior_threshold, 1.0, strict=True,
-                          hint=" (e.g. 4.0: 4x its peers against the plan; None: no prior)")
-        _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
-        if self.peer_threshold is not None:
-            _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
-        _check_number("min_comm_s", self.min_comm_s, 0.0, hint=" seconds (e.g. 0.005)")
-        _check_number("wait_explain_factor", self.wait_explain_factor, 0.0, hint=" (e.g. 2.0; 0 disables)")
-
-    @property
-    def recover_below(self) -> float:
-        return 1.0 + (self.threshold - 1.0) / 2.0
-
-    @property
-    def history_len(self) -> int:
-        """Steps kept for evaluation and onset estimation."""
-        return 4 * self.window + self.sustain
-
-
-@dataclass(frozen=True)
-class Detection:
-    """A slowdown, or the recovery from one, of one rank's compute or comm."""
-
-    rank: int
-    kind: str  # COMPUTE or COMM
-    event: str  # SLOWDOWN or RECOVERY
-    ratio: float  # windowed ratio to the baseline when the event fired
-    onset_step: int  # first step of the sustained change (estimated)
-    detected_step: int
-    latency_steps: int
-    latency_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Detection:
-        names = [f.name for f in fields(cls)]
-        missing = [name for name in names if name not in data]
-        if missing:
-            raise DetectorInputError(f"detection record lacks {missing}; required keys: {names}")
-        return cls(**{name: data[name] for name in names})
 
 
 @dataclass
@@ -628,30 +555,3 @@ class SlowdownDetector:
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()
         return dropped
-
-
-def _check_kind(kind: str) -> str:
-    if kind not in KINDS:
-        raise DetectorInputError(f"kind={kind!r}; use one of {KINDS}")
-    return kind
-
-
-def _check_mapping(previous_rank: Sequence[int] | None, old_ranks: int) -> list[int]:
-    if previous_rank is None:
-        return list(range(old_ranks))
-    mapping = list(previous_rank)
-    valid = all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < old_ranks for r in mapping)
-    if not mapping or not valid or len(set(mapping)) != len(mapping):
-        raise DetectorInputError(
-            f"previous_rank={mapping!r} must give each new rank a distinct old rank in 0..{old_ranks - 1}")
-    return mapping
-
-
-def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[float]:
-    values = list(scales)
-    if len(values) != num_ranks:
-        raise DetectorInputError(f"{name} has {len(values)} entries; give one per new rank ({num_ranks})")
-    for rank, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise DetectorInputError(f"{name}[{rank}]={value!r} must be a finite number > 0 (new / old predicted time)")
-    return [float(v) for v in values]

@@ -45,9 +45,10 @@ the link carries (no latency), beta is read as a bandwidth slowdown::
 
     beta_g = 1 + max(0, measured_s - healthy_s[g]) / predicted_s
 
-``healthy_s[g]`` is the link's lower-quartile own time over the baseline phase (posting
-overhead a healthy link pays whatever it carries; the lower quartile stays healthy if a
-fault starts inside the phase). A link that moves bytes k times slower then reads about
+``healthy_s[g]`` is the link's lower-quartile own time over its first
+``transfer_baseline_steps`` measured steps (posting overhead a healthy link pays whatever it
+carries; the lower quartile stays healthy if a fault starts inside them). That is the
+detector's baseline window, so beta is mostly known by the time the detector blames a link. A link that moves bytes k times slower then reads about
 k whatever the cuts, so the planner's price of each cut (bytes x beta / bandwidth) holds
 after a re-plan too. No reference: the excess is already in the prediction's units.
 The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
@@ -96,9 +97,11 @@ class EstimatorConfig:
     min_beta: float = 0.25
     max_beta: float = 1000.0
     min_predicted_s: float = 1e-6
+    transfer_baseline_steps: int = 15
 
     def __post_init__(self) -> None:
-        for name, minimum in (("warmup_steps", 0), ("baseline_steps", 1), ("median_window", 1)):
+        for name, minimum in (("warmup_steps", 0), ("baseline_steps", 1), ("median_window", 1),
+                              ("transfer_baseline_steps", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise EstimatorConfigError(f"{name}={value!r} must be an integer >= {minimum}")
@@ -187,10 +190,10 @@ class _Kind:
             for device, (measured, _) in samples.items():
                 self.baseline.setdefault(device, []).append(measured)
             self.baseline_steps += 1
-            if self.baseline_steps >= self.config.baseline_steps:
+            if self.baseline_steps >= self.config.transfer_baseline_steps:
                 self.healthy = {device: _lower_quartile(values) for device, values in self.baseline.items()}
                 self.baseline, self.baseline_steps, self.reference = {}, 0, 1.0
-                self.factors = {device: _Factor(self.config.median_window, 1.0) for device in self.healthy}
+                self.factors = {device: _Factor(self.config.median_window) for device in self.healthy}
             return
         for device, (measured, predicted) in samples.items():
             healthy = self.healthy.setdefault(device, measured)

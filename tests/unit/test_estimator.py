@@ -233,10 +233,19 @@ def test_own_transfer_beta_is_a_bandwidth_slowdown_whatever_the_bytes():
 
 
 def test_own_transfer_baseline_stays_healthy_when_the_link_slows_inside_it():
-    estimator = AlphaBetaEstimator()  # warm-up 10, baseline over steps 10..39; the fault starts at 25
-    transfer_run(estimator, range(120), slow_from=25, factor=10.0, transfer_s=[1e-4, 1e-4])
+    # warm-up 10, the healthy level from steps 10..24; the fault starts at 20
+    estimator = AlphaBetaEstimator()
+    transfer_run(estimator, range(120), slow_from=20, factor=10.0, transfer_s=[1e-4, 1e-4])
     assert estimator.beta(1) == pytest.approx(10.0, rel=0.1)
     restored = AlphaBetaEstimator()
     restored.load_state_dict(estimator.state_dict())
     transfer_run(restored, range(120, 160), slow_from=0, factor=10.0, transfer_s=[1e-4, 1e-4])
     assert restored.beta(1) == pytest.approx(10.0, rel=0.1)  # the healthy level survives a restart
+
+
+def test_own_transfer_beta_is_mostly_known_10_steps_after_a_link_slows():
+    # healthy level known at step 24 (the detector's baseline window), the link slows at 30: within
+    # the 10 steps the detector takes to blame it, beta has climbed most of the way (median + EMA)
+    estimator = AlphaBetaEstimator()
+    transfer_run(estimator, range(40), slow_from=30, factor=40.0, transfer_s=[1e-4, 1e-4])
+    assert 0.75 * 40.0 < estimator.beta(1) < 40.0

@@ -1,0 +1,52 @@
+"""A slow link on one of 3 real gloo ranks (issue #15 item 2): its own send time names the rank,
+the estimator's beta prices the link, and REPLAN moves the cuts, learning exactly what an
+uninterrupted run learns.
+
+A short run needs a quick detector and estimator (as the cascade tests in test_failover.py);
+the fault is a bandwidth-limited link: rank 1's sends move at 2 MB/s from step 10 on.
+"""
+from __future__ import annotations
+
+import pytest
+
+from synapse.failover.stages import read_stages
+from synapse.monitor.events import read_events
+from synapse.records import read_jsonl
+
+from .helpers import assert_identical_states, final_student_state
+from .test_failover import moved_blocks, overrides_for, run_overrides
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+
+STEPS, ONSET = 26, 10
+QUICK = ["failover.detector.warmup_steps=2", "failover.detector.baseline_window=6", "failover.detector.window=4",
+         "failover.detector.sustain=3", "failover.estimator.warmup_steps=2", "failover.estimator.baseline_steps=5",
+         "failover.estimator.median_window=2", "failover.estimator.ema_weight=1.0"]
+SLOW_LINK = f"injection.faults=[{{kind:slow_comm,rank:1,start:{ONSET},bytes_per_s:2.0e6}}]"
+
+
+def test_a_slow_link_is_blamed_on_its_rank_and_replan_moves_the_cut_exactly(tmp_path, teacher_file):
+    reference = tmp_path / "uninterrupted"
+    run_overrides(overrides_for(reference, teacher_file, f"trainer.max_steps={STEPS}"))
+    faulty = tmp_path / "slow_link"
+    summary = run_overrides(overrides_for(faulty, teacher_file, f"trainer.max_steps={STEPS}", "policy=replan",
+                                          *QUICK, SLOW_LINK))
+    assert summary["experiment"]["steps"] == STEPS
+    assert_identical_states(final_student_state(faulty), final_student_state(reference))
+
+    events = read_events(faulty / "failover_events.jsonl")
+    detected = [e for e in events if e["event"] == "slowdown_detected"]
+    assert detected, "the slow link was not detected"
+    first = detected[0]
+    assert (first["rank"], first["kind"]) == (1, "comm"), first
+    assert ONSET <= first["detected_step"] <= ONSET + 10, first
+    [decision] = [e for e in events if e["event"] == "decision" and e["action"] == "replan"][:1]
+    assert decision["betas"]["1"] > 10.0, decision["betas"]  # the link's price entered the re-plan
+    stages = read_stages(faulty)
+    assert len(stages) >= 2 and stages[1].reason.startswith("replan")
+    moved = moved_blocks(stages[0], stages[1])
+    assert moved["teacher"] or moved["student"], f"the cut did not move: {stages[0]} -> {stages[1]}"
+    # Only rank 1's own send time carries the fault; the others merely waited for it.
+    records = {r["step"]: r for r in read_jsonl(faulty / "performance.jsonl")}
+    slowed = [records[s]["send_s"] for s in range(ONSET, stages[1].start_step)]
+    assert all(s[1] > 5 * max(s[0], s[2]) for s in slowed), slowed
