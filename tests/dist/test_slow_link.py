@@ -19,9 +19,13 @@ from .test_failover import moved_blocks, overrides_for, run_overrides
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 STEPS, ONSET = 26, 10
-QUICK = ["failover.detector.warmup_steps=2", "failover.detector.baseline_window=6", "failover.detector.window=4",
-         "failover.detector.sustain=3", "failover.estimator.warmup_steps=2", "failover.estimator.baseline_steps=5",
-         "failover.estimator.median_window=2", "failover.estimator.ema_weight=1.0"]
+# No prior from the plan: on tiny models each stage's per-micro-batch overhead dwarfs the profiled
+# block time of a 3-block tail, which the prior would read as a device slow from the start.
+QUICK = ["failover.detector.prior_threshold=null", "failover.detector.warmup_steps=2",
+         "failover.detector.baseline_window=6", "failover.detector.window=4", "failover.detector.sustain=3",
+         "failover.estimator.warmup_steps=2", "failover.estimator.baseline_steps=5",
+         "failover.estimator.transfer_baseline_steps=5", "failover.estimator.median_window=2",
+         "failover.estimator.ema_weight=1.0"]
 SLOW_LINK = f"injection.faults=[{{kind:slow_comm,rank:1,start:{ONSET},bytes_per_s:2.0e6}}]"
 
 
