@@ -52,8 +52,8 @@ def run_once(policy: str, run_dir: Path) -> dict:
             "right_rank_in_10": bool(link and link[0]["rank"] == FAULT["rank"]
                                      and link[0]["detected_step"] - FAULT["start"] <= 10),
             "decisions": [{k: d.get(k) for k in ("step", "action", "reason")} for d in summary["decisions"]],
-            "partitions": [{"from_step": s["start_step"], "teacher": s["teacher_counts"], "student": s["student_counts"]}
-                           for s in summary["stages"]],
+            "partitions": [{"from_step": s["start_step"], "teacher": s["teacher_counts"],
+                            "student": s["student_counts"]} for s in summary["stages"]],
             "median_step_s_46_100": statistics.median(steps[s] for s in range(first, last + 1) if s in steps),
             "controller_errors": len(read_events(run_dir, "controller_error"))}
 
@@ -75,7 +75,8 @@ def table(runs: list[dict], policies: list[str]) -> str:
                      ", ".join(map(str, detected)) or "-",
                      "; ".join(", ".join(f"{d['action']}@{d['step']}" for d in r["decisions"]) or "keep" for r in mine),
                      ", ".join(cuts) or "unchanged", spread(walls),
-                     spread([1000 * r["median_step_s_46_100"] for r in mine]), spread(saved) if policy != "keep" else "-"])
+                     spread([1000 * r["median_step_s_46_100"] for r in mine]),
+                     spread(saved) if policy != "keep" else "-"])
     start = runs[0]["partitions"][0]
     return (f"Partition at the start: teacher {start['teacher']} / student {start['student']}.\n\n"
             + markdown_table(["policy", "runs", "rank 1 link, <= 10 steps", "detected at step", "decisions (per run)",
@@ -99,7 +100,8 @@ def main() -> None:
                 print(f"{policy:6s} #{repeat} {run['wall_time_s']:6.1f} s  link {run['link_detected']}  "
                       f"decisions {run['decisions']}  partitions {run['partitions']}", flush=True)
     result = {"what": "One slow link (rank 1 at 8 MB/s, steps 30-100) under keep, replan and eta, 3 CPU ranks",
-              "command": "python experiments/bench_slow_link.py", "train_py": " ".join(["python train.py", *COMMAND, *ISOLATE]),
+              "command": "python experiments/bench_slow_link.py",
+              "train_py": " ".join(["python train.py", *COMMAND, *ISOLATE]),
               "load_before": load_before, "load_after": machine_load(), "seconds": time.time() - started,
               "runs": runs}
     write_results(args.out, result, table(runs, policies),

@@ -92,7 +92,8 @@ def test_a_link_slowdown_follows_its_device_over_a_repartition_and_a_restart():
 
 
 def test_link_send_seconds_puts_each_ranks_sends_on_the_link_the_cost_model_charges():
-    ranks = [{"send_fwd": 0.1, "send_bwd": 0.0}, {"send_fwd": 0.2, "send_bwd": 0.03}, {"send_fwd": 0.0, "send_bwd": 0.5}]
+    ranks = [{"send_fwd": 0.1, "send_bwd": 0.0}, {"send_fwd": 0.2, "send_bwd": 0.03},
+             {"send_fwd": 0.0, "send_bwd": 0.5}]
     # link 0 carries rank 0's forward and rank 1's backward sends; link 1 rank 1's forward and rank 2's backward
     assert link_send_seconds(ranks) == pytest.approx([0.13, 0.7, 0.0])
     assert link_send_seconds([{"compute": 1.0}]) is None and link_send_seconds(None) is None
