@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..monitor.detector import COMPUTE, SLOWDOWN, Detection, SlowdownDetector
+from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming, link_send_seconds
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
@@ -218,7 +218,8 @@ class FailoverController:
         device = self.stage.devices[detection.rank]
         self.log_event(event, **fields, device=device, step=timing.step)
         what = "slower" if detection.event == SLOWDOWN else "back to normal"
-        self.say(f"failover: rank {detection.rank} (device {device}) {detection.kind} {detection.ratio:.1f}x its "
+        what_part = "link (its own sends)" if detection.kind == COMM else detection.kind
+        self.say(f"failover: rank {detection.rank} (device {device}) {what_part} {detection.ratio:.1f}x its "
                  f"baseline since step {detection.onset_step}: {what}, seen at step {timing.step} "
                  f"({detection.latency_steps} steps, {detection.latency_s:.1f} s after the onset)")
 
@@ -228,7 +229,9 @@ class FailoverController:
         return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
 
     def betas(self) -> dict[int, float]:
-        known = self.estimator.betas() if self.estimator.ready else {}
+        # Betas stand on their own reference: a link's healthy level is known after 15 measured steps,
+        # before the compute reference (30), and a slow link must be priced as soon as it is blamed.
+        known = self.estimator.betas() if self.estimator.reference(COMM) is not None else {}
         return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
 
     def _options(self, bad_device: int | None, measured_step_s: float | None = None):
@@ -247,7 +250,7 @@ class FailoverController:
     def _estimated_factor(self) -> float | None:
         """The estimator's alpha (compute) or beta (comm) of the device the detector blames most."""
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
-        if not active or not self.estimator.ready:
+        if not active or self.estimator.reference(active[0].kind) is None:
             return None
         device = self.stage.devices[active[0].rank]
         return (self.alphas() if active[0].kind == COMPUTE else self.betas())[device]

@@ -10,7 +10,7 @@ import pytest
 
 from synapse.failover.controller import FailoverController
 from synapse.planner.placement import Placement
-from synapse.planner.stage_planner import StagePlanner
+from synapse.planner.stage_planner import DeviceFacts, StagePlanner
 from synapse.monitor.detector import DetectorConfig, SlowdownDetector
 from synapse.planner.cost_model import StepSpec
 from synapse.planner.eta import OptionKind, RestartCost, RestartCostModel
@@ -255,3 +255,54 @@ def test_the_policy_is_told_the_estimators_factor_of_the_blamed_device(planner):
     assert [d.rank for d in controller.detector.active] == [2]
     decision = controller.decide(timings.step, TOTAL)
     assert decision.inputs["estimated_factor"] == pytest.approx(2.0, rel=0.2)
+
+
+def _boundary_kb(profile, counts, stage: int) -> float:
+    """Output activation (KB) of the last block of ``stage`` (what crosses the cut after it)."""
+    return float(profile.column("output_activation_size_kb")[sum(counts[:stage + 1]) - 1])
+
+
+def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_smaller_cuts():
+    # A planner whose links are priced (1 GB/s); rank 1's sends move at 20 MB/s from step 45 on.
+    # Records carry each rank's own forward and backward send seconds, as the pipeline writes them.
+    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9)
+    planner = StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"),
+                           load_profile_csv(SHARED / "snet_resnet152.csv"), StepSpec(4), facts)
+    events: list[dict] = []
+    controller = make_controller(planner, "replan", events)
+    stage = start(controller)
+    timings, slow_bytes_per_s, kb = Timings(planner, seed=3), 20e6, 1024.0
+
+    def sends(step: int) -> list[dict]:
+        slow = step >= 45
+        parts = []
+        for r in range(3):
+            fwd = (_boundary_kb(planner.teacher, stage.teacher_counts, r)
+                   + _boundary_kb(planner.student, stage.student_counts, r)) * kb if r < 2 else 0.0
+            bwd = _boundary_kb(planner.student, stage.student_counts, r - 1) * kb if r > 0 else 0.0
+            extra = (4 * (fwd + bwd) / slow_bytes_per_s) if slow and r == 1 else 0.0
+            parts.append({"send_fwd": 3e-4 * timings.rng.uniform(0.8, 1.2) + extra * fwd / max(fwd + bwd, 1.0),
+                          "send_bwd": 3e-4 * timings.rng.uniform(0.8, 1.2) + extra * bwd / max(fwd + bwd, 1.0)})
+        return parts
+
+    decision = None
+    for _ in range(80):
+        record = timings.record(stage, {})
+        ranks = sends(record["step"])
+        send = [p["send_fwd"] + p["send_bwd"] for p in ranks]
+        record.update(ranks=ranks, send_s=send, step_seconds=record["step_seconds"] + send[1],
+                      comm_s=[c + send[1] for c in record["comm_s"]])  # every rank waits for rank 1
+        decision = controller.observe(record)
+        if decision is not None:
+            break
+    detected = [e for e in events if e["event"] == "slowdown_detected"]
+    assert [(e["rank"], e["kind"]) for e in detected] == [(1, "comm")] and detected[0]["step"] - 45 <= 10
+    assert decision is not None and decision.action is REPLAN
+    assert controller.betas()[1] > 5.0 and all(a == pytest.approx(1.0, abs=0.1) for a in controller.alphas().values())
+    new = decision.chosen
+
+    def link1_kb(teacher, student):
+        return _boundary_kb(planner.teacher, teacher, 1) + 2 * _boundary_kb(planner.student, student, 1)
+
+    assert (new.teacher_counts, new.student_counts) != (stage.teacher_counts, stage.student_counts)
+    assert link1_kb(new.teacher_counts, new.student_counts) < link1_kb(stage.teacher_counts, stage.student_counts)
