@@ -263,18 +263,21 @@ def _boundary_kb(profile, counts, stage: int) -> float:
 
 
 def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_smaller_cuts():
-    # A planner whose links are priced (1 GB/s); rank 1's sends move at 20 MB/s from step 45 on.
+    # A planner whose links are priced (1 GB/s); rank 1's sends move at 20 MB/s from step 30 on.
     # Records carry each rank's own forward and backward send seconds, as the pipeline writes them.
     facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9)
     planner = StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"),
                            load_profile_csv(SHARED / "snet_resnet152.csv"), StepSpec(4), facts)
     events: list[dict] = []
     controller = make_controller(planner, "replan", events)
+    # The default detector (baseline window 15): it blames the link at step ~36, before the estimator's
+    # compute reference exists (step 40); the link's beta must already be priced then.
+    controller.detector = SlowdownDetector()
     stage = start(controller)
     timings, slow_bytes_per_s, kb = Timings(planner, seed=3), 20e6, 1024.0
 
     def sends(step: int) -> list[dict]:
-        slow = step >= 45
+        slow = step >= 30
         parts = []
         for r in range(3):
             fwd = (_boundary_kb(planner.teacher, stage.teacher_counts, r)
@@ -296,7 +299,7 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
         if decision is not None:
             break
     detected = [e for e in events if e["event"] == "slowdown_detected"]
-    assert [(e["rank"], e["kind"]) for e in detected] == [(1, "comm")] and detected[0]["step"] - 45 <= 10
+    assert [(e["rank"], e["kind"]) for e in detected] == [(1, "comm")] and detected[0]["step"] - 30 <= 10
     assert decision is not None and decision.action is REPLAN
     assert controller.betas()[1] > 5.0 and all(a == pytest.approx(1.0, abs=0.1) for a in controller.alphas().values())
     new = decision.chosen
