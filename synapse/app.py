@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, num_stages, resolve_devices, uses_pipeline, validate
+from .config import ConfigError, num_stages, run_topology, uses_pipeline, validate
 from .data import data_kwargs, dataset_info
 from .engine.device import build_compute_setup
 from .engine.evaluate import evaluate
@@ -23,6 +23,7 @@ from .engine.teacher import prepare_teacher, teacher_weights, train_label_model
 from .engine.trainer import build_trainer, resolve_resume
 from .failover.progress import supervised_console
 from .failover.report import print_failover_story
+from .failover.multinode import NodeDecider, run_across_nodes
 from .failover.run import run_with_failover
 from .launch.elastic import launch_pipeline
 from .launch.planning import (auto_partition, build_stage_planner, choose_microbatches_for, compare_plan_with_run,
@@ -71,7 +72,8 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
            overrides: list[str] | None = None) -> dict[str, Any]:
     if uses_pipeline(cfg.trainer):
         summary = run_pipeline(cfg, run_dir, log, overrides)
-        write_run_report(cfg, run_dir, log)
+        if cfg.trainer.node_rank == 0:  # one report per run, by node 0
+            write_run_report(cfg, run_dir, log)
         return summary
     if cfg.pipeline.microbatches == "auto":  # one device: no bubble to shrink, the whole batch at once
         cfg.pipeline.microbatches = 1
@@ -95,13 +97,21 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
 
 def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
                  overrides: list[str] | None = None) -> dict[str, Any]:
-    """Pipelined KD over K devices: plan the partition here, then launch the K workers."""
+    """Pipelined KD over K devices: plan the partition here, then launch the K workers. Across nodes
+    with failover, node 0 does this as the decider and every other node runs an agent."""
+    if cfg.failover.enabled and cfg.trainer.nodes > 1:
+        return run_across_nodes(cfg, run_dir, log, lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
+    return _plan_and_run(cfg, run_dir, log, overrides)
+
+
+def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None = None,
+                  nodes: NodeDecider | None = None) -> dict[str, Any]:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
     devices = stage_devices(cfg)
     if cfg.pipeline.microbatches == "auto":  # chosen with the cuts, then fixed for the whole run
         cfg.pipeline.microbatches = choose_microbatches_for(cfg, info, devices, run_dir, log)
-    failover = cfg.failover.enabled and cfg.trainer.nodes == 1
+    failover = cfg.failover.enabled
     # The run's one planner: it makes the first plan and prices every re-plan (measuring or
     # reading the block profiles once); a manual partition without failover needs none.
     planner = build_stage_planner(cfg, info, log) if cfg.partition.mode == "auto" or failover else None
@@ -119,9 +129,10 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         f"{cfg.pipeline.microbatches} micro-batches")
     resume = str(resume) if resume else None
     if failover:
-        summary = run_with_failover(cfg, run_dir, planner, partition, str(weights), resume, overrides, log)
+        summary = run_with_failover(cfg, run_dir, planner, partition, str(weights), resume, overrides, log,
+                                    launch=nodes or launch_pipeline)
         print_failover_story(summary.get("experiment", {}), run_dir, log)
-    else:  # multi-node runs restart by hand: every node's supervisor would have to agree on each stage
+    else:  # failover.enabled=false: a worker failure ends the run
         with supervised_console(run_dir, log, cfg.trainer.progress):
             summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), resume, log=log)
     comparison = compare_plan_with_run(run_dir)
@@ -138,8 +149,7 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
 
 def stage_devices(cfg: DictConfig) -> list[int]:
     """The device of each pipeline stage: every node runs its configured devices in order."""
-    local = resolve_devices(cfg.trainer)
-    return [local[stage % len(local)] for stage in range(num_stages(cfg.trainer))]
+    return run_topology(cfg.trainer).devices  # run-wide ids across nodes (synapse/planner/topology.py)
 
 
 def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> None:

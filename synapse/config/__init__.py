@@ -6,7 +6,7 @@ cannot express (a temperature <= 0, a model name we do not know, a GPU id that d
 and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
 Only the entry point sees the whole tree; each component receives its own slice.
 """
-from .devices import num_stages, resolve_accelerator, resolve_devices, uses_pipeline
+from .devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
 from .errors import ConfigError
 from .schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
                      InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_POLICIES, OPTIMIZERS,
@@ -21,5 +21,5 @@ __all__ = ["ACCELERATORS", "CheckpointConfig", "DataConfig", "ExperimentConfig",
            "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS", "PartitionConfig",
            "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig", "SynapseConfig",
            "TeacherConfig", "TrainerConfig", "ConfigError", "default_cache_dir", "num_stages",
-           "register_configs", "resolve_accelerator", "resolve_devices", "to_container", "uses_pipeline",
+           "register_configs", "resolve_accelerator", "resolve_devices", "run_topology", "to_container", "uses_pipeline",
            "validate"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig
 
+from ..planner.topology import NodeTopology
 from .errors import fail
 
 
@@ -18,6 +19,8 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
     """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
     accelerator = resolve_accelerator(trainer)
     devices = trainer.devices
+    if trainer.get("node_devices"):  # a failover stage across nodes: this node's own devices
+        devices = trainer.node_devices[trainer.node_rank]
     if isinstance(devices, (list, tuple, ListConfig)):
         ids = [int(d) for d in devices]
     elif isinstance(devices, int) and not isinstance(devices, bool):
@@ -39,7 +42,14 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
 
 def num_stages(trainer: DictConfig) -> int:
     """K: pipeline stages = processes in the run (devices per node times nodes)."""
+    if trainer.get("node_devices"):
+        return sum(len(devices) for devices in trainer.node_devices)
     return len(resolve_devices(trainer)) * trainer.nodes
+
+
+def run_topology(trainer: DictConfig) -> NodeTopology:
+    """The run's nodes and their devices (run-wide device ids: ``synapse.planner.topology``)."""
+    return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)))
 
 
 def uses_pipeline(trainer: DictConfig) -> bool:

@@ -112,6 +112,9 @@ class TrainerConfig:
     strategy: str = "auto"
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
+    # The devices of each node when they differ (a failover stage after a device or node was dropped,
+    # composed by the supervisor); None: trainer.devices on every node.
+    node_devices: Optional[list[list[int]]] = None
     rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
     rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
     collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
@@ -159,6 +162,9 @@ class PartitionConfig:
     # link bandwidth between neighbours (None: communication not modelled), profiling effort.
     alphas: Optional[list[float]] = None
     link_bandwidth_gbps: Optional[float] = None
+    # trainer.nodes > 1: the link between nodes, priced on every stage boundary that crosses nodes
+    # (None: as fast as link_bandwidth_gbps); e.g. 12.5 for 100 Gb/s Ethernet or InfiniBand EDR.
+    node_link_bandwidth_gbps: Optional[float] = None
     profile_warmup: int = 3
     profile_repeats: int = 10
 
@@ -264,6 +270,8 @@ class FailoverConfig:
     estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
     # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}]
     drills: list[DrillConfig] = field(default_factory=list)
+    # trainer.nodes > 1: a node whose agent has not beaten for this long is lost (its devices dropped)
+    node_timeout_s: float = 10.0
 
 
 @dataclass

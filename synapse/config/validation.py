@@ -255,6 +255,10 @@ def _validate_trainer(trainer: DictConfig) -> None:
     if not 0 <= trainer.node_rank < trainer.nodes:
         fail("trainer.node_rank", f"must be in 0..{trainer.nodes - 1} for trainer.nodes={trainer.nodes}, got "
               f"{trainer.node_rank}", "number the nodes 0..nodes-1 (node 0 hosts the rendezvous), or raise trainer.nodes")
+    if trainer.node_devices is not None and (len(trainer.node_devices) != trainer.nodes
+                                             or not all(len(d) for d in trainer.node_devices)):
+        fail("trainer.node_devices", f"{trainer.node_devices} must list the devices of each of trainer.nodes="
+              f"{trainer.nodes} nodes, none empty", "leave it unset (null): the supervisor sets it for failover stages")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
     if trainer.strategy == "single" and num_stages(trainer) > 1:
@@ -326,6 +330,8 @@ def _validate_partition(cfg: DictConfig) -> None:
     k = num_stages(cfg.trainer)
     positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
     positive("partition.profile_repeats", part.profile_repeats)
+    if part.node_link_bandwidth_gbps is not None:
+        positive("partition.node_link_bandwidth_gbps", part.node_link_bandwidth_gbps)
     if part.link_bandwidth_gbps is not None:
         positive("partition.link_bandwidth_gbps", part.link_bandwidth_gbps)
     if part.alphas is not None:
@@ -378,6 +384,10 @@ def _validate_failover(cfg: DictConfig) -> None:
     failover = cfg.failover
     positive("failover.max_restarts", failover.max_restarts, allow_zero=True)
     positive("failover.decide_every", failover.decide_every)
+    positive("failover.node_timeout_s", failover.node_timeout_s)
+    if cfg.trainer.nodes > 1 and list(cfg.trainer.spare_devices):
+        fail("trainer.spare_devices", f"spares are not supported across nodes yet (trainer.nodes={cfg.trainer.nodes})",
+             "leave trainer.spare_devices empty: a failed device's node-mates take over its blocks (DEGRADE)")
     choice("failover.replan_mode", failover.replan_mode, REPLAN_MODES)
     for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
                                  ("failover.estimator", EstimatorConfig, EstimatorConfigError)):

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming, link_send_seconds
@@ -234,13 +234,13 @@ class FailoverController:
         known = self.estimator.betas() if self.estimator.reference(COMM) is not None else {}
         return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
 
-    def _options(self, bad_device: int | None, measured_step_s: float | None = None):
+    def _options(self, bad_device: int | None, measured_step_s: float | None = None, lost: Sequence[int] = ()):
         stage, alphas, betas = self.stage, self.alphas(), self.betas()
         predicted = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts,
                                          alphas, betas).step_time_s
         current = RunningPartition(stage, measured_step_s or predicted, predicted)
         return build_options(current, alphas, betas, bad_device, self.planner.plan,
-                             self.restart_costs.costs_by_kind(), self.spare_devices)
+                             self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 
     def _slowest_device(self) -> int | None:
         """The device of the strongest active slowdown (compute first: it is the device's own)."""
@@ -282,14 +282,16 @@ class FailoverController:
                             step=step, remaining_steps=max(0, total_steps - step), inputs={"policy": "drill"})
         return self._record(decision, step)
 
-    def on_hard_failure(self, failed_device: int, step: int, total_steps: int, cause: str) -> Decision:
+    def on_hard_failure(self, failed_device: int, step: int, total_steps: int, cause: str,
+                        lost_with_it: Sequence[int] = ()) -> Decision:
         """A device died: the policy picks among the options that avoid it (DEGRADE/REPLACE).
+        ``lost_with_it``: devices that went with it (its node was lost), dropped by DEGRADE too.
 
         If the policy itself fails (anything but "no option avoids the device", which the
         supervisor reports), the error is logged and the baseline rule decides: DEGRADE to the
         survivors, REPLACE if DEGRADE is impossible. The run resumes either way."""
         measured = self.measured_step_s if self._recent else None
-        options = self._options(failed_device, measured)
+        options = self._options(failed_device, measured, lost_with_it)
         ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
                               hard_failure=True, failed_device=failed_device)
         try:
@@ -299,7 +301,7 @@ class FailoverController:
         except Exception as error:  # noqa: BLE001
             self._report_error("on_hard_failure", error, step=step, failed_device=failed_device)
             decision = FALLBACK_POLICY.decide(ctx)
-        return self._record(decision, step, cause=cause)
+        return self._record(decision, step, cause=cause, **({"lost_devices": list(lost_with_it)} if lost_with_it else {}))
 
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),

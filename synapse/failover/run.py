@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from ..config import resolve_accelerator, resolve_devices
+from ..launch.elastic import launch_pipeline
 from ..monitor.detector import DetectorConfig, SlowdownDetector
 from ..monitor.events import EventLog, events_path
 from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
@@ -18,9 +19,9 @@ from ..planner.stage_planner import StagePlanner
 from ..trackers import open_tracker
 from ..planner.policy import make_policy
 from .controller import FailoverController
-from .stages import StageSpec, read_stages
+from .stages import StageSpec, read_stages, user_overrides
 from .summary import SUMMARY_FILE
-from .supervisor import STATE_FILE, Supervisor, first_stage, user_overrides
+from .supervisor import STATE_FILE, Supervisor, first_stage
 
 # Measured restart and live re-plan costs, shipped with the package (experiments/bench_restart_cost.py and
 # bench_live_replan.py write them here); a run's own restarts correct them.
@@ -73,11 +74,13 @@ def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path,
 
 def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, partition: Placement,
                       teacher_weights: str, resume: str | None, overrides: Sequence[str] | None,
-                      log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan)."""
+                      log: Callable[[str], None] = print, launch: Callable[..., dict] = launch_pipeline
+                      ) -> dict[str, Any]:
+    """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan);
+    ``launch`` runs one stage (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     controller = build_controller(cfg, planner, run_dir, log)
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
-                            tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"))
+                            tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"), launch=launch)
     history = read_stages(run_dir) if cfg.resume is not None else []
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0
     if not history:  # a fresh run, or one resumed by path into a new directory: its record starts at `start`

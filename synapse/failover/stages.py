@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -175,3 +177,29 @@ def read_stage_overrides(run_dir: Path, index: int) -> list[str]:
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise StageError(f"{path} must hold a list of override strings")
     return overrides
+
+
+def pin_checkpoint(source: Path, target: Path) -> Path:
+    """Keep the checkpoint a stage resumes from, whatever pruning does later: hard links (free),
+    or a copy where links are impossible. The stage's config points at the pinned copy."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for file in Path(source).iterdir():
+        try:
+            os.link(file, target / file.name)
+        except OSError:
+            shutil.copy2(file, target / file.name)
+    return target
+
+
+def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
+    """The command-line overrides of this run: given, or Hydra's (inside ``@hydra.main``); None if unknown."""
+    if explicit is not None:
+        return list(explicit)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not inside a Hydra run
+        return None

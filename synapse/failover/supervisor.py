@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
-from ..config import resolve_devices, validate
+from ..config import run_topology, validate
 from ..control import FileControlChannel, StopRequest
 from ..launch.elastic import WorkerFailure, launch_pipeline
 from ..launch.interrupt import InterruptToStop, RunInterrupted
@@ -39,8 +38,9 @@ from ..records import JsonlTail
 from ..trackers import NullTracker, Tracker
 from .controller import FailoverController
 from .faults import faults_for_stage
+from .multinode import stage_node_settings
 from .progress import supervised_console
-from .stages import StageSpec, compose_stage_config, merge_overrides, setting, write_stage
+from .stages import StageSpec, compose_stage_config, merge_overrides, pin_checkpoint, setting, write_stage
 from .summary import write_experiment_summary
 from .watch import StageWatcher
 
@@ -88,6 +88,7 @@ class Supervisor:
     earlier_restarts: list[dict[str, Any]] = field(default_factory=list)  # by an earlier supervisor of the run
 
     tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
+    launch: Callable[..., dict] = launch_pipeline  # across nodes: a failover.multinode.NodeDecider
     _event_tail: JsonlTail | None = None
     _events_seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -187,7 +188,7 @@ class Supervisor:
         watcher.start()
         summary, failure = None, None
         try:
-            summary = launch_pipeline(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
+            summary = self.launch(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
                                       attempt=str(spec.index), log=self.log, stage=spec.index)
         except WorkerFailure as exc:
             self._show_failed_rank(spec, exc)
@@ -300,10 +301,10 @@ class Supervisor:
                            total: int) -> tuple[Decision, float]:
         if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
             raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}")
-        device = spec.devices[failure.rank]
+        device, lost = spec.devices[failure.rank], [spec.devices[r] for r in failure.lost_ranks if r != failure.rank]
         self.log(f"failover: device {device} (rank {failure.rank}) failed: {failure.cause}")
         try:
-            decision = self.controller.on_hard_failure(device, spec.end_step, total, failure.cause)
+            decision = self.controller.on_hard_failure(device, spec.end_step, total, failure.cause, lost_with_it=lost)
         except NoViableOptionError as exc:
             raise FailoverError(f"device {device} failed and no device is left to continue on ({exc}); "
                                 f"everything finished is saved in {self.run_dir / 'checkpoints'}. Fix: add "
@@ -344,10 +345,12 @@ class Supervisor:
             return settings
         faults = OmegaConf.to_container(self.cfg.injection.faults, resolve=True)
         fired = fired_fault_indices(self.worker_events())
-        return {**settings, "trainer.devices": spec.devices, "trainer.strategy": "pipeline",
+        topology = run_topology(self.cfg.trainer)  # run-wide device ids across nodes (planner/topology.py)
+        return {**settings, **stage_node_settings(topology, spec.devices, self.cfg.trainer.rdzv_endpoint),
+                "trainer.strategy": "pipeline",
                 "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
                 "partition.student": spec.student_counts, "partition.alphas": None,
-                "injection.faults": faults_for_stage(faults, resolve_devices(self.cfg.trainer), spec.devices, fired),
+                "injection.faults": faults_for_stage(faults, topology.devices, spec.devices, fired),
                 # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
                 "trainer.spare_devices": [d for d in self.cfg.trainer.spare_devices if d not in spec.devices],
                 "resume": spec.resume}
@@ -421,31 +424,5 @@ class Supervisor:
         os.replace(tmp, path)
 
 
-def pin_checkpoint(source: Path, target: Path) -> Path:
-    """Keep the checkpoint a stage resumes from, whatever pruning does later: hard links (free),
-    or a copy where links are impossible. The stage's config points at the pinned copy."""
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    for file in Path(source).iterdir():
-        try:
-            os.link(file, target / file.name)
-        except OSError:
-            shutil.copy2(file, target / file.name)
-    return target
-
-
 def first_stage(placement: Placement, resume: str | None) -> StageSpec:
     return StageSpec(0, placement, reason="start", resume=resume)
-
-
-def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
-    """The command-line overrides of this run: given, or Hydra's (inside ``@hydra.main``); None if unknown."""
-    if explicit is not None:
-        return list(explicit)
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:  # not inside a Hydra run
-        return None

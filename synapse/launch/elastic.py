@@ -50,12 +50,14 @@ class WorkerFailure(RuntimeError):
 
     ``rank`` is the root-cause rank (None when unknown); ``device_failure`` says whether the
     failure is the device's or its process's (killed, hung, CUDA error, probe/XID) rather than
-    an error in the code, which no restart would fix.
+    an error in the code, which no restart would fix. ``lost_ranks``: every rank gone with it (a
+    node lost with all its ranks; empty: only ``rank``).
     """
 
-    def __init__(self, message: str, rank: int | None = None, cause: str = "error", device_failure: bool = False):
+    def __init__(self, message: str, rank: int | None = None, cause: str = "error", device_failure: bool = False,
+                 lost_ranks: tuple[int, ...] = ()):
         super().__init__(message)
-        self.rank, self.cause, self.device_failure = rank, cause, device_failure
+        self.rank, self.cause, self.device_failure, self.lost_ranks = rank, cause, device_failure, tuple(lost_ranks)
 
 
 class RendezvousSetupError(ValueError):
@@ -72,7 +74,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchConfig:
+def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False) -> LaunchConfig:
     trainer = cfg.trainer
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
@@ -85,8 +87,10 @@ def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0") -> LaunchC
         rdzv_configs={"timeout": trainer.rdzv_timeout_s, "join_timeout": trainer.rdzv_timeout_s,
                       # connecting to the store: torch's default is 60 s, whatever rdzv_timeout_s says
                       "read_timeout": trainer.rdzv_timeout_s,
-                      # Node 0 hosts the c10d store; on one machine the others must not try to.
-                      "is_host": trainer.node_rank == 0},
+                      # Node 0 hosts the c10d store; on one machine the others must not try to. A
+                      # multi-node failover run's store is hosted by its decider for the whole run.
+                      "is_host": trainer.node_rank == 0 and not store_hosted,
+                      "node_rank": trainer.node_rank},  # ranks follow the nodes (launch/rendezvous.py)
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
         # Under the supervisor, Ctrl-C and SIGTERM mean "checkpoint and stop" (launch/interrupt.py), not
         # torch's "abort the launch now".
@@ -110,10 +114,12 @@ def worker_logs_spec(log_dir: Path, shown_ranks) -> DefaultLogsSpecs:
 
 def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
                     resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
-                    stage: int = 0) -> dict[str, Any]:
-    """Run the pipeline to the end of this launch; return the summary of the last rank."""
+                    stage: int = 0, store_hosted: bool = False) -> dict[str, Any]:
+    """Run the pipeline to the end of this launch; return the summary of the last rank.
+    ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by a
+    multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
     for tries_left in reversed(range(PORT_ATTEMPTS)):
-        config = launch_config(cfg, run_dir, attempt)
+        config = launch_config(cfg, run_dir, attempt, store_hosted)
         try:
             return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, stage)
         except RendezvousError as exc:

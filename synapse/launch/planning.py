@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from ..config import resolve_accelerator, resolve_devices
+from ..config import resolve_accelerator, resolve_devices, run_topology
 from ..engine.device import default_threads
 from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
 from ..planner.microbatches import candidate_counts, choose_microbatches
@@ -62,11 +62,20 @@ GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
 def device_facts(cfg: DictConfig) -> DeviceFacts:
     """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
     gbps = cfg.partition.link_bandwidth_gbps
+    node_gbps = cfg.partition.get("node_link_bandwidth_gbps")
+    topology = run_topology(cfg.trainer)
     if resolve_accelerator(cfg.trainer) == "cuda":
-        return DeviceFacts("cuda:{}".format, _gpu_memory, gbps * 1e9 if gbps else math.inf)
+        bandwidth = gbps * 1e9 if gbps else math.inf
+        nodes = {"node_of": topology.node_of,
+                 "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
+        # Run-wide device ids (planner/topology.py): a device is named and sized by its node's local id.
+        return DeviceFacts(lambda d: f"cuda:{topology.local_id(d)}", lambda d: _gpu_memory(topology.local_id(d)),
+                           bandwidth, **nodes)
     bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
-    return DeviceFacts("cpu:{}".format, lambda device: math.inf, bandwidth, cpu_rank_contention(cfg.trainer),
-                       GLOO_LOOPBACK_LATENCY_S)
+    nodes = {"node_of": topology.node_of,
+             "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
+    return DeviceFacts(lambda d: f"cpu:{topology.local_id(d)}", lambda device: math.inf, bandwidth,
+                       cpu_rank_contention(cfg.trainer), GLOO_LOOPBACK_LATENCY_S, **nodes)
 
 
 def _gpu_memory(device: int) -> float:
@@ -114,10 +123,8 @@ def configured_alphas(cfg: DictConfig, num_stages: int) -> list[float]:
 
 def device_specs(cfg: DictConfig, num_stages: int) -> list[DeviceSpec]:
     """The planner's view of stages 0..K-1 at the configured alphas (what partition=auto plans on)."""
-    stages = list(range(num_stages))
-    if resolve_accelerator(cfg.trainer) == "cuda":
-        devices = resolve_devices(cfg.trainer)
-        stages = [devices[rank % len(devices)] for rank in stages]
+    devices = run_topology(cfg.trainer).devices  # run-wide ids, node 0's first
+    stages = devices if len(devices) == num_stages else list(range(num_stages))
     return device_facts(cfg).specs(stages, configured_alphas(cfg, num_stages))
 
 

@@ -13,6 +13,11 @@ ourselves (``master_listen_fd``):
   on every interface (its address is agent rank 0's host name, which only the other nodes
   resolve). README "Across machines" says what that exposes.
 
+Ranks follow the nodes: torch numbers the nodes of a rendezvous by host name and pid, so which
+node ran rank 0 was an accident; here node ``trainer.node_rank`` = n runs the ranks after those of
+nodes 0..n-1 (parameter ``node_rank``), which is what a placement across nodes assumes
+(``synapse.planner.topology``). Two nodes claiming one node_rank fail the rendezvous, named.
+
 Registered as the rendezvous backend ``synapse-c10d``; same parameters as torch's ``c10d``.
 """
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError, RendezvousInfo
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -67,6 +72,14 @@ class BoundRendezvousHandler(DynamicRendezvousHandler):
     """torch's dynamic rendezvous whose workers' bootstrap store listens on loopback for one node."""
 
     single_node: bool = False
+    node_rank: int | None = None  # trainer.node_rank of this node: its rank among the nodes
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        info = super().next_rendezvous()
+        if self.node_rank is None:
+            return info
+        rank = node_ordered_rank(info.store, info.rank, info.world_size, self.node_rank)
+        return RendezvousInfo(info.store, rank, info.world_size, info.bootstrap_store_info)
 
     def get_backend(self) -> str:
         return BACKEND  # torch's registry checks that the handler is the backend it asked for
@@ -93,7 +106,23 @@ def create_handler(params: RendezvousParameters) -> BoundRendezvousHandler:
         params.local_addr, RendezvousTimeout(*(_seconds(params, key) for key in ("join", "last_call", "close",
                                                                                    "heartbeat"))))
     handler.single_node = single_node
+    handler.node_rank = params.get_as_int("node_rank")
     return handler
+
+
+NODE_RANK_KEY = "synapse/node_rank/{}"
+
+
+def node_ordered_rank(store, rank: int, world_size: int, node_rank: int) -> int:
+    """This node's rank when the nodes are numbered by their ``trainer.node_rank`` (every node of the
+    round publishes its node_rank under torch's rank, then each reads all of them)."""
+    store.set(NODE_RANK_KEY.format(rank), str(node_rank))
+    claimed = [int(store.get(NODE_RANK_KEY.format(r))) for r in range(world_size)]
+    if sorted(claimed) != list(range(world_size)):
+        raise RendezvousError(f"the {world_size} nodes that met claim trainer.node_rank {sorted(claimed)}; each of "
+                              f"0..{world_size - 1} must be claimed once. Fix: give every node its own "
+                              f"trainer.node_rank (and the same trainer.nodes on every node)")
+    return node_rank
 
 
 def _seconds(params: RendezvousParameters, key: str) -> timedelta | None:

@@ -347,7 +347,7 @@ class Option:
 
 def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
                   bad_device: DeviceId | None, plan_fn: PlanFn, restart_costs: Mapping[OptionKind, float],
-                  spare_devices: Sequence[DeviceId] = ()) -> list[Option]:
+                  spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = ()) -> list[Option]:
     """All options open to the run now: KEEP, REPLAN, DEGRADE (K > 1), REPLACE (spares).
 
     ``alphas`` maps device id -> slowdown factor (1.0 = nominal); it must cover
@@ -355,7 +355,8 @@ def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], b
     ``betas`` is passed through to ``plan_fn`` untouched: its shape belongs to
     the partitioner. ``bad_device`` is the failed or slowest device (None: the
     device with the largest alpha). Re-planned step predictions are multiplied
-    by ``current.calibration`` (see module docstring).
+    by ``current.calibration`` (see module docstring). ``lost_devices``: devices gone with the bad
+    one (a node lost with all its devices): DEGRADE drops them too, and no REPLACE is offered.
     """
     running_alphas = {d: _alpha_of(alphas, d, required=True) for d in current.devices}
     bad = _resolve_bad_device(current.devices, running_alphas, bad_device)
@@ -364,10 +365,11 @@ def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], b
     candidates: list[tuple[OptionKind, tuple[DeviceId, ...], dict[str, Any]]] = [
         (OptionKind.REPLAN, current.devices, {})
     ]
-    if len(current.devices) > 1:
-        survivors = tuple(d for d in current.devices if d != bad)
-        candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad}))
-    if spares:
+    survivors = tuple(d for d in current.devices if d != bad and d not in lost_devices)
+    if survivors:
+        dropped = {"dropped_devices": [d for d in current.devices if d not in survivors]} if lost_devices else {}
+        candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, **dropped}))
+    if spares and not lost_devices:
         spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
         swapped = tuple(spare if d == bad else d for d in current.devices)
         candidates.append((OptionKind.REPLACE, swapped, {"replaced_device": bad, "spare_device": spare}))

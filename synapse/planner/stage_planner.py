@@ -27,8 +27,13 @@ class DeviceFacts:
     device_name: Callable[[int], str] = "cpu:{}".format
     memory_bytes: Callable[[int], float] = lambda device: math.inf
     link_bandwidth_bytes_per_s: float = math.inf
-    contention: float = 1.0
-    link_latency_s: float = 0.0  # per message (see cost_model.DeviceSpec)  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
+    contention: float = 1.0  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
+    link_latency_s: float = 0.0  # per message (see cost_model.DeviceSpec)
+    # Across nodes (planner/topology.py): which node a device is on, and the price of a stage
+    # boundary whose two sides are on different nodes (charged to the sending stage, like every link).
+    node_of: Callable[[int], int] = lambda device: 0
+    cross_node_bandwidth_bytes_per_s: float = math.inf
+    cross_node_latency_s: float = 0.0
 
     def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
               betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
@@ -39,9 +44,22 @@ class DeviceFacts:
             by_stage = [float(a) for a in alphas]
         betas = betas or {}
         return [DeviceSpec(self.device_name(d), alpha=alpha, beta=float(betas.get(d, 1.0)),
-                           memory_bytes=self.memory_bytes(d), link_bandwidth_bytes_per_s=self.link_bandwidth_bytes_per_s,
-                           contention=self.contention, link_latency_s=self.link_latency_s)
-                for d, alpha in zip(devices, by_stage)]
+                           memory_bytes=self.memory_bytes(d), contention=self.contention,
+                           **self._link_to_next(devices, stage))
+                for stage, (d, alpha) in enumerate(zip(devices, by_stage))]
+
+    def _link_to_next(self, devices: Sequence[int], stage: int) -> dict[str, float]:
+        """The link stage ``stage`` sends over: the node's own, or the slower one between nodes."""
+        crosses = stage + 1 < len(devices) and self.node_of(devices[stage]) != self.node_of(devices[stage + 1])
+        if crosses:
+            return {"link_bandwidth_bytes_per_s": min(self.link_bandwidth_bytes_per_s,
+                                                      self.cross_node_bandwidth_bytes_per_s),
+                    "link_latency_s": max(self.link_latency_s, self.cross_node_latency_s)}
+        return {"link_bandwidth_bytes_per_s": self.link_bandwidth_bytes_per_s, "link_latency_s": self.link_latency_s}
+
+    def node_boundaries(self, devices: Sequence[int]) -> list[int]:
+        """The stages whose link to the next stage crosses nodes."""
+        return [r for r in range(len(devices) - 1) if self.node_of(devices[r]) != self.node_of(devices[r + 1])]
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the plan cache is per planner

@@ -1,0 +1,148 @@
+"""The agent: what ``python train.py`` runs on every node but node 0 of a multi-node failover run.
+
+It owns no decision. It says hello to the decider (node 0), then follows its orders: launch
+this node's workers of stage n with the config the decider composed, tear them down, exit.
+It reports how each launch ended (the failed rank and cause, from this node's own elastic
+agent and health monitor) and beats, so the decider can tell a lost node from a slow one.
+
+If the decider is lost (its store stops answering), the agent tears its workers down and
+exits with the documented outcome: the newest checkpoint on the shared run directory holds
+everything finished; rerun the same command on the surviving nodes with ``resume=auto``.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import resolve_devices
+from ..launch.elastic import WorkerFailure, launch_pipeline, newest_checkpoint
+from ..monitor.heartbeat import read_heartbeats
+from ..monitor.liveness import kill_live_workers
+from .node_channel import (BEAT_S, ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello, NodeReport,
+                           NodeSetupError, StopOrder)
+
+
+class DeciderLost(RuntimeError):
+    """Node 0 stopped answering; the message says what is saved and how to continue."""
+
+
+def run_agent(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Serve the decider's orders until it says the run is over; return its last launch's summary."""
+    trainer = cfg.trainer
+    channel = NodeChannel.connect(trainer.rdzv_endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
+    node = int(trainer.node_rank)
+    channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid()))
+    welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s)
+    if welcome is None:
+        raise NodeSetupError(f"node_rank {node}: node 0 at {trainer.rdzv_endpoint} did not answer within "
+                             f"{2 * trainer.rdzv_timeout_s:g} s. Fix: start node 0 with the same trainer.rdzv_endpoint")
+    if welcome.error:
+        raise NodeSetupError(f"node_rank {node}: node 0 refused this node: {welcome.error}")
+    log(f"agent: node {node} joined the run at {trainer.rdzv_endpoint}; waiting for the decider's orders")
+    return Agent(channel, node, run_dir, log, trainer.rdzv_endpoint, trainer.rdzv_timeout_s).serve()
+
+
+class Agent:
+    def __init__(self, channel: NodeChannel, node: int, run_dir: Path, log: Callable[[str], None], endpoint: str,
+                 timeout_s: float):
+        self.channel, self.node, self.run_dir, self.log = channel, node, Path(run_dir), log
+        # the beating thread has its own connection: a main thread blocked in a launch never delays a beat
+        self._beats = NodeChannel.connect(endpoint, node, timeout_s)
+        self.decider_lost = threading.Event()
+        self.stop_stage: int | None = None  # a StopOrder for this stage arrived
+        self.launch: tuple[int, float] | None = None  # (stage, started) while workers run
+        self.orders_seen = 0
+
+    def serve(self) -> dict[str, Any]:
+        beating = threading.Thread(target=self._beat, name="synapse-agent-beat", daemon=True)
+        beating.start()
+        summary: dict[str, Any] = {}
+        while True:
+            order = self._next_order()
+            if isinstance(order, ExitOrder):
+                self.decider_lost.set()  # stops the beat thread; the decider is leaving
+                if order.error:
+                    raise RuntimeError(f"node {self.node}: the run ended on node 0 with an error: {order.error}")
+                self.log(f"agent: node {self.node}: the run is over")
+                return summary
+            if isinstance(order, LaunchOrder):
+                summary = self._run_launch(order) or summary
+
+    def _next_order(self):
+        while True:
+            order = self.channel.next_order(self.node, self.orders_seen, timeout_s=BEAT_S) \
+                if not self.decider_lost.is_set() else None
+            if order is None and self.decider_lost.is_set():
+                raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+            if order is None:
+                continue
+            self.orders_seen += 1
+            if not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
+                return order
+
+    def _run_launch(self, order: LaunchOrder) -> dict[str, Any] | None:
+        cfg = OmegaConf.create(order.cfg_yaml)
+        self.stop_stage, self.launch = None, (order.stage, time.time())
+        self.log(f"agent: node {self.node}: stage {order.stage} on local devices {list(resolve_devices(cfg.trainer))}")
+        report = NodeReport(self.node, order.stage, "finished")
+        try:
+            summary = launch_pipeline(cfg, self.run_dir, order.teacher_weights, order.partition, order.resume,
+                                      attempt=f"{order.stage}_node{self.node}", log=self.log, stage=order.stage,
+                                      store_hosted=order.store_hosted)
+            report = NodeReport(self.node, order.stage, "finished", summary=summary or {})
+        except WorkerFailure as exc:  # "stopped": torn down on the decider's order, a consequence
+            outcome = "stopped" if self.stop_stage == order.stage else "failed"
+            report = NodeReport(self.node, order.stage, outcome, rank=exc.rank, cause=exc.cause,
+                                message=str(exc)[:4000], device_failure=exc.device_failure)
+        except Exception as exc:  # noqa: BLE001  (the rendezvous or the launch itself failed: the decider decides)
+            report = NodeReport(self.node, order.stage, "error", cause=type(exc).__name__, message=str(exc)[:4000])
+        finally:
+            self.launch = None
+        if self.decider_lost.is_set():
+            raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+        self.channel.report(report)
+        return report.summary
+
+    def _beat(self) -> None:
+        """Beat, and watch for a StopOrder or a lost decider while the main thread runs a launch."""
+        while not self.decider_lost.is_set():
+            try:
+                self._beats.beat(self.node)
+                self._check_stop()
+            except (RuntimeError, OSError, NodeChannelError):  # the decider's store is gone
+                self.decider_lost.set()
+                self._tear_down("node 0 (the decider) stopped answering")
+                return
+            time.sleep(BEAT_S)
+
+    def _check_stop(self) -> None:
+        launch = self.launch
+        if launch is None:
+            return
+        seq = self.orders_seen
+        while (order := self._beats.next_order(self.node, seq, timeout_s=0)) is not None:
+            seq += 1
+            if isinstance(order, StopOrder) and order.stage == launch[0] and self.stop_stage != launch[0]:
+                self.stop_stage = launch[0]
+                self._tear_down(order.reason)
+
+    def _tear_down(self, reason: str) -> None:
+        launch = self.launch
+        if launch is not None:
+            self.log(f"agent: node {self.node}: tearing down stage {launch[0]}: {reason}")
+            kill_live_workers(read_heartbeats(self.run_dir), since=launch[1])
+
+
+def decider_lost_message(node: int, run_dir: Path) -> str:
+    saved = newest_checkpoint(run_dir)
+    at = f"the newest checkpoint is {saved}" if saved else "no checkpoint was written yet"
+    return (f"node {node}: node 0 (the decider) was lost, so this node's workers were stopped; {at} on the shared "
+            f"run directory, nothing finished is lost. Fix: rerun the same command on the surviving nodes with "
+            f"resume=auto (one of them as trainer.node_rank=0 with its address in trainer.rdzv_endpoint, and "
+            f"trainer.nodes set to how many are left)")

@@ -1,0 +1,79 @@
+"""Which node each device of a run is on: run-wide device ids for runs across nodes. Pure.
+
+On one node a device id is the device's own id (a CPU slot, a GPU id). Across nodes the same
+local id exists on every node, so the planner, the controller and the stage records use a
+*run-wide* id: ``node * stride + local id``, with ``stride = max(local ids) + 1``. Two nodes of
+``trainer.devices=2`` CPU slots are run-wide devices ``0, 1`` (node 0) and ``2, 3`` (node 1);
+two nodes of GPUs ``[0,1,2,3]`` are ``0..3`` and ``4..7``. A node's workers are the run's ranks
+in node order (node 0's first): ``synapse.launch.rendezvous`` orders the ranks by node_rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+class TopologyError(ValueError):
+    """A device id that belongs to no node of the run."""
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    nodes: int
+    local_devices: tuple[int, ...]  # the devices of every node (trainer.devices is the same on each)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not self.local_devices:
+            raise TopologyError(f"a topology needs >= 1 node and >= 1 device per node, got nodes={self.nodes}, "
+                                f"devices={list(self.local_devices)}")
+
+    @property
+    def stride(self) -> int:
+        return max(self.local_devices) + 1
+
+    @property
+    def devices(self) -> list[int]:
+        """Every device of the run, run-wide ids, node 0's first (the first stage's devices)."""
+        return [node * self.stride + d for node in range(self.nodes) for d in self.local_devices]
+
+    def node_of(self, device: int) -> int:
+        node, local = divmod(int(device), self.stride)
+        if not 0 <= node < self.nodes or local not in self.local_devices:
+            raise TopologyError(f"device {device} is on no node of this run (nodes={self.nodes}, devices per node "
+                                f"{list(self.local_devices)}, run-wide ids {self.devices})")
+        return node
+
+    def local_id(self, device: int) -> int:
+        self.node_of(device)
+        return int(device) % self.stride
+
+    def nodes_of(self, devices: Sequence[int]) -> list[int]:
+        """The nodes that run some of ``devices``, in pipeline order (node order when ranks are node-ordered)."""
+        seen: list[int] = []
+        for device in devices:
+            node = self.node_of(device)
+            if node not in seen:
+                seen.append(node)
+        return seen
+
+    def local_devices_of(self, node: int, devices: Sequence[int]) -> list[int]:
+        """The local ids of ``node``'s devices among ``devices``, in pipeline order."""
+        return [self.local_id(d) for d in devices if self.node_of(d) == node]
+
+    def check_node_ordered(self, devices: Sequence[int]) -> None:
+        """The ranks of a launch are node-ordered, so a placement must list each node's devices together,
+        nodes ascending: otherwise rank r would not run on devices[r]."""
+        nodes = [self.node_of(d) for d in devices]
+        if nodes != sorted(nodes):
+            raise TopologyError(f"devices {list(devices)} are not grouped by node in ascending order (nodes {nodes}); "
+                                f"a multi-node launch numbers node 0's ranks first")
+
+    def crosses_node(self, a: int, b: int) -> bool:
+        return self.node_of(a) != self.node_of(b)
+
+    def devices_on(self, node: int) -> list[int]:
+        return [node * self.stride + d for d in self.local_devices]
+
+
+def single_node(devices: Sequence[int]) -> NodeTopology:
+    return NodeTopology(1, tuple(int(d) for d in devices))

@@ -1,0 +1,122 @@
+"""Failover across nodes: two launchers on one machine act as 2 nodes x 2 CPU ranks.
+
+Node 0's train.py is the decider (controller, stage history, composed stage configs) and node
+1's is an agent that starts and stops its workers on the decider's orders over the run's store.
+A rank killed on node 1 and a lost node 1 both end in a DEGRADE whose run learns exactly what
+one device learns; bad multi-node input fails fast with a message naming the fix.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse.app import run
+from synapse.config import ConfigError, validate
+from synapse.failover.stages import read_stages
+from synapse.launch.elastic import free_port
+from synapse.monitor.events import read_events
+from synapse.records import read_jsonl
+
+from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 8
+
+
+def start_nodes(run_dir: Path, teacher_file: Path, *extra: str, nodes=(0, 1), node_args=None) -> list[subprocess.Popen]:
+    """``python train.py`` once per node, each in a session of its own (so a node can be killed whole)."""
+    port = free_port()
+    common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={run_dir.parent}/cache",
+              f"run_dir={run_dir}", f"trainer.max_steps={STEPS}", "trainer.devices=2", "trainer.nodes=2",
+              f"trainer.rdzv_endpoint=127.0.0.1:{port}", "report=false", "logger=none", *extra]
+    return [subprocess.Popen([sys.executable, "train.py", *common, f"trainer.node_rank={rank}",
+                              *(node_args or {}).get(rank, [])],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+            for rank in nodes]
+
+
+def finish(nodes: list[subprocess.Popen], timeout: float = 300) -> list[str]:
+    return [node.communicate(timeout=timeout)[0] for node in nodes]
+
+
+def last_step(run_dir: Path) -> int:
+    records = read_jsonl(run_dir / "performance.jsonl") if (run_dir / "performance.jsonl").is_file() else []
+    return max((r["step"] for r in records), default=0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, teacher_file):
+    """The single-device trainer on the same data, steps and micro-batches."""
+    run_dir = tmp_path_factory.mktemp("single_device")
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1",
+                                 f"trainer.max_steps={STEPS}"]), log=lambda m: None)
+    return final_student_state(run_dir)
+
+
+def test_a_rank_killed_on_node_1_degrades_across_both_nodes_and_learns_exactly(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    nodes = start_nodes(run_dir, teacher_file, "checkpoint.every=2",
+                        "injection.faults=[{kind:kill,rank:2,step:4,phase:backward}]")
+    outputs = finish(nodes)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-3000:]
+    stages = read_stages(run_dir)
+    assert [(s.reason, s.outcome) for s in stages] == [("start", "failed"), ("degrade", "finished")]
+    assert stages[0].devices == [0, 1, 2, 3] and stages[1].devices == [0, 1, 3], \
+        "run-wide device 2 (node 1's first) leaves; node 1's other device stays, so the stage spans both nodes"
+    assert stages[1].end_step == STEPS
+    assert_identical_states(final_student_state(run_dir), reference)
+    assert "stage 1 on local devices [1]" in outputs[1], "node 1's agent ran its surviving device"
+
+
+def test_a_lost_node_1_degrades_to_node_0_and_learns_exactly(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    node0, node1 = start_nodes(run_dir, teacher_file, "checkpoint.every=2", "failover.node_timeout_s=3")
+    deadline = time.monotonic() + 240
+    while last_step(run_dir) < 2:
+        assert time.monotonic() < deadline and node0.poll() is None, "the run never reached step 2"
+        time.sleep(0.02)
+    os.killpg(node1.pid, signal.SIGKILL)  # node 1 is gone: its agent, fork server and workers
+    output = finish([node0])[0]
+    node1.communicate()
+    assert node0.returncode == 0, output[-3000:]
+    stages = read_stages(run_dir)
+    assert [s.outcome for s in stages] == ["failed", "finished"]
+    assert stages[1].devices == [0, 1], "every device of the lost node leaves with it"
+    assert_identical_states(final_student_state(run_dir), reference)
+    [lost] = read_events(run_dir / "failover_events.jsonl", "node_lost")
+    assert lost["node"] == 1 and lost["hard"]
+    [decision] = [e for e in read_events(run_dir / "failover_events.jsonl", "decision") if e["action"] == "degrade"]
+    assert decision["lost_devices"] == [3] and decision["cause"] == "node_lost"
+
+
+def test_an_unreachable_decider_fails_a_node_within_its_timeout(tmp_path, teacher_file):
+    started = time.monotonic()
+    [node1] = start_nodes(tmp_path / "run", teacher_file, "trainer.rdzv_timeout_s=3", nodes=(1,))
+    output = finish([node1], timeout=120)[0]
+    assert node1.returncode != 0
+    assert "could not reach node 0" in output and "trainer.rdzv_timeout_s=3" in output, output[-2000:]
+    assert time.monotonic() - started < 90, "bounded by the timeout (plus interpreter start-up), no hang"
+
+
+def test_mismatched_node_counts_stop_both_nodes_with_the_fix(tmp_path, teacher_file):
+    nodes = start_nodes(tmp_path / "run", teacher_file, "trainer.rdzv_timeout_s=20",
+                        node_args={1: ["trainer.nodes=3"]})
+    outputs = finish(nodes, timeout=150)
+    assert all(node.returncode != 0 for node in nodes)
+    for output in outputs:
+        assert "trainer.nodes=3" in output and "same trainer.nodes on every node" in output, output[-2000:]
+
+
+def test_a_node_rank_out_of_range_is_refused_before_anything_starts(tmp_path):
+    cfg = compose_config(tmp_path, ["trainer.nodes=2", "trainer.node_rank=2", "trainer.rdzv_endpoint=10.0.0.1:29500"])
+    with pytest.raises(ConfigError, match="trainer.node_rank"):
+        validate(cfg)
