@@ -100,10 +100,11 @@ class NodeDecider:
             raise NodeSetupError("; ".join(f"node_rank {n}: {p}" for n, p in sorted(problems.items())))
         missing = sorted(expected - set(hellos))
         if missing:
-            raise NodeSetupError(f"node(s) {missing} did not join at trainer.rdzv_endpoint={self.endpoint} within "
-                                 f"trainer.rdzv_timeout_s={self.timeout_s:g} s (trainer.nodes={self.topology.nodes}). "
-                                 f"Fix: start python train.py on every node with the same trainer.rdzv_endpoint and "
-                                 f"trainer.nodes, and trainer.node_rank=1..{self.topology.nodes - 1}")
+            raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after trainer.rdzv_timeout_s="
+                                 f"{self.timeout_s:g} s: trainer.nodes={self.topology.nodes} nodes were expected (this "
+                                 f"is node_rank 0) and node(s) {missing} did not join. Fix: start python train.py on "
+                                 f"every node with the same trainer.rdzv_endpoint and trainer.nodes (node_rank "
+                                 f"1..{self.topology.nodes - 1}), within the timeout, or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})")
 
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:

@@ -28,6 +28,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from ..config import ConfigError
+from ..launch.elastic import RendezvousSetupError
 from ..launch.rendezvous import rendezvous_bind_address, store_on
 
 PREFIX = "synapse/nodes"
@@ -39,7 +40,7 @@ class NodeChannelError(RuntimeError):
     """The channel cannot be used (a record Synapse did not write); the message names the fix."""
 
 
-class NodeSetupError(ConfigError):
+class NodeSetupError(RendezvousSetupError, ConfigError):
     """The nodes cannot meet: node 0 unreachable or not listening, a mismatched trainer.nodes or
     trainer.devices, a node_rank taken twice. Named with the fix, before any worker starts."""
 
@@ -138,10 +139,10 @@ class NodeChannel:
             store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         except (OSError, RuntimeError, TimeoutError) as exc:
             raise NodeSetupError(
-                f"node_rank {node_rank} could not reach node 0 at trainer.rdzv_endpoint={endpoint} within "
-                f"trainer.rdzv_timeout_s={timeout_s:g} s ({type(exc).__name__}: {str(exc)[:200]}). Fix: start node 0 "
-                f"first (it serves the run's store), use the same trainer.rdzv_endpoint on every node, check that "
-                f"the port is reachable from this machine, or raise trainer.rdzv_timeout_s") from exc
+                f"the rendezvous at {endpoint} failed for node_rank {node_rank}: node 0 could not be reached within "
+                f"trainer.rdzv_timeout_s={timeout_s:g} s ({type(exc).__name__}: {str(exc)[:200]}). Fix: start "
+                f"node_rank 0 first (it serves the run's store), use the same trainer.rdzv_endpoint on every node, "
+                f"check that {endpoint} is reachable from this machine, or raise trainer.rdzv_timeout_s") from exc
         return cls(store, endpoint)
 
     def _key(self, *parts: Any) -> str:
