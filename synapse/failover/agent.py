@@ -76,8 +76,12 @@ class Agent:
 
     def _next_order(self):
         while True:
-            order = self.channel.next_order(self.node, self.orders_seen, timeout_s=BEAT_S) \
-                if not self.decider_lost.is_set() else None
+            try:
+                order = self.channel.next_order(self.node, self.orders_seen, timeout_s=BEAT_S) \
+                    if not self.decider_lost.is_set() else None
+            except (RuntimeError, OSError):  # the store's server (the decider) is gone
+                self.decider_lost.set()
+                order = None
             if order is None and self.decider_lost.is_set():
                 raise DeciderLost(decider_lost_message(self.node, self.run_dir))
             if order is None:
@@ -104,9 +108,13 @@ class Agent:
             report = NodeReport(self.node, order.stage, "error", cause=type(exc).__name__, message=str(exc)[:4000])
         finally:
             self.launch = None
+        try:
+            if not self.decider_lost.is_set():
+                self.channel.report(report)
+        except (RuntimeError, OSError):  # the store's server (the decider) is gone
+            self.decider_lost.set()
         if self.decider_lost.is_set():
             raise DeciderLost(decider_lost_message(self.node, self.run_dir))
-        self.channel.report(report)
         return report.summary
 
     def _beat(self) -> None:

@@ -37,6 +37,8 @@ class NodeTopology:
         return [node * self.stride + d for node in range(self.nodes) for d in self.local_devices]
 
     def node_of(self, device: int) -> int:
+        if self.nodes == 1:  # any id is this node's (a spare device is not in trainer.devices)
+            return 0
         node, local = divmod(int(device), self.stride)
         if not 0 <= node < self.nodes or local not in self.local_devices:
             raise TopologyError(f"device {device} is on no node of this run (nodes={self.nodes}, devices per node "
@@ -44,6 +46,8 @@ class NodeTopology:
         return node
 
     def local_id(self, device: int) -> int:
+        if self.nodes == 1:
+            return int(device)
         self.node_of(device)
         return int(device) % self.stride
 

@@ -97,6 +97,107 @@ def test_node_1s_agent_killed_degrades_to_node_0_and_learns_exactly(tmp_path, te
     assert decision["lost_devices"] == [3] and decision["cause"] == "node_lost"
 
 
+@pytest.mark.slow
+def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exactly(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    node0, node1 = start_nodes(run_dir, teacher_file, "checkpoint.every=2")
+    deadline = time.monotonic() + 240
+    while last_step(run_dir) < 3:
+        assert time.monotonic() < deadline and node0.poll() is None, "the run never reached step 3"
+        time.sleep(0.02)
+    node0.send_signal(signal.SIGKILL)  # the decider's node: its supervisor, and with it its workers
+    started = time.monotonic()
+    output = finish([node1], timeout=120)[0]
+    node0.communicate()
+    assert node1.returncode != 0 and time.monotonic() - started < 60
+    assert "node 0 (the decider) was lost" in output and "resume=auto" in output, output[-3000:]
+    assert "the newest checkpoint is" in output and "checkpoints/step_" in output
+    # The documented way on: the survivor alone, as a one-node run, continues from the newest checkpoint.
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", f"trainer.max_steps={STEPS}",
+                                 "resume=auto", "report=false", "logger=none"]),
+        log=lambda m: None)
+    assert_identical_states(final_student_state(run_dir), reference)
+    assert read_stages(run_dir)[-1].devices == [0, 1] and read_stages(run_dir)[-1].outcome == "finished"
+
+
+def test_an_unreachable_decider_fails_a_node_within_its_timeout(tmp_path, teacher_file):
+    started = time.monotonic()
+    [node1] = start_nodes(tmp_path / "run", teacher_file, "trainer.rdzv_timeout_s=3", nodes=(1,))
+    output = finish([node1], timeout=120)[0]
+    assert node1.returncode != 0
+    assert "failed for node_rank 1: node 0 could not be reached within trainer.rdzv_timeout_s=3 s" in output, \
+        output[-2000:]
+    assert time.monotonic() - started < 90, "bounded by the timeout (plus interpreter start-up), no hang"
+
+
+def test_mismatched_node_counts_stop_both_nodes_with_the_fix(tmp_path, teacher_file):
+    nodes = start_nodes(tmp_path / "run", teacher_file, "trainer.rdzv_timeout_s=20",
+                        node_args={1: ["trainer.nodes=3"]})
+    outputs = finish(nodes, timeout=150)
+    assert all(node.returncode != 0 for node in nodes)
+    for output in outputs:
+        assert "trainer.nodes=3" in output and "same trainer.nodes on every node" in output, output[-2000:]
+
+
+def test_a_node_rank_out_of_range_is_refused_before_anything_starts(tmp_path):
+    cfg = compose_config(tmp_path, ["trainer.nodes=2", "trainer.node_rank=2", "trainer.rdzv_endpoint=10.0.0.1:29500"])
+    with pytest.raises(ConfigError, match="trainer.node_rank"):
+        validate(cfg)
+
+
+SLOW_STEPS = 40
+# Rank 2 (node 1's first device; the same rank on one node) computes 6x slower from step 4. A
+# quick detector and an eta policy that acts on any saving, as in test_failover's cascade.
+SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=3",
+            "failover.detector.window=3", "failover.detector.sustain=2", "failover.detector.threshold=1.5",
+            "policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0",
+            "injection.faults=[{kind:slow_compute,rank:2,start:4,factor:6.0}]"]
+
+
+def first_action(run_dir: Path) -> tuple:
+    """The controller's first action on the slowdown and where the run went on: (action, devices)."""
+    events = read_events(run_dir / "failover_events.jsonl")
+    assert any(e["event"] == "slowdown_detected" and e["device"] == 2 and e["kind"] == "compute" for e in events)
+    action = next((e["action"] for e in events if e["event"] == "decision" and e["action"] != "keep"), "keep")
+    return action, read_stages(run_dir)[-1].devices
+
+
+@pytest.mark.slow
+def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
+    two_nodes = tmp_path / "two_nodes"
+    nodes = start_nodes(two_nodes, teacher_file, *SLOWDOWN)
+    for node, output in zip(nodes, finish(nodes)):
+        assert node.returncode == 0, output[-3000:]
+    one_node = tmp_path / "one_node"
+    run(compose_config(one_node, [f"teacher.checkpoint={teacher_file}", "trainer.devices=4", "report=false",
+                                  "logger=none", *SLOWDOWN]), log=lambda m: None)
+    seen = first_action(two_nodes)
+    assert seen == first_action(one_node) and seen[0] != "keep", "a 6x slower device is acted on, on both"
+
+
+@pytest.mark.slow
+def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exactly(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    node0, node1 = start_nodes(run_dir, teacher_file, "checkpoint.every=2")
+    deadline = time.monotonic() + 240
+    while last_step(run_dir) < 3:
+        assert time.monotonic() < deadline and node0.poll() is None, "the run never reached step 3"
+        time.sleep(0.02)
+    node0.send_signal(signal.SIGKILL)  # the decider's node: its supervisor, and with it its workers
+    started = time.monotonic()
+    output = finish([node1], timeout=120)[0]
+    node0.communicate()
+    assert node1.returncode != 0 and time.monotonic() - started < 60
+    assert "node 0 (the decider) was lost" in output and "resume=auto" in output, output[-3000:]
+    assert "the newest checkpoint is" in output and "checkpoints/step_" in output
+    # The documented way on: the survivor alone, as a one-node run, continues from the newest checkpoint.
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", f"trainer.max_steps={STEPS}",
+                                 "resume=auto", "report=false", "logger=none"]),
+        log=lambda m: None)
+    assert_identical_states(final_student_state(run_dir), reference)
+    assert read_stages(run_dir)[-1].devices == [0, 1] and read_stages(run_dir)[-1].outcome == "finished"
+
+
 def test_an_unreachable_decider_fails_a_node_within_its_timeout(tmp_path, teacher_file):
     started = time.monotonic()
     [node1] = start_nodes(tmp_path / "run", teacher_file, "trainer.rdzv_timeout_s=3", nodes=(1,))

@@ -41,6 +41,8 @@ def test_run_wide_ids_number_node_0_first_and_map_back():
     gpus = NodeTopology(2, (2, 3))  # GPUs 2 and 3 of each node
     assert gpus.devices == [2, 3, 6, 7] and gpus.local_id(6) == 2 and gpus.node_of(7) == 1
     assert gpus.nodes_of([3, 6, 7]) == [0, 1] and gpus.local_devices_of(1, [3, 6, 7]) == [2, 3]
+    spare = NodeTopology(1, (0, 1, 2))  # one node: a spare (trainer.spare_devices=[3]) is its device too
+    assert spare.node_of(3) == 0 and spare.local_id(3) == 3 and spare.devices == [0, 1, 2]
     with pytest.raises(TopologyError, match="device 4 is on no node"):
         gpus.node_of(4)
     with pytest.raises(TopologyError, match="not grouped by node"):
