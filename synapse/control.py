@@ -8,14 +8,17 @@ with a ``StopAck`` naming the step they acted after. A request, not a signal: a 
 land mid-collective, and the request carries the decision for the workers' logs.
 
 Transport: ``FileControlChannel`` (``<run_dir>/control/``, written atomically by rename, so a
-half-written request is never seen) serves every process that sees the run directory. The
-channel is a small interface (send, poll, acknowledge, acknowledged, clear) so that a
-transport over the job's own network (a c10d store) can take its place across nodes.
+half-written request is never seen) serves every process that sees the run directory. Across
+nodes (failover with ``trainer.nodes > 1``) ``StoreControlChannel`` carries the same records
+over the job's own network: two keys in the store node 0 serves at ``trainer.rdzv_endpoint``.
+``open_channel`` picks the one a stage uses, the same on the supervisor's side and the workers'.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
+from datetime import timedelta
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
@@ -134,3 +137,63 @@ class FileControlChannel:
         except json.JSONDecodeError as exc:
             raise ControlRecordError(f"{path} is not JSON ({exc}); it is written by the supervisor only. "
                                      f"Fix: delete it and restart with resume=auto") from None
+
+
+class StoreControlChannel:
+    """The channel as two keys of a c10d store (``set``/``get``/``check``/``delete_key``: a TCPStore).
+    A key is set whole, so a half-written request is never seen either."""
+
+    STOP_KEY, ACK_KEY = "synapse/control/stop", "synapse/control/ack"
+
+    def __init__(self, store: Any):
+        self.store = store
+        self._lock = threading.RLock()  # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
+
+    def send(self, request: StopRequest) -> None:
+        with self._lock:
+            self.store.set(self.STOP_KEY, json.dumps(request.to_dict()))
+            self.store.delete_key(self.ACK_KEY)
+
+    def poll(self) -> StopRequest | None:
+        data = self._read(self.STOP_KEY)
+        return None if data is None else StopRequest.from_dict(data)
+
+    def acknowledge(self, ack: StopAck) -> None:
+        with self._lock:
+            self.store.set(self.ACK_KEY, json.dumps(ack.to_dict()))
+
+    def acknowledged(self) -> StopAck | None:
+        data = self._read(self.ACK_KEY)
+        return None if data is None else StopAck.from_dict(data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.store.delete_key(self.STOP_KEY)
+            self.store.delete_key(self.ACK_KEY)
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            text = self.store.get(key) if self.store.check([key]) else None
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ControlRecordError(f"store key {key} is not JSON ({exc}); it is written by the supervisor only. "
+                                     f"Fix: give every run its own trainer.rdzv_endpoint port") from None
+
+
+def control_endpoint(cfg: Any) -> str | None:
+    """Where a stage's stop requests travel: the decider's store across nodes (failover on), else files."""
+    trainer = cfg.trainer
+    return trainer.rdzv_endpoint if cfg.failover.enabled and trainer.nodes > 1 and trainer.rdzv_endpoint else None
+
+
+def open_channel(run_dir: Path | str, endpoint: str | None = None, timeout_s: float = 60.0) -> ControlChannel:
+    """The run directory's channel, or with ``endpoint`` (``control_endpoint``) the store there."""
+    if not endpoint:
+        return FileControlChannel(run_dir)
+    from torch.distributed import TCPStore
+
+    host, _, port = endpoint.rpartition(":")
+    return StoreControlChannel(TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)))

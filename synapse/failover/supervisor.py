@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from ..config import run_topology, validate
-from ..control import FileControlChannel, StopRequest
+from ..control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from ..launch.elastic import WorkerFailure, launch_pipeline
 from ..launch.interrupt import InterruptToStop, RunInterrupted
 from ..launch.worker_logs import failed_rank_tail
@@ -89,6 +89,7 @@ class Supervisor:
 
     tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
     launch: Callable[..., dict] = launch_pipeline  # across nodes: a failover.multinode.NodeDecider
+    control: ControlChannel | None = None  # the running stage's (files, or across nodes the decider's store)
     _event_tail: JsonlTail | None = None
     _events_seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -121,8 +122,9 @@ class Supervisor:
         self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (again to abort "
                  f"now)")
         spec = self.stages[-1]  # a stop, not a decision: the placement stays the running one
-        FileControlChannel(self.run_dir).send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})",
-                                                          spec.start_step, spec.index, "restart", spec.placement))
+        control = self.control or FileControlChannel(self.run_dir)
+        control.send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})", spec.start_step, spec.index, "restart",
+                                 spec.placement))
 
     def _run_stages(self, first: StageSpec, compose: bool) -> dict[str, Any]:
         spec, restart = first, None
@@ -175,12 +177,14 @@ class Supervisor:
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
     def _launch(self, spec: StageSpec, stage_cfg: DictConfig, restart: Restart | None):
-        FileControlChannel(self.run_dir).clear()
+        self.control = open_channel(self.run_dir, control_endpoint(stage_cfg), stage_cfg.trainer.rdzv_timeout_s)
+        self.control.clear()
         if self.interrupt is not None and self.interrupt.requested:  # it came while the stage was being set up
             self._stop_on_interrupt(self.interrupt.signal_name)
         self.controller.begin_stage(spec.placement, start_step=spec.start_step)
         watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
-                               live_replan=self.live_replan, on_live_stage=self._on_live_stage)
+                               live_replan=self.live_replan, on_live_stage=self._on_live_stage,
+                               control=self.control)
         if restart is not None:
             restart.relaunch_time = time.time()
             self.events.append("relaunch", stage=spec.index, devices=spec.devices, partition=spec.partition,

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from ..control import FileControlChannel, StopRequest
+from ..control import ControlChannel, FileControlChannel, StopRequest
 from ..monitor.events import EventLog, events_path
 from ..planner.eta import OptionKind
 from ..planner.placement import Placement
@@ -27,7 +27,8 @@ from .controller import FailoverController
 class StageWatcher(threading.Thread):
     def __init__(self, run_dir: Path, stage: int, controller: FailoverController, *, period_s: float = 0.05,
                  log: Callable[[str], None] = print, live_replan: bool = False,
-                 on_live_stage: Callable[[Decision, dict[str, Any]], None] | None = None):
+                 on_live_stage: Callable[[Decision, dict[str, Any]], None] | None = None,
+                 control: ControlChannel | None = None):
         """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_stage``
         is called with the decision and the first record of the stage it started."""
         super().__init__(name=f"synapse-watch-{stage}", daemon=True)
@@ -42,7 +43,7 @@ class StageWatcher(threading.Thread):
         self.live_replan, self.on_live_stage = live_replan, on_live_stage
         self.pending_live: Decision | None = None
         self._done = threading.Event()
-        self.control = FileControlChannel(self.run_dir)
+        self.control = control or FileControlChannel(self.run_dir)  # the stage's (control.open_channel)
         # records already in the file belong to earlier launches (or an earlier run in this dir)
         self._records = JsonlTail(self.run_dir / "performance.jsonl")
 

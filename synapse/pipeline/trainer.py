@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from ..control import FileControlChannel, StopAck, StopRequest
+from ..control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
 from ..engine.batches import eval_batches
 from ..engine.checkpointer import Checkpointer, HeldState
 from ..engine.device import ComputeSetup
@@ -79,7 +79,7 @@ class PipelineRunner:
     injector: FaultInjector
     heartbeat: Heartbeat
     events: EventLog
-    control: FileControlChannel
+    control: ControlChannel
     performance: JsonlWriter
     total_steps: int
     stage: int = 0  # which stage of the run this is (stages/<n>/); a live re-partition starts the next
@@ -377,7 +377,8 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
     runner = PipelineRunner(cfg, run_dir, setup, runtime, rank, world_size, owned, partition, blocks, injector,
-                            Heartbeat(run_dir, rank, str(setup.device)), events, FileControlChannel(run_dir),
+                            Heartbeat(run_dir, rank, str(setup.device)), events,
+                            open_channel(run_dir, control_endpoint(cfg), cfg.trainer.rdzv_timeout_s),
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
                             stage=stage, log=log)
 

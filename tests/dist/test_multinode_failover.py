@@ -17,7 +17,7 @@ import pytest
 
 from synapse.app import run
 from synapse.config import ConfigError, validate
-from synapse.failover.stages import read_stages
+from synapse.failover.stages import compose_stage_config, read_stages
 from synapse.launch.elastic import free_port
 from synapse.monitor.events import read_events
 from synapse.records import read_jsonl
@@ -169,7 +169,8 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     for node, output in zip(nodes, finish(nodes)):
         assert node.returncode == 0, output[-3000:]
     one_node = tmp_path / "one_node"
-    run(compose_config(one_node, [f"teacher.checkpoint={teacher_file}", "trainer.devices=4", "report=false",
-                                  "logger=none", *SLOWDOWN]), log=lambda m: None)
+    overrides = [*BASE_OVERRIDES, f"run_dir={one_node}", f"cache_dir={one_node}/cache", "trainer.devices=4",
+                 f"teacher.checkpoint={teacher_file}", "report=false", "logger=none", *SLOWDOWN]
+    run(compose_stage_config(overrides), log=lambda m: None, overrides=overrides)  # stages composed as train.py's
     seen = first_action(two_nodes)
     assert seen == first_action(one_node) and seen[0] != "keep", "a 6x slower device is acted on, on both"

@@ -80,3 +80,33 @@ def test_ranks_follow_node_rank_whatever_order_torch_gave_the_nodes():
     twice.set(NODE_RANK_KEY.format(0), "0")
     with pytest.raises(RendezvousError, match=r"claim trainer.node_rank \[0, 0\]"):
         node_ordered_rank(twice, rank=1, world_size=2, node_rank=0)
+
+
+def test_stop_requests_cross_nodes_through_the_deciders_store():
+    from omegaconf import OmegaConf
+
+    from synapse.control import (ControlRecordError, StopAck, StopRequest, StoreControlChannel, control_endpoint,
+                                 open_channel)
+    from synapse.planner.placement import Placement
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    decider = NodeChannel.host(endpoint, timeout_s=10)  # the decider's store (served while referenced)
+    cfg = lambda nodes, failover=True: OmegaConf.create(  # noqa: E731
+        {"trainer": {"nodes": nodes, "rdzv_endpoint": endpoint}, "failover": {"enabled": failover}})
+    assert control_endpoint(cfg(2)) == endpoint and control_endpoint(cfg(1)) is None
+    assert control_endpoint(cfg(2, failover=False)) is None
+    supervisor, worker = (open_channel("/nonexistent", control_endpoint(cfg(2)), 10) for _ in range(2))
+    assert isinstance(worker, StoreControlChannel) and worker.poll() is None
+    request = StopRequest("r1", "degrade", 5, 0, "restart", Placement((0, 1, 3), (4, 4, 3), (4, 4, 3)))
+    supervisor.send(request)
+    assert worker.poll() == request
+    worker.acknowledge(StopAck("r1", 6))
+    assert supervisor.acknowledged() == StopAck("r1", 6)
+    supervisor.send(StopRequest("r2", "interrupt (SIGINT)", 6, 0, "restart", request.placement))
+    assert supervisor.acknowledged() is None, "a new request drops the old acknowledgement"
+    supervisor.clear()
+    assert worker.poll() is None and worker.acknowledged() is None
+    supervisor.store.set(StoreControlChannel.STOP_KEY, "{torn")
+    with pytest.raises(ControlRecordError, match="synapse/control/stop is not JSON"):
+        worker.poll()
+    del decider
