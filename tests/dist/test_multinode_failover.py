@@ -146,20 +146,22 @@ def test_a_node_rank_out_of_range_is_refused_before_anything_starts(tmp_path):
 
 
 SLOW_STEPS = 40
-# Rank 2 (node 1's first device; the same rank on one node) computes 6x slower from step 4. A
-# quick detector and an eta policy that acts on any saving, as in test_failover's cascade.
+# Rank 2 (node 1's first device; the same rank on one node) waits 50 ms in each of its forward
+# and backward tasks from step 4 (a fixed delay, not a factor: on a shared 2-core machine a factor
+# of the measured compute follows the load of the moment). A quick detector and an eta policy that
+# acts on any saving, as in test_failover's cascade.
 SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=3",
             "failover.detector.window=3", "failover.detector.sustain=2", "failover.detector.threshold=1.5",
             "policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0",
-            "injection.faults=[{kind:slow_compute,rank:2,start:4,factor:6.0}]"]
+            "injection.faults=[{kind:slow_compute,rank:2,start:4,seconds:0.05}]"]
 
 
 def first_action(run_dir: Path) -> tuple:
-    """The controller's first action on the slowdown and where the run went on: (action, devices)."""
+    """The controller's first action on the slowdown: (action, the devices it chose)."""
     events = read_events(run_dir / "failover_events.jsonl")
     assert any(e["event"] == "slowdown_detected" and e["device"] == 2 and e["kind"] == "compute" for e in events)
-    action = next((e["action"] for e in events if e["event"] == "decision" and e["action"] != "keep"), "keep")
-    return action, read_stages(run_dir)[-1].devices
+    acted = [e for e in events if e["event"] == "decision" and e["action"] != "keep"]
+    return (acted[0]["action"], acted[0]["chosen"]["devices"]) if acted else ("keep", None)
 
 
 @pytest.mark.slow
@@ -173,4 +175,4 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
                  f"teacher.checkpoint={teacher_file}", "report=false", "logger=none", *SLOWDOWN]
     run(compose_stage_config(overrides), log=lambda m: None, overrides=overrides)  # stages composed as train.py's
     seen = first_action(two_nodes)
-    assert seen == first_action(one_node) and seen[0] != "keep", "a 6x slower device is acted on, on both"
+    assert seen == first_action(one_node) and seen[0] != "keep", "a slow device is acted on, the same way on both"
