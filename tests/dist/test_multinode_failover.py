@@ -147,13 +147,13 @@ def test_a_node_rank_out_of_range_is_refused_before_anything_starts(tmp_path):
 
 SLOW_STEPS = 40
 # Rank 2 (node 1's first device; the same rank on one node) waits 50 ms in each of its forward
-# and backward tasks from step 4 (a fixed delay, not a factor: on a shared 2-core machine a factor
+# and backward tasks from step 10, after the detector's baseline (a fixed delay, not a factor: on a shared 2-core machine a factor
 # of the measured compute follows the load of the moment). A quick detector and an eta policy that
 # acts on any saving, as in test_failover's cascade.
 SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=3",
             "failover.detector.window=3", "failover.detector.sustain=2", "failover.detector.threshold=1.5",
             "policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0",
-            "injection.faults=[{kind:slow_compute,rank:2,start:4,seconds:0.05}]"]
+            "injection.faults=[{kind:slow_compute,rank:2,start:10,seconds:0.05}]"]
 
 
 def decisions_until_first_action(controller, records: list[dict]) -> list[tuple]:
@@ -183,7 +183,7 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     for node, output in zip(nodes, finish(nodes)):
         assert node.returncode == 0, output[-3000:]
     events = read_events(two_nodes / "failover_events.jsonl")
-    assert any(e["event"] == "slowdown_detected" and e["device"] == 2 for e in events), "node 1's slow device seen"
+    assert [e["rank"] for e in events if e["event"] == "fault_injected"] == [2], "the slowdown ran on node 1"
     logged = [(e["step"], e["action"], e["chosen"]["devices"], e["chosen"]["teacher_counts"],
                e["chosen"]["student_counts"]) for e in events if e["event"] == "decision" and e["action"] != "keep"]
     records = [r for r in read_jsonl(two_nodes / "performance.jsonl") if r["stage"] == 0]
