@@ -161,6 +161,7 @@ class StoreControlChannel:
     def acknowledge(self, ack: StopAck) -> None:
         with self._lock:
             self.store.set(self.ACK_KEY, json.dumps(ack.to_dict()))
+            self.store.check([self.ACK_KEY])  # a set is not answered; a round trip makes it visible to every client
 
     def acknowledged(self) -> StopAck | None:
         data = self._read(self.ACK_KEY)

@@ -155,6 +155,7 @@ class NodeChannel:
     def _set(self, key: str, value: str) -> None:
         with self._lock:
             self.store.set(key, value)
+            self.store.check([key])  # a set is not answered; a round trip makes it visible to every client
 
     def _add(self, key: str, amount: int) -> int:
         with self._lock:

@@ -51,6 +51,7 @@ def test_a_node_rank_claimed_twice_is_refused(pair):
 def test_a_foreign_record_is_named(pair):
     decider, agent = pair
     decider.store.set("synapse/nodes/report/0/1", "not json")
+    decider.store.check(["synapse/nodes/report/0/1"])
     with pytest.raises(NodeChannelError, match="NodeReport record that Synapse did not write"):
         decider.report_of(0, 1)
 
@@ -107,6 +108,7 @@ def test_stop_requests_cross_nodes_through_the_deciders_store():
     supervisor.clear()
     assert worker.poll() is None and worker.acknowledged() is None
     supervisor.store.set(StoreControlChannel.STOP_KEY, "{torn")
+    supervisor.store.check([StoreControlChannel.STOP_KEY])  # the set is processed before the worker reads
     with pytest.raises(ControlRecordError, match="synapse/control/stop is not JSON"):
         worker.poll()
     del decider
