@@ -160,7 +160,7 @@ def test_random_fault_sequences_never_break_the_controller(policy, sequence, see
     check(policy, sequence, seed)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @settings(max_examples=200, **SETTINGS)
 @given(policy=st.sampled_from(POLICY_NAMES), sequence=st.lists(faults, min_size=1, max_size=3),
        seed=st.integers(0, 2**16))
