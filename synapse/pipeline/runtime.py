@@ -38,7 +38,8 @@ from .stage import FusedStage
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 # Phases in which a rank has handed its work over and waits on a peer (a stall there is a peer's).
-WAIT_PHASES = ("recv", "send", "sync")
+# send_wait: a forward chunk is computed and the schedule waits for this rank's earlier sends.
+WAIT_PHASES = ("recv", "send", "sync", "send_wait")
 _PROGRESS = struct.Struct("<qqd24s")  # pid, step, wall time, phase
 
 
@@ -136,7 +137,12 @@ class TimedPipelineStage(PipelineStage):
         graphs = getattr(self.submod, "graphs", None)
         if graphs is not None:
             graphs.select(fwd_chunk_id)  # this micro-batch's captures (see pipeline.graphs)
-        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        # The chunk is computed. 1F1B's warmup now waits for this rank's previous sends to be
+        # received, with no hook in between: without this mark a rank stuck there behind a hung
+        # peer would still read "forward" and could be blamed for the peer's hang.
+        self._hook("send_wait")
+        return output
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
         self._hook("backward")
@@ -210,6 +216,7 @@ class PipelineRuntime:
         return None
 
     def _timed_loss(self, output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        self.mark("loss")  # the last rank's own work again, after its chunk's send_wait mark
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
             return self.loss_fn(student_logits, teacher_logits, target)

@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 
 from synapse.app import run
 from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.launch import elastic
 from synapse.monitor.events import read_events
+from synapse.pipeline.runtime import WAIT_PHASES
 
 from .fault_sequences import CHECKPOINT_EVERY, STEPS, Sequence, sequences
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
@@ -146,3 +148,23 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
         check_sequence(sequence, policy, tmp_path_factory.mktemp(f"faults_{policy}"), teacher_file, uninterrupted)
 
     check()
+
+
+# ---------------------------------------------------------------- bugs the sequences found
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_a_rank_stuck_on_its_sends_behind_a_hung_peer_is_not_blamed_for_the_hang(tmp_path, teacher_file,
+                                                                                 uninterrupted, monkeypatch):
+    # Found by a drawn sequence (ski_rental, rank 1 hung in the forward of step 3): device 0 was
+    # dropped instead of device 1. In 1F1B's warmup rank 0 computes a chunk and then waits for its
+    # previous send, with no phase mark in between, so its board read "forward" like the hung
+    # rank's; whichever marked first was blamed. Now a computed chunk marks send_wait.
+    boards = []
+    blame = elastic.hang_culprit
+    monkeypatch.setattr(elastic, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
+    run_overrides(overrides_for(tmp_path, teacher_file, "policy=keep", *FAST_FAILOVER,
+                                "injection.faults=[{kind:hang,rank:1,step:3,phase:forward}]"))
+    (progress,) = boards
+    assert progress[1]["phase"] == "forward", progress
+    assert progress[0]["phase"] in WAIT_PHASES and progress[2]["phase"] in WAIT_PHASES, progress
+    assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
+    assert_identical_states(final_student_state(tmp_path), uninterrupted)
