@@ -131,17 +131,33 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     raise AssertionError("unreachable")
 
 
+class TearDown:
+    """The health monitor's ``on_hard_failure`` during one launch: a dead or hung rank ends the launch
+    now (every live worker SIGKILLed). ``failures`` keeps the events that caused a teardown; a rank
+    found dead afterwards whose pid the teardown killed is its consequence, not a cause, and would
+    otherwise be blamed for a failure that a rank reported itself (its own exit does not count)."""
+
+    def __init__(self, run_dir: Path, since: float):
+        self.run_dir, self.since = run_dir, since
+        self.failures: list[dict] = []
+        self.killed: set[int] = set()
+
+    def __call__(self, event: dict) -> None:  # on the monitor's thread
+        if event["event"] == "rank_dead" and event.get("pid") in self.killed:
+            return
+        self.failures.append(event)
+        self.killed.update(kill_live_workers(read_heartbeats(self.run_dir), since=self.since))
+
+
 def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_weights: str,
                  partition: dict[str, list[int]], resume: str | None, attempt: str, log: Callable[[str], None],
                  stage: int) -> dict[str, Any]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     log_dir = run_dir / "logs" / f"launch_{attempt}"
     failure_dir = log_dir / "failures"
-    launched_at, hard_failures = time.time(), []
-
-    def tear_down(event: dict) -> None:  # on the monitor's thread: a dead or hung rank ends the launch now
-        hard_failures.append(event)
-        kill_live_workers(read_heartbeats(run_dir), since=launched_at)
+    launched_at = time.time()
+    tear_down = TearDown(run_dir, since=launched_at)
+    hard_failures = tear_down.failures
 
     gpus = resolve_devices(cfg.trainer) if resolve_accelerator(cfg.trainer) == "cuda" else ()
     try:
