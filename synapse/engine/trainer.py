@@ -122,6 +122,7 @@ class Trainer:
     injector: FaultInjector
     events: EventLog  # failover_events.jsonl (non-finite losses; the pipeline: more)
     log: Callable[[str], None] = print
+    mark: Callable[[str], None] = lambda phase: None  # where this rank is (the hang watchdog's board)
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
@@ -162,6 +163,7 @@ class Trainer:
                     if self.step + 1 in fault_steps:  # injected faults land on a settled checkpoint
                         self.checkpointer.wait()
                         self.checkpointer.shards.barrier()
+                    self.mark("step_start")  # its own work: a hang here must not read as the last step's wait
                     self.injector.on("step_start", self.step + 1)
                     loss = self._guarded_step(batch.images, batch.labels, self.step + 1)
                     self.step += 1

@@ -203,6 +203,8 @@ class PipelineRuntime:
         # rank's own (it has not handed its work over yet), not a wait on a peer.
         if phase not in WAIT_PHASES:
             self.mark(phase)
+        elif phase in PHASES:
+            self.mark(f"posting_{phase}")  # still its own work until the injector lets it go
         if phase in PHASES:
             self.injector.on(phase, self.current_step, nbytes=nbytes)
         if phase in WAIT_PHASES:

@@ -392,4 +392,5 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                                 save_context=lambda: {"stage": runner.stage, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
     return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
-                   parts.total_steps, parts.num_epochs, injector, events, log=log)
+                   parts.total_steps, parts.num_epochs, injector, events, log=log,
+                   mark=lambda phase: runner.runtime.mark(phase))

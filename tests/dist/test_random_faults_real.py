@@ -179,19 +179,24 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 
 # ---------------------------------------------------------------- bugs the sequences found
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-def test_a_rank_stuck_on_its_sends_behind_a_hung_peer_is_not_blamed_for_the_hang(tmp_path, teacher_file,
-                                                                                 uninterrupted, monkeypatch):
-    # Found by a drawn sequence (ski_rental, rank 1 hung in the forward of step 3): device 0 was
-    # dropped instead of device 1. In 1F1B's warmup rank 0 computes a chunk and then waits for its
-    # previous send, with no phase mark in between, so its board read "forward" like the hung
-    # rank's; whichever marked first was blamed. Now a computed chunk marks send_wait.
+@pytest.mark.parametrize("phase, step", [("forward", 3), ("send", 3), ("step_start", 3), ("checkpoint_write", 4)])
+def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teacher_file, uninterrupted,
+                                                                  monkeypatch, phase, step):
+    # Found by drawn sequences, each time with a healthy device dropped instead of the hung one. The
+    # hung rank is the one whose progress board shows its own work while the others show a wait:
+    # forward: in 1F1B's warmup rank 0 computes a chunk and then waits for its previous send with no
+    #   mark in between, so it read "forward" like the hung rank (now: send_wait);
+    # send: a wait is marked after the injector's hook, so a rank hung in it read the wait before
+    #   (now: posting_send until the hook returns);
+    # step_start: nothing marked the new step, so the hung rank still read the last step's sync;
+    # checkpoint_write: the ranks waiting in the checkpoint barrier still read checkpoint_write.
     boards = []
     blame = elastic.hang_culprit
     monkeypatch.setattr(elastic, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
     run_overrides(overrides_for(tmp_path, teacher_file, "policy=keep", *FAST_FAILOVER,
-                                "injection.faults=[{kind:hang,rank:1,step:3,phase:forward}]"))
+                                f"injection.faults=[{{kind:hang,rank:1,step:{step},phase:{phase}}}]"))
     (progress,) = boards
-    assert progress[1]["phase"] == "forward", progress
+    assert progress[1]["phase"] not in WAIT_PHASES, progress
     assert progress[0]["phase"] in WAIT_PHASES and progress[2]["phase"] in WAIT_PHASES, progress
     assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
     assert_identical_states(final_student_state(tmp_path), uninterrupted)
