@@ -6,7 +6,7 @@ slowdowns of 1.2-5x from any step, intermittent, ramps, slow links, and kills, h
 errors in any phase) on random ranks of a real 3-rank CPU run (gloo, the elastic launcher, the
 failover supervisor, real checkpoints), under every policy. Properties of every run:
 
-* it finishes (the supervisor returns, the last stage's outcome is ``finished``, all steps done);
+* it finishes (the supervisor returns, the last stage ends at the last step, all steps done);
 * no finished step is lost: a stage after a planned action starts where the one before ended, a
   stage after a failure starts at the newest checkpoint committed before it;
 * the final student weights and optimizer state are bit-identical to the uninterrupted run;
@@ -133,7 +133,9 @@ def check_sequence(sequence: Sequence, policy: str, run_dir: Path, teacher_file:
                                           *sequence.overrides()))
     stages = read_stages(run_dir)
     assert summary["experiment"]["steps"] == STEPS
-    assert stages[-1].outcome == "finished" and stages[-1].end_step == STEPS, stages[-1]
+    # A stop an action requested that lands after the last step ends the run as it is: nothing is
+    # left to relaunch (the supervisor's rule), so that stage reads "stopped" at the last step.
+    assert stages[-1].outcome in ("finished", "stopped") and stages[-1].end_step == STEPS, stages[-1]
     check_no_finished_step_lost(run_dir)
     check_faults_fired(run_dir, sequence)
     check_failed_device_dropped(run_dir, sequence)
@@ -189,7 +191,7 @@ def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teac
     # send: a wait is marked after the injector's hook, so a rank hung in it read the wait before
     #   (now: posting_send until the hook returns);
     # step_start: nothing marked the new step, so the hung rank still read the last step's sync;
-    # checkpoint_write: the ranks waiting in the checkpoint barrier still read checkpoint_write.
+    # checkpoint_write: already right (the checkpoint barrier marks sync); kept as a case.
     boards = []
     blame = elastic.hang_culprit
     monkeypatch.setattr(elastic, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
