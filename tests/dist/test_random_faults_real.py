@@ -15,8 +15,9 @@ failover supervisor, real checkpoints), under every policy. Properties of every 
 
 Runs are as small as they can be (tiny models, 8 steps, checkpoints every 2, a detector that
 decides within a few steps, a 10-s hang watchdog). The default suite draws 2 sequences per policy
-(12 runs); ``pytest -m slow`` draws 204 (12 batches of 17, the policy drawn with them). Seeds are fixed and shrinking
-is off (each example is a real run): a failure prints its sequence, and the same seed redraws it.
+(12 runs); ``pytest -m slow`` draws 204 (12 batches of 17, the policy drawn with them). Seeds are
+fixed and shrinking is off (each example is a real run): a failure prints its sequence, and the
+same seed redraws it.
 """
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ import json
 import signal
 import subprocess
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
+from torch.distributed.elastic.multiprocessing.errors import (
+    ChildFailedError,
+    ProcessFailure,
+)
 
 from synapse.app import run
 from synapse.failover.stages import compose_stage_config, read_stages
@@ -86,7 +91,7 @@ def uninterrupted(tmp_path_factory, teacher_file):
 def check_no_finished_step_lost(run_dir: Path) -> None:
     stages = read_stages(run_dir)
     saved = read_events(run_dir / "failover_events.jsonl", "checkpoint_saved")
-    for before, after in zip(stages, stages[1:]):
+    for before, after in pairwise(stages):
         if before.outcome == "failed":
             committed = [e["step"] for e in saved if e.get("stage", 0) <= before.index]
             expected = max(committed, default=0)
@@ -117,7 +122,7 @@ def check_failed_device_dropped(run_dir: Path, sequence: Sequence) -> None:
     stages = read_stages(run_dir)
     fired = [e for e in read_events(run_dir / "failover_events.jsonl", "fault_injected")
              if sequence.faults[e["fault_index"]].hard]
-    for stage, after in zip(stages, stages[1:]):
+    for stage, after in pairwise(stages):
         if stage.outcome != "failed":
             continue
         ended = stage.ended_at or after.started_at
@@ -142,8 +147,8 @@ def check_sequence(sequence: Sequence, policy: str, run_dir: Path, teacher_file:
     assert_identical_states(final_student_state(run_dir), reference)
 
 
-SETTINGS = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=list(HealthCheck))
+SETTINGS = {"deadline": None, "database": None, "phases": [Phase.explicit, Phase.generate],
+            "suppress_health_check": list(HealthCheck)}
 POLICY_SEEDS = {name: 1500 + i for i, name in enumerate(POLICIES)}
 SLOW_BATCHES, SLOW_EXAMPLES = 12, 17  # 204 runs
 
