@@ -137,12 +137,7 @@ class TimedPipelineStage(PipelineStage):
         graphs = getattr(self.submod, "graphs", None)
         if graphs is not None:
             graphs.select(fwd_chunk_id)  # this micro-batch's captures (see pipeline.graphs)
-        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
-        # The chunk is computed. 1F1B's warmup now waits for this rank's previous sends to be
-        # received, with no hook in between: without this mark a rank stuck there behind a hung
-        # peer would still read "forward" and could be blamed for the peer's hang.
-        self._hook("send_wait")
-        return output
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any):
         self._hook("backward")
@@ -171,6 +166,7 @@ class PipelineRuntime:
         self.current_step = 0
         module.phase_hook = self.stage.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
+        module.register_forward_hook(self._computed)
         if cuda_graphs and setup.device.type == "cuda":
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, rank, world_size))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
@@ -210,6 +206,13 @@ class PipelineRuntime:
         if phase in WAIT_PHASES:
             self.mark(phase)
 
+    def _computed(self, module: FusedStage, inputs: Any, output: Any) -> None:
+        # The forward is computed; what follows until the next hook only waits on peers: 1F1B's
+        # warmup waits for this rank's previous sends, and the first step's stage set-up (which
+        # runs the forward once) exchanges metadata. Without this mark a rank held there read
+        # "forward" like a peer hung in its forward, and the one that marked first was blamed.
+        self.mark("send_wait")
+
     def _corrupt_output(self, module: FusedStage, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]):
         """A fired ``nan_loss`` fault: this step's student output is NaN (as from a device computing garbage)."""
         if self.current_step >= 1 and self.injector.corrupts_output(self.current_step):
@@ -238,6 +241,10 @@ class PipelineRuntime:
         losses: list[torch.Tensor] = []
         if self.is_last:
             kwargs = {"target": labels.to(self.setup.device, non_blocking=True), "losses": losses}
+        # The schedule starts by waiting on peers (in the first step, inside the stages' set-up,
+        # before any hook); its own compute marks itself. Without this a rank held there still read
+        # step_start, its own work, and could be blamed for a peer hung in its first forward.
+        self.mark("sync")
         # A capture cannot use autocast's cast cache (each replay casts the weights it reads anew).
         with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)

@@ -186,16 +186,20 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 
 # ---------------------------------------------------------------- bugs the sequences found
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-@pytest.mark.parametrize("phase, step", [("forward", 3), ("send", 3), ("step_start", 3), ("checkpoint_write", 4)])
+@pytest.mark.parametrize("phase, step", [("forward", 3), ("forward", 1), ("send", 3), ("step_start", 3),
+                                         ("step_start", 1), ("checkpoint_write", 4)])
 def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teacher_file, uninterrupted,
                                                                   monkeypatch, phase, step):
     # Found by drawn sequences, each time with a healthy device dropped instead of the hung one. The
     # hung rank is the one whose progress board shows its own work while the others show a wait:
     # forward: in 1F1B's warmup rank 0 computes a chunk and then waits for its previous send with no
-    #   mark in between, so it read "forward" like the hung rank (now: send_wait);
+    #   mark in between, so it read "forward" like the hung rank (now: send_wait after a forward);
     # send: a wait is marked after the injector's hook, so a rank hung in it read the wait before
     #   (now: posting_send until the hook returns);
     # step_start: nothing marked the new step, so the hung rank still read the last step's sync;
+    # step 1 (forward, step_start): the stages' first set-up runs the forward once and exchanges
+    #   metadata with no hook; a peer held there read step_start or forward (now: sync, then
+    #   send_wait after any forward, which also covers 1F1B's warmup send wait);
     # checkpoint_write: already right (the checkpoint barrier marks sync); kept as a case.
     boards = []
     blame = elastic.hang_culprit
