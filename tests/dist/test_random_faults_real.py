@@ -15,7 +15,7 @@ failover supervisor, real checkpoints), under every policy. Properties of every 
 
 Runs are as small as they can be (tiny models, 8 steps, checkpoints every 2, a detector that
 decides within a few steps, a 10-s hang watchdog). The default suite draws 2 sequences per policy
-(12 runs); ``pytest -m slow`` draws 204 (12 batches of 17, the policy drawn with them). Seeds are
+(12 runs); ``pytest -m long`` draws 204 (12 batches of 17, the policy drawn with them). Seeds are
 fixed and shrinking is off (each example is a real run): a failure prints its sequence, and the
 same seed redraws it.
 """
@@ -167,7 +167,7 @@ def test_random_fault_sequences_finish_bit_identical(policy, tmp_path_factory, t
     check()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(SLOW_EXAMPLES * RUN_TIMEOUT_S)
 @pytest.mark.parametrize("batch", range(SLOW_BATCHES))
 def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factory, teacher_file, uninterrupted):
