@@ -259,7 +259,7 @@ class FailoverConfig:
     """The supervisor's failover loop: watch step timings, decide by ETA, checkpoint and restart."""
 
     enabled: bool = True  # false: a plain pipeline run (a worker failure ends the run)
-    max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together
+    max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together; live REPLANs are free
     decide_every: int = 1  # steps between two decisions while a slowdown is detected
     # live: the running workers swap blocks and carry on (no checkpoint, no new processes);
     # restart: checkpoint, tear down, relaunch with the new partition

@@ -278,7 +278,8 @@ class Supervisor:
 
     # ---------------------------------------------------------------- deciding the restart
     def _plan_restart(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None) -> Restart:
-        if len(self.restarts) >= self.cfg.failover.max_restarts:
+        # A live REPLAN moves blocks between running workers: it restarts nothing, so it does not count.
+        if sum(r.mode != "live" for r in self.restarts) >= self.cfg.failover.max_restarts:
             raise FailoverError(f"stage {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
                                 f"{self.cfg.failover.max_restarts} restarts are spent; checkpoints are in "
                                 f"{self.run_dir / 'checkpoints'}. Fix: raise failover.max_restarts and rerun with "

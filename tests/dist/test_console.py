@@ -31,7 +31,9 @@ def train_py(run_dir: Path, teacher_file: Path, *extra: str) -> subprocess.Compl
     args = [*BASE_OVERRIDES, "trainer.progress=true", f"trainer.max_steps={STEPS}", "trainer.devices=3",
             f"teacher.checkpoint={teacher_file}", "checkpoint.every=4", "report=false", "logger=none",
             "failover.drills=[{step:6,action:replan}]",
-            "injection.faults=[{kind:kill,rank:2,step:14,phase:forward}]", *extra, f"hydra.run.dir={run_dir}"]
+            "injection.faults=[{kind:kill,rank:2,step:14,phase:forward}]",
+            # a live REPLAN restarts nothing: the kill after it still has its one restart (it once counted)
+            "failover.max_restarts=1", *extra, f"hydra.run.dir={run_dir}"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280, check=False)

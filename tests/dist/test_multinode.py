@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # test_multinode_failover's kill on node 1 also ends bit-identical (20-minute budget)
 def test_two_nodes_train_like_one_node(tmp_path, teacher_file):
     common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={tmp_path}/cache"]
     port = free_port()

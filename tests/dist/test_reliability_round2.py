@@ -186,10 +186,11 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
 @pytest.mark.timeout(300)
 def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
-    # From step 2 on, rank 0 is slowed (1 s per task: ~8 s a step) so the first run is still
-    # training while the others start and are refused; policy=keep: a delay, not a reason to re-plan.
+    # From step 2 to 7, rank 0 is slowed (1 s per task: ~8 s a step) so the first run is still
+    # training while the others start and are refused (~40 s for two launches); then it runs at
+    # speed to the end. policy=keep: a delay, not a reason to re-plan.
     args = overrides_for(run_dir, teacher_file, "policy=keep",
-                         "injection.faults=[{kind:slow_compute,rank:0,start:2,seconds:1.0}]")
+                         "injection.faults=[{kind:slow_compute,rank:0,start:2,end:7,seconds:1.0}]")
     first = train_py(run_dir, args)
     try:
         wait_for_step(run_dir, first, 2)
