@@ -40,9 +40,10 @@ def test_profile_mode_writes_both_profiles_to_the_cache(tmp_path):
 
 def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_path, teacher_file):
     # Two CPU ranks, batch 16: candidates 2, 4 and 8 micro-batches, each priced with profiles measured
-    # at its own micro-batch size; a forced restart shows the next stage keeps the chosen count.
+    # at its own micro-batch size; a forced restart shows the next stage keeps the chosen count. The run
+    # goes on well past the drill: a stop that lands after the last step restarts nothing (a 6-step run raced).
     cfg = compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "partition=auto",
-                                    "pipeline.microbatches=auto", "trainer.max_steps=6",
+                                    "pipeline.microbatches=auto", "trainer.max_steps=12",
                                     "partition.profile_repeats=2", "partition.profile_warmup=1",
                                     "failover.replan_mode=restart", "failover.drills=[{step:3,action:replan}]"])
     run(cfg, log=lambda m: None)

@@ -30,7 +30,7 @@ TINY = ("trainer=cpu", "trainer.devices=3", "trainer.threads=1", "partition=even
         "report=false", "injection=none",
         # a forced restart at step 3: stage 1's config is composed inside the sweep's job
         "failover.drills=[{step:3,action:replan}]", "failover.replan_mode=restart")
-SWEPT_STEPS = (6, 10)  # trainer.max_steps of job 0 and job 1
+SWEPT_STEPS = (12, 16)  # trainer.max_steps of job 0 and job 1 (a drill at step 3 lands well before the end)
 
 
 def run_sweep(train_py, sweep_dir: Path, *launcher: str, **env: str) -> str:
