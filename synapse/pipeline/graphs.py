@@ -22,7 +22,6 @@ exactly once, as an eager one does.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -68,19 +67,16 @@ class _StudentSlot(nn.Module):
         return out.contiguous()
 
 
-class _Slot:
-    """The captures of one in-flight slot, by input signature."""
-
-    def __init__(self):
-        self.teacher: dict[tuple, ForwardReplay] = {}
-        self.student: dict[tuple, nn.Module] = {}
+# One in-flight slot's captures by input signature: the teacher's forward and the graphed student.
+_Slot = dict[tuple, tuple[ForwardReplay, nn.Module]]
 
 
 class StageGraphs:
     """Replays of one ``FusedStage``'s training forward (and, through autograd, its backward)."""
 
     def __init__(self, stage: nn.Module, slots: int):
-        self.stage, self.slots = stage, [_Slot() for _ in range(max(1, slots))]
+        self.stage = stage
+        self.slots: list[_Slot] = [{} for _ in range(max(1, slots))]
         self.slot = 0  # set by the pipeline stage before each forward (micro-batch index % slots)
         self.failed: set[tuple] = set()  # signatures whose capture failed: they run eagerly
         self.captures = 0
@@ -90,28 +86,28 @@ class StageGraphs:
         self.slot = microbatch % len(self.slots)
 
     def applies(self, teacher_in: torch.Tensor, student_in: torch.Tensor) -> bool:
-        return (self.stage.training and torch.is_grad_enabled() and student_in.is_cuda
-                and _signature(teacher_in, student_in) not in self.failed)
+        return self.stage.training and torch.is_grad_enabled() and student_in.is_cuda
 
-    def run(self, teacher_in: torch.Tensor, student_in: torch.Tensor, timed: Callable[[str], Any] = None
+    def run(self, teacher_in: torch.Tensor, student_in: torch.Tensor, timed: Callable[[str], Any]
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Both outputs from the replays, or None where this input runs eagerly."""
-        timed = timed or (lambda name: nullcontext())
         signature = _signature(teacher_in, student_in)
+        if signature in self.failed:
+            return None
         slot = self.slots[self.slot]
-        if signature not in slot.student:
-            if not self._capture(slot, signature, teacher_in, student_in):
-                return None
+        if signature not in slot and not self._capture(slot, signature, teacher_in, student_in):
+            return None
+        teacher, student = slot[signature]
         allocate_grads(self._params)  # see engine.graph_capture: autograd must add into .grad
         with timed("teacher_fwd"):
-            teacher_out = slot.teacher[signature](teacher_in.detach())
+            teacher_out = teacher(teacher_in.detach())
         with timed("student_fwd"):
             extra = (teacher_in,) if self.stage.zero_grad_teacher_input and teacher_in.requires_grad else ()
-            student_out = slot.student[signature](student_in, *extra)
+            student_out = student(student_in, *extra)
         return teacher_out, student_out
 
     def _capture(self, slot: _Slot, signature: tuple, teacher_in: torch.Tensor, student_in: torch.Tensor) -> bool:
-        if len(slot.student) >= MAX_SHAPES:
+        if len(slot) >= MAX_SHAPES:
             self._give_up(signature, f"more than {MAX_SHAPES} input shapes")
             return False
         buffers = [b for b in self.stage.buffers()]
@@ -126,7 +122,7 @@ class StageGraphs:
             with torch.no_grad():  # the warm-up iterations trained BatchNorm statistics: undo that
                 for buffer, value in zip(buffers, saved):
                     buffer.copy_(value)
-        slot.teacher[signature], slot.student[signature] = teacher, student
+        slot[signature] = teacher, student
         self.captures += 1
         return True
 
