@@ -80,7 +80,10 @@ def _time_replays(module: nn.Module, x: torch.Tensor, context: MeasureContext, i
             run = _teacher_replay(module, x)
             samples = [_timed(run) for _ in range(request.warmup + request.repeats)]
             return statistics.median(samples[request.warmup:]), 0.0
-        graphed = _student_replay(module, x, input_grad)
+        # The replays are called with the captured sample itself: an input that needs no gradient
+        # gives a parameter-free block (ReLU, max-pool) an output with no grad_fn to backward through.
+        x = x.detach().clone().requires_grad_(input_grad)
+        graphed = _student_replay(module, x)
         gradient = loss_gradient(graphed(x)).detach()
         samples = [_timed_forward_backward(graphed, x, gradient) for _ in range(request.warmup + request.repeats)]
     forward, backward = zip(*samples[request.warmup:])
@@ -92,10 +95,10 @@ def _teacher_replay(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
     return replay.graph.replay
 
 
-def _student_replay(module: nn.Module, x: torch.Tensor, input_grad: bool) -> nn.Module:
+def _student_replay(module: nn.Module, sample: torch.Tensor) -> nn.Module:
     # A copy: fresh parameters, with no autograd node left from the eager sweeps on the default
     # stream (a backward capture that meets one syncs with that stream and is invalidated).
-    return graph_module(copy.deepcopy(module), (x.detach().clone().requires_grad_(input_grad),))
+    return graph_module(copy.deepcopy(module), (sample,))
 
 
 def _timed(run: Callable[[], None]) -> float:
