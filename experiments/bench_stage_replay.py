@@ -26,6 +26,7 @@ models at the full batch (the K = 1 replay of the same micro-batch size x M, gra
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -115,6 +116,8 @@ def replay_stage(t_blocks, s_blocks, t_acts, s_acts, t_range, s_range, first, it
     result["graphed_ms"] = time_iterations(step, iters, repeats)
     result["captured"] = stage.graphs.captures == 1 and not stage.graphs.failed
     stage.graphs = None
+    gc.collect()
+    torch.cuda.empty_cache()
     return result
 
 
@@ -156,6 +159,7 @@ def run_pair(teacher_name: str, student_name: str, micro: int, ks: list[int], ar
                 f"graphed {measured['graphed_ms']['median']:.2f} device {measured['device_ms']:.2f} "
                 f"predicted graphed {row['predicted_ms']:.2f} eager {row['predicted_eager_ms']:.2f} ms")
     del teacher, student, t_acts, s_acts
+    gc.collect()  # the stages' graphs sit in reference cycles: free their memory pools before the next size
     torch.cuda.empty_cache()
     return rows
 

@@ -16,6 +16,8 @@ timed the same way, as the yardstick for the sum of its blocks. Each time is the
 from __future__ import annotations
 
 import copy
+import gc
+import logging
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +28,8 @@ from torch import nn
 from ..engine.graph_capture import ForwardReplay, graph_module
 from ..models import run_blocks
 from .context import MeasureContext, loss_gradient
+
+logger = logging.getLogger(__name__)
 
 
 
@@ -54,11 +58,32 @@ def graphed_times(blocks: list[nn.Module], images: torch.Tensor, context: Measur
     forward, backward = [], []
     for index, (block, x) in enumerate(zip(blocks, inputs)):
         # a wrapper is captured, not the block: make_graphed_callables patches its module's forward
-        fwd, bwd = _time_replays(_Chain([block]), x, context, input_grad=index > 0)
+        fwd, bwd = _retried(lambda: _time_replays(_Chain([block]), x, context, input_grad=index > 0))
         forward.append(fwd)
         backward.append(bwd)
-    whole_fwd, whole_bwd = _time_replays(_Chain(blocks), images, context, input_grad=False)
+        _release_graphs()
+    whole_fwd, whole_bwd = _retried(lambda: _time_replays(_Chain(blocks), images, context, input_grad=False))
     return GraphedTimes(forward, backward, whole_fwd, whole_bwd)
+
+
+def _retried(measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """``measure()``, once more if its capture failed: on an H200 (torch 2.11) the first capture of
+    a backward GEMM (ResNet-50's last Linear, no GEMM captured before it) failed with
+    CUBLAS_STATUS_EXECUTION_FAILED and the same capture right after succeeded; a second failure is real."""
+    try:
+        return measure()
+    except RuntimeError as first:
+        logger.info("capture failed (%s: %s); retrying once", type(first).__name__, str(first).splitlines()[0])
+        _release_graphs()
+        return measure()
+
+
+def _release_graphs() -> None:
+    # A graphed callable sits in reference cycles (autograd Functions closing over their graphs);
+    # collected only now and then, the private memory pools of dozens of per-block graphs piled
+    # up to an out-of-memory error on ResNet-152 at micro-batch 128 on an H200.
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _block_inputs(blocks: list[nn.Module], images: torch.Tensor, context: MeasureContext) -> list[torch.Tensor]:

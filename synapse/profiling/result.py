@@ -47,6 +47,9 @@ class ProfileDetails:
     elapsed_s: float
     measured_at: str
     launch: str = "eager"  # 'eager' | 'graphed' (profiles written before graphed ones existed: eager)
+    # The factor the CSV's block times carry (graphed: the whole replay over the blocks' sum; eager: 1)
+    block_scale_forward: float = 1.0
+    block_scale_backward: float = 1.0
 
 
 @dataclass(frozen=True)
