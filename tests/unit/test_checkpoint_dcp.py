@@ -204,7 +204,7 @@ def test_sigkill_during_an_async_save_leaves_the_previous_checkpoint_in_use(tmp_
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(ready)],
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), stderr=subprocess.PIPE, text=True)
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
         while not ((ready / "writer").exists() and (ready / "loop").exists()):
