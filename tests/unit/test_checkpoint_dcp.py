@@ -8,6 +8,7 @@ leaving the previous checkpoint in use.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import signal
@@ -97,6 +98,18 @@ def test_a_save_stages_only_after_the_previous_one_is_committed(tmp_path):
             saver.save(step, held(model, optimizer, scheduler), {})
     saver.close()
     assert order == ["stage 1", "committed 1", "stage 2", "committed 2"]
+
+
+def test_a_save_that_waits_for_the_previous_write_says_to_raise_checkpoint_every(tmp_path, caplog):
+    model, optimizer, scheduler = training_state()
+    # the first commit takes 0.3 s (longer than the loop takes to reach the next save)
+    saver = checkpointer(tmp_path, on_saved=lambda step, *rest: time.sleep(0.3) if step == 1 else None)
+    with caplog.at_level(logging.WARNING, logger="synapse.engine.checkpointer"):
+        for step in (1, 2, 3):
+            saver.save(step, held(model, optimizer, scheduler), {})
+        saver.close()
+    warnings = [r.getMessage() for r in caplog.records if "raise checkpoint.every" in r.getMessage()]
+    assert len(warnings) == 1 and "step 2 waited" in warnings[0], warnings  # said once, at the save that waited
 
 
 def test_a_checkpoint_from_another_partition_loads_by_name(tmp_path):
