@@ -8,13 +8,17 @@ progress is a handful of plain lines, one per quarter of the run (``Milestones``
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
-from tqdm import tqdm
+from .console_bar import ConsoleBar, lines_above
 
 MILESTONE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+RATE_WINDOW = 20  # recent steps the time left is extrapolated from
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -63,24 +67,39 @@ class Milestones:
 
 
 class Progress:
-    """Progress of the single-process trainer (the pipeline's bar is the supervisor's)."""
+    """Progress of the single-process trainer (the pipeline's bar is the supervisor's).
+
+    On a terminal: one ``ConsoleBar`` line, with the run's log lines and warnings printed above
+    it while it is shown (through ``lines_above``), never over it. Elsewhere: ``Milestones`` lines."""
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool = True,
                  log: Callable[[str], None] = print, stream: TextIO | None = None):
         stream = stream or sys.stderr
-        self._bar = (tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=stream,
-                          leave=False) if enabled and is_terminal(stream) else None)
+        self._bar = ConsoleBar(stream) if enabled and is_terminal(stream) else None
         self._lines = Milestones(total_steps, start_step) if enabled and self._bar is None else None
         self._total, self._shown, self._log = total_steps, start_step, log
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._routing = contextlib.ExitStack()
+        if self._bar is not None:
+            self._routing.enter_context(lines_above(self._bar))
 
     def update(self, step: int, loss: float, images_per_s: float) -> None:
+        self._recent.append((step, time.monotonic()))
         if self._bar is not None:
-            self._bar.update(step - self._shown)
-            self._bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{images_per_s:,.0f}", refresh=False)
+            self._bar.show(progress_text(step, self._total, loss=loss, images_per_s=images_per_s,
+                                         eta_s=self._eta_s(step)))
         elif self._lines is not None and self._lines.reached(step):
             self._log(progress_text(step, self._total, loss=loss, images_per_s=images_per_s))
         self._shown = step
 
+    def _eta_s(self, step: int) -> float | None:
+        if len(self._recent) < 2 or not self._total:
+            return None
+        (first_step, first_at), (last_step, last_at) = self._recent[0], self._recent[-1]
+        per_step = (last_at - first_at) / max(1, last_step - first_step)
+        return max(0, self._total - step) * per_step
+
     def close(self) -> None:
+        self._routing.close()
         if self._bar is not None:
             self._bar.close()

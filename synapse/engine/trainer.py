@@ -187,6 +187,7 @@ class Trainer:
                 with contextlib.suppress(Exception):  # the finished steps' records outlive the error
                     self._flush(metrics, pending, progress, None)
                 self._finish_saving_after_error()
+                progress.close()  # the console gets its streams back before the error is printed
                 raise
             self._flush(metrics, pending, progress, None)
             if (stop_after is not None or runner.stop_requested) and self.step < self.total_steps:

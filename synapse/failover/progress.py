@@ -15,10 +15,8 @@ progress is a few plain log lines instead, one per quarter of the run.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -27,94 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engine.progress import Milestones, is_terminal, progress_text
+from ..engine.console_bar import ConsoleBar, lines_above
+from ..engine.progress import RATE_WINDOW, Milestones, is_terminal, progress_text
 from ..planner.placement import Placement
 from ..records import JsonlTail, RecordFileError
-
-RATE_WINDOW = 20  # recent steps the time left is extrapolated from (evaluations and restarts included)
-CLEAR_LINE = "\r\x1b[K"
-
-
-class ConsoleBar:
-    """One status line at the bottom of a terminal; ``write_line`` prints above it (thread-safe)."""
-
-    def __init__(self, stream: TextIO):
-        self.stream, self.text = stream, ""
-        self._lock = threading.RLock()
-
-    def show(self, text: str) -> None:
-        with self._lock:
-            self.text = text
-            self._draw()
-
-    def write_line(self, line: str) -> None:
-        with self._lock:
-            self.stream.write(CLEAR_LINE + line.rstrip("\n") + "\n")
-            self._draw()
-
-    def close(self) -> None:
-        """Leave the last state of the bar on the screen as an ordinary line."""
-        with self._lock:
-            if self.text:
-                self.stream.write(CLEAR_LINE + self.text + "\n")
-                self.stream.flush()
-            self.text = ""
-
-    def _draw(self) -> None:
-        if self.text:
-            width = shutil.get_terminal_size((100, 24)).columns
-            self.stream.write(CLEAR_LINE + self.text[:max(10, width - 1)])
-        self.stream.flush()
-
-
-class _LinesAboveBar(io.TextIOBase):
-    """A text stream whose complete lines go through the bar (a partial line waits for its end)."""
-
-    def __init__(self, bar: ConsoleBar, original: TextIO):
-        self._bar, self._original, self._pending = bar, original, ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *lines, self._pending = (self._pending + text).split("\n")
-        for line in lines:
-            self._bar.write_line(line)
-        return len(text)
-
-    def flush(self) -> None:
-        self._original.flush()
-
-    def isatty(self) -> bool:
-        return False  # so that nothing else draws in place through it
-
-    def fileno(self) -> int:
-        return self._original.fileno()
-
-
-@contextlib.contextmanager
-def lines_above(bar: ConsoleBar) -> Iterator[None]:
-    """While the bar is on screen, route sys.stdout, sys.stderr and the logging handlers that write
-    to them through the bar (torch's agent copies the workers' lines to whatever sys.stdout is
-    when a launch starts, so launches inside this block are routed too)."""
-    originals = sys.stdout, sys.stderr
-    routed = {id(s): _LinesAboveBar(bar, s) for s in originals}
-    handlers = [h for h in _all_handlers() if isinstance(h, logging.StreamHandler)
-                and not isinstance(h, logging.FileHandler) and id(h.stream) in routed]
-    previous = [h.setStream(routed[id(h.stream)]) for h in handlers]
-    sys.stdout, sys.stderr = routed[id(originals[0])], routed[id(originals[1])]
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = originals
-        for handler, stream in zip(handlers, previous):
-            handler.setStream(stream)
-
-
-def _all_handlers() -> list[logging.Handler]:
-    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
-    return [h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers]
-
 
 class RunProgress(threading.Thread):
     """Tails the run's records and draws the bar (terminal) or logs a plain line per quarter (elsewhere).

@@ -12,7 +12,8 @@ import pytest
 
 from synapse.config import ConfigError, validate
 from synapse.engine.progress import Milestones, Progress, format_seconds, progress_text
-from synapse.failover.progress import CLEAR_LINE, ConsoleBar, RunProgress, lines_above
+from synapse.engine.console_bar import CLEAR_LINE, ConsoleBar, lines_above
+from synapse.failover.progress import RunProgress
 from synapse.launch.worker_logs import failed_rank_tail, last_lines, rank_log_files
 from synapse.planner.placement import Placement
 from synapse.records import JsonlWriter
@@ -88,6 +89,27 @@ def test_lines_written_while_the_bar_is_shown_land_above_it_and_the_bar_is_redra
     assert CLEAR_LINE + "a supervisor line\n" in out and CLEAR_LINE + "a warning\n" in out
     assert CLEAR_LINE + "a logged line\n" in out
     assert out.endswith(CLEAR_LINE + "step 2/10\n"), "the last state stays as a plain line"
+
+
+def test_single_process_bar_keeps_log_lines_above_it_and_gives_the_streams_back(terminal):
+    stream, read = terminal
+    handler = logging.StreamHandler(sys.stdout)
+    logger = logging.getLogger("synapse.test_progress_single")
+    logger.addHandler(handler)
+    try:
+        progress = Progress(10, 0, log=lambda line: pytest.fail(f"logged {line!r}"), stream=stream)
+        progress.update(1, loss=0.5, images_per_s=100.0)
+        logger.warning("epoch 0: val top-1 50.0%")
+        progress.update(2, loss=0.25, images_per_s=100.0)
+        progress.close()
+        assert handler.stream is sys.stdout and type(sys.stdout).__name__ != "_LinesAboveBar", "streams given back"
+    finally:
+        logger.removeHandler(handler)
+    out = read().replace("\r\n", "\n")
+    assert CLEAR_LINE + "epoch 0: val top-1 50.0%\n" in out, "the log line is printed above the bar"
+    assert out.count(CLEAR_LINE + "step 1/10 (10%) | loss 0.5000 | 100 img/s") == 2, "drawn, redrawn after the line"
+    assert out.endswith("\n") and "step 2/10 (20%) | loss 0.2500" in out.splitlines()[-1]
+    assert "ETA" in out.splitlines()[-1], "two steps give a rate, so the time left"
 
 
 def _records(run_dir, steps, total, stage=0, start=1):
