@@ -21,10 +21,19 @@ counts a rank's excess only beyond what its peers' compute fell below their base
 """
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Sequence
 from statistics import median
 
 _TINY_S = 1e-9
+# Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
+_MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
+
+
+def robust_sd(values: Sequence[float]) -> float:
+    center = median(values)
+    return _MAD_TO_SD * median(abs(v - center) for v in values)
 
 
 def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: int) -> float | None:
@@ -59,3 +68,49 @@ def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], mar
     shortfall = [(r - 1.0) * b if r < 1.0 - margin else 0.0 for r, b in zip(ratios, baseline_s)]
     total = sum(shortfall)
     return [max(0.0, r + (total - own) / max(b, _TINY_S)) for r, b, own in zip(ratios, baseline_s, shortfall)]
+
+
+class ComputeBaseline:
+    """Each rank's compute seconds per step at nominal speed: learnt from the first steps,
+    checked against the plan and the rank's peers, refined by quiet steps."""
+
+    def __init__(self, refine_window: int, prior_threshold: float | None) -> None:
+        self.refine_window, self.prior_threshold = refine_window, prior_threshold
+        self.values: list[float] | None = None
+        self.samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
+        self.expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
+        self.replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
+
+    def learn(self, compute_median: Sequence[float], compute_steps: Sequence[Sequence[float]]) -> None:
+        """The baseline from the learning steps' per-rank medians, checked against the plan."""
+        expected = self.expected if self.expected and len(self.expected) == len(compute_median) else None
+        self.values, replaced = prior_checked(compute_median, expected, self.prior_threshold)
+        self.replaced = tuple(replaced)
+        self.samples = [deque([] if rank in replaced else per_rank, maxlen=self.refine_window)
+                        for rank, per_rank in enumerate(zip(*compute_steps))]
+
+    def refine(self, compute_s: Sequence[float], quiet_ranks: Sequence[int]) -> bool:
+        """A quiet step: each rank in ``quiet_ranks`` adds it to its samples. Whether any did."""
+        changed = False
+        for rank in quiet_ranks:
+            self.samples[rank].append(compute_s[rank])
+            self.values[rank] = median(self.samples[rank])
+            changed = True
+        return changed
+
+    def floor(self, window: int, noise_z: float) -> float:
+        """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
+        of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
+        that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
+        spreads = [robust_sd(s) / max(b, _TINY_S)
+                   for s, b in zip(self.samples, self.values) if len(s) >= 4]
+        if not spreads:
+            return 0.0
+        return 1.0 + noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(window)
+
+    def carried(self, mapping: Sequence[int], scale: Sequence[float]) -> None:
+        """New rank i's baseline is old rank mapping[i]'s times scale[i]."""
+        self.values = [self.values[old] * s for old, s in zip(mapping, scale)]
+        if self.samples:
+            self.samples = [deque((x * s for x in self.samples[old]), maxlen=self.refine_window)
+                            for old, s in zip(mapping, scale)]

@@ -27,38 +27,14 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    (halfway between 1 and ``threshold``): ``event='recovery'``. Recovery is
    cautious on purpose: a false one would make the controller forget a real slowdown.
 
-The waiting rule (who is blamed for communication)
---------------------------------------------------
-``comm_s`` includes time blocked waiting for a peer, and every rank's step lasts
-the same: when one stage slows down, all others wait longer. Waiting is the
-pipeline's, not the waiting rank's. Per step, with D = excess over the baseline::
-
-    beyond_peer_comm[r] = D comm[r] - median_{s != r} D comm[s]
-    beyond_peer_step[r] = D comm[r] + min(0, D compute[r]) - median_{s != r} (D comm[s] + D compute[s])
-
-The first removes the waiting all ranks share; the second keeps only comm growth
-beyond how much the other ranks' whole step grew (a rank whose own compute got
-shorter waits that much longer). A rank's own comm excess is the smaller of their
-window medians, less ``wait_explain_factor`` times the largest compute excess (s)
-of a rank with compute ratio >= ``threshold``: a stage computing d s more makes
-the step up to (M + K - 1)/M * d longer (<= 2 d when M >= K - 1), which covers
-runtimes in which a slow stage's neighbours wait more than distant ranks. Comm
-is in excess when own excess >= ``min_comm_s`` and >= `NOISE_Z` sd of its window
-median (sd from the baseline), and ``(baseline + own) / max(baseline,
-min_comm_s)`` passes the ratio checks.
-
+Communication (who is blamed for it)
+------------------------------------
 Own transfer time (records with ``send_s``): the pipeline runtime measures each rank's own
 send work apart from its waiting, so comm is judged on it directly (`synapse.monitor.link`):
 a rank's comm is in excess when the window median of its send excess passes the same
-checks, and waiting, however long, is never blamed. The waiting rule below is for
-records without ``send_s`` (older runs, other runtimes).
-
-If the runtime counts *all* idle time as comm (``comm = step - compute``) and
-K >= 2, beyond_peer_step is <= 0 exactly: a waiting rank is never blamed, and
-neither is a slow link, since per-rank totals cannot say whose link it is (the
-estimator's betas still rise). Comm is attributed when comm_s carries a rank's own
-transfer time on top of shared waiting. Comm ratios are relative to the whole comm
-time, waiting included, so a 2x slower transfer reads as less than 2x.
+checks, and waiting, however long, is never blamed. Records without ``send_s`` (older
+runs, other runtimes) are judged by the waiting rule (`synapse.monitor.waiting`), which
+tells a rank's own comm growth from the waiting every rank shares.
 
 Onset: at an event, the start of the run of recent steps whose per-step excess is
 past the midpoint between the level before and now. ``latency_s`` runs from the
@@ -70,12 +46,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from itertools import islice
 from statistics import median
 from typing import Any
 
-from synapse.monitor.baseline import net_compute_ratios, prior_checked
+from synapse.monitor.baseline import ComputeBaseline, net_compute_ratios, robust_sd
 from synapse.monitor.detection import (  # noqa: F401  (the detector's public names, re-exported)
     COMM,
     COMPUTE,
@@ -90,66 +66,18 @@ from synapse.monitor.detection import (  # noqa: F401  (the detector's public na
     _check_mapping,
     _check_scales,
 )
+from synapse.monitor.detector_state import STATE_VERSION, HistoryEntry, Tracker, encode_state, parse_state
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.timing import StepTiming
+from synapse.monitor.waiting import CommBaseline, others_median
 
-STATE_VERSION = 1
 NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
-# Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
-_MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
-_COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
-
-
-@dataclass
-class _CommBaseline:
-    comm_s: list[float]  # median comm per rank
-    compute_s: list[float]  # median compute over the same steps (the waiting rule's reference)
-    spread_s: list[float]  # robust per-step sd of beyond_peer_comm
-
-    def carried(self, mapping: Sequence[int], comm_scale: Sequence[float],
-                compute_scale: Sequence[float]) -> _CommBaseline:
-        return _CommBaseline([self.comm_s[old] * s for old, s in zip(mapping, comm_scale)],
-                             [self.compute_s[old] * s for old, s in zip(mapping, compute_scale)],
-                             [self.spread_s[old] * s for old, s in zip(mapping, comm_scale)])
-
-
-@dataclass
-class _Entry:
-    step: int
-    start_time: float
-    compute_s: tuple[float, ...]
-    comm_s: tuple[float, ...]
-    step_s: float = 0.0
-    send_s: tuple[float, ...] | None = None  # own send seconds per rank (None: not measured)
-    signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
-
-
-@dataclass
-class _Tracker:
-    above: int = 0  # evaluations in a row in excess (while inactive)
-    below: int = 0  # evaluations in a row cleared (while active)
-    active: Detection | None = None
-
-
-def _others_median(values: Sequence[float], rank: int, default: float) -> float:
-    others = list(values[:rank]) + list(values[rank + 1:])
-    return median(others) if others else default
-
-
-def own_comm_per_step(compute_excess: Sequence[float],
-                      comm_excess: Sequence[float]) -> tuple[list[float], list[float]]:
-    """(beyond_peer_comm, beyond_peer_step) of one step, per rank (the waiting rule)."""
-    occupancy = [c + m for c, m in zip(compute_excess, comm_excess)]
-    ranks = range(len(comm_excess))
-    beyond_comm = [comm_excess[r] - _others_median(comm_excess, r, 0.0) for r in ranks]
-    beyond_step = [comm_excess[r] + min(0.0, compute_excess[r]) - _others_median(occupancy, r, 0.0) for r in ranks]
-    return beyond_comm, beyond_step
 
 
 def peer_ratios(ratios: Sequence[float]) -> list[float]:
     """Each rank's ratio over the median ratio of the other ranks (1.0 without others)."""
-    return [ratio / max(_others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
+    return [ratio / max(others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
 
 
 def change_index(flags: Sequence[bool]) -> int:
@@ -162,15 +90,6 @@ def change_index(flags: Sequence[bool]) -> int:
     return best_index
 
 
-def _robust_sd(values: Sequence[float]) -> float:
-    center = median(values)
-    return _MAD_TO_SD * median(abs(v - center) for v in values)
-
-
-def _excess(values: Sequence[float], baseline: Sequence[float]) -> list[float]:
-    return [v - b for v, b in zip(values, baseline)]
-
-
 class SlowdownDetector:
     """Feed `update` one `StepTiming` per step; it returns that step's events."""
 
@@ -179,15 +98,12 @@ class SlowdownDetector:
         self._num_ranks: int | None = None
         self._last_step: int | None = None
         self._steps_since_start = 0
-        self._compute_baseline: list[float] | None = None
-        self._comm_baseline: _CommBaseline | None = None
+        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold)
+        self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
         self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
-        self._samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
-        self._expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
-        self.prior_replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
-        self._history: deque[_Entry] = deque(maxlen=self.config.history_len)
-        self._trackers: dict[tuple[str, int], _Tracker] = {}
+        self._history: deque[HistoryEntry] = deque(maxlen=self.config.history_len)
+        self._trackers: dict[tuple[str, int], Tracker] = {}
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
         cfg = self.config
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
@@ -196,6 +112,11 @@ class SlowdownDetector:
     def _link_mode(self) -> bool:
         """Whether comm is judged on own send time (the records carry it and its baseline is known)."""
         return self._link.ready and bool(self._history) and self._history[-1].send_s is not None
+
+    @property
+    def prior_replaced(self) -> tuple[int, ...]:
+        """Ranks whose compute baseline came from their peers (slow from the start)."""
+        return self._compute.replaced
 
     @property
     def num_ranks(self) -> int | None:
@@ -215,7 +136,7 @@ class SlowdownDetector:
     def baseline(self, kind: str) -> tuple[float, ...] | None:
         """Per-rank baseline seconds of `kind`; None while it is being learnt."""
         if _check_kind(kind) == COMPUTE:
-            return None if self._compute_baseline is None else tuple(self._compute_baseline)
+            return None if self._compute.values is None else tuple(self._compute.values)
         return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
@@ -227,7 +148,7 @@ class SlowdownDetector:
         if self._num_ranks is not None and len(values) != self._num_ranks:
             raise DetectorInputError(f"expected compute_s has {len(values)} ranks, the detector tracks "
                                      f"{self._num_ranks}; call set_expected after rebase()")
-        self._expected = values
+        self._compute.expected = values
 
     # ------------------------------------------------------------------ update
     def update(self, timing: StepTiming) -> list[Detection]:
@@ -238,9 +159,9 @@ class SlowdownDetector:
         self._learn_baselines(timing)
         if timing.send_s is not None:
             self._link.learn(timing.send_s)
-        self._history.append(_Entry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
+        self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
                                     timing.step_seconds, timing.send_s))
-        if self._compute_baseline is None or len(self._history) < self.config.window:
+        if self._compute.values is None or len(self._history) < self.config.window:
             return []
         return self._evaluate(timing)
 
@@ -260,30 +181,23 @@ class SlowdownDetector:
         self._last_step = timing.step
 
     def _learn_baselines(self, timing: StepTiming) -> None:
-        if self._compute_baseline is not None and self._comm_baseline is not None:
+        if self._compute.values is not None and self._comm_baseline is not None:
             return
         self._learning.append((timing.compute_s, timing.comm_s))
         if len(self._learning) < self.config.baseline_window:
             return
         compute_steps, comm_steps = zip(*self._learning)
         compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
-        if self._compute_baseline is None:
-            expected = self._expected if self._expected and len(self._expected) == len(compute_median) else None
-            self._compute_baseline, replaced = prior_checked(compute_median, expected, self.config.prior_threshold)
-            self.prior_replaced = tuple(replaced)
-            self._samples = [deque([] if rank in replaced else per_rank, maxlen=self.config.refine_window)
-                             for rank, per_rank in enumerate(zip(*compute_steps))]
+        if self._compute.values is None:
+            self._compute.learn(compute_median, compute_steps)
         if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
-            comm_median = [median(per_rank) for per_rank in zip(*comm_steps)]
-            own = [own_comm_per_step(_excess(c, compute_median), _excess(m, comm_median))[0]
-                   for c, m in zip(compute_steps, comm_steps)]
-            self._comm_baseline = _CommBaseline(comm_median, compute_median, [_robust_sd(s) for s in zip(*own)])
+            self._comm_baseline, own = CommBaseline.learned(compute_steps, comm_steps, compute_median)
             self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
         if self._comm_baseline is not None:
             self._learning = []
 
     # -------------------------------------------------------------- evaluation
-    def _signal(self, entry: _Entry, name: str) -> list[float]:
+    def _signal(self, entry: HistoryEntry, name: str) -> list[float]:
         signals = entry.signals
         if name in signals:
             return signals[name]
@@ -292,13 +206,11 @@ class SlowdownDetector:
             ratios = self._link.ratios(excess)
             signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
         elif name.startswith(COMPUTE):
-            raw = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute_baseline)]
-            ratios = net_compute_ratios(raw, self._compute_baseline, self._margin)
+            raw = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute.values)]
+            ratios = net_compute_ratios(raw, self._compute.values, self._margin)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
-            base = self._comm_baseline
-            beyond_comm, beyond_step = own_comm_per_step(_excess(entry.compute_s, base.compute_s),
-                                                         _excess(entry.comm_s, base.comm_s))
+            beyond_comm, beyond_step = self._comm_baseline.beyond_peers(entry.compute_s, entry.comm_s)
             ratios = [1.0 + max(0.0, min(a, b)) / self._denominator(COMM, r)
                       for r, (a, b) in enumerate(zip(beyond_comm, beyond_step))]
             signals.update(comm_beyond_comm=beyond_comm, comm_beyond_step=beyond_step,
@@ -312,7 +224,8 @@ class SlowdownDetector:
             return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
-        beyond_noise = [ratio >= self._compute_floor(r) for r, ratio in enumerate(ratios)]
+        beyond_noise = [ratio >= self._compute.floor(self.config.window, self.config.compute_noise_z)
+                        for ratio in ratios]
         events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing)
         self._refine(ratios)
         if self._link_mode:
@@ -327,12 +240,13 @@ class SlowdownDetector:
         own = [max(0.0, min(a, b) - explained)
                for a, b in zip(window_median("comm_beyond_comm"), window_median("comm_beyond_step"))]
         comm_ratios = [1.0 + x / self._denominator(COMM, r) for r, x in enumerate(own)]
-        above_floor = [x >= self._comm_floor(r) for r, x in enumerate(own)]
+        above_floor = [x >= self._comm_baseline.floor(r, self.config.window, self.config.min_comm_s, NOISE_Z)
+                       for r, x in enumerate(own)]
         return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
 
     def _refine(self, net_ratios: Sequence[float]) -> None:
         """Healthy steps refine each rank's compute baseline (the median of the last refine_window)."""
-        if not self.config.refine_window or not self._samples:
+        if not self.config.refine_window or not self._compute.samples:
             return
         latest = self._history[-1]
         step_ratios = self._signal(latest, "compute_raw")
@@ -350,16 +264,10 @@ class SlowdownDetector:
             own = self._signal(latest, "comm_beyond_comm")
             for rank, samples in enumerate(self._comm_own):
                 samples.append(own[rank])
-                self._comm_baseline.spread_s[rank] = _robust_sd(samples)
-        changed = False
-        for rank, samples in enumerate(self._samples):
-            if step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below:
-                continue
-            samples.append(latest.compute_s[rank])
-            self._compute_baseline[rank] = median(samples)
-            changed = True
-
-        if changed:  # cached per-step compute signals were relative to the old baseline
+                self._comm_baseline.spread_s[rank] = robust_sd(samples)
+        quiet = [rank for rank in range(len(self._compute.samples))
+                 if not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
+        if self._compute.refine(latest.compute_s, quiet):  # cached per-step compute signals were relative to the old baseline
             for entry in self._history:
                 for name in ("compute_raw", "compute_ratio", "compute_peer"):
                     entry.signals.pop(name, None)
@@ -369,27 +277,12 @@ class SlowdownDetector:
             return self._link.denominator(rank)
         if kind == COMM:
             return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
-        return max(self._compute_baseline[rank], _TINY_S)
+        return max(self._compute.values[rank], _TINY_S)
 
     @property
     def _margin(self) -> float:
         """A peer's compute this far below its baseline moved to another rank's clock (not noise)."""
         return self.config.threshold - 1.0
-
-    def _compute_floor(self, rank: int) -> float:
-        """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
-        of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
-        that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
-        spreads = [_robust_sd(s) / max(b, _TINY_S)
-                   for s, b in zip(self._samples, self._compute_baseline) if len(s) >= 4]
-        if not spreads:
-            return 0.0
-        return 1.0 + self.config.compute_noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(self.config.window)
-
-    def _comm_floor(self, rank: int) -> float:
-        """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
-        noise = NOISE_Z * _MEDIAN_SD_FACTOR * self._comm_baseline.spread_s[rank] / math.sqrt(self.config.window)
-        return max(self.config.min_comm_s, noise, _TINY_S)
 
     def _judge(self, kind: str, ratios: list[float], peers: list[float], above_floor: list[bool],
                timing: StepTiming) -> list[Detection]:
@@ -409,7 +302,7 @@ class SlowdownDetector:
 
     def _advance(self, kind: str, rank: int, ratio: float, in_excess: bool, cleared: bool,
                  timing: StepTiming) -> Detection | None:
-        tracker = self._trackers.setdefault((kind, rank), _Tracker())
+        tracker = self._trackers.setdefault((kind, rank), Tracker())
         if tracker.active is None:
             tracker.above = tracker.above + 1 if in_excess else 0
             if tracker.above < self.config.sustain:
@@ -427,7 +320,7 @@ class SlowdownDetector:
     def _event(self, kind: str, rank: int, event: str, ratio: float, timing: StepTiming,
                level_before: float) -> Detection:
         if kind == COMPUTE:
-            series = [e.compute_s[rank] - self._compute_baseline[rank] for e in self._history]
+            series = [e.compute_s[rank] - self._compute.values[rank] for e in self._history]
         elif self._link_mode:
             series = [self._signal(e, "link_excess")[rank] if e.send_s is not None else 0.0 for e in self._history]
         else:
@@ -443,68 +336,28 @@ class SlowdownDetector:
     # -------------------------------------------------------- restart support
     def state_dict(self) -> dict[str, Any]:
         """JSON-friendly: baselines, partial baseline samples, history, counters."""
-        return {
-            "version": STATE_VERSION,
-            "num_ranks": self._num_ranks,
-            "last_step": self._last_step,
-            "compute_baseline": None if self._compute_baseline is None else list(self._compute_baseline),
-            "comm_baseline": None if self._comm_baseline is None else asdict(self._comm_baseline),
-            "learning": [[list(c), list(m)] for c, m in self._learning],
-            "compute_samples": [list(s) for s in self._samples],
-            "comm_own_samples": [list(s) for s in self._comm_own],
-            "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)]
-                        + ([list(e.send_s)] if e.send_s is not None else []) for e in self._history],
-            "link": self._link.state_dict(),
-            "trackers": [
-                {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
-                 "active": None if t.active is None else t.active.to_dict()}
-                for (kind, rank), t in sorted(self._trackers.items())
-            ],
-        }
+        return encode_state(num_ranks=self._num_ranks, last_step=self._last_step,
+                            compute_baseline=self._compute.values, comm_baseline=self._comm_baseline,
+                            learning=self._learning, compute_samples=self._compute.samples,
+                            comm_own_samples=self._comm_own,
+                            history=self._history, link=self._link.state_dict(), trackers=self._trackers)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()`. The next ``warmup_steps`` records are the restarted
         process's warm-up and are ignored; baselines and active slowdowns carry on,
         so a device that is still slow is still reported, not learnt as normal."""
         try:
-            restored = self._parse_state(state)
+            restored = parse_state(state, self.config.history_len)
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise DetectorInputError(f"not a detector state_dict() of version {STATE_VERSION}: {error}") from None
-        (self._num_ranks, self._last_step, self._compute_baseline, self._comm_baseline, self._learning,
+        (self._num_ranks, self._last_step, self._compute.values, self._comm_baseline, self._learning,
          self._history, self._trackers) = restored
-        self._samples = [deque(map(float, s), maxlen=self.config.refine_window)
-                         for s in state.get("compute_samples", [])]
+        self._compute.samples = [deque(map(float, s), maxlen=self.config.refine_window)
+                                 for s in state.get("compute_samples", [])]
         self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
                           for s in state.get("comm_own_samples", [])]
         self._link.load_state_dict(state.get("link"))
         self._latest_ratios, self._steps_since_start = {}, 0
-
-    def _parse_state(self, state: Mapping[str, Any]) -> tuple:
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"version {state['version']!r}, expected {STATE_VERSION}")
-        num_ranks, width = state["num_ranks"], state["num_ranks"] or 0
-
-        def per_rank(values: Sequence[float], what: str) -> list[float]:
-            if len(values) != width:
-                raise ValueError(f"{what} has {len(values)} ranks, num_ranks is {num_ranks}")
-            return [float(v) for v in values]
-
-        compute = None if state["compute_baseline"] is None else per_rank(state["compute_baseline"], "compute_baseline")
-        comm = state["comm_baseline"]
-        if comm is not None:
-            comm = _CommBaseline(*(per_rank(comm[k], f"comm_baseline.{k}") for k in _COMM_BASELINE_FIELDS))
-        learning = [(tuple(per_rank(c, "learning")), tuple(per_rank(m, "learning"))) for c, m in state["learning"]]
-        history = deque((_Entry(int(step), float(start), tuple(per_rank(c, "history")), tuple(per_rank(m, "history")),
-                                send_s=tuple(per_rank(rest[0], "history")) if rest else None)
-                         for step, start, c, m, *rest in state["history"]), maxlen=self.config.history_len)
-        trackers = {}
-        for item in state["trackers"]:
-            kind, rank = _check_kind(item["kind"]), int(item["rank"])
-            if not 0 <= rank < width:
-                raise ValueError(f"tracker rank {rank} is outside 0..{width - 1}")
-            active = None if item["active"] is None else Detection.from_dict(item["active"])
-            trackers[(kind, rank)] = _Tracker(int(item["above"]), int(item["below"]), active)
-        return num_ranks, state["last_step"], compute, comm, learning, history, trackers
 
     def rewind(self, step: int) -> None:
         """A restart resumed from a checkpoint at ``step``: the steps after it will come again."""
@@ -529,7 +382,7 @@ class SlowdownDetector:
         mapping = _check_mapping(previous_rank, self._num_ranks)
         compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
         comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
-        carried = {COMPUTE: self._compute_baseline is not None}
+        carried = {COMPUTE: self._compute.values is not None}
         comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
         # A device keeps its link over a re-partition: own send baselines carry over unscaled, and
         # with them the comm slowdowns they found.
@@ -539,15 +392,12 @@ class SlowdownDetector:
         for (kind, old_rank), tracker in sorted(self._trackers.items()):
             if tracker.active is not None and old_rank in mapping and carried[kind]:
                 new_rank = mapping.index(old_rank)
-                trackers[(kind, new_rank)] = _Tracker(active=replace(tracker.active, rank=new_rank))
+                trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
             elif tracker.active is not None:
                 dropped.append(tracker.active)
         if carried[COMPUTE]:
-            self._compute_baseline = [self._compute_baseline[old] * s for old, s in zip(mapping, compute_scale)]
-            if self._samples:
-                self._samples = [deque((x * s for x in self._samples[old]), maxlen=self.config.refine_window)
-                                 for old, s in zip(mapping, compute_scale)]
-        self._expected = None  # the plan of the new partition comes with set_expected
+            self._compute.carried(mapping, compute_scale)
+        self._compute.expected = None  # the plan of the new partition comes with set_expected
         self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
         self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
                           for old, s in zip(mapping, comm_scale)] if comm_carried and self._comm_own else []

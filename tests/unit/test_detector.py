@@ -28,9 +28,9 @@ from synapse.monitor.detector import (
     DetectorInputError,
     SlowdownDetector,
     change_index,
-    own_comm_per_step,
 )
 from synapse.monitor.timing import StepTiming, TimingRecordError, read_step_timings
+from synapse.monitor.waiting import own_comm_per_step
 
 CONFIG = DetectorConfig()  # the defaults are what the tests exercise
 ONSET = 300
