@@ -9,8 +9,8 @@ with Hydra from the user's overrides plus the new devices, partition, resume che
 the faults still to come, saved under ``stages/<n>/``, and launched.
 
 What each restart cost (checkpoint save, teardown, launch, checkpoint load, warm-up) is
-measured from the event log and fed back to the restart-cost model, so later decisions use
-this run's own restarts.
+measured from the event log (`restarts.py`) and fed back to the restart-cost model, so later
+decisions use this run's own restarts. What goes into a stage's config is `stage_config.py`.
 """
 from __future__ import annotations
 
@@ -22,25 +22,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .. import checkpoint as ckpt
-from ..config import run_topology, validate
 from ..control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from ..launch.elastic import WorkerFailure, launch_pipeline
 from ..launch.interrupt import InterruptToStop, RunInterrupted
 from ..launch.worker_logs import failed_rank_tail
 from ..monitor.events import EventLog, EventLogError, events_path
-from ..monitor.injection import fired_fault_indices
 from ..planner.placement import Placement
 from ..planner.policy import Decision, NoViableOptionError
 from ..records import JsonlTail
 from ..trackers import NullTracker, Tracker
 from .controller import FailoverController
-from .faults import faults_for_stage
-from .multinode import stage_node_settings
 from .progress import supervised_console
-from .stages import StageSpec, compose_stage_config, merge_overrides, pin_checkpoint, setting, write_stage
+from .restarts import Restart
+from .stage_config import compose_stage, stage_overrides
+from .stages import StageSpec, pin_checkpoint, write_stage
 from .summary import write_experiment_summary
 from .watch import StageWatcher
 
@@ -49,28 +47,6 @@ STATE_FILE = "failover/controller_state.json"
 
 class FailoverError(RuntimeError):
     """The run cannot continue (no device left, restart budget spent); everything finished is saved."""
-
-
-@dataclass
-class Restart:
-    """One restart: why, when, and what it cost (filled in as its pieces are seen)."""
-
-    stage: int  # the stage it starts
-    action: str
-    trigger_time: float  # decision, or failure detection
-    trigger_step: int
-    resume_step: int
-    relaunch_time: float = 0.0
-    components: dict[str, float] = field(default_factory=dict)
-    recovery_s: float | None = None
-    first_step: int | None = None
-    cause: str | None = None
-    decision: Decision | None = None
-    resume_path: Path | None = None
-    trigger: str = "decision"  # or "failure"
-    mode: str = "restart"  # or "live" (a REPLAN without stopping the workers)
-    last_step_time: float | None = None  # end of the last step on the old partition
-    downtime_s: float | None = None  # last step on the old partition -> first on the new, less one healthy step
 
 
 @dataclass
@@ -128,7 +104,8 @@ class Supervisor:
 
     def _run_stages(self, first: StageSpec, compose: bool) -> dict[str, Any]:
         spec, restart = first, None
-        stage_cfg, overrides = self._compose(spec) if compose else (self.cfg, self._stage_overrides(spec))
+        stage_cfg, overrides = self._compose(spec) if compose else (
+            self.cfg, stage_overrides(self.cfg, self.run_dir, self.overrides, spec, self.worker_events))
         while True:
             self.stages.append(spec)
             write_stage(self.run_dir, spec, stage_cfg, overrides)
@@ -242,7 +219,7 @@ class Supervisor:
         restart.components = {"launch_s": moved_s, "warmup_s": max(0.0, warm)}
         restart.first_step = int(first_record["step"])
         restart.recovery_s = float(first_record["time"]) - restart.trigger_time
-        restart.downtime_s = self._downtime(restart, first_record)
+        restart.downtime_s = restart.downtime(first_record, self.controller.baseline_step_s)
         self.restarts.append(restart)
         self.controller.restart_costs.observe("live", restart.components)
         self.events.append("first_step_after_restart", stage=spec.index, step=restart.first_step, action="replan",
@@ -341,82 +318,20 @@ class Supervisor:
                          start_step=restart.resume_step)
 
     # ---------------------------------------------------------------- stage configs
-    def _stage_settings(self, spec: StageSpec) -> dict[str, Any]:
-        """What makes this stage this stage, on top of the user's config (key -> value)."""
-        settings: dict[str, Any] = {"run_dir": str(self.run_dir), "cache_dir": self.cfg.cache_dir,
-                                    # chosen once (pipeline.microbatches=auto): every stage keeps it
-                                    "pipeline.microbatches": self.cfg.pipeline.microbatches}
-        if spec.index == 0:
-            return settings
-        faults = OmegaConf.to_container(self.cfg.injection.faults, resolve=True)
-        fired = fired_fault_indices(self.worker_events())
-        topology = run_topology(self.cfg.trainer)  # run-wide device ids across nodes (planner/topology.py)
-        return {**settings, **stage_node_settings(topology, spec.devices, self.cfg.trainer.rdzv_endpoint),
-                "trainer.strategy": "pipeline",
-                "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
-                "partition.student": spec.student_counts, "partition.alphas": None,
-                "injection.faults": faults_for_stage(faults, topology.devices, spec.devices, fired),
-                # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
-                "trainer.spare_devices": [d for d in self.cfg.trainer.spare_devices if d not in spec.devices],
-                "resume": spec.resume}
-
-    def _stage_overrides(self, spec: StageSpec) -> list[str]:
-        """The override list that composes this stage: the user's, then the stage's own."""
-        stage = [setting(key, value) for key, value in self._stage_settings(spec).items()]
-        return merge_overrides(self.overrides or [], stage)
-
     def _compose(self, spec: StageSpec) -> tuple[DictConfig, list[str]]:
-        overrides = self._stage_overrides(spec)
-        if self.overrides is None:
-            # Called with a config but not the overrides that made it (a program, not train.py):
-            # the stage is the same config with the stage's settings merged in.
-            stage_cfg = OmegaConf.merge(self.cfg, {})
-            for key, value in self._stage_settings(spec).items():
-                OmegaConf.update(stage_cfg, key, value, merge=False)
-        else:
-            stage_cfg = compose_stage_config(overrides)
-        validate(stage_cfg)
-        return stage_cfg, overrides
+        return compose_stage(self.cfg, self.run_dir, self.overrides, spec, self.worker_events)
 
     # ---------------------------------------------------------------- measurements
     def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:
-        """Split the restart's wall time into its parts, from the events the workers wrote."""
+        """Measure the restart's parts from the events the workers wrote, and learn its cost from them."""
         events = self.worker_events()  # what the workers reported; the stage's end is the supervisor's own fact
-        saved = [e for e in events if e["event"] == "checkpoint_saved" and e.get("for_stop")
-                 and e.get("stage") == restart.stage - 1]
-        ready = [e for e in events if e["event"] == "stage_ready" and e.get("stage") == restart.stage]
         ended_at = next((s.ended_at for s in self.stages if s.index == restart.stage - 1), None)
-        first_end = float(first_record["time"])
-        parts = {}
-        if saved:
-            parts["checkpoint_save_s"] = saved[-1]["seconds"]
-        if ended_at is not None:
-            teardown_from = saved[-1]["time"] if saved else restart.trigger_time
-            parts["teardown_s"] = max(0.0, ended_at - teardown_from)
-        if ready:
-            r = ready[-1]
-            parts["launch_s"] = max(0.0, r["process_started"] + r["build_s"] - restart.relaunch_time)
-            parts["checkpoint_load_s"] = r["checkpoint_load_s"]
-            warm = first_end - r["time"] - self.controller.baseline_step_s
-            parts["warmup_s"] = max(0.0, warm)
-        restart.components = parts
-        restart.first_step = int(first_record["step"])
-        restart.recovery_s = first_end - restart.trigger_time
-        restart.downtime_s = self._downtime(restart, first_record)
-        self.controller.restart_costs.observe("restart", parts)
+        restart.measure(first_record, events, ended_at, self.controller.baseline_step_s)
+        self.controller.restart_costs.observe("restart", restart.components)
         self.events.append("first_step_after_restart", stage=restart.stage, step=restart.first_step,
                            action=restart.action, recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
-                           components=parts,
+                           components=restart.components,
                            redo_steps=max(0, restart.trigger_step - restart.resume_step))
-
-    def _downtime(self, restart: Restart, first_record: dict[str, Any]) -> float | None:
-        """Wall time the pipeline did no useful step: from the end of the last step on the old
-        partition to the end of the first on the new, less one healthy step (the first step's
-        own work). What a restart path really costs, whatever the step time."""
-        if restart.last_step_time is None:
-            return None
-        gap = float(first_record["time"]) - restart.last_step_time - self.controller.baseline_step_s
-        return max(0.0, gap)
 
     def _total_steps_hint(self) -> int:
         return max((s.end_step or 0) for s in self.stages)
