@@ -1,0 +1,187 @@
+"""Writing a checkpoint atomically: files fsync'ed into a temporary directory, checksummed,
+the manifest written last, the directory renamed into place.
+
+A checkpoint is written into ``step_X.tmp-<nonce>/``, every file fsync'ed, the manifest written,
+and the directory renamed into place, so a process killed mid-write leaves at most a stray
+``.tmp`` directory and the previous checkpoint untouched.
+
+A write that fails (disk full, read-only or vanished directory) raises ``CheckpointWriteError``
+with the operating system's reason, the file it was writing and the newest checkpoint that is
+still intact; the half-written file is removed, and the next save removes any temporary
+directory a failed or killed save left behind *before* it writes (on a full disk, that space
+is what the next checkpoint needs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from . import dcp as dcp_store
+from .layout import (FORMAT_VERSION, MANIFEST, STEP_DIR_PATTERN, TEMPORARY_PATTERN, CheckpointError,
+                     CheckpointWriteError, NonFiniteCheckpointError, list_checkpoints, sha256_of, step_dir_name)
+from .read import verify_checkpoint
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _ErrorKeepingWriter:
+    """A file for ``torch.save`` that remembers the OSError of a failed write: torch reports a full
+    disk as "unexpected pos 704 vs 598", so the real reason would otherwise be lost."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+
+def first_nonfinite(obj: Any, name: str = "") -> str | None:
+    """The name of the first floating-point tensor in ``obj`` (nested dicts, lists) holding NaN or inf."""
+    if torch.is_tensor(obj):
+        return name if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    items = obj.items() if isinstance(obj, Mapping) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = first_nonfinite(value, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def save_tensor_file(obj: Any, path: Path) -> None:
+    """torch.save and fsync, so the bytes are on disk before the manifest names them.
+
+    A failed write removes what it wrote and raises ``CheckpointWriteError`` with the OS's reason.
+    Tensors holding NaN or inf are never written (``NonFiniteCheckpointError``): a resume from
+    such a checkpoint could only diverge, and the previous checkpoint stays the newest.
+    """
+    path = Path(path)
+    bad = first_nonfinite(obj)
+    if bad is not None:
+        raise NonFiniteCheckpointError(
+            f"refusing to write {path}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
+            f"checkpoint with non-finite values is ever written, so the newest intact one in {path.parent.parent} "
+            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
+    writer = None
+    try:
+        with open(path, "wb") as f:
+            writer = _ErrorKeepingWriter(f)
+            torch.save(obj, writer)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as exc:
+        reason = exc if isinstance(exc, OSError) else (writer.error if writer is not None else None)
+        if reason is None:
+            raise  # not a write failure: a bug, shown as it is
+        _remove_quietly(path)
+        raise write_error(path, reason) from exc
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # a read-only directory keeps the piece; the next save's clean-up removes it
+
+
+def write_error(target: Path, reason: OSError) -> CheckpointWriteError:
+    """The error of a failed checkpoint write to ``target`` (a file or directory under the root)."""
+    target = Path(target)
+    root = target.parent
+    while TEMPORARY_PATTERN.match(root.name) or STEP_DIR_PATTERN.match(root.name):
+        root = root.parent
+    try:
+        intact = list_checkpoints(root)
+    except OSError:
+        intact = []
+    newest = f"the newest intact checkpoint is {intact[-1].path}" if intact else "no checkpoint was finished yet"
+    message = (f"cannot write checkpoint file {target}: {reason.strerror or reason}; {newest}, untouched. Fix: "
+               f"free space on that filesystem or make {root} writable (or set run_dir to another disk), then "
+               f"continue with resume=auto")
+    return CheckpointWriteError(reason.errno, message)
+
+
+def new_nonce() -> str:
+    """A fresh suffix for a temporary checkpoint directory (ranks share the one rank 0 draws)."""
+    return uuid.uuid4().hex[:8]
+
+
+def begin_checkpoint(root: Path, step: int, nonce: str | None = None) -> Path:
+    """Create the temporary directory every rank writes its files into."""
+    tmp = Path(root) / f"{step_dir_name(step)}.tmp-{nonce or new_nonce()}"
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(tmp, exc) from exc
+    return tmp
+
+
+def remove_stray_temporaries(root: Path, keep: Path | None = None) -> None:
+    """Delete what failed or killed saves left (``step_*.tmp-*``, ``step_*.corrupt-*``), except ``keep``.
+
+    Called by the one process that commits, before the other files of a save are big: on a
+    nearly full disk the space they hold is what the new checkpoint needs.
+    """
+    for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
+        if keep is None or stray != Path(keep):
+            shutil.rmtree(stray, ignore_errors=True)
+
+
+def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
+    """Checksum every file, write the manifest, and atomically move the directory into place."""
+    files = {p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+             for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}
+    # The layout says the version: DCP storage is 2, torch.save shards (tests, older writers) are 1.
+    version = FORMAT_VERSION if (tmp / dcp_store.METADATA_FILE).is_file() else 1
+    manifest = {"format_version": version, "step": step, "files": files, "meta": meta or {}}
+    try:
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+    except OSError as exc:
+        _remove_quietly(tmp / MANIFEST)
+        raise write_error(tmp / MANIFEST, exc) from exc
+    final = tmp.parent / step_dir_name(step)
+    if final.exists():
+        # The same step saved again (e.g. right after a resume). A verified copy holds the same
+        # training state: keep it, so there is never a moment without that step on disk.
+        try:
+            verify_checkpoint(final)
+            shutil.rmtree(tmp)
+            return final
+        except CheckpointError:
+            os.replace(final, final.with_name(f"{final.name}.corrupt-{new_nonce()}"))
+    os.replace(tmp, final)
+    _fsync_dir(tmp.parent)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints, and stray temporary directories."""
+    refs = list_checkpoints(root)
+    for ref in refs[: max(0, len(refs) - keep)]:
+        shutil.rmtree(ref.path, ignore_errors=True)
+    remove_stray_temporaries(root)
