@@ -7,10 +7,16 @@ restarts) and is fed one ``performance.jsonl`` record per optimizer step. Per re
    slowdown/recovery events go to the event log with their detection latency;
 2. the alpha/beta estimator compares each rank's measured compute and comm with the cost
    model's prediction for the partition that runs, giving per-*device* factors;
-3. while a slowdown is detected, every ``decide_every`` steps: the options are built
-   (KEEP measured; REPLAN/DEGRADE/REPLACE re-planned under the current alphas and
-   calibrated by the running partition's measured/predicted ratio), the policy decides,
-   and the decision, with every option's inputs and ETA, is logged.
+3. the first steady steps of each placement calibrate the block profiles
+   (`synapse.planner.block_calibration`): a stage measured 2x its prediction makes its
+   blocks 2x dearer, the device's alpha divided out; the estimator's predictions follow, so
+   the same error is not read as a slow device too. Every option below is planned (its cuts)
+   and priced by the calibrated planner (``priced``);
+4. while a slowdown is detected, every ``decide_every`` steps: the options are built
+   (KEEP measured; REPLAN/DEGRADE/REPLACE re-planned under the current alphas and scaled
+   by the running partition's measured/predicted ratio, what the calibrated model still
+   misses), the policy decides, and the decision, with every option's inputs and ETA and
+   the block factors, is logged.
 
 A non-KEEP decision is returned to the supervisor, which stops the workers at a step
 boundary and restarts them; ``begin_stage`` then carries the detector's baselines over to
@@ -30,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming, link_send_seconds
+from ..planner.block_calibration import BlockCalibration, CalibrationWindow, StageMeasurement
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.placement import Placement
@@ -84,6 +91,63 @@ class FailoverController:
     _last_step: int = 0
     _last_keep_reason: str | None = None
     _nominal: tuple[list[float], list[float], list[float]] | None = None  # predicted compute, comm, transfer
+    calibration: BlockCalibration | None = None  # per-block factors measured so far (None: not built yet)
+    _priced: StagePlanner | None = None  # the planner on the calibrated profiles
+    _window: CalibrationWindow | None = None  # the running placement's steps that calibrate
+
+    # ---------------------------------------------------------------- calibration
+    @property
+    def priced(self) -> StagePlanner:
+        """The planner every prediction and re-plan of this controller uses: the run's planner on
+        block profiles calibrated by what the running stages measured (itself until then)."""
+        if self._priced is None:
+            calibration = self.block_calibration
+            self._priced = self.planner.calibrated(calibration) if calibration.observations else self.planner
+        return self._priced
+
+    @property
+    def block_calibration(self) -> BlockCalibration:
+        """The per-block factors so far (neutral until a placement was measured)."""
+        if self.calibration is None:
+            self.calibration = BlockCalibration.neutral(self.planner.teacher, self.planner.student)
+        return self.calibration
+
+    def _open_window(self, stage: Placement) -> None:
+        """Calibrate from this placement's first steady steps (the detector's warm-up and baseline
+        lengths, held for its latency), each device's alpha as known now divided out."""
+        flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
+        alphas = self.alphas()
+        config = self.detector.config
+        self._window = CalibrationWindow(
+            stage, self.planner.per_step_compute_s(*self._partition_of(stage)),
+            slowdowns=[alphas[d] for d in stage.devices], flagged=[r in flagged for r in range(len(stage.devices))],
+            warmup_steps=config.warmup_steps, steps=config.baseline_window, hold_steps=config.window + config.sustain)
+
+    def _calibrate(self, timing: StepTiming) -> None:
+        if self._window is None or self._window.finished:
+            return
+        flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
+        measured = self._window.add(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
+        if measured:
+            self._set_calibration(measured, timing.step)
+
+    def _set_calibration(self, measured: Sequence[StageMeasurement], step: int) -> None:
+        """Measured stages of the running placement: new block factors. Its predictions follow, and
+        the estimator's ratios are re-expressed against them (its alphas measure the device, not
+        the profile: one error, counted once)."""
+        old_compute = self._nominal[0]
+        self.calibration, self._priced = self.block_calibration.observe(measured), None
+        stage, partition = self.stage, self._partition_of(self.stage)
+        self._nominal = (self.priced.per_step_compute_s(*partition), self.priced.per_step_comm_s(*partition),
+                         self.priced.per_step_transfer_s(*partition))
+        self.estimator.rescale_compute({d: new / old for d, new, old in zip(stage.devices, self._nominal[0], old_compute)
+                                        if old > 0 and new > 0})
+        stages = []
+        for m in measured:
+            rank = next(r for r in range(stage.num_stages) if stage.teacher_range(r) == m.teacher_blocks)
+            stages.append({"rank": rank, "device": stage.devices[rank], "profile_s": m.predicted_s,
+                           "measured_s": m.measured_s, "slowdown": m.slowdown, "ratio": m.ratio})
+        self.log_event("block_calibration", step=step, stages=stages, factors=self.calibration.to_dict())
 
     # ---------------------------------------------------------------- stages
     def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
@@ -93,15 +157,17 @@ class FailoverController:
         previous, self.stage = self.stage, stage
         self.spare_devices = tuple(d for d in self.spare_devices if d not in stage.devices)
         self._recent.clear()
-        self._nominal = (self.planner.per_step_compute_s(*self._partition_of(stage)),
-                         self.planner.per_step_comm_s(*self._partition_of(stage)),
-                         self.planner.per_step_transfer_s(*self._partition_of(stage)))
+        planner = self.priced
+        self._nominal = (planner.per_step_compute_s(*self._partition_of(stage)),
+                         planner.per_step_comm_s(*self._partition_of(stage)),
+                         planner.per_step_transfer_s(*self._partition_of(stage)))
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
+            self._open_window(stage)
             return
-        old_compute = dict(zip(previous.devices, self.planner.per_step_compute_s(
+        old_compute = dict(zip(previous.devices, planner.per_step_compute_s(
             previous.devices, previous.teacher_counts, previous.student_counts)))
-        new_compute = self.planner.per_step_compute_s(stage.devices, stage.teacher_counts, stage.student_counts)
+        new_compute = planner.per_step_compute_s(stage.devices, stage.teacher_counts, stage.student_counts)
         # A device new to the run (a spare) takes over the baseline of the device it replaced.
         replaced = [d for d in previous.devices if d not in stage.devices]
         mapping, scale = [], []
@@ -112,8 +178,8 @@ class FailoverController:
         dropped = self.detector.rebase(scale, None, previous_rank=mapping)
         self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
-        ratio = (self.planner.predict(*self._partition_of(stage)).step_time_s
-                 / self.planner.predict(*self._partition_of(previous)).step_time_s)
+        ratio = (planner.predict(*self._partition_of(stage)).step_time_s
+                 / planner.predict(*self._partition_of(previous)).step_time_s)
         healthy = [s * ratio for s in self._healthy]
         self._healthy.clear()
         self._healthy.extend(healthy)
@@ -123,6 +189,7 @@ class FailoverController:
             self.log_event("slowdown_dropped", rank=detection.rank, device=previous.devices[detection.rank],
                            reason="device left the pipeline or baseline re-learnt")
         self.estimator.load_state_dict(self.estimator.state_dict())  # new processes: warm up again
+        self._open_window(stage)
 
     def rewind(self, step: int) -> None:
         """A launch resumes from a checkpoint at ``step``: the steps after it come again.
@@ -163,6 +230,7 @@ class FailoverController:
         for detection in self.detector.update(timing):
             self._log_detection(detection, timing)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
+        self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
         drill = self._due_drill(timing.step)
         if drill is not None:
@@ -236,10 +304,10 @@ class FailoverController:
 
     def _options(self, bad_device: int | None, measured_step_s: float | None = None, lost: Sequence[int] = ()):
         stage, alphas, betas = self.stage, self.alphas(), self.betas()
-        predicted = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts,
-                                         alphas, betas).step_time_s
+        predicted = self.priced.predict(stage.devices, stage.teacher_counts, stage.student_counts,
+                                        alphas, betas).step_time_s
         current = RunningPartition(stage, measured_step_s or predicted, predicted)
-        return build_options(current, alphas, betas, bad_device, self.planner.plan,
+        return build_options(current, alphas, betas, bad_device, self.priced.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 
     def _slowest_device(self) -> int | None:
@@ -306,7 +374,7 @@ class FailoverController:
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),
                   "baseline_step_s": self.baseline_step_s, "measured_step_s": self.measured_step_s
-                  if self._recent else None}
+                  if self._recent else None, "block_calibration": self.block_calibration.to_dict()}
         # Every action is logged; a KEEP only when its reason changes or every KEEP_LOG_EVERY
         # decisions, so that a long slowdown ridden out does not flood the log.
         reason_kind = re.sub(r"[-+]?\d[\d.]*", "#", decision.reason)  # "only 9 steps left" ~ "only 8 ..."
@@ -334,7 +402,8 @@ class FailoverController:
                 "restart_costs": self.restart_costs.state_dict(), "episode": vars(self.episode).copy(),
                 "last_action_step": self.last_action_step, "healthy_steps_s": list(self._healthy),
                 "decisions": self.decisions, "drills": self.drills, "time_lost_total_s": self.time_lost_total_s,
-                "stage": None if self.stage is None else vars(self.stage).copy()}
+                "stage": None if self.stage is None else vars(self.stage).copy(),
+                "block_calibration": None if self.calibration is None else self.calibration.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
@@ -346,6 +415,8 @@ class FailoverController:
         self.decisions = list(state["decisions"])
         self.drills = [dict(d) for d in state["drills"]]
         self.time_lost_total_s = float(state["time_lost_total_s"])
+        if state.get("block_calibration") is not None:  # states saved before calibration have none
+            self.calibration, self._priced = self.block_calibration.load_state(state["block_calibration"]), None
         if state["stage"] is not None:
             self.stage = None  # begin_stage sets it (and this stage's predictions) without a rebase
             self.begin_stage(Placement(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",

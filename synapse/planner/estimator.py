@@ -178,6 +178,15 @@ class _Kind:
         low, high = self.config.bounds(self.kind)
         return min(max(value, low), high)
 
+    def rescale(self, device: int, scale: float) -> None:
+        """The device's predictions are now ``scale`` times what they were: re-express its ratios."""
+        if device in self.baseline:
+            self.baseline[device] = [r / scale for r in self.baseline[device]]
+        factor = self.factors.get(device)
+        if factor is not None:
+            factor.recent = deque((r / scale for r in factor.recent), maxlen=factor.window)
+            factor.value = None if factor.value is None else factor.value / scale
+
     def value(self, device: int) -> float:
         factor = self.factors.get(device)
         return 1.0 if factor is None or factor.value is None else factor.value
@@ -274,6 +283,18 @@ class AlphaBetaEstimator:
                 continue
             state.observe({device: m / p for device, m, p in zip(devices, measured[kind], predicted[kind])
                            if p >= self.config.min_predicted_s})
+
+    def rescale_compute(self, scales: Mapping[int, float]) -> None:
+        """The predicted compute of each device in ``scales`` is now that many times what it was
+        (the block profiles were calibrated): what was measured against the old predictions is
+        re-expressed against the new, so alphas keep meaning "slower than predicted" and a
+        profile error corrected in the blocks is not also read as a slow device. Every ratio is
+        linear in 1 / prediction, so this equals having measured against the new ones from the
+        start (baseline samples, smoothing window and smoothed value alike)."""
+        for device, scale in scales.items():
+            if not (_is_number(scale) and scale > 0):
+                raise EstimatorInputError(f"scale of device {device!r} is {scale!r}; must be a finite number > 0")
+            self._kinds[COMPUTE].rescale(_device_id(device), float(scale))
 
     def reference(self, kind: str) -> float | None:
         """Median measured / predicted ratio of the baseline phase; None before it ends."""

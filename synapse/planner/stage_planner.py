@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from .block_calibration import BlockCalibration
 from .cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from .partitioner import PartitionPlan, plan_with_cost_model
 from .profile import ModelProfile
@@ -72,6 +73,12 @@ class StagePlanner:
     def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
               betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
         return self.facts.specs(devices, alphas, betas)
+
+    def calibrated(self, calibration: BlockCalibration) -> StagePlanner:
+        """The same planner on block profiles corrected by the run's measurements (a new plan cache):
+        its cuts, and not only its step times, follow what the running stages measured."""
+        teacher, student = calibration.apply(self.teacher, self.student)
+        return dataclasses.replace(self, teacher=teacher, student=student)
 
     def full_plan(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
                   betas: Mapping[int, float] | None = None) -> PartitionPlan:
