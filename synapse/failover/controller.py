@@ -115,13 +115,10 @@ class FailoverController:
     def _open_window(self, stage: Placement) -> None:
         """Calibrate from this placement's first steady steps (the detector's warm-up and baseline
         lengths, held for its latency), each device's alpha as known now divided out."""
-        flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
-        alphas = self.alphas()
-        config = self.detector.config
+        alphas, config = self.alphas(), self.detector.config
         self._window = CalibrationWindow(
             stage, self.planner.per_step_compute_s(*self._partition_of(stage)),
-            slowdowns=[alphas[d] for d in stage.devices], flagged=[r in flagged for r in range(len(stage.devices))],
-            warmup_steps=config.warmup_steps, steps=config.baseline_window, hold_steps=config.window + config.sustain)
+            slowdowns=[alphas[d] for d in stage.devices], warmup_steps=config.warmup_steps, steps=config.baseline_window, hold_steps=config.window + config.sustain)
 
     def _calibrate(self, timing: StepTiming) -> None:
         if self._window is None or self._window.finished:

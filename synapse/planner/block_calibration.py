@@ -21,10 +21,12 @@ range measured 2x slow, then re-measured inside a larger stage that agrees, keep
 Blocks never measured get the median factor of the measured ones (1.0 while none are).
 
 Which steps are a fair measurement is `CalibrationWindow`'s job: the first steady steps of a
-placement, per rank, while the detector's verdict on the rank stays what it was when the
-placement began. The device's alpha is the one known *before* the placement (a snapshot): one
-placement alone cannot tell slow blocks from a slow device, but the device's speed just
-before the switch can. A device whose speed changes inside its window is not measured.
+placement, per rank, while the detector flags nothing on the rank. The device's alpha is the
+one known *before* the placement (a snapshot): one placement alone cannot tell slow blocks
+from a slow device, but the device's speed just before the switch can. A device flagged slow
+is not measured at all: its alpha is then an estimate still moving (an EMA that lags the
+fault; 2.4 for a 3x device at a REPLAN in the controller test), and the difference would
+land in its blocks. Nor is one whose speed changes inside its window.
 
 The KD loss on the last stage scales with that stage's blocks here (it is a few percent of a
 stage); communication is not touched (the estimator's betas price links). Pure: no torch.
@@ -237,25 +239,24 @@ class CalibrationWindow:
 
     After ``warmup_steps`` steps, each rank collects ``steps`` compute samples; its measurement
     is their median over the profile's prediction, its device's ``slowdowns`` entry (alpha as
-    known when the placement began) divided out. A rank whose detector verdict (``flagged``:
-    slow or not) changes inside its window, or in the ``hold_steps`` after it (the detector's
-    latency: a slowdown that began inside the window is flagged only later), is dropped for
-    this placement: its device's speed moved, and the samples say nothing certain of its
-    blocks. Each rank is measured once."""
+    known when the placement began) divided out. A rank the detector flags (slow) at any step of
+    its window or of the ``hold_steps`` after it (the detector's latency: a slowdown that began
+    inside the window is flagged only later) is dropped for this placement: its device is slow
+    or its speed moved, and the samples say nothing certain of its blocks. Each rank is
+    measured once."""
 
     def __init__(self, placement: Placement, predicted_s: Sequence[float], slowdowns: Sequence[float],
-                 flagged: Sequence[bool], warmup_steps: int, steps: int, hold_steps: int = 0) -> None:
+                 warmup_steps: int, steps: int, hold_steps: int = 0) -> None:
         for name, value, low in (("warmup_steps", warmup_steps, 0), ("steps", steps, 1), ("hold_steps", hold_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise CalibrationError(f"{name}={value!r} must be an integer >= {low}")
         k = placement.num_stages
-        for name, values in (("predicted_s", predicted_s), ("slowdowns", slowdowns), ("flagged", flagged)):
+        for name, values in (("predicted_s", predicted_s), ("slowdowns", slowdowns)):
             if len(values) != k:
                 raise CalibrationError(f"{name} has {len(values)} entries for {k} stages; give one per rank")
         self.placement, self.warmup_steps, self.steps, self.hold_steps = placement, warmup_steps, steps, hold_steps
         self.predicted_s = [_positive(f"predicted_s[{r}]", p) for r, p in enumerate(predicted_s)]
         self.slowdowns = [_positive(f"slowdowns[{r}]", a) for r, a in enumerate(slowdowns)]
-        self.flagged = [bool(f) for f in flagged]
         self.samples: list[list[float]] = [[] for _ in range(k)]
         self.held: list[int] = [0] * k  # steps seen since the rank's samples were complete
         self.closed: set[int] = set()  # ranks measured or dropped
@@ -268,14 +269,14 @@ class CalibrationWindow:
             raise CalibrationError(f"a step of {len(compute_s)} compute values / {len(flagged)} verdicts for "
                                    f"a placement of {k} stages; give one per rank")
         self.seen += 1
-        if self.seen <= self.warmup_steps:
-            return []
         done = []
         for rank in range(k):
             if rank in self.closed:
                 continue
-            if bool(flagged[rank]) != self.flagged[rank]:
-                self.closed.add(rank)  # its device's speed changed inside the window
+            if flagged[rank]:
+                self.closed.add(rank)  # its device is slow, or its speed changed inside the window
+                continue
+            if self.seen <= self.warmup_steps:
                 continue
             if len(self.samples[rank]) < self.steps:
                 self.samples[rank].append(float(compute_s[rank]))
