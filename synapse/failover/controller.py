@@ -36,8 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming, link_send_seconds
-from ..planner.block_calibration import BlockCalibration, CalibrationWindow, StageMeasurement
 from ..planner.estimator import AlphaBetaEstimator
+from ..planner.online_calibration import OnlineCalibration
 from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
 from ..planner.placement import Placement
 from ..planner.policy import (
@@ -91,60 +91,40 @@ class FailoverController:
     _last_step: int = 0
     _last_keep_reason: str | None = None
     _nominal: tuple[list[float], list[float], list[float]] | None = None  # predicted compute, comm, transfer
-    calibration: BlockCalibration | None = None  # per-block factors measured so far (None: not built yet)
-    _priced: StagePlanner | None = None  # the planner on the calibrated profiles
-    _window: CalibrationWindow | None = None  # the running placement's steps that calibrate
+    _calibration: OnlineCalibration | None = None  # built on first use (a controller may have no planner)
 
     # ---------------------------------------------------------------- calibration
+    @property
+    def calibration(self) -> OnlineCalibration:
+        """The run's block calibration; its windows are the detector's warm-up and baseline
+        lengths, held for its latency (a slowdown that began inside one is flagged later)."""
+        if self._calibration is None:
+            config = self.detector.config
+            self._calibration = OnlineCalibration(self.planner, config.warmup_steps, config.baseline_window,
+                                                  hold_steps=config.window + config.sustain)
+        return self._calibration
+
     @property
     def priced(self) -> StagePlanner:
         """The planner every prediction and re-plan of this controller uses: the run's planner on
         block profiles calibrated by what the running stages measured (itself until then)."""
-        if self._priced is None:
-            calibration = self.block_calibration
-            self._priced = self.planner.calibrated(calibration) if calibration.observations else self.planner
-        return self._priced
-
-    @property
-    def block_calibration(self) -> BlockCalibration:
-        """The per-block factors so far (neutral until a placement was measured)."""
-        if self.calibration is None:
-            self.calibration = BlockCalibration.neutral(self.planner.teacher, self.planner.student)
-        return self.calibration
-
-    def _open_window(self, stage: Placement) -> None:
-        """Calibrate from this placement's first steady steps (the detector's warm-up and baseline
-        lengths, held for its latency), each device's alpha as known now divided out."""
-        alphas, config = self.alphas(), self.detector.config
-        self._window = CalibrationWindow(
-            stage, self.planner.per_step_compute_s(*self._partition_of(stage)),
-            slowdowns=[alphas[d] for d in stage.devices], warmup_steps=config.warmup_steps, steps=config.baseline_window, hold_steps=config.window + config.sustain)
+        return self.calibration.priced
 
     def _calibrate(self, timing: StepTiming) -> None:
-        if self._window is None or self._window.finished:
-            return
+        """New block factors when a rank's window closes: the running placement's predictions
+        follow, and the estimator's ratios are re-expressed against them (its alphas measure the
+        device, not the profile: one error, counted once)."""
         flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
-        measured = self._window.add(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
-        if measured:
-            self._set_calibration(measured, timing.step)
-
-    def _set_calibration(self, measured: Sequence[StageMeasurement], step: int) -> None:
-        """Measured stages of the running placement: new block factors. Its predictions follow, and
-        the estimator's ratios are re-expressed against them (its alphas measure the device, not
-        the profile: one error, counted once)."""
-        old_compute = self._nominal[0]
-        self.calibration, self._priced = self.block_calibration.observe(measured), None
-        stage, partition = self.stage, self._partition_of(self.stage)
+        measured = self.calibration.observe(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
+        if not measured:
+            return
+        old_compute, partition = self._nominal[0], self._partition_of(self.stage)
         self._nominal = (self.priced.per_step_compute_s(*partition), self.priced.per_step_comm_s(*partition),
                          self.priced.per_step_transfer_s(*partition))
-        self.estimator.rescale_compute({d: new / old for d, new, old in zip(stage.devices, self._nominal[0], old_compute)
-                                        if old > 0 and new > 0})
-        stages = []
-        for m in measured:
-            rank = next(r for r in range(stage.num_stages) if stage.teacher_range(r) == m.teacher_blocks)
-            stages.append({"rank": rank, "device": stage.devices[rank], "profile_s": m.predicted_s,
-                           "measured_s": m.measured_s, "slowdown": m.slowdown, "ratio": m.ratio})
-        self.log_event("block_calibration", step=step, stages=stages, factors=self.calibration.to_dict())
+        self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.stage.devices, self._nominal[0],
+                                                                             old_compute) if old > 0 and new > 0})
+        self.log_event("block_calibration", step=timing.step, stages=self.calibration.describe(measured),
+                       factors=self.calibration.factors.to_dict())
 
     # ---------------------------------------------------------------- stages
     def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
@@ -160,7 +140,7 @@ class FailoverController:
                          planner.per_step_transfer_s(*self._partition_of(stage)))
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
-            self._open_window(stage)
+            self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])
             return
         old_compute = dict(zip(previous.devices, planner.per_step_compute_s(
             previous.devices, previous.teacher_counts, previous.student_counts)))
@@ -186,7 +166,7 @@ class FailoverController:
             self.log_event("slowdown_dropped", rank=detection.rank, device=previous.devices[detection.rank],
                            reason="device left the pipeline or baseline re-learnt")
         self.estimator.load_state_dict(self.estimator.state_dict())  # new processes: warm up again
-        self._open_window(stage)
+        self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])  # alphas known before it runs
 
     def rewind(self, step: int) -> None:
         """A launch resumes from a checkpoint at ``step``: the steps after it come again.
@@ -371,7 +351,7 @@ class FailoverController:
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),
                   "baseline_step_s": self.baseline_step_s, "measured_step_s": self.measured_step_s
-                  if self._recent else None, "block_calibration": self.block_calibration.to_dict()}
+                  if self._recent else None, "block_calibration": self.calibration.factors.to_dict()}
         # Every action is logged; a KEEP only when its reason changes or every KEEP_LOG_EVERY
         # decisions, so that a long slowdown ridden out does not flood the log.
         reason_kind = re.sub(r"[-+]?\d[\d.]*", "#", decision.reason)  # "only 9 steps left" ~ "only 8 ..."
@@ -400,7 +380,7 @@ class FailoverController:
                 "last_action_step": self.last_action_step, "healthy_steps_s": list(self._healthy),
                 "decisions": self.decisions, "drills": self.drills, "time_lost_total_s": self.time_lost_total_s,
                 "stage": None if self.stage is None else vars(self.stage).copy(),
-                "block_calibration": None if self.calibration is None else self.calibration.state_dict()}
+                "block_calibration": None if self._calibration is None else self.calibration.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
@@ -413,7 +393,7 @@ class FailoverController:
         self.drills = [dict(d) for d in state["drills"]]
         self.time_lost_total_s = float(state["time_lost_total_s"])
         if state.get("block_calibration") is not None:  # states saved before calibration have none
-            self.calibration, self._priced = self.block_calibration.load_state(state["block_calibration"]), None
+            self.calibration.load_state_dict(state["block_calibration"])
         if state["stage"] is not None:
             self.stage = None  # begin_stage sets it (and this stage's predictions) without a rebase
             self.begin_stage(Placement(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",

@@ -9,14 +9,19 @@ Options (``OptionKind``):
 * DEGRADE the failed or slowest device dropped, K-1 devices, re-planned.
 * REPLACE the bad device swapped for a spare (only when spares exist), re-planned.
 
-Calibration: the planner's cost model is never exact (framework overhead,
-communication it does not model, ...). KEEP is measured, the others are
-predicted, so comparing them raw would compare two different scales. We
-therefore ask the caller for the planner's prediction of the partition that is
-running *now* (under the current alphas/betas) and multiply every re-planned
-prediction by ``measured_step_s / predicted_step_s`` of that partition. This
-assumes the model's error is a common factor across partitions of the same
-models, which is the best a single measurement can tell us.
+Calibration: the planner's cost model is never exact. Its compute per block is
+corrected where it matters for the cuts, per block, by the measured stages
+(``synapse.planner.block_calibration``: the caller's ``plan_fn`` and prediction
+come from the calibrated planner). What that leaves (framework overhead,
+communication and waiting it does not model, ...) is one residual factor: KEEP
+is measured, the others are predicted, so comparing them raw would compare two
+different scales. We therefore ask the caller for the (calibrated) planner's
+prediction of the partition that is running *now* (under the current
+alphas/betas) and multiply every re-planned prediction by ``measured_step_s /
+predicted_step_s`` of that partition. It is not the block factors again: the
+prediction it divides by already holds them, so with a model that is right it
+is 1. This assumes the remaining error is a common factor across partitions of
+the same models, which is the best a single measurement can tell us.
 
 Everything here is pure: numbers and dataclasses in, numbers and dataclasses
 out. The partitioner enters as an injected ``plan_fn``.
@@ -283,7 +288,8 @@ class RunningPartition:
 
     @property
     def calibration(self) -> float:
-        """Factor that puts the planner's predictions on the measured scale."""
+        """Factor that puts the planner's predictions on the measured scale (the residual of a
+        block-calibrated planner; see the module docstring)."""
         return self.measured_step_s / self.predicted_step_s
 
 

@@ -16,6 +16,7 @@ from synapse.planner.block_calibration import (
 )
 from synapse.planner.cost_model import StepSpec
 from synapse.planner.estimator import AlphaBetaEstimator, EstimatorConfig
+from synapse.planner.online_calibration import OnlineCalibration
 from synapse.planner.placement import Placement
 from synapse.planner.profile import BlockProfile, ModelProfile
 from synapse.planner.stage_planner import StagePlanner
@@ -237,3 +238,17 @@ def test_the_estimator_rescaled_reads_as_if_it_had_measured_against_the_new_pred
     assert old.alphas() == new.alphas() == {0: 1.0, 1: 1.0, 2: 1.0}, "the profile error is not a slow device"
     old.rescale_compute({0: 0.5})  # after the reference: its alpha follows its predictions
     assert old.alpha(0) == 2.0
+
+
+def test_online_calibration_prices_with_the_run_planner_until_a_stage_is_measured(planner):
+    online = OnlineCalibration(planner, warmup_steps=1, steps=2, hold_steps=1)
+    assert online.priced is planner and online.observe([1.0, 1.0], [False, False]) == []
+    running = Placement((0, 1), (6, 6), (6, 6))
+    profile_s = planner.per_step_compute_s(*_parts(running))
+    online.begin(running, [1.0, 1.0])
+    found = []
+    for _ in range(4):
+        found += online.observe([profile_s[0], 2 * profile_s[1]], [False, False])
+    assert [m.ratio for m in found] == pytest.approx([1.0, 2.0], rel=1e-12)
+    assert online.priced is not planner and online.priced.plan((0, 1), (1.0, 1.0))[:2] != ((6, 6), (6, 6))
+    assert [row["rank"] for row in online.describe(found)] == [0, 1]

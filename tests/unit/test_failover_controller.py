@@ -336,7 +336,7 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     assert [d.action for d in acted] == [REPLAN]
     assert controller.alphas()[0] == pytest.approx(3.0, rel=0.2)
     record = controller.decisions[-1]
-    assert record["block_calibration"] == controller.block_calibration.to_dict()
+    assert record["block_calibration"] == controller.calibration.factors.to_dict()
     assert record["block_calibration"]["student"][stage.student_range(1).start] == pytest.approx(2.0, rel=0.05)
     alphas, betas = controller.alphas(), controller.betas()
     for option in record["options"][1:]:
@@ -358,3 +358,8 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     assert sorted(stages) == [1, 2]
     for rank, measured in stages.items():
         assert measured["ratio"] == pytest.approx(truth_ratio[rank], rel=0.1)
+    restored = make_controller(planner)
+    restored.load_state_dict(json.loads(json.dumps(controller.state_dict())))
+    assert restored.calibration.factors == controller.calibration.factors
+    assert restored.priced.predict(*controller._partition_of(replanned)) == controller.priced.predict(
+        *controller._partition_of(replanned))
