@@ -331,6 +331,11 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     # The estimator measured device 1 at 2x before (its reference came first); from now on it does not.
     assert controller.alphas()[1] == pytest.approx(1.0, abs=0.1), "a profile error is not a slow device"
     assert timings.feed(controller, stage, {}, 30) == []
+    # What is left for eta's scalar is the residual (here noise), not the block factors counted again.
+    replan = next(o for o in controller._options(None, controller.measured_step_s) if o.kind is REPLAN)
+    assert replan.inputs["calibration"] == pytest.approx(1.0, abs=0.1)
+    uncalibrated = planner.predict(*controller._partition_of(stage)).step_time_s
+    assert controller.measured_step_s / uncalibrated > 1.3
 
     acted = timings.feed(controller, stage, {0: 3.0}, 80)
     assert [d.action for d in acted] == [REPLAN]
