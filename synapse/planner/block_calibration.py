@@ -255,11 +255,15 @@ class CalibrationWindow:
             if len(values) != k:
                 raise CalibrationError(f"{name} has {len(values)} entries for {k} stages; give one per rank")
         self.placement, self.warmup_steps, self.steps, self.hold_steps = placement, warmup_steps, steps, hold_steps
-        self.predicted_s = [_positive(f"predicted_s[{r}]", p) for r, p in enumerate(predicted_s)]
+        for rank, p in enumerate(predicted_s):
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 0:
+                raise CalibrationError(f"predicted_s[{rank}]={p!r} must be a finite number of seconds >= 0")
+        self.predicted_s = [float(p) for p in predicted_s]
         self.slowdowns = [_positive(f"slowdowns[{r}]", a) for r, a in enumerate(slowdowns)]
         self.samples: list[list[float]] = [[] for _ in range(k)]
         self.held: list[int] = [0] * k  # steps seen since the rank's samples were complete
-        self.closed: set[int] = set()  # ranks measured or dropped
+        # Ranks measured or dropped; a stage the profile says costs nothing has no ratio to measure.
+        self.closed: set[int] = {r for r, p in enumerate(self.predicted_s) if p == 0}
         self.seen = 0
 
     def add(self, compute_s: Sequence[float], flagged: Sequence[bool]) -> list[StageMeasurement]:

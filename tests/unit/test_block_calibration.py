@@ -182,6 +182,12 @@ def test_bad_observations_and_profiles_are_refused(planner):
         calibration.load_state({"teacher_factors": [1.0], "student_factors": [1.0], "observations": 1})
 
 
+def test_a_stage_the_profile_prices_at_zero_is_not_measured():
+    w = CalibrationWindow(Placement((0, 1), (6, 6), (6, 6)), [0.0, 1.0], [1.0, 1.0], 0, 2)
+    found = w.add([1.0, 2.0], [False, False]) + w.add([1.0, 2.0], [False, False])
+    assert [(m.teacher_blocks, m.ratio) for m in found] == [(range(6, 12), 2.0)] and w.finished
+
+
 def test_bad_windows_are_refused():
     placement = Placement((0, 1), (6, 6), (6, 6))
     with pytest.raises(CalibrationError, match="steps=0 must be an integer >= 1"):
@@ -190,6 +196,8 @@ def test_bad_windows_are_refused():
         window(placement, slowdowns=(1.0,))
     with pytest.raises(CalibrationError, match=r"slowdowns\[1\]=inf"):
         window(placement, slowdowns=(1.0, math.inf))
+    with pytest.raises(CalibrationError, match=r"predicted_s\[0\]=-1.0 must be a finite number of seconds >= 0"):
+        CalibrationWindow(placement, [-1.0, 1.0], [1.0, 1.0], 0, 2)
     with pytest.raises(CalibrationError, match="a step of 3 compute values"):
         window(placement).add([1.0, 1.0, 1.0], [False, False])
 
