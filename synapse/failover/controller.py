@@ -76,6 +76,7 @@ class FailoverController:
     detector: SlowdownDetector = field(default_factory=SlowdownDetector)
     estimator: AlphaBetaEstimator = field(default_factory=AlphaBetaEstimator)
     spare_devices: tuple[int, ...] = ()
+    prior_alphas: Mapping[int, float] = field(default_factory=dict)  # slowdowns the first plan was made for
     decide_every: int = 1
     log_event: Callable[..., Any] = lambda event, **fields: None
     say: Callable[[str], None] = lambda line: None  # one line for the person watching the console
@@ -270,8 +271,10 @@ class FailoverController:
 
     # ---------------------------------------------------------------- deciding
     def alphas(self) -> dict[int, float]:
+        """Each device's slowdown: the estimator's once it has a reference, the planned one
+        (``prior_alphas``, 1.0 when none) before that and for devices it never measured."""
         known = self.estimator.alphas() if self.estimator.ready else {}
-        return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
+        return {d: known.get(d, self.prior_alphas.get(d, 1.0)) for d in (*self.stage.devices, *self.spare_devices)}
 
     def betas(self) -> dict[int, float]:
         # Betas stand on their own reference: a link's healthy level is known after 15 measured steps,

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from .. import checkpoint as ckpt
 from ..config import resolve_accelerator, resolve_devices
 from ..launch.elastic import launch_pipeline
+from ..launch.planning import configured_alphas
 from ..monitor.detector import DetectorConfig, SlowdownDetector
 from ..monitor.events import EventLog, events_path
 from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
@@ -55,9 +56,12 @@ def _benchmark_cost(path: str | None, default: Path, name: str, fallback: Restar
     return RestartCostModel.from_benchmark(json.loads(path.read_text())).estimate(name)
 
 
-def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path,
-                     log: Callable[[str], None]) -> FailoverController:
+def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path, log: Callable[[str], None],
+                     first: Placement | None = None) -> FailoverController:
+    """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
+    first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
     settings = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
+    prior = dict(zip(first.devices, configured_alphas(cfg, first.num_stages))) if first and cfg.partition.alphas else {}
     return FailoverController(
         policy=make_policy(cfg.policy.name, **settings(cfg.policy.params)),
         planner=planner,
@@ -65,6 +69,7 @@ def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path,
         detector=SlowdownDetector(DetectorConfig(**settings(cfg.failover.detector))),
         estimator=AlphaBetaEstimator(EstimatorConfig(**settings(cfg.failover.estimator))),
         spare_devices=tuple(int(d) for d in cfg.trainer.spare_devices),
+        prior_alphas=prior,
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
         drills=[dict(d) for d in settings(cfg.failover.drills)],
@@ -78,7 +83,7 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
                       ) -> dict[str, Any]:
     """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one stage (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
-    controller = build_controller(cfg, planner, run_dir, log)
+    controller = build_controller(cfg, planner, run_dir, log, first=partition)
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"), launch=launch)
     history = read_stages(run_dir) if cfg.resume is not None else []

@@ -28,8 +28,9 @@ is not measured at all: its alpha is then an estimate still moving (an EMA that 
 fault; 2.4 for a 3x device at a REPLAN in the controller test), and the difference would
 land in its blocks. Nor is one whose speed changes inside its window.
 
-Limits. On the first placement no alpha is known yet, so a device slow from the start (less
-than the detector's prior threshold, 4x its peers) is read as slow blocks: from one placement
+Limits. On the first placement no alpha is known yet (unless the plan was made for one:
+``partition.alphas``), so a device slow from the start (less than the detector's prior
+threshold, 4x its peers) is read as slow blocks: from one placement
 the two cannot be told apart, and the profile being wrong per stage is the commoner case on
 GPUs. Measured compute also holds the KD loss (last stage) and the optimizer step, which the
 profiles lack: they land in the stage's blocks (in the CPU demo ~3% and 6-10% of a stage).

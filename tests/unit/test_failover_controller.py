@@ -368,3 +368,35 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     assert restored.calibration.factors == controller.calibration.factors
     assert restored.priced.predict(*controller._partition_of(replanned)) == controller.priced.predict(
         *controller._partition_of(replanned))
+
+
+@pytest.mark.parametrize("planned_for", [True, False])
+def test_a_device_the_first_plan_was_made_slow_for_stays_slow_and_its_blocks_stay_as_profiled(planner, planned_for):
+    """partition.alphas=[1, 1, 3]: device 2's 3x is known before the first step, so the first
+    calibration divides it out (its blocks keep their profile) and the estimator keeps it as the
+    device's. Not told, one placement cannot tell the two apart: the 3x lands in the blocks."""
+    events = []
+    controller = make_controller(planner, events=events)
+    if planned_for:
+        controller.prior_alphas = {2: 3.0}
+    teacher, student, _ = planner.plan((0, 1, 2), [1.0, 1.0, 3.0])
+    stage = Placement((0, 1, 2), teacher, student)
+    controller.begin_stage(stage)
+    timings = Timings(planner, seed=12)
+    assert timings.feed(controller, stage, {2: 3.0}, 70) == []
+    ratios = {s["rank"]: s["ratio"] for e in events if e["event"] == "block_calibration" for s in e["stages"]}
+    assert sorted(ratios) == [0, 1, 2]
+    blocks_of_2 = stage.student_range(2).start
+    if planned_for:
+        assert ratios[2] == pytest.approx(1.0, rel=0.1) and controller.alphas()[2] == pytest.approx(3.0, rel=0.15)
+        assert controller.calibration.factors.student_factors[blocks_of_2] == pytest.approx(1.0, rel=0.1)
+    else:
+        assert ratios[2] == pytest.approx(3.0, rel=0.1) and controller.alphas()[2] == pytest.approx(1.0, rel=0.15)
+
+
+def test_the_run_controller_knows_the_slowdowns_the_first_plan_was_made_for(planner, make_config, tmp_path):
+    from synapse.failover.run import build_controller
+    first = Placement((0, 1, 2), (10, 10, 10), (19, 19, 19))
+    planned = build_controller(make_config("partition.alphas=[1,1,3]"), planner, tmp_path, print, first=first)
+    assert planned.prior_alphas == {0: 1.0, 1: 1.0, 2: 3.0}
+    assert build_controller(make_config(), planner, tmp_path, print, first=first).prior_alphas == {}
