@@ -2,8 +2,8 @@
 
     python experiments/bench_block_calibration.py --out experiments/results/block_calibration_cpu.json
 
-Runs the demo's models (3 CPU ranks, no fault, no evaluation: on CPU ranks rank 0 computes ~1.3x
-slower after an evaluation, a device effect that is not the blocks') on fixed partitions, and
+Runs the demo's models (3 CPU ranks, no fault, no evaluation: a rank 0 slower after evaluations
+was seen on CPU ranks once, see results/rank0_after_eval_cpu.md, and would not be the blocks') on fixed partitions, and
 takes each rank's median compute over the steps after the warm-up. From one partition it learns
 block factors (``BlockCalibration``, as the controller does) and predicts every other partition's
 stages; against the profile alone and against the profile scaled by one global factor (measured /
