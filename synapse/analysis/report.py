@@ -12,6 +12,7 @@ import math
 import time
 from pathlib import Path
 
+import pandas as pd
 
 from . import files
 from .counterfactual import decision_outcomes, option_etas
@@ -61,6 +62,7 @@ def run_markdown(run: Run, figures: FigureSet) -> str:
                                                  "wall_s": "wall (s)", "outcome": "outcome"},
                                    empty="_One launch without stage records (a run without failover)._"),
         "## Decisions", _decisions_markdown(run),
+        "## Block calibration", _calibration_markdown(run),
         "## Restarts", _restarts_markdown(run),
         "## Time lost", _time_lost_markdown(run),
         "## Counterfactual: predicted vs realised", _counterfactual_markdown(run),
@@ -102,6 +104,21 @@ def _decisions_markdown(run: Run) -> str:
     note = ("Every decision the controller logged (KEEPs only when their reason changes, or every 10th); "
             "ETA: predicted time to finish the remaining steps with that option, restart included.")
     return note + "\n\n" + markdown_table(etas, headers)
+
+
+def _calibration_markdown(run: Run) -> str:
+    """Each stage the controller measured to calibrate the block profiles (``block_calibration`` events)."""
+    events = run.events[run.events["event"] == "block_calibration"] if "event" in run.events else run.events
+    rows = [{"step": event["step"], **stage, "profile_ms": 1e3 * stage["profile_s"],
+             "measured_ms": 1e3 * stage["measured_s"]}
+            for event in events.to_dict("records") for stage in event.get("stages") or []]
+    if not rows:
+        return "_No stage was measured for calibration (a run shorter than the detector's warm-up and baseline)._"
+    note = ("Each placement's first steady steps: every block of a stage gets its ratio, measured / (profile x "
+            "the device's slowdown); every later plan and price uses the calibrated blocks.")
+    return note + "\n\n" + markdown_table(pd.DataFrame(rows), {
+        "step": "at step", "rank": "rank", "device": "device", "profile_ms": "profile (ms/step)",
+        "measured_ms": "measured (ms/step)", "slowdown": "device slowdown", "ratio": "stage ratio"}, digits=3)
 
 
 def _restarts_markdown(run: Run) -> str:

@@ -402,3 +402,15 @@ def test_markdown_table_renames_selects_and_prints_whole_floats_as_integers():
     assert markdown_table(df, {"step": "at step", "eta": "ETA (s)"}) == (
         "| at step | ETA (s) |\n|---|---|\n| 1 | 1.23 |\n| – | 2.00 |")
     assert markdown_table(df.iloc[:0], empty="nothing") == "nothing"
+
+
+def test_the_report_shows_the_stages_measured_for_block_calibration(failover_run):
+    from synapse.analysis.report import _calibration_markdown
+    assert _calibration_markdown(load_run(failover_run)).startswith("_No stage was measured")
+    measured = {"time": T0 + 2.5, "source": "controller", "event": "block_calibration", "step": 2,
+                "stages": [{"rank": 1, "device": 1, "profile_s": 0.02, "measured_s": 0.04, "slowdown": 1.0,
+                            "ratio": 2.0}], "factors": {"teacher": [2.0], "student": [2.0], "neutral": 2.0}}
+    events = failover_run / "failover_events.jsonl"
+    events.write_text(events.read_text() + json.dumps(measured) + "\n")
+    table = _calibration_markdown(load_run(failover_run)).splitlines()[-1]
+    assert table == "| 2 | 1 | 1 | 20 | 40 | 1 | 2 |"  # whole numbers are shown as integers
