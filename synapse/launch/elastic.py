@@ -274,7 +274,7 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
     if hard:
         signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
-        return _hard_failure(hard[0], beats, progress or {}, log_dir, signals)
+        return _hard_failure(_first_cause(hard, exc, beats, progress or {}), beats, progress or {}, log_dir, signals)
     message = describe_failures(failure_dir, exc, log_dir)
     signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
@@ -287,8 +287,9 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
         # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
         silent = sorted(set(beats) - {r["rank"] for r in records})
         if silent:
-            return WorkerFailure(f"pipeline rank {silent[0]} {SILENT_DEATH} (its peers lost it); logs in "
-                                 f"{log_dir}", silent[0], SILENT_DEATH, device_failure=True)
+            rank = first_death(silent, exc, progress or {})
+            return WorkerFailure(f"pipeline rank {rank} {SILENT_DEATH} (its peers lost it); logs in "
+                                 f"{log_dir}", rank, SILENT_DEATH, device_failure=True)
     root = records[0]
     device_error = _device_error(root)
     cause = device_error or f"{root['type']}: {root['message']}"
@@ -319,6 +320,30 @@ def _device_error(record: dict) -> str | None:
     lines += [line for line in record.get("traceback", "").splitlines()
               if line and not line[0].isspace() and not line.startswith(_TRACEBACK_FRAMING)]
     return next((line for line in lines if any(p in line for p in _DEVICE_ERRORS)), None)
+
+
+def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], progress: dict[int, dict]) -> dict:
+    """The hard failure that came first: the monitor's first, unless that is a death among others.
+    Every rank the monitor found dead that the teardown had not killed was gone before the
+    teardown acted, so the monitor saw those deaths together (one pass, in rank order) and cannot
+    tell which came first: the agent, which reaps at 0.1 s and terminates the rest, usually can."""
+    if hard[0]["event"] != "rank_dead":
+        return hard[0]
+    dead = [e for e in hard if e["event"] == "rank_dead"]
+    ranks = [_rank_of_event(e, beats) for e in dead]
+    return dead[ranks.index(first_death(ranks, exc, progress))]
+
+
+def first_death(ranks: list, exc: ChildFailedError, progress: dict[int, dict]) -> int | None:
+    """Of ranks that died without a word, seen gone together, the one that most likely died first:
+    the one the agent reaped first if a signal ended it (the agent then terminates the others,
+    which also leave no word); else the first whose progress board shows its own work (a rank
+    ended while it waited for a peer is most likely a casualty of that peer); else the first."""
+    reaped = [r for r, f in exc.failures.items() if f.exitcode < 0 and r in ranks]
+    if reaped:
+        return reaped[0]
+    busy = [r for r in ranks if r in progress and progress[r]["phase"] not in WAIT_PHASES]
+    return (busy or ranks)[0]
 
 
 def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict], log_dir: Path,

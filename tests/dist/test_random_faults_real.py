@@ -41,6 +41,7 @@ from synapse.app import run
 from synapse.failover.stages import compose_stage_config, read_stages
 from synapse.launch import elastic
 from synapse.monitor.events import read_events
+from synapse.monitor.health import HealthMonitor, HealthSettings
 from synapse.monitor.heartbeat import read_heartbeats
 from synapse.pipeline.runtime import WAIT_PHASES
 from synapse.pipeline.worker import write_failure
@@ -250,6 +251,50 @@ def test_workers_the_teardown_killed_are_not_blamed_for_the_failure_that_caused_
         beats = read_heartbeats(tmp_path)
         failure = elastic.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats)
         assert failure.rank == 0 and "CUDA error" in failure.cause, failure
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+
+
+def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
+    # Found by a drawn sequence (eta; rank 2 killed in the forward of step 3): device 0 was dropped
+    # and the next stage ran on the killed device 2. Rank 1 lost its peer and reported it, the
+    # agent reaped rank 2 and terminated rank 0 (SIGTERM, no word either); the monitor's next pass
+    # found all three gone at once, reported them in rank order, and rank 0 was blamed. Real
+    # processes stand in for the workers, a real monitor pass and teardown see them die.
+    workers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        for rank, worker in enumerate(workers):
+            write_beat(tmp_path, rank, worker.pid)
+        tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
+        monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.25, hang_timeout_s=10, nvml=False, probe=False),
+                                on_hard_failure=tear_down, log=lambda message: None, since=time.time() - 5)
+        monitor.sample_once()  # all alive: the monitor knows them as its own
+        workers[2].kill()
+        write_failure(tmp_path / "failures", 1, RuntimeError("Read error [127.0.0.1]:60075: Connection reset by peer"))
+        workers[1].kill()
+        workers[0].terminate()
+        assert [w.wait(10) for w in workers] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
+        monitor.sample_once()
+        assert [e["rank"] for e in tear_down.failures] == [0, 1, 2], "one pass sees all three, in rank order"
+        beats = read_heartbeats(tmp_path)
+
+        def blamed(agent_reaped: dict, hard_failures: list[dict], progress: dict | None = None) -> int:
+            exc = ChildFailedError("worker_main", {rank: ProcessFailure(rank, workers[rank].pid, code, "/nonexistent")
+                                                   for rank, code in agent_reaped.items()})
+            return elastic.failure_of(tmp_path / "failures", exc, tmp_path, hard_failures, beats, progress).rank
+
+        # The agent reaped rank 2's SIGKILL first (it terminates the others after that).
+        assert blamed({2: -signal.SIGKILL}, tear_down.failures) == 2
+        # The agent reaped rank 1 first (ready in the same poll, lower rank): of the silent two, the one
+        # its board shows in its own work, not the one waiting on a peer; the same when the monitor saw
+        # nothing before the launch ended.
+        boards = {0: {"pid": workers[0].pid, "step": 3, "time": time.time(), "phase": "recv"},
+                  2: {"pid": workers[2].pid, "step": 3, "time": time.time(), "phase": "forward"}}
+        assert blamed({1: 1}, tear_down.failures, boards) == 2
+        assert blamed({1: 1}, [], boards) == 2
     finally:
         for worker in workers:
             if worker.poll() is None:
