@@ -9,7 +9,7 @@ A rendezvous that cannot happen (the configured port is taken, nodes that never 
 that cannot be reached) raises ``RendezvousSetupError`` naming the endpoint and the fix; a free
 port taken by another process between picking and binding it is picked again. When the health
 monitor finds the pipeline hung, the rank blamed is the one its progress board shows busy in
-its own work, not one of the peers waiting for it.
+its own work, not one of the peers waiting for it; of ranks found dead together, the one that died first.
 """
 from __future__ import annotations
 
@@ -323,10 +323,8 @@ def _device_error(record: dict) -> str | None:
 
 
 def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], progress: dict[int, dict]) -> dict:
-    """The hard failure that came first: the monitor's first, unless that is a death among others.
-    Every rank the monitor found dead that the teardown had not killed was gone before the
-    teardown acted, so the monitor saw those deaths together (one pass, in rank order) and cannot
-    tell which came first: the agent, which reaps at 0.1 s and terminates the rest, usually can."""
+    """The monitor's first hard failure, unless it is one of several deaths: ranks found dead that the
+    teardown had not killed were gone before it acted, seen in one pass in rank order (no order)."""
     if hard[0]["event"] != "rank_dead":
         return hard[0]
     dead = [e for e in hard if e["event"] == "rank_dead"]
@@ -335,10 +333,9 @@ def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict]
 
 
 def first_death(ranks: list, exc: ChildFailedError, progress: dict[int, dict]) -> int | None:
-    """Of ranks that died without a word, seen gone together, the one that most likely died first:
-    the one the agent reaped first if a signal ended it (the agent then terminates the others,
-    which also leave no word); else the first whose progress board shows its own work (a rank
-    ended while it waited for a peer is most likely a casualty of that peer); else the first."""
+    """Of ranks seen gone together without a word, the likely first: the one the agent reaped first if a
+    signal ended it (it reaps every 0.1 s, then terminates the rest); else the first whose board shows
+    its own work (one ended while waiting on a peer is most likely that peer's casualty); else the first."""
     reaped = [r for r, f in exc.failures.items() if f.exitcode < 0 and r in ranks]
     if reaped:
         return reaped[0]
