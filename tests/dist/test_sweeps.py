@@ -70,6 +70,7 @@ def test_a_sweep_with_the_basic_launcher_gives_each_job_its_own_run_dir(train_py
 
 
 @pytest.mark.slow  # submitit pickles each job and starts it in processes of its own: 35-55 s here
+@pytest.mark.long  # the default suite ran 19:53 of its 20 minutes; the basic launcher's sweep stays in it
 @pytest.mark.timeout(300)
 def test_a_submitit_sweep_runs_its_jobs_one_at_a_time_each_in_its_own_run_dir(train_py, tmp_path):
     sweep = tmp_path / "sweep"

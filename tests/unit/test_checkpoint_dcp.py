@@ -100,15 +100,32 @@ def test_a_save_stages_only_after_the_previous_one_is_committed(tmp_path):
     assert order == ["stage 1", "committed 1", "stage 2", "committed 2"]
 
 
-def test_a_save_that_waits_for_the_previous_write_says_to_raise_checkpoint_every(tmp_path, caplog):
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_save_that_waits_for_the_previous_write_says_to_raise_checkpoint_every(tmp_path, monkeypatch):
     model, optimizer, scheduler = training_state()
     # the first commit takes 0.3 s (longer than the loop takes to reach the next save)
     saver = checkpointer(tmp_path, on_saved=lambda step, *rest: time.sleep(0.3) if step == 1 else None)
-    with caplog.at_level(logging.WARNING, logger="synapse.engine.checkpointer"):
+    # A handler on the logger itself: in the full suite an earlier in-process run's logging config
+    # (Hydra's dictConfig) may have disabled existing loggers or stopped their propagation to the root.
+    log, handler = logging.getLogger("synapse.engine.checkpointer"), _Records()
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(log, "level", logging.WARNING)
+    log.addHandler(handler)
+    try:
         for step in (1, 2, 3):
             saver.save(step, held(model, optimizer, scheduler), {})
         saver.close()
-    warnings = [r.getMessage() for r in caplog.records if "raise checkpoint.every" in r.getMessage()]
+    finally:
+        log.removeHandler(handler)
+    warnings = [r.getMessage() for r in handler.records if "raise checkpoint.every" in r.getMessage()]
     assert len(warnings) == 1 and "step 2 waited" in warnings[0], warnings  # said once, at the save that waited
 
 
