@@ -184,6 +184,7 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long  # 64 s of real runs; the default suite ran 20:10 here (the run lock's unit tests stay in it)
 def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
     # From step 2 to 7, rank 0 is slowed (1 s per task: ~8 s a step) so the first run is still
@@ -339,7 +340,8 @@ def test_a_corrupt_controller_state_is_named_with_its_path_and_fix(tmp_path, tea
 
 # ---------------------------------------------------------------- Ctrl-C and SIGTERM
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("signum, whom", [(signal.SIGINT, "group"), (signal.SIGTERM, "supervisor")],
+@pytest.mark.parametrize("signum, whom", [(signal.SIGINT, "group"),
+                                          pytest.param(signal.SIGTERM, "supervisor", marks=pytest.mark.long)],
                          ids=["ctrl_c_to_the_terminal_group", "sigterm_to_the_supervisor"])
 def test_an_interrupt_checkpoints_at_the_next_step_and_resumes(tmp_path, teacher_file, reference, signum, whom):
     run_dir = tmp_path / "run"
