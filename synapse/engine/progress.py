@@ -66,6 +66,24 @@ class Milestones:
         return hit
 
 
+class StepRate:
+    """The time left, from the wall time of the last ``RATE_WINDOW`` steps (evaluations and restarts included)."""
+
+    def __init__(self) -> None:
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+
+    def add(self, step: int, at: float) -> None:
+        self._recent.append((step, at))
+
+    def eta_s(self, step: int, total: int) -> float | None:
+        if len(self._recent) < 2 or not total:
+            return None
+        (first_step, first_at), (last_step, last_at) = self._recent[0], self._recent[-1]
+        if last_step <= first_step:
+            return None
+        return max(0, total - step) * (last_at - first_at) / (last_step - first_step)
+
+
 class Progress:
     """Progress of the single-process trainer (the pipeline's bar is the supervisor's).
 
@@ -77,27 +95,19 @@ class Progress:
         stream = stream or sys.stderr
         self._bar = ConsoleBar(stream) if enabled and is_terminal(stream) else None
         self._lines = Milestones(total_steps, start_step) if enabled and self._bar is None else None
-        self._total, self._shown, self._log = total_steps, start_step, log
-        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._total, self._log = total_steps, log
+        self._rate = StepRate()
         self._routing = contextlib.ExitStack()
         if self._bar is not None:
             self._routing.enter_context(lines_above(self._bar))
 
     def update(self, step: int, loss: float, images_per_s: float) -> None:
-        self._recent.append((step, time.monotonic()))
+        self._rate.add(step, time.monotonic())
         if self._bar is not None:
             self._bar.show(progress_text(step, self._total, loss=loss, images_per_s=images_per_s,
-                                         eta_s=self._eta_s(step)))
+                                         eta_s=self._rate.eta_s(step, self._total)))
         elif self._lines is not None and self._lines.reached(step):
             self._log(progress_text(step, self._total, loss=loss, images_per_s=images_per_s))
-        self._shown = step
-
-    def _eta_s(self, step: int) -> float | None:
-        if len(self._recent) < 2 or not self._total:
-            return None
-        (first_step, first_at), (last_step, last_at) = self._recent[0], self._recent[-1]
-        per_step = (last_at - first_at) / max(1, last_step - first_step)
-        return max(0, self._total - step) * per_step
 
     def close(self) -> None:
         self._routing.close()

@@ -20,13 +20,12 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..engine.console_bar import ConsoleBar, lines_above
-from ..engine.progress import RATE_WINDOW, Milestones, is_terminal, progress_text
+from ..engine.progress import Milestones, StepRate, is_terminal, progress_text
 from ..planner.placement import Placement
 from ..records import JsonlTail, RecordFileError
 
@@ -42,7 +41,7 @@ class RunProgress(threading.Thread):
         self.bar, self.log, self.stage, self.period_s = bar, log, stage, period_s
         self._metrics = JsonlTail(Path(run_dir) / "metrics.jsonl")
         self._performance = JsonlTail(Path(run_dir) / "performance.jsonl")
-        self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)
+        self._rate = StepRate()
         self.step, self.total, self.record_stage = 0, 0, None
         self.loss: float | None = None
         self.images_per_s: float | None = None
@@ -82,17 +81,12 @@ class RunProgress(threading.Thread):
         self.step, self.loss = int(record["step"]), record.get("loss")
         self._first_step = self.step if self._first_step is None else self._first_step
         self.images_per_s = record.get("images_per_s")
-        self._recent.append((self.step, float(record.get("time", time.time()))))
+        self._rate.add(self.step, float(record.get("time", time.time())))
         return True
 
     def eta_s(self) -> float | None:
         """Steps left times the recent wall time per step (what the records show, evaluations included)."""
-        if len(self._recent) < 2 or not self.total:
-            return None
-        (first_step, first_t), (last_step, last_t) = self._recent[0], self._recent[-1]
-        if last_step <= first_step:
-            return None
-        return (self.total - self.step) * (last_t - first_t) / (last_step - first_step)
+        return self._rate.eta_s(self.step, self.total)
 
     def text(self) -> str:
         return progress_text(self.step, self.total, loss=self.loss, images_per_s=self.images_per_s,
