@@ -38,7 +38,8 @@ from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetec
 from ..monitor.timing import StepTiming, link_send_seconds
 from ..planner.estimator import AlphaBetaEstimator
 from ..planner.online_calibration import OnlineCalibration
-from ..planner.eta import OptionKind, RestartCostModel, RunningPartition, build_options
+from ..planner.eta import build_options
+from ..planner.options import OptionKind, RunningPartition
 from ..planner.placement import Placement
 from ..planner.policy import (
     Decision,
@@ -47,6 +48,7 @@ from ..planner.policy import (
     NoViableOptionError,
     Policy,
 )
+from ..planner.restart_cost import RestartCostModel
 from ..planner.stage_planner import StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"

@@ -14,7 +14,8 @@ from ..launch.planning import configured_alphas
 from ..monitor.detector import DetectorConfig, SlowdownDetector
 from ..monitor.events import EventLog, events_path
 from ..planner.estimator import AlphaBetaEstimator, EstimatorConfig
-from ..planner.eta import OptionKind, RestartCost, RestartCostModel
+from ..planner.options import OptionKind
+from ..planner.restart_cost import RestartCost, RestartCostModel
 from ..planner.placement import Placement
 from ..planner.stage_planner import StagePlanner
 from ..trackers import open_tracker

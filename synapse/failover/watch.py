@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..control import ControlChannel, FileControlChannel, StopRequest
 from ..monitor.events import EventLog, events_path
-from ..planner.eta import OptionKind
+from ..planner.options import OptionKind
 from ..planner.placement import Placement
 from ..planner.policy import Decision
 from ..records import JsonlTail

@@ -54,7 +54,7 @@ after a re-plan too. No reference: the excess is already in the prediction's uni
 The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
 one a thousand times slower (4 MB/s) still moves a small activation.
 
-State is keyed by device id (an int, like `synapse.planner.eta.DeviceId`), not by
+State is keyed by device id (an int, like `synapse.planner.options.DeviceId`), not by
 rank: alpha is a property of the device, and survives re-partitions unchanged.
 """
 
@@ -237,7 +237,7 @@ def _lower_quartile(values: Sequence[float]) -> float:
 
 def _device_id(device: Any) -> int:
     if isinstance(device, bool) or not isinstance(device, int):
-        raise EstimatorInputError(f"device id {device!r} must be an int (see synapse.planner.eta.DeviceId)")
+        raise EstimatorInputError(f"device id {device!r} must be an int (see synapse.planner.options.DeviceId)")
     return device
 
 

@@ -14,7 +14,8 @@ from synapse.planner.placement import Placement
 from synapse.planner.stage_planner import DeviceFacts, StagePlanner
 from synapse.monitor.detector import DetectorConfig, SlowdownDetector
 from synapse.planner.cost_model import StepSpec
-from synapse.planner.eta import OptionKind, RestartCost, RestartCostModel
+from synapse.planner.options import OptionKind
+from synapse.planner.restart_cost import RestartCost, RestartCostModel
 from synapse.planner.policy import NoViableOptionError, make_policy
 from synapse.planner.profile import load_profile_csv
 

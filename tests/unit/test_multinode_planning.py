@@ -7,7 +7,8 @@ import math
 import pytest
 
 from synapse.planner.cost_model import StepSpec
-from synapse.planner.eta import OptionKind, RunningPartition, build_options
+from synapse.planner.eta import build_options
+from synapse.planner.options import OptionKind, RunningPartition
 from synapse.planner.placement import Placement
 from synapse.planner.profile import BlockProfile, ModelProfile
 from synapse.planner.stage_planner import DeviceFacts, StagePlanner

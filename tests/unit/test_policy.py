@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from synapse.planner.eta import Option, OptionKind, RestartCost, RestartCostModel, RunningPartition, build_options
+from synapse.planner.eta import build_options
+from synapse.planner.options import Option, OptionKind, RunningPartition
+from synapse.planner.restart_cost import RestartCost, RestartCostModel
 from synapse.planner.placement import Placement
 from synapse.planner.policy import (
     POLICY_NAMES,
