@@ -44,7 +44,8 @@ REPLAN_MODES = ("live", "restart")
 def validate_failover(cfg: DictConfig) -> None:
     from ..monitor.detector import DetectorConfig, DetectorConfigError
     from ..planner.estimator import EstimatorConfig, EstimatorConfigError
-    from ..planner.policy import PolicyConfigError, make_policy
+    from ..planner.decision import PolicyConfigError
+    from ..planner.policy_registry import make_policy
 
     failover = cfg.failover
     positive("failover.max_restarts", failover.max_restarts, allow_zero=True)

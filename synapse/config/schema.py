@@ -224,7 +224,7 @@ def policy_params_node() -> type:
     """Every policy's parameters in one node, each unset by default (the policy's own default):
     the fields and types of the policies' settings dataclasses, so a misspelt or mistyped
     parameter fails when the config is composed; which policy takes which is checked by validate()."""
-    from ..planner.policy import POLICY_SETTINGS
+    from ..planner.policy_registry import POLICY_SETTINGS
 
     fields_by_name: dict[str, Any] = {}
     for settings in POLICY_SETTINGS:

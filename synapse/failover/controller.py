@@ -36,18 +36,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
 from ..monitor.timing import StepTiming, link_send_seconds
+from ..planner.decision import Decision, DecisionContext, NoViableOptionError
 from ..planner.estimator import AlphaBetaEstimator
-from ..planner.online_calibration import OnlineCalibration
 from ..planner.eta import build_options
+from ..planner.online_calibration import OnlineCalibration
 from ..planner.options import OptionKind, RunningPartition
 from ..planner.placement import Placement
-from ..planner.policy import (
-    Decision,
-    DecisionContext,
-    DegradePolicy,
-    NoViableOptionError,
-    Policy,
-)
+from ..planner.policy import DegradePolicy, Policy
 from ..planner.restart_cost import RestartCostModel
 from ..planner.stage_planner import StagePlanner
 

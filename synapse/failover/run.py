@@ -19,7 +19,7 @@ from ..planner.restart_cost import RestartCost, RestartCostModel
 from ..planner.placement import Placement
 from ..planner.stage_planner import StagePlanner
 from ..trackers import open_tracker
-from ..planner.policy import make_policy
+from ..planner.policy_registry import make_policy
 from .controller import FailoverController
 from .stages import StageSpec, read_stages, user_overrides
 from .summary import SUMMARY_FILE

@@ -31,7 +31,7 @@ from ..launch.interrupt import InterruptToStop, RunInterrupted
 from ..launch.worker_logs import failed_rank_tail
 from ..monitor.events import EventLog, EventLogError, events_path
 from ..planner.placement import Placement
-from ..planner.policy import Decision, NoViableOptionError
+from ..planner.decision import Decision, NoViableOptionError
 from ..records import JsonlTail
 from ..trackers import NullTracker, Tracker
 from .controller import FailoverController

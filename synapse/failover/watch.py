@@ -19,7 +19,7 @@ from ..control import ControlChannel, FileControlChannel, StopRequest
 from ..monitor.events import EventLog, events_path
 from ..planner.options import OptionKind
 from ..planner.placement import Placement
-from ..planner.policy import Decision
+from ..planner.decision import Decision
 from ..records import JsonlTail
 from .controller import FailoverController
 

@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from synapse.failover.controller import FailoverController
-from synapse.planner.block_calibration import BlockCalibration, measurements
-from synapse.planner.placement import Placement
-from synapse.planner.stage_planner import DeviceFacts, StagePlanner
 from synapse.monitor.detector import DetectorConfig, SlowdownDetector
+from synapse.planner.block_calibration import BlockCalibration, measurements
 from synapse.planner.cost_model import StepSpec
+from synapse.planner.decision import NoViableOptionError
 from synapse.planner.options import OptionKind
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
-from synapse.planner.policy import NoViableOptionError, make_policy
+from synapse.planner.placement import Placement
+from synapse.planner.policy_registry import make_policy
 from synapse.planner.profile import load_profile_csv
+from synapse.planner.restart_cost import RestartCost, RestartCostModel
+from synapse.planner.stage_planner import DeviceFacts, StagePlanner
 
 SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 KEEP, REPLAN, DEGRADE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from synapse.failover.controller import FailoverController
 from synapse.monitor.detector import SlowdownDetector
 from synapse.planner.cost_model import StepSpec
+from synapse.planner.decision import NoViableOptionError
 from synapse.planner.options import OptionKind
 from synapse.planner.placement import Placement
-from synapse.planner.policy import POLICY_NAMES, NoViableOptionError, make_policy
+from synapse.planner.policy_registry import POLICY_NAMES, make_policy
 from synapse.planner.profile import load_profile_csv
 from synapse.planner.restart_cost import RestartCost, RestartCostModel
 from synapse.planner.stage_planner import StagePlanner

@@ -1,4 +1,5 @@
-"""Unit tests for synapse.planner.policy: hysteresis, baselines, ski rental, the regression scenario."""
+"""Unit tests for the policies (decision, policy, eta_policy, policy_registry): hysteresis, baselines, ski rental,
+the regression scenario."""
 from __future__ import annotations
 
 import json
@@ -6,25 +7,14 @@ import math
 
 import pytest
 
+from synapse.planner.decision import DecisionContext, NoViableOptionError, PolicyConfigError, PolicyError
 from synapse.planner.eta import build_options
+from synapse.planner.eta_policy import EtaPolicy, EtaPolicyConfig
 from synapse.planner.options import Option, OptionKind, RunningPartition
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
 from synapse.planner.placement import Placement
-from synapse.planner.policy import (
-    POLICY_NAMES,
-    DecisionContext,
-    DegradePolicy,
-    EtaPolicy,
-    EtaPolicyConfig,
-    KeepPolicy,
-    NoViableOptionError,
-    PolicyConfigError,
-    PolicyError,
-    ReplanPolicy,
-    SkiRentalConfig,
-    SkiRentalPolicy,
-    make_policy,
-)
+from synapse.planner.policy import DegradePolicy, KeepPolicy, ReplanPolicy, SkiRentalConfig, SkiRentalPolicy
+from synapse.planner.policy_registry import POLICY_NAMES, make_policy
+from synapse.planner.restart_cost import RestartCost, RestartCostModel
 
 KEEP, REPLAN, DEGRADE, REPLACE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE
 DEVICES = (0, 1, 2, 3)
