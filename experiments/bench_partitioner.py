@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synapse.planner.cost_model import DeviceSpec
+from synapse.planner.cost_specs import DeviceSpec
 from synapse.planner.partitioner import plan_partition
 from synapse.planner.profile import load_profile_csv
 

@@ -37,7 +37,7 @@ import torch
 from synapse.models import build_model, model_blocks
 from synapse.pipeline.graphs import StageGraphs
 from synapse.pipeline.stage import FusedStage
-from synapse.planner.cost_model import StepSpec
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.profile import load_profile_csv
 from synapse.planner.stage_planner import DeviceFacts, StagePlanner
 from synapse.profiling import profile_for_config

@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from synapse.planner.cost_model import CostModel, DeviceSpec, StepSpec
+from synapse.planner.cost_model import CostModel
+from synapse.planner.cost_specs import DeviceSpec, StepSpec
 from synapse.planner.partitioner import PartitionPlan, even_partition, plan_partition
 from synapse.planner.profile import load_profile_csv
 

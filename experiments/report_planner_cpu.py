@@ -49,7 +49,9 @@ from synapse.conf import CONF_DIR
 from synapse.launch.planning import device_specs, measured_step_summary
 from synapse.app import run
 from synapse.models import build_model
-from synapse.planner.cost_model import CostModel, StepSpec, TermCalibration
+from synapse.planner.cost_calibration import TermCalibration
+from synapse.planner.cost_model import CostModel
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.partitioner import plan_with_cost_model
 from synapse.planner.profile import ModelProfile, load_profile_csv
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from ..config import resolve_accelerator, resolve_devices, run_topology
 from ..engine.device import default_threads
-from ..planner.cost_model import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
+from ..planner.cost_specs import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
 from ..planner.microbatches import candidate_counts, choose_microbatches
 from ..planner.partitioner import PartitionPlan
 from ..planner.placement import Placement

@@ -29,7 +29,8 @@ The terms that matter on CPU (all default to "absent", which is the GPU model):
 * ``DeviceSpec.link_latency_s``: fixed cost per message (gloo over loopback:
   tens of microseconds; measured by experiments/bench_gloo_p2p.py).
 
-`TermCalibration` measures the per-step terms on a K = 1 run.
+`TermCalibration` (`synapse.planner.cost_calibration`) measures the per-step terms on a
+K = 1 run; the devices and the step are given as `synapse.planner.cost_specs` types.
 
 Step time of GPipe and 1F1B with heterogeneous stages (M micro-batches)::
 
@@ -38,7 +39,7 @@ Step time of GPipe and 1F1B with heterogeneous stages (M micro-batches)::
 (fill/drain through every stage once, then M - 1 micro-batches paced by the
 slowest stage). The optimizer step is a fixed per-step time (default 0): for SGD
 on ResNet-152 it is well under 1% of a step, and `Calibration.overhead_s`
-absorbs it together with the rest of the per-step overhead.
+(`cost_calibration`) absorbs it together with the rest of the per-step overhead.
 
 Memory of stage r, in bytes::
 
@@ -59,113 +60,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from synapse.planner.cost_specs import DeviceSpec, Schedule, StepSpec, require
 from synapse.planner.profile import BYTES_PER_KB, ModelProfile
 
 MS_TO_S = 1e-3
-# Optimizer state per byte of student parameters.
-OPTIMIZER_STATE_MULTIPLIERS = {"sgd": 0.0, "sgd_momentum": 1.0, "adamw": 2.0}
 # Per micro-batch, stage r sends the teacher and the student activation and receives the student gradient.
 MESSAGES_PER_MICROBATCH = 3
-
-
-class CostModelError(ValueError):
-    """Invalid device, schedule or calibration input."""
-
-
-class Schedule(str, Enum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-
-    @classmethod
-    def parse(cls, value: "Schedule | str") -> "Schedule":
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(s.value for s in cls)
-            raise CostModelError(f"unknown schedule {value!r}; use one of: {allowed}") from None
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise CostModelError(message)
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One pipeline device. alpha/beta: compute/comm slowdown (1.0 = as profiled).
-
-    memory_bytes = inf means unconstrained; link_bandwidth_bytes_per_s = inf and
-    link_latency_s = 0 mean free communication to the next device. contention >= 1:
-    how much slower everything this device computes runs because it shares its cores
-    with other ranks (1.0: the cores are its own; see `cpu_contention`).
-    """
-
-    name: str
-    alpha: float = 1.0
-    beta: float = 1.0
-    memory_bytes: float = math.inf
-    link_bandwidth_bytes_per_s: float = math.inf
-    contention: float = 1.0
-    link_latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _require(bool(self.name), "DeviceSpec.name is empty; name devices e.g. 'cuda:0'")
-        for field in ("alpha", "beta"):
-            value = getattr(self, field)
-            _require(math.isfinite(value) and value > 0,
-                     f"device {self.name!r}: {field}={value!r} must be finite and > 0 (1.0 = as profiled)")
-        for field in ("memory_bytes", "link_bandwidth_bytes_per_s"):
-            value = getattr(self, field)
-            _require(not math.isnan(value) and value > 0,
-                     f"device {self.name!r}: {field}={value!r} must be > 0 (inf = unlimited)")
-        _require(math.isfinite(self.contention) and self.contention >= 1.0,
-                 f"device {self.name!r}: contention={self.contention!r} must be finite and >= 1 "
-                 f"(1.0 = cores of its own; ranks * threads / cores when they share)")
-        _require(math.isfinite(self.link_latency_s) and self.link_latency_s >= 0,
-                 f"device {self.name!r}: link_latency_s={self.link_latency_s!r} must be >= 0 seconds per message")
-
-
-def cpu_contention(ranks: int, threads_per_rank: int, cores: int) -> float:
-    """Fair-share slowdown of each of `ranks` CPU processes of `threads_per_rank` threads on `cores` cores.
-
-    When the ranks want more threads than there are cores, the scheduler time-slices
-    them: each runs ranks * threads / cores times slower than alone; otherwise 1.
-    """
-    for name, value in (("ranks", ranks), ("threads_per_rank", threads_per_rank), ("cores", cores)):
-        _require(isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1,
-                 f"cpu_contention: {name}={value!r} must be an integer >= 1")
-    return max(1.0, ranks * threads_per_rank / cores)
-
-
-@dataclass(frozen=True)
-class StepSpec:
-    """What one optimizer step looks like, as far as cost is concerned."""
-
-    microbatches: int
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    optimizer_state_multiplier: float = OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"]
-    optimizer_step_s: float = 0.0
-    per_microbatch_overhead_s: float = 0.0  # host time per micro-batch on every stage, outside the blocks
-    loss_s: float = 0.0  # KD loss per micro-batch on the last stage, profile seconds
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "schedule", Schedule.parse(self.schedule))
-        m = self.microbatches
-        _require(isinstance(m, numbers.Integral) and not isinstance(m, bool) and m >= 1,
-                 f"microbatches={m!r} must be an integer >= 1")
-        object.__setattr__(self, "microbatches", int(m))
-        multiplier = self.optimizer_state_multiplier
-        _require(math.isfinite(multiplier) and multiplier >= 0,
-                 f"optimizer_state_multiplier={multiplier!r} must be >= 0 (SGD 0, momentum 1, AdamW 2)")
-        for field in ("optimizer_step_s", "per_microbatch_overhead_s", "loss_s"):
-            value = getattr(self, field)
-            _require(math.isfinite(value) and value >= 0, f"{field}={value!r} must be >= 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -197,7 +102,7 @@ class CostModel:
     """
 
     def __init__(self, teacher: ModelProfile, student: ModelProfile, devices: Sequence[DeviceSpec], step: StepSpec):
-        _require(len(devices) >= 1, "no devices given; pass at least one DeviceSpec")
+        require(len(devices) >= 1, "no devices given; pass at least one DeviceSpec")
         self.teacher, self.student, self.step = teacher, student, step
         self.devices = tuple(devices)
         self.num_teacher_blocks, self.num_student_blocks = len(teacher), len(student)
@@ -309,112 +214,10 @@ class CostModel:
 
 def _cuts(counts: Sequence[int], num_blocks: int, num_stages: int, which: str) -> list[int]:
     counts = list(counts)
-    _require(len(counts) == num_stages,
-             f"{which} counts {counts} have {len(counts)} entries for {num_stages} stages; give one count per device")
-    _require(all(isinstance(c, numbers.Integral) and c >= 1 for c in counts),
-             f"{which} counts {counts} must all be integers >= 1")
-    _require(sum(counts) == num_blocks,
-             f"{which} counts {counts} sum to {sum(counts)}, but the model has {num_blocks} blocks")
+    require(len(counts) == num_stages,
+            f"{which} counts {counts} have {len(counts)} entries for {num_stages} stages; give one count per device")
+    require(all(isinstance(c, numbers.Integral) and c >= 1 for c in counts),
+            f"{which} counts {counts} must all be integers >= 1")
+    require(sum(counts) == num_blocks,
+            f"{which} counts {counts} sum to {sum(counts)}, but the model has {num_blocks} blocks")
     return [0, *np.cumsum(counts).tolist()]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Affine map from model seconds to measured wall seconds: scale * t + overhead_s."""
-
-    scale: float = 1.0
-    overhead_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _require(math.isfinite(self.scale) and self.scale > 0,
-                 f"calibration scale={self.scale!r} must be finite and > 0")
-        _require(math.isfinite(self.overhead_s) and self.overhead_s >= 0,
-                 f"calibration overhead_s={self.overhead_s!r} must be >= 0")
-
-    def apply(self, predicted_s):
-        """Wall-time seconds for model seconds (a float, or an array of them)."""
-        result = self.scale * np.asarray(predicted_s, dtype=np.float64) + self.overhead_s
-        return float(result) if result.ndim == 0 else result
-
-    @classmethod
-    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> "Calibration":
-        """Least-squares fit of measured = scale * predicted + overhead, with overhead >= 0.
-
-        With a single pair, or when all predictions are equal, scale and overhead
-        cannot be separated: the fit is then scale-only (overhead 0).
-        """
-        x, y = _check_pairs(predicted_s, measured_s)
-        if x.size >= 2 and np.ptp(x) > 1e-12 * np.abs(x).max():
-            scale, overhead = np.polyfit(x, y, 1)
-            if overhead >= 0 and scale > 0:
-                return cls(float(scale), float(overhead))
-        # The constrained optimum lies on overhead = 0 (convex problem, one active bound).
-        scale = float(x @ y / (x @ x))
-        _require(scale > 0,
-                 f"measured times {y.tolist()} do not grow with predicted times {x.tolist()}; cannot calibrate")
-        return cls(scale, 0.0)
-
-
-def _check_pairs(predicted_s: Sequence[float], measured_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(predicted_s, dtype=np.float64)
-    y = np.asarray(measured_s, dtype=np.float64)
-    _require(x.ndim == 1 and x.shape == y.shape and x.size >= 1,
-             f"need equally long, non-empty 1-D sequences; got {x.shape} predicted and {y.shape} measured")
-    _require(bool(np.all(np.isfinite(x)) and np.all(np.isfinite(y))), "predicted and measured times must be finite")
-    _require(bool(np.all(x > 0) and np.all(y > 0)), "predicted and measured times must be > 0 seconds")
-    return x, y
-
-
-def calibration_error(predicted_s: Sequence[float], measured_s: Sequence[float]) -> float:
-    """Median relative error |predicted - measured| / measured; large means: re-calibrate."""
-    x, y = _check_pairs(predicted_s, measured_s)
-    return float(np.median(np.abs(x - y) / y))
-
-
-@dataclass(frozen=True)
-class TermCalibration:
-    """Physical per-step terms measured on a single-device (K = 1) run of the same step.
-
-    compute_scale multiplies every device's alpha: the profile was taken under other
-    conditions than the run (thread count, load, caches). The other fields are the
-    `StepSpec` terms of the same names. Unlike `Calibration` (an affine map of the
-    predicted step time), these enter the stage times, so the partitioner plans with them.
-    """
-
-    compute_scale: float = 1.0
-    per_microbatch_overhead_s: float = 0.0
-    loss_s: float = 0.0
-    optimizer_step_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _require(math.isfinite(self.compute_scale) and self.compute_scale > 0,
-                 f"compute_scale={self.compute_scale!r} must be finite and > 0 (1.0 = the profile is right)")
-
-    @classmethod
-    def from_single_device_step(cls, model: CostModel, block_compute_s: float, loss_s: float,
-                                optimizer_s: float, wall_s: float) -> TermCalibration:
-        """Terms from one K = 1 step of `model`'s shape (medians over steps, seconds per step).
-
-        block_compute_s: teacher forward + student forward + student backward; loss_s and
-        optimizer_s: the KD loss and the optimizer step; wall_s: the whole step. What the
-        blocks, loss and optimizer do not explain is the per-micro-batch overhead.
-        """
-        _require(model.num_stages == 1, f"calibrate on a single-device model, not one of {model.num_stages} stages")
-        parts = {"block_compute_s": block_compute_s, "loss_s": loss_s, "optimizer_s": optimizer_s, "wall_s": wall_s}
-        _require(all(math.isfinite(v) and v >= 0 for v in parts.values()) and block_compute_s > 0,
-                 f"measured parts {parts} must be finite seconds >= 0 (block compute > 0)")
-        m = model.step.microbatches
-        profiled_s = m * float(model.teacher_work_s(0, model.num_teacher_blocks)
-                               + model.student_work_s(0, model.num_student_blocks))
-        _require(profiled_s > 0, "the profiles have no forward/backward time; cannot calibrate against them")
-        scale = block_compute_s / (profiled_s * model.compute_scale(0))
-        unexplained_s = max(0.0, wall_s - block_compute_s - loss_s - optimizer_s)
-        return cls(compute_scale=scale, per_microbatch_overhead_s=unexplained_s / m / model.devices[0].contention,
-                   loss_s=loss_s / m / (scale * model.compute_scale(0)), optimizer_step_s=optimizer_s)
-
-    def apply(self, model: CostModel) -> CostModel:
-        """The same profiles, devices and step with these terms in."""
-        devices = [replace(d, alpha=d.alpha * self.compute_scale) for d in model.devices]
-        step = replace(model.step, per_microbatch_overhead_s=self.per_microbatch_overhead_s, loss_s=self.loss_s,
-                       optimizer_step_s=self.optimizer_step_s)
-        return CostModel(model.teacher, model.student, devices, step)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from .cost_model import CostModelError
+from .cost_specs import CostModelError
 from .partitioner import PartitionPlan, PlanError
 from .stage_planner import StagePlanner
 

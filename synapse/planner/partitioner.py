@@ -42,7 +42,8 @@ from typing import Sequence
 
 import numpy as np
 
-from synapse.planner.cost_model import CostModel, DeviceSpec, Schedule, StepSpec
+from synapse.planner.cost_model import CostModel
+from synapse.planner.cost_specs import DeviceSpec, Schedule, StepSpec
 from synapse.planner.partition_dp import PartitionDP, Solution
 from synapse.planner.profile import ModelProfile
 

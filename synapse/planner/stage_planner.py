@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from .block_calibration import BlockCalibration
-from .cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
+from .cost_model import CostModel, PlanCost
+from .cost_specs import DeviceSpec, StepSpec
 from .partitioner import PartitionPlan, plan_with_cost_model
 from .profile import ModelProfile
 

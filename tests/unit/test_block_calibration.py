@@ -14,7 +14,7 @@ from synapse.planner.block_calibration import (
     StageMeasurement,
     measurements,
 )
-from synapse.planner.cost_model import StepSpec
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.estimator import AlphaBetaEstimator, EstimatorConfig
 from synapse.planner.online_calibration import OnlineCalibration
 from synapse.planner.placement import Placement

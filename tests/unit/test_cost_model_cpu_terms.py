@@ -11,15 +11,9 @@ import numpy as np
 import pytest
 
 from synapse.launch import planning
-from synapse.planner.cost_model import (
-    MESSAGES_PER_MICROBATCH,
-    CostModel,
-    CostModelError,
-    DeviceSpec,
-    StepSpec,
-    TermCalibration,
-    cpu_contention,
-)
+from synapse.planner.cost_calibration import TermCalibration
+from synapse.planner.cost_model import MESSAGES_PER_MICROBATCH, CostModel
+from synapse.planner.cost_specs import CostModelError, DeviceSpec, StepSpec, cpu_contention
 from synapse.planner.partitioner import plan_with_cost_model
 from synapse.planner.profile import BlockProfile, ModelProfile
 

@@ -11,7 +11,7 @@ import pytest
 from synapse.failover.controller import FailoverController
 from synapse.monitor.detector import DetectorConfig, SlowdownDetector
 from synapse.planner.block_calibration import BlockCalibration, measurements
-from synapse.planner.cost_model import StepSpec
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.decision import NoViableOptionError
 from synapse.planner.options import OptionKind
 from synapse.planner.placement import Placement

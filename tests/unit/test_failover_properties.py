@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from synapse.failover.controller import FailoverController
 from synapse.monitor.detector import SlowdownDetector
-from synapse.planner.cost_model import StepSpec
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.decision import NoViableOptionError
 from synapse.planner.options import OptionKind
 from synapse.planner.placement import Placement

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from synapse.planner.cost_model import DeviceSpec, StepSpec
+from synapse.planner.cost_specs import DeviceSpec, StepSpec
 from synapse.planner.microbatches import MicrobatchChoiceError, candidate_counts, choose_microbatches
 from synapse.planner.profile import BlockProfile, ModelProfile
 from synapse.planner.stage_planner import DeviceFacts, StagePlanner

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from synapse.planner.cost_model import StepSpec
+from synapse.planner.cost_specs import StepSpec
 from synapse.planner.eta import build_options
 from synapse.planner.options import OptionKind, RunningPartition
 from synapse.planner.placement import Placement

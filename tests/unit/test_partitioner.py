@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synapse.planner.cost_model import CostModel, DeviceSpec, StepSpec
+from synapse.planner.cost_model import CostModel
+from synapse.planner.cost_specs import DeviceSpec, StepSpec
 from synapse.planner.partitioner import PlanError, even_partition, plan_partition, plan_with_cost_model
 from synapse.planner.profile import BlockProfile, ModelProfile, load_profile_csv
 
