@@ -47,6 +47,7 @@ PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 STRATEGIES = ("auto", "single", "pipeline")
 PARTITION_MODES = ("even", "manual", "auto")
 NONFINITE_POLICIES = ("stop", "skip")
+NONFINITE_CHECKS = ("auto", "at_step", "late")
 
 
 @dataclass
@@ -138,6 +139,12 @@ class TrainerConfig:
     # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
     # skip (drop its update on every rank; the step still counts and the schedule advances).
     nonfinite: str = "stop"
+    # When the single-device trainer reads the loss to check it: at_step (before the update: a host
+    # sync in the middle of every step, which leaves the GPU idle while the host issues the optimizer
+    # step and the next batch) or late (when the loss is read for the record, a step later; under
+    # stop the run still ends before any checkpoint holds the bad step). auto: late on CUDA under
+    # stop, at_step otherwise (skip must know before the update; on the CPU a sync costs nothing).
+    nonfinite_check: str = "auto"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .errors import choice, fail, positive
 from .failover_checks import validate_failover, validate_injection, validate_monitor
 from .model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
                            validate_weight_files)
-from .schema import (ACCELERATORS, MODES, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
+from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
                      PRECISIONS, SCHEDULES, STRATEGIES)
 from .schema_checks import validate_finite, validate_known_keys
 
@@ -145,6 +145,7 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
     positive("trainer.log_every", trainer.log_every)
     choice("trainer.nonfinite", trainer.nonfinite, NONFINITE_POLICIES)
+    _check_nonfinite_check(trainer)
     local = resolve_devices(trainer)
     shown = trainer.local_ranks_filter
     if shown is not None and any(not 0 <= int(r) < len(local) for r in shown):
@@ -213,3 +214,16 @@ def _validate_partition(cfg: DictConfig) -> None:
             fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
         if min(counts) < 1:
             fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
+
+
+def _check_nonfinite_check(trainer) -> None:
+    choice("trainer.nonfinite_check", trainer.nonfinite_check, NONFINITE_CHECKS)
+    if trainer.nonfinite_check != "late":
+        return
+    if trainer.nonfinite == "skip":
+        fail("trainer.nonfinite_check", "late cannot skip a step: trainer.nonfinite=skip must see the loss before the "
+             "update", "use trainer.nonfinite_check=auto (or at_step) with skip, or trainer.nonfinite=stop")
+    if num_stages(trainer) > 1:
+        fail("trainer.nonfinite_check", f"late applies to the single-device trainer; a pipeline of "
+             f"{num_stages(trainer)} stages decides at each step's all-gather, on every rank together",
+             "use trainer.nonfinite_check=auto with trainer.devices > 1")

@@ -9,7 +9,9 @@ Both paths treat a NaN or infinite loss the same way (``NonFiniteGuard``), befor
 ``trainer.nonfinite=stop`` raises ``NonFiniteLossError`` naming the step, so nothing
 non-finite reaches a checkpoint; ``skip`` drops the step's update (gradients
 discarded, BatchNorm statistics restored) while the step still counts and the learning-rate
-schedule advances, exactly as if the batch had been left out.
+schedule advances, exactly as if the batch had been left out. On CUDA the single-device
+trainer checks a step's loss a step late by default (``trainer.nonfinite_check``): still
+before any checkpoint, without a host sync in the middle of every step.
 """
 from __future__ import annotations
 
@@ -84,21 +86,39 @@ def training_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | N
     return kd_loss(student_logits, teacher_logits, labels, kd)
 
 
+def checks_loss_late(check: str, policy: str, device: torch.device) -> bool:
+    """Whether ``trainer.nonfinite_check`` (auto, at_step, late) leaves the loss check to the
+    trainer's reading of the loss a step later. auto: on CUDA under stop, where checking at the
+    step is a host sync in the middle of every step (the GPU idles while the host issues the
+    optimizer step and the next batch); skip must know before the update, and on the CPU the
+    sync costs nothing."""
+    if check == "auto":
+        return policy == "stop" and device.type == "cuda"
+    return check == "late"
+
+
 class SingleDeviceStep:
     def __init__(self, student: nn.Module, teacher: nn.Module | None, optimizer: torch.optim.Optimizer,
-                 scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup, nonfinite: str = "stop"):
+                 scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup, nonfinite: str = "stop",
+                 check_late: bool = False):
+        """``check_late``: do not read the loss here (no host sync); the caller passes it to
+        `check_loss_late` when it reads it. Only with ``nonfinite="stop"``."""
+        if check_late and nonfinite != "stop":
+            raise ValueError(f"a late loss check cannot skip a step (trainer.nonfinite={nonfinite!r}); "
+                             "use trainer.nonfinite_check=at_step with skip")
         self.student, self.teacher = student, teacher
         self.optimizer, self.scheduler = optimizer, scheduler
         self.microbatches, self.kd, self.setup = microbatches, kd, setup
         self._params = [p for p in student.parameters() if p.requires_grad]
         self.guard = NonFiniteGuard(nonfinite, student)
+        self.check_late = check_late
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int = 0,
                  corrupt: bool = False) -> torch.Tensor:
         """Run optimizer step ``step``; returns the mean micro-batch loss as a detached tensor.
 
         ``corrupt``: make the student's output NaN (an injected ``nan_loss`` fault). Reading the
-        loss to check it is finite is the step's one host sync.
+        loss to check it is finite is the step's one host sync (none with ``check_late``).
         """
         images = self.setup.prepare_input(images)
         labels = labels.to(self.setup.device, non_blocking=True)
@@ -115,7 +135,7 @@ class SingleDeviceStep:
             loss.backward()
             total += loss.detach()
         mean = total / self.microbatches
-        if not self.guard.apply_update(step, float(mean)):
+        if not self.check_late and not self.guard.apply_update(step, float(mean)):
             self.guard.skip(self.optimizer, self.scheduler)
             return mean
         scale_gradients(self._params, self.microbatches)
@@ -123,6 +143,12 @@ class SingleDeviceStep:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return mean
+
+    def check_loss_late(self, step: int, loss: float) -> None:
+        """Step ``step``'s loss, read after it ran: raises `NonFiniteLossError` if it is not finite.
+        The update is applied by then, in memory only: the caller checks before any checkpoint."""
+        if self.check_late:
+            self.guard.apply_update(step, loss)
 
     @property
     def skipped(self) -> bool:

@@ -35,7 +35,7 @@ from .device import ComputeSetup, build_compute_setup, seed_everything
 from .evaluate import evaluate
 from .optim import build_optimizer, build_scheduler
 from .progress import Progress
-from .step import NonFiniteLossError, SingleDeviceStep
+from .step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
 
 
 class StepRunner(Protocol):
@@ -59,6 +59,10 @@ class StepRunner(Protocol):
 
     def after_step(self, step: int) -> dict[str, Any]:
         """Fields for the step's metrics record (the pipeline exchanges per-rank timings here)."""
+
+    def check_loss(self, step: int, loss: float) -> None:
+        """Step ``step``'s loss as read for its record: raises `NonFiniteLossError` where the step
+        left the check to this reading (``trainer.nonfinite_check=late``)."""
 
     def apply_control(self, step: int) -> None:
         """Act on what the supervisor asked for at this step boundary (the pipeline: live re-partitions)."""
@@ -97,6 +101,9 @@ class SingleDeviceRunner:
     def after_step(self, step: int) -> dict[str, Any]:
         return {}
 
+    def check_loss(self, step: int, loss: float) -> None:
+        self.step_fn.check_loss_late(step, loss)
+
     def apply_control(self, step: int) -> None:
         pass
 
@@ -125,6 +132,7 @@ class Trainer:
     mark: Callable[[str], None] = lambda phase: None  # where this rank is (the hang watchdog's board)
     step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    _stopped_step: int | None = field(default=None, init=False)  # the non-finite step reported (report once)
 
     @property
     def writes_records(self) -> bool:
@@ -179,7 +187,7 @@ class Trainer:
                     if self.step == first_step + 1 and self.cfg.checkpoint.async_save:
                         self.checkpointer.prepare(runner.held_state())  # staging buffers, before any save
                         tick = time.perf_counter()
-                    if self._checkpoint_and_evaluate(batch, metrics):
+                    if self._checkpoint_and_evaluate(batch, metrics, pending):
                         tick = time.perf_counter()  # checkpoint and evaluation time is not step time
                     if runner.stop_requested:
                         break
@@ -211,30 +219,45 @@ class Trainer:
         return TrackedWriter(JsonlWriter(self.run_dir / "metrics.jsonl"),
                              open_tracker(self.cfg.logger.name, self.run_dir, "train"))
 
-    def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter) -> bool:
-        """What is due after this step (a checkpoint, an evaluation); whether anything was."""
+    def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter, record: dict[str, Any]) -> bool:
+        """What is due after this step (a checkpoint, an evaluation); whether anything was.
+        ``record``: the step's, whose loss (read late, if at all) is checked before either."""
         every = self.cfg.checkpoint.every
         end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
         last = self.step == self.total_steps
-        did_io = False
-        if (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last:
+        save = (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last
+        evaluate = last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0)
+        if (save or evaluate) and record["loss"] is not None:
+            self._check_loss(record["step"], float(record["loss"]))  # a checkpoint holds finite steps only
+        if save:
             self.save_checkpoint(batch.epoch, batch.step_in_epoch)
-            did_io = True
-        if last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0):
+        if evaluate:
             self._evaluate(metrics, batch.epoch)
-            did_io = True
-        return did_io
+        return bool(save or evaluate)
 
     def _guarded_step(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         """``train_step``, reporting a non-finite loss (stopped or skipped) with its step."""
         try:
             loss = self.runner(images, labels, step)
         except NonFiniteLossError as exc:
-            self._report_nonfinite(step, exc.loss, "stopped")
+            self._report_stopped(exc)
             raise
         if self.runner.skipped:
             self._report_nonfinite(step, None if loss is None else float(loss), "skipped")
         return loss
+
+    def _check_loss(self, step: int, loss: float) -> None:
+        """A step's loss as read for its record or before a checkpoint (the late check's raise point)."""
+        try:
+            self.runner.check_loss(step, loss)
+        except NonFiniteLossError as exc:
+            self._report_stopped(exc)
+            raise
+
+    def _report_stopped(self, exc: NonFiniteLossError) -> None:
+        if self._stopped_step != exc.step:  # a late check may meet the same step again (the error path's flush)
+            self._stopped_step = exc.step
+            self._report_nonfinite(exc.step, exc.loss, "stopped")
 
     def _report_nonfinite(self, step: int, loss: float | None, action: str) -> None:
         if not self.writes_records:  # one report per run: the process that has the loss
@@ -250,6 +273,8 @@ class Trainer:
     def _flush(self, metrics: JsonlWriter, pending, progress: Progress, new) -> dict[str, Any] | None:
         if pending is not None:
             pending["loss"] = None if pending["loss"] is None else float(pending["loss"])
+            if pending["loss"] is not None:
+                self._check_loss(pending["step"], pending["loss"])  # a stopped step leaves no record
             metrics.write(pending)
             progress.update(pending["step"], pending["loss"] or 0.0, pending["images_per_s"])
         return new
@@ -312,8 +337,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     student = setup.prepare_model(parts.student)
     optimizer = build_optimizer(student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
+    late = checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite, setup.device)
     step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
-                               kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite)
+                               kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)

@@ -126,6 +126,9 @@ class PipelineRunner:
     def held_state(self) -> HeldState:
         return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict()})
 
+    def check_loss(self, step: int, loss: float) -> None:
+        """Nothing left to check: every rank decided on the loss at the step's all-gather."""
+
     def after_step(self, step: int) -> dict[str, Any]:
         """The step's collective exchange, then its performance record (on the record-writing rank)."""
         timings = self.exchange_step_state(step)

@@ -479,6 +479,30 @@ def test_nan_loss_stops_the_single_device_trainer_too(tmp_path, teacher_file):
     assert [e["step"] for e in events(tmp_path, "nonfinite_loss", action="stopped")] == [3]
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("every, raised_at", [(1, "the checkpoint of step 3"), (2, "the record of step 3")])
+def test_a_late_loss_check_still_stops_before_any_checkpoint_holds_the_step(tmp_path, teacher_file, every, raised_at):
+    """nonfinite_check=late (auto's choice on CUDA, forced here on the CPU): no host sync in the step;
+    the loss is checked when read for its record (after step 4 ran) or, on a checkpoint step, before
+    the save. Either way the error names step 3, no record or checkpoint holds it, it is reported once."""
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
+        run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:nan_loss,rank:0,step:3}]",
+                                    "trainer.nonfinite_check=late", f"checkpoint.every={every}", devices=1))
+    assert [e["step"] for e in events(tmp_path, "nonfinite_loss", action="stopped")] == [3], raised_at
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"] == [1, 2]
+    refs = ckpt.list_checkpoints(tmp_path / "checkpoints")
+    assert [r.step for r in refs] == [1, 2] if every == 1 else [2]
+    assert all(all_finite(ckpt.load_student_state(r.path)) for r in refs)
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["trainer.nonfinite=skip"], "late cannot skip a step"),
+    (["trainer.devices=3"], "late applies to the single-device trainer")])
+def test_a_late_loss_check_is_refused_where_it_cannot_work(tmp_path, teacher_file, extra, problem):
+    with pytest.raises(ConfigError, match=f"trainer.nonfinite_check: {problem}.*Fix: use trainer.nonfinite_check=auto"):
+        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite_check=late", *extra)))
+
+
 def test_an_unknown_nonfinite_policy_is_refused_before_any_work(tmp_path, teacher_file):
     with pytest.raises(ConfigError, match=r"trainer.nonfinite: 'ignore' is not a valid choice. Fix: use one of "
                                           r"stop, skip"):

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from synapse import checkpoint as ckpt
 from synapse.engine import checkpointer as checkpointer_module
+from synapse.engine.compute import ComputeSetup
 from synapse.engine.optim import build_scheduler, lr_factor
+from synapse.engine.step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
+from synapse.kd import KDLossParams
 from synapse.app import run
 from synapse.models import ModelError, build_model, load_weights
 
@@ -186,3 +190,43 @@ def test_zero_epochs_writes_the_initial_weights(make_config, tiny_run, tmp_path)
     assert summary["steps"] == 0
     assert_same_tensors(torch.load(run_dir / "model.pt", weights_only=True), initial)
     assert records(run_dir, "train") == []
+
+
+# ------------------------------------------------------------ late loss check
+def _tiny_step(check_late: bool) -> tuple[SingleDeviceStep, nn.Module]:
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    setup = ComputeSetup(torch.device("cpu"), None, False)
+    return SingleDeviceStep(student, None, optimizer, scheduler, 2, KDLossParams("st", 4.0, 0.9), setup,
+                            check_late=check_late), student
+
+
+def test_a_step_checking_its_loss_raises_before_the_update_and_a_late_one_leaves_it_to_the_reader():
+    images, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    at_step, module = _tiny_step(check_late=False)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
+        at_step(images, labels, step=3, corrupt=True)
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items() if "weight" in k)
+
+    late, module = _tiny_step(check_late=True)
+    loss = late(images, labels, step=3, corrupt=True)  # no read of the loss, no raise: the update ran
+    assert not torch.isfinite(module[0].weight).all()
+    with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
+        late.check_loss_late(3, float(loss))
+    late.check_loss_late(4, 0.5)  # a finite loss passes
+
+
+def test_a_late_check_cannot_be_combined_with_skip():
+    with pytest.raises(ValueError, match="late loss check cannot skip"):
+        SingleDeviceStep(nn.Linear(2, 2), None, None, None, 1, KDLossParams("st", 4.0, 0.9),
+                         ComputeSetup(torch.device("cpu"), None, False), nonfinite="skip", check_late=True)
+
+
+@pytest.mark.parametrize("check, policy, device, late", [
+    ("auto", "stop", "cuda", True), ("auto", "skip", "cuda", False), ("auto", "stop", "cpu", False),
+    ("late", "stop", "cpu", True), ("at_step", "stop", "cuda", False)])
+def test_auto_checks_late_only_on_cuda_under_stop(check, policy, device, late):
+    assert checks_loss_late(check, policy, torch.device(device)) is late
