@@ -224,8 +224,8 @@ class SlowdownDetector:
             return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
-        beyond_noise = [ratio >= self._compute.floor(self.config.window, self.config.compute_noise_z)
-                        for ratio in ratios]
+        floor = self._compute.floor(self.config.window, self.config.compute_noise_z)  # one for all ranks
+        beyond_noise = [ratio >= floor for ratio in ratios]
         events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing)
         self._refine(ratios)
         if self._link_mode:
