@@ -73,6 +73,7 @@ def test_a_supervised_run_prints_one_progress_rank_0_and_the_failed_ranks_tail(t
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long  # 17 s; the default filter ([0]) and the failed rank's tail stay in the default suite
 def test_local_ranks_filter_null_shows_every_rank_and_no_second_copy_of_the_failed_ones(tmp_path, teacher_file):
     done = train_py(tmp_path / "run", teacher_file, "trainer.local_ranks_filter=null")
     assert done.returncode == 0, done.stdout[-4000:]

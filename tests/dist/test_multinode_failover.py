@@ -60,6 +60,7 @@ def reference(tmp_path_factory, teacher_file):
     return final_student_state(run_dir)
 
 
+@pytest.mark.long  # 24 s; the default suite keeps node 1's agent killed (the whole node lost), -m long this
 def test_a_rank_killed_on_node_1_degrades_across_both_nodes_and_learns_exactly(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
     nodes = start_nodes(run_dir, teacher_file, "checkpoint.every=2",

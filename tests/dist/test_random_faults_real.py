@@ -209,7 +209,7 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 # Two cases run by default, the other four with -m long: each is a real run with a hang watchdog,
 # and the default suite has a 20-minute budget.
-@pytest.mark.parametrize("phase, step", [("forward", 1), ("send", 3),
+@pytest.mark.parametrize("phase, step", [pytest.param("forward", 1, marks=pytest.mark.long), ("send", 3),
                                          pytest.param("step_start", 3, marks=pytest.mark.long),
                                          pytest.param("forward", 3, marks=pytest.mark.long),
                                          pytest.param("step_start", 1, marks=pytest.mark.long),

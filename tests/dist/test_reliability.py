@@ -249,6 +249,8 @@ def steps_done(run_dir: Path) -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long  # 30 s; the default suite keeps test_reliability_round2's supervisor kill (the workers die
+# with it, and the restarted supervisor continues the stage history from the last checkpoint, exactly)
 def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_checkpoint(tmp_path, teacher_file,
                                                                                       reference):
     run_dir = tmp_path / "run"

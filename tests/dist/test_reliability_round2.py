@@ -177,9 +177,16 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
+    (interrupted,) = read_stages(run_dir)
+    assert interrupted.outcome is None  # the supervisor died before it could say how the stage ended
     second = train_py(run_dir, [*args, "resume=auto"])
     assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
-    assert [s.outcome for s in read_stages(run_dir)][-1] == "finished"
+    stages = read_stages(run_dir)
+    assert [s.index for s in stages] == [0, 1], "the stage history continues"
+    assert stages[1].reason == "supervisor_restart" and stages[1].outcome == "finished"
+    assert stages[1].devices == stages[0].devices == [0, 1, 2]
+    resumed = ckpt.read_manifest(Path(stages[1].resume))["step"]
+    assert stages[1].start_step == resumed and 2 <= resumed <= steps_when_killed
     assert_identical_states(final_student_state(run_dir), reference)
 
 
