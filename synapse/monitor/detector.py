@@ -43,7 +43,6 @@ start of the onset step to the end of the detecting one.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -68,26 +67,12 @@ from synapse.monitor.detection import (  # noqa: F401  (the detector's public na
 )
 from synapse.monitor.detector_state import STATE_VERSION, HistoryEntry, Tracker, encode_state, parse_state
 from synapse.monitor.link import LinkBaseline
+from synapse.monitor.onset import onset_index
 from synapse.monitor.timing import StepTiming
-from synapse.monitor.waiting import CommBaseline, others_median
+from synapse.monitor.waiting import CommBaseline, peer_ratios
 
 NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
-
-
-def peer_ratios(ratios: Sequence[float]) -> list[float]:
-    """Each rank's ratio over the median ratio of the other ranks (1.0 without others)."""
-    return [ratio / max(others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
-
-
-def change_index(flags: Sequence[bool]) -> int:
-    """Start of the suffix in which True most outnumbers False (the latest on ties)."""
-    best_index, best_sum, running = len(flags) - 1, -math.inf, 0
-    for index in range(len(flags) - 1, -1, -1):
-        running += 1 if flags[index] else -1
-        if running > best_sum:
-            best_index, best_sum = index, running
-    return best_index
 
 
 class SlowdownDetector:
@@ -327,8 +312,7 @@ class SlowdownDetector:
             series = [min(self._signal(e, "comm_beyond_comm")[rank], self._signal(e, "comm_beyond_step")[rank])
                       for e in self._history]
         cut = (level_before + (ratio - 1.0) * self._denominator(kind, rank)) / 2.0
-        changed = [x > cut for x in series] if event == SLOWDOWN else [x < cut for x in series]
-        onset = self._history[change_index(changed)]
+        onset = self._history[onset_index(series, cut, rising=event == SLOWDOWN)]
         return Detection(rank=rank, kind=kind, event=event, ratio=ratio, onset_step=onset.step,
                          detected_step=timing.step, latency_steps=timing.step - onset.step,
                          latency_s=timing.wall_time - onset.start_time)

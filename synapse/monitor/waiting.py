@@ -82,6 +82,11 @@ def others_median(values: Sequence[float], rank: int, default: float) -> float:
     return median(others) if others else default
 
 
+def peer_ratios(ratios: Sequence[float]) -> list[float]:
+    """Each rank's ratio over the median ratio of the other ranks (1.0 without others)."""
+    return [ratio / max(others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
+
+
 def own_comm_per_step(compute_excess: Sequence[float],
                       comm_excess: Sequence[float]) -> tuple[list[float], list[float]]:
     """(beyond_peer_comm, beyond_peer_step) of one step, per rank (the waiting rule)."""

@@ -27,8 +27,8 @@ from synapse.monitor.detector import (
     DetectorConfigError,
     DetectorInputError,
     SlowdownDetector,
-    change_index,
 )
+from synapse.monitor.onset import change_index
 from synapse.monitor.timing import StepTiming, TimingRecordError, read_step_timings
 from synapse.monitor.waiting import own_comm_per_step
 
