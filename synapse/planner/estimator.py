@@ -35,6 +35,11 @@ Contract for the predictions:
 * a rank whose predicted time is below ``min_predicted_s`` is not measured (the
   last stage sends nothing; infinite bandwidth predicts no comm): its factor
   keeps its last value, 1.0 at first;
+* nor, for compute, a rank predicted below ``min_predicted_share`` of the median rank's
+  compute: a stage of a block or two (e.g. the heads a re-plan leaves on a slow device)
+  takes mostly what the block profiles do not hold (dispatching each part, the loss), so
+  measured over predicted there reads as a slowdown many times the real one (a 3x slow
+  device read 18x on CPU ranks, and the factor went on to every plan and report);
 * measured comm includes waiting for peers while the cost model predicts
   transfers, so beta reads waiting as well; the reference removes the part
   common to all ranks, not per-rank differences in waiting.
@@ -97,6 +102,7 @@ class EstimatorConfig:
     min_beta: float = 0.25
     max_beta: float = 1000.0
     min_predicted_s: float = 1e-6
+    min_predicted_share: float = 0.1  # of the median rank's predicted compute (0: measure every rank)
     transfer_baseline_steps: int = 15
 
     def __post_init__(self) -> None:
@@ -113,6 +119,9 @@ class EstimatorConfig:
                 raise EstimatorConfigError(f"{low}={lo!r}, {high}={hi!r}: need finite 0 < {low} <= 1 <= {high}")
         if not (_is_number(self.min_predicted_s) and self.min_predicted_s > 0):
             raise EstimatorConfigError(f"min_predicted_s={self.min_predicted_s!r} must be a finite number > 0 seconds")
+        if not (_is_number(self.min_predicted_share) and 0 <= self.min_predicted_share < 1):
+            raise EstimatorConfigError(f"min_predicted_share={self.min_predicted_share!r} must be in [0, 1) "
+                                       "(e.g. 0.1; 0 measures every rank)")
 
     def bounds(self, kind: str) -> tuple[float, float]:
         return (self.min_alpha, self.max_alpha) if kind == COMPUTE else (self.min_beta, self.max_beta)
@@ -281,8 +290,11 @@ class AlphaBetaEstimator:
                 state.observe_transfer({device: (m, p) for device, m, p in zip(devices, measured[kind], predicted[kind])
                                         if p >= self.config.min_predicted_s})
                 continue
+            floor = self.config.min_predicted_s
+            if kind == COMPUTE:
+                floor = max(floor, self.config.min_predicted_share * median(predicted[kind]))
             state.observe({device: m / p for device, m, p in zip(devices, measured[kind], predicted[kind])
-                           if p >= self.config.min_predicted_s})
+                           if p >= floor})
 
     def rescale_compute(self, scales: Mapping[int, float]) -> None:
         """The predicted compute of each device in ``scales`` is now that many times what it was

@@ -126,6 +126,21 @@ def test_alpha_follows_the_device_across_a_repartition():
     assert after[1] == before[1]  # not measured any more: kept as it was
 
 
+@pytest.mark.parametrize("share, stays", [(0.1, True), (0.0, False)])
+def test_a_stage_predicted_too_small_to_measure_keeps_its_devices_alpha(share, stays):
+    """A re-plan leaves the 3x slow device the heads only: predicted 1/50 of its peers, measured
+    mostly what the profiles do not hold (0.05 s of dispatch and loss, also 3x slower)."""
+    slow = lambda step, d: 3.0 if d == 2 else 1.0  # noqa: E731
+    estimator = AlphaBetaEstimator(EstimatorConfig(min_predicted_share=share))
+    run(estimator, range(100), [0, 1, 2], seed=9, alpha=slow, predicted_compute=[0.5, 0.5, 0.5])
+    assert estimator.alpha(2) == pytest.approx(3.0, rel=0.1)
+    for step in range(100, 160):
+        estimator.update(devices=[0, 1, 2], measured_compute_s=[0.5, 0.5, 3.0 * (0.01 + 0.05)],
+                         measured_comm_s=[0.05, 0.05, 0.05], predicted_compute_s=[0.5, 0.5, 0.01],
+                         predicted_comm_s=[0.05, 0.05, 0.05])
+    assert (estimator.alpha(2) == pytest.approx(3.0, rel=0.1)) is stays, estimator.alpha(2)
+
+
 def test_unmeasured_factors_read_one():
     estimator = AlphaBetaEstimator()
     assert estimator.alpha(0) == 1.0 and not estimator.ready
@@ -187,6 +202,8 @@ def test_load_state_dict_rejects_foreign_input():
     (dict(max_alpha=0.9), "max_alpha=0.9"),
     (dict(max_beta=math.inf), "max_beta=inf"),
     (dict(min_predicted_s=0.0), "min_predicted_s=0.0"),
+    (dict(min_predicted_share=1.0), "min_predicted_share=1.0"),
+    (dict(min_predicted_share=math.nan), "min_predicted_share=nan"),
 ])
 def test_config_rejects_out_of_range_values_naming_them(kwargs, needle):
     with pytest.raises(EstimatorConfigError) as error:
