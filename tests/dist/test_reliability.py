@@ -290,6 +290,8 @@ def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_chec
 
 # ---------------------------------------------------------------- several faults
 @pytest.mark.timeout(300)
+@pytest.mark.long  # 15 s; the default suite keeps a fault during the recovery from a fault, and 10 random
+# sequences of 1-3 faults (test_random_faults_real)
 def test_two_faults_in_one_run_each_recovered(tmp_path, teacher_file, reference):
     summary = run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:2,step:3,"
                                           "phase:backward},{kind:cuda_error,rank:0,step:7,phase:forward}]"))

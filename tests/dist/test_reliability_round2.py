@@ -379,6 +379,7 @@ def test_an_interrupt_checkpoints_at_the_next_step_and_resumes(tmp_path, teacher
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.long  # 17 s; the first Ctrl-C's checkpoint-and-resume stays in the default suite
 def test_a_second_ctrl_c_aborts_at_once(tmp_path, teacher_file):
     run_dir = tmp_path / "run"
     # Steps 3+ take ~2 s each: the first Ctrl-C's stop waits for the step in flight, the second does not.
