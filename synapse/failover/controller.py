@@ -45,6 +45,7 @@ from ..planner.placement import Placement
 from ..planner.policy import DegradePolicy, Policy
 from ..planner.restart_cost import RestartCostModel
 from ..planner.stage_planner import StagePlanner
+from .carry_over import carry_over
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against
@@ -140,17 +141,13 @@ class FailoverController:
             self.detector.set_expected(self._nominal[0])
             self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])
             return
-        old_compute = dict(zip(previous.devices, planner.per_step_compute_s(
-            previous.devices, previous.teacher_counts, previous.student_counts)))
-        new_compute = planner.per_step_compute_s(stage.devices, stage.teacher_counts, stage.student_counts)
-        # A device new to the run (a spare) takes over the baseline of the device it replaced.
-        replaced = [d for d in previous.devices if d not in stage.devices]
-        mapping, scale = [], []
-        for device, compute in zip(stage.devices, new_compute):
-            old_device = device if device in previous.devices else replaced.pop(0)
-            mapping.append(previous.devices.index(old_device))
-            scale.append(compute / max(old_compute[old_device], 1e-12))
-        dropped = self.detector.rebase(scale, None, previous_rank=mapping)
+        carried = carry_over(previous.devices, planner.per_step_compute_s(*self._partition_of(previous)),
+                             stage.devices, self._nominal[0], slow_old_ranks={d.rank for d in self.detector.active if d.kind == COMPUTE})
+        dropped = self.detector.rebase(carried.compute_scale, None, previous_rank=carried.previous_rank,
+                                       relearn=carried.relearn)
+        if carried.relearn:  # the log says who is blind for the first steps of the new stage
+            self.log_event("baselines_relearnt", ranks=carried.relearn,
+                           devices=[stage.devices[r] for r in carried.relearn])
         self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
         ratio = (planner.predict(*self._partition_of(stage)).step_time_s

@@ -80,6 +80,9 @@ class ComputeBaseline:
         self.samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
         self.expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
         self.replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
+        # Ranks learning their baseline afresh after a re-partition (rank -> the steps seen so far);
+        # not judged until they have it
+        self.pending: dict[int, list[float]] = {}
 
     def learn(self, compute_median: Sequence[float], compute_steps: Sequence[Sequence[float]]) -> None:
         """The baseline from the learning steps' per-rank medians, checked against the plan."""
@@ -108,9 +111,35 @@ class ComputeBaseline:
             return 0.0
         return 1.0 + noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(window)
 
-    def carried(self, mapping: Sequence[int], scale: Sequence[float]) -> None:
-        """New rank i's baseline is old rank mapping[i]'s times scale[i]."""
+    def carried(self, mapping: Sequence[int], scale: Sequence[float], relearn: Sequence[int] = ()) -> None:
+        """New rank i's baseline is old rank mapping[i]'s times scale[i]; a rank in ``relearn``
+        learns its own again from the next steps (`learn_pending`), the scaled one a placeholder."""
         self.values = [self.values[old] * s for old, s in zip(mapping, scale)]
         if self.samples:
-            self.samples = [deque((x * s for x in self.samples[old]), maxlen=self.refine_window)
-                            for old, s in zip(mapping, scale)]
+            self.samples = [deque(() if new in relearn else (x * s for x in self.samples[old]),
+                                  maxlen=self.refine_window) for new, (old, s) in enumerate(zip(mapping, scale))]
+        self.pending = {rank: [] for rank in relearn}
+
+    def learn_pending(self, compute_s: Sequence[float], window: int) -> bool:
+        """A step of every rank re-learning its baseline; one with ``window`` steps now has it
+        (their median). Whether any rank got its baseline."""
+        learnt = []
+        for rank, seen in self.pending.items():
+            seen.append(compute_s[rank])
+            if len(seen) >= window:
+                learnt.append(rank)
+        for rank in learnt:
+            seen = self.pending.pop(rank)
+            self.values[rank] = median(seen)
+            if self.samples:
+                self.samples[rank] = deque(seen, maxlen=self.refine_window)
+        # As at the start of a run: a rank slow against its peers relative to the plan from its
+        # first steps on takes its peers' view, so a fault that began with the stage still shows.
+        expected = self.expected if self.expected and len(self.expected) == len(self.values) else None
+        checked, replaced = prior_checked(self.values, expected, self.prior_threshold)
+        for rank in set(learnt) & set(replaced):
+            self.values[rank] = checked[rank]
+            if self.samples:
+                self.samples[rank] = deque(maxlen=self.refine_window)
+            self.replaced = (*self.replaced, rank)
+        return bool(learnt)

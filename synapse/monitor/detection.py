@@ -122,3 +122,9 @@ def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[fl
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise DetectorInputError(f"{name}[{rank}]={value!r} must be a finite number > 0 (new / old predicted time)")
     return [float(v) for v in values]
+
+def _check_relearn(ranks: Sequence[int], num_ranks: int) -> tuple[int, ...]:
+    ranks = tuple(ranks)
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_ranks for r in ranks):
+        raise DetectorInputError(f"relearn={list(ranks)!r} must list new ranks in 0..{num_ranks - 1}")
+    return ranks

@@ -52,19 +52,8 @@ from typing import Any
 
 from synapse.monitor.baseline import ComputeBaseline, net_compute_ratios, robust_sd
 from synapse.monitor.detection import (  # noqa: F401  (the detector's public names, re-exported)
-    COMM,
-    COMPUTE,
-    KINDS,
-    RECOVERY,
-    SLOWDOWN,
-    Detection,
-    DetectorConfig,
-    DetectorConfigError,
-    DetectorInputError,
-    _check_kind,
-    _check_mapping,
-    _check_scales,
-)
+    COMM, COMPUTE, KINDS, RECOVERY, SLOWDOWN, Detection, DetectorConfig, DetectorConfigError, DetectorInputError,
+    _check_kind, _check_mapping, _check_relearn, _check_scales)
 from synapse.monitor.detector_state import STATE_VERSION, HistoryEntry, Tracker, encode_state, parse_state
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.onset import onset_index
@@ -142,6 +131,8 @@ class SlowdownDetector:
         if self._steps_since_start <= self.config.warmup_steps:
             return []
         self._learn_baselines(timing)
+        if self._compute.pending and self._compute.learn_pending(timing.compute_s, self.config.baseline_window):
+            self._forget_compute_signals()  # the cached ratios were against the placeholder
         if timing.send_s is not None:
             self._link.learn(timing.send_s)
         self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
@@ -191,7 +182,9 @@ class SlowdownDetector:
             ratios = self._link.ratios(excess)
             signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
         elif name.startswith(COMPUTE):
-            raw = [c / max(b, _TINY_S) for c, b in zip(entry.compute_s, self._compute.values)]
+            # a rank still re-learning its baseline is not judged (ratio 1)
+            raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
+                   for r, (c, b) in enumerate(zip(entry.compute_s, self._compute.values))]
             ratios = net_compute_ratios(raw, self._compute.values, self._margin)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
@@ -250,12 +243,15 @@ class SlowdownDetector:
             for rank, samples in enumerate(self._comm_own):
                 samples.append(own[rank])
                 self._comm_baseline.spread_s[rank] = robust_sd(samples)
-        quiet = [rank for rank in range(len(self._compute.samples))
-                 if not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
+        quiet = [rank for rank in range(len(self._compute.samples)) if rank not in self._compute.pending
+                 and not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
         if self._compute.refine(latest.compute_s, quiet):  # cached per-step compute signals were relative to the old baseline
-            for entry in self._history:
-                for name in ("compute_raw", "compute_ratio", "compute_peer"):
-                    entry.signals.pop(name, None)
+            self._forget_compute_signals()
+
+    def _forget_compute_signals(self) -> None:
+        for entry in self._history:
+            for name in ("compute_raw", "compute_ratio", "compute_peer"):
+                entry.signals.pop(name, None)
 
     def _denominator(self, kind: str, rank: int) -> float:
         if kind == COMM and self._link_mode:
@@ -323,6 +319,7 @@ class SlowdownDetector:
         return encode_state(num_ranks=self._num_ranks, last_step=self._last_step,
                             compute_baseline=self._compute.values, comm_baseline=self._comm_baseline,
                             learning=self._learning, compute_samples=self._compute.samples,
+                            compute_pending=self._compute.pending,
                             comm_own_samples=self._comm_own,
                             history=self._history, link=self._link.state_dict(), trackers=self._trackers)
 
@@ -338,6 +335,8 @@ class SlowdownDetector:
          self._history, self._trackers) = restored
         self._compute.samples = [deque(map(float, s), maxlen=self.config.refine_window)
                                  for s in state.get("compute_samples", [])]
+        self._compute.pending = {int(rank): [float(x) for x in seen]
+                                 for rank, seen in state.get("compute_pending", {}).items()}
         self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
                           for s in state.get("comm_own_samples", [])]
         self._link.load_state_dict(state.get("link"))
@@ -349,7 +348,7 @@ class SlowdownDetector:
             self._last_step = step
 
     def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
-               previous_rank: Sequence[int] | None = None) -> list[Detection]:
+               previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = ()) -> list[Detection]:
         """Carry the baselines over a re-partition instead of re-learning them.
 
         Re-learning would learn a slow device as normal. New rank i's baseline is
@@ -360,11 +359,16 @@ class SlowdownDetector:
         baseline (comm is mostly waiting, which a cost model predicts poorly).
         Active slowdowns follow their device; returns those dropped (device gone or
         baseline re-learnt). History is cleared; the next ``warmup_steps`` are warm-up.
+        ``relearn``: new ranks whose compute baseline is learnt again from their next
+        ``baseline_window`` steps (not judged until then, then checked against the plan and
+        their peers as at the start), where the scale is not to be trusted (see
+        `synapse.failover.carry_over`); an active compute slowdown of such a rank is dropped.
         """
         if self._num_ranks is None:
             raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
         mapping = _check_mapping(previous_rank, self._num_ranks)
         compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
+        relearn = _check_relearn(relearn, len(mapping))
         comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
         carried = {COMPUTE: self._compute.values is not None}
         comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
@@ -374,13 +378,14 @@ class SlowdownDetector:
         self._link.carried(mapping)
         dropped, trackers = [], {}
         for (kind, old_rank), tracker in sorted(self._trackers.items()):
-            if tracker.active is not None and old_rank in mapping and carried[kind]:
+            kept = old_rank in mapping and not (kind == COMPUTE and mapping.index(old_rank) in relearn)
+            if tracker.active is not None and kept and carried[kind]:
                 new_rank = mapping.index(old_rank)
                 trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
             elif tracker.active is not None:
                 dropped.append(tracker.active)
         if carried[COMPUTE]:
-            self._compute.carried(mapping, compute_scale)
+            self._compute.carried(mapping, compute_scale, relearn)
         self._compute.expected = None  # the plan of the new partition comes with set_expected
         self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
         self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
@@ -389,3 +394,4 @@ class SlowdownDetector:
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()
         return dropped
+

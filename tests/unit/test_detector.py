@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from statistics import median
 from dataclasses import dataclass, replace
 
 import pytest
@@ -453,6 +454,45 @@ def test_rebase_drops_detections_of_removed_devices_and_relearns_comm_without_a_
     assert detector.baseline(COMM) is not None
 
 
+@pytest.mark.parametrize("relearn", [(2,), ()])
+def test_a_rank_whose_scale_is_not_trusted_learns_its_baseline_again(relearn):
+    """A re-plan leaves rank 2 the heads: predicted 0.05x its old compute, measured 0.3x (what the
+    profiles do not hold). Carried, the baseline reads a healthy device 6x slow; re-learnt, nothing."""
+    records = stream(3, 600, seed=27)
+    detector = SlowdownDetector()
+    feed(detector, records[:300])
+    assert detector.rebase([1.2, 1.2, 0.05], comm_scale=[1.0, 1.0, 1.0], relearn=relearn) == []
+    after = _repartitioned(records[300:], [0, 1, 2], [1.2, 1.2, 0.3])
+    learning = CONFIG.warmup_steps + CONFIG.baseline_window
+    events = feed(detector, after[:learning])
+    state = json.loads(json.dumps(detector.state_dict()))  # a restart in the middle keeps what was learnt
+    restored = SlowdownDetector()
+    restored.load_state_dict(state)
+    events += feed(restored, after[learning:])
+    if relearn:
+        healthy = median(r.compute_s[2] for r in records[:300])
+        assert events == [] and restored.baseline(COMPUTE)[2] == pytest.approx(0.3 * healthy, rel=0.2)
+    else:
+        assert (2, COMPUTE, SLOWDOWN) in summary(events)
+
+
+def test_a_rank_relearning_from_a_slow_start_is_found_against_its_peers_and_the_plan():
+    records = stream(3, 400, seed=29)
+    detector = SlowdownDetector()
+    feed(detector, records[:200])
+    detector.rebase([1.0, 1.0, 1.0], comm_scale=[1.0] * 3, relearn=[0, 1, 2])
+    detector.set_expected([median(r.compute_s[rank] for r in records[:200]) for rank in range(3)])
+    # device 1 is 5x slow from the new stage's first step: learnt as its normal, it would never show
+    events = feed(detector, _repartitioned(records[200:], [0, 1, 2], [1.0, 5.0, 1.0]))
+    assert summary(events)[:1] == [(1, COMPUTE, SLOWDOWN)] and detector.prior_replaced == (1,)
+
+
+def test_a_rank_found_slow_keeps_its_detection_unless_it_relearns():
+    detector = SlowdownDetector()
+    (detection,) = feed(detector, stream(3, 400, seed=28, compute_slow=[Slow(2, 2.0)]))
+    assert detector.rebase([1.0, 1.0, 0.5], comm_scale=[1.0] * 3, relearn=[2]) == [detection]
+
+
 def test_rebase_restarts_the_warm_up():
     records = stream(2, 400, seed=26)
     detector = SlowdownDetector()
@@ -469,6 +509,7 @@ def test_rebase_restarts_the_warm_up():
     (dict(compute_scale=[1.0, 1.0, 1.0], comm_scale=[1.0]), "comm_scale has 1"),
     (dict(compute_scale=[1.0, 1.0], previous_rank=[0, 0]), "previous_rank=[0, 0]"),
     (dict(compute_scale=[1.0, 1.0], previous_rank=[0, 5]), "previous_rank=[0, 5]"),
+    (dict(compute_scale=[1.0, 1.0, 1.0], relearn=[3]), "relearn=[3]"),
 ])
 def test_rebase_rejects_bad_arguments(kwargs, needle):
     detector = SlowdownDetector()
