@@ -279,13 +279,18 @@ def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_chec
 
     second = train_py(run_dir, [*args, "resume=auto"])
     assert second.wait(240) == 0, (run_dir.parent / "run.train_py.log").read_text()[-3000:]
+    assert_restarted_supervisor_continued(run_dir, killed_at)
+    assert_identical_states(final_student_state(run_dir), reference)
+
+
+def assert_restarted_supervisor_continued(run_dir: Path, killed_at: int) -> None:
+    """After ``resume=auto``: stage 1 continues the history, from a checkpoint no later than the kill."""
     stages = read_stages(run_dir)
     assert [s.index for s in stages] == [0, 1], "the stage history continues"
     assert stages[1].reason == "supervisor_restart" and stages[1].outcome == "finished"
     assert stages[1].devices == stages[0].devices == [0, 1, 2]
     resumed = ckpt.read_manifest(Path(stages[1].resume))["step"]
     assert stages[1].start_step == resumed and 2 <= resumed <= killed_at
-    assert_identical_states(final_student_state(run_dir), reference)
 
 
 # ---------------------------------------------------------------- several faults

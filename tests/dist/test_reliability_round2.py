@@ -34,7 +34,7 @@ from synapse.run_lock import RunDirInUseError
 from .helpers import assert_identical_states, final_student_state
 from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_leftover_processes is autouse)
     REPO_ROOT, STEPS, events, in_group, live_descendants, mount_tmpfs, no_leftover_processes, unmount, overrides_for, reference, reference_run,
-    run_overrides, steps_done, train_py, wait_until,
+    run_overrides, steps_done, train_py, wait_until, assert_restarted_supervisor_continued,
 )
 
 
@@ -181,12 +181,7 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
     assert interrupted.outcome is None  # the supervisor died before it could say how the stage ended
     second = train_py(run_dir, [*args, "resume=auto"])
     assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
-    stages = read_stages(run_dir)
-    assert [s.index for s in stages] == [0, 1], "the stage history continues"
-    assert stages[1].reason == "supervisor_restart" and stages[1].outcome == "finished"
-    assert stages[1].devices == stages[0].devices == [0, 1, 2]
-    resumed = ckpt.read_manifest(Path(stages[1].resume))["step"]
-    assert stages[1].start_step == resumed and 2 <= resumed <= steps_when_killed
+    assert_restarted_supervisor_continued(run_dir, steps_when_killed)
     assert_identical_states(final_student_state(run_dir), reference)
 
 
