@@ -9,16 +9,16 @@ Only the entry point sees the whole tree; each component receives its own slice.
 from .devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
 from .errors import ConfigError
 from .schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
-                     InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS,
-                     OptimConfig, PARTITION_MODES, PIPELINE_SCHEDULES, PRECISIONS, PartitionConfig,
+                     InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_CHECKS, NONFINITE_POLICIES,
+                     OPTIMIZERS, OptimConfig, PARTITION_MODES, PIPELINE_SCHEDULES, PRECISIONS, PartitionConfig,
                      PipelineConfig, PolicyConfig, SCHEDULES, STRATEGIES, StudentConfig, SynapseConfig,
                      TeacherConfig, TrainerConfig)
 from .schema import default_cache_dir, register_configs, to_container  # importing registers the schema
 from .validation import validate
 
 __all__ = ["ACCELERATORS", "CheckpointConfig", "DataConfig", "ExperimentConfig", "FailoverConfig",
-           "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES", "OPTIMIZERS",
-           "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS", "PartitionConfig",
+           "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES",
+           "OPTIMIZERS", "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS", "PartitionConfig",
            "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig", "SynapseConfig",
            "TeacherConfig", "TrainerConfig", "ConfigError", "default_cache_dir", "num_stages",
            "register_configs", "resolve_accelerator", "resolve_devices", "run_topology", "to_container", "uses_pipeline",

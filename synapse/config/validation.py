@@ -18,8 +18,8 @@ from .errors import choice, fail, positive
 from .failover_checks import validate_failover, validate_injection, validate_monitor
 from .model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
                            validate_weight_files)
-from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES, PIPELINE_SCHEDULES,
-                     PRECISIONS, SCHEDULES, STRATEGIES)
+from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
+                     PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES)
 from .schema_checks import validate_finite, validate_known_keys
 
 

@@ -141,8 +141,9 @@ class FailoverController:
             self.detector.set_expected(self._nominal[0])
             self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])
             return
+        slow = {d.rank for d in self.detector.active if d.kind == COMPUTE}
         carried = carry_over(previous.devices, planner.per_step_compute_s(*self._partition_of(previous)),
-                             stage.devices, self._nominal[0], slow_old_ranks={d.rank for d in self.detector.active if d.kind == COMPUTE})
+                             stage.devices, self._nominal[0], slow_old_ranks=slow)
         dropped = self.detector.rebase(carried.compute_scale, None, previous_rank=carried.previous_rank,
                                        relearn=carried.relearn)
         if carried.relearn:  # the log says who is blind for the first steps of the new stage

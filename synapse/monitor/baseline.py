@@ -128,6 +128,8 @@ class ComputeBaseline:
             seen.append(compute_s[rank])
             if len(seen) >= window:
                 learnt.append(rank)
+        if not learnt:
+            return False
         for rank in learnt:
             seen = self.pending.pop(rank)
             self.values[rank] = median(seen)
@@ -142,4 +144,4 @@ class ComputeBaseline:
             if self.samples:
                 self.samples[rank] = deque(maxlen=self.refine_window)
             self.replaced = (*self.replaced, rank)
-        return bool(learnt)
+        return True

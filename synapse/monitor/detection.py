@@ -123,6 +123,7 @@ def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[fl
             raise DetectorInputError(f"{name}[{rank}]={value!r} must be a finite number > 0 (new / old predicted time)")
     return [float(v) for v in values]
 
+
 def _check_relearn(ranks: Sequence[int], num_ranks: int) -> tuple[int, ...]:
     ranks = tuple(ranks)
     if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_ranks for r in ranks):

@@ -349,7 +349,7 @@ class SlowdownDetector:
 
     def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
                previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = ()) -> list[Detection]:
-        """Carry the baselines over a re-partition instead of re-learning them.
+        """Carry the baselines over a re-partition (``relearn``: learn those ranks' compute again).
 
         Re-learning would learn a slow device as normal. New rank i's baseline is
         ``old baseline[previous_rank[i]] * scale[i]``, ``scale[i]`` being the cost
@@ -394,4 +394,3 @@ class SlowdownDetector:
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()
         return dropped
-
