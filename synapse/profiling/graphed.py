@@ -1,4 +1,4 @@
-"""Block times as a CUDA-graphed stage runs them: each block captured, then replayed and timed.
+"""Block times as a CUDA-graphed stage runs them: inside one whole-model graph, or block by block.
 
 Why a second way to time blocks: the timed sweeps (``sweeps``) measure a block as an eager
 stage runs it, which at small micro-batches is mostly the host issuing kernels (on an H200,
@@ -6,6 +6,11 @@ ViT-L/16 -> ResNet-152 stages at micro-batch 16-32 ran 2.5-3.5x their graphed ti
 graphed stage (``synapse.pipeline.graphs``) issues a whole pass with one launch, so its time
 is what the GPU spends; a block's share of it is its own replay, timed by CUDA events around
 that replay alone (one launch: the host is never the bottleneck).
+
+First choice: ``in_graph``, every block timed by events recorded inside one captured pass
+over the whole model, in the context a stage's graph runs it. Where this torch cannot record
+timing events into a graph, or that capture fails (logged), each block is captured on its own
+and its replay timed, as follows.
 
 Per block: the teacher's forward (no grad) is captured with ``torch.cuda.graph``; the
 student's forward and backward with ``torch.cuda.make_graphed_callables``, and a sample is
@@ -28,9 +33,9 @@ from torch import nn
 from ..engine.graph_capture import ForwardReplay, graph_module
 from ..models import run_blocks
 from .context import MeasureContext, loss_gradient
+from .in_graph import in_graph_block_times
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class GraphedTimes:
     backward_ms: list[float]
     whole_forward_ms: float
     whole_backward_ms: float
+    method: str = "in_graph"  # 'in_graph' | 'block_replays': how the block times were taken
 
 
 class _Chain(nn.Module):
@@ -54,6 +60,16 @@ class _Chain(nn.Module):
 
 def graphed_times(blocks: list[nn.Module], images: torch.Tensor, context: MeasureContext) -> GraphedTimes:
     """Every block's replayed forward (and backward, for the student), and the whole model's."""
+    whole_fwd, whole_bwd = _retried(lambda: _time_replays(_Chain(blocks), images, context, input_grad=False))
+    _release_graphs()
+    try:
+        forward, backward = _retried(lambda: in_graph_block_times(blocks, images, context))
+        return GraphedTimes(forward, backward, whole_fwd, whole_bwd, "in_graph")
+    except Exception as exc:  # noqa: BLE001 - the block-by-block replays below still measure it
+        logger.info("%s: block times inside one graph failed (%s: %s); timing each block's own replay",
+                    context.request.model_name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    finally:
+        _release_graphs()
     inputs = _block_inputs(blocks, images, context)
     forward, backward = [], []
     for index, (block, x) in enumerate(zip(blocks, inputs)):
@@ -62,8 +78,7 @@ def graphed_times(blocks: list[nn.Module], images: torch.Tensor, context: Measur
         forward.append(fwd)
         backward.append(bwd)
         _release_graphs()
-    whole_fwd, whole_bwd = _retried(lambda: _time_replays(_Chain(blocks), images, context, input_grad=False))
-    return GraphedTimes(forward, backward, whole_fwd, whole_bwd)
+    return GraphedTimes(forward, backward, whole_fwd, whole_bwd, "block_replays")
 
 
 def _retried(measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:

@@ -58,6 +58,7 @@ class _Medians:
     launch: str  # how the blocks were timed: 'eager' sweeps or 'graphed' replays
     forward_scale: float = 1.0  # what the block times were multiplied by (graphed: to sum to the whole)
     backward_scale: float = 1.0
+    block_timing: str = "sweeps"  # graphed: 'in_graph' (one whole-model graph) or 'block_replays'
 
     @classmethod
     def of(cls, sweeps: list[SweepTimes], launch: str) -> "_Medians":
@@ -127,14 +128,15 @@ def _graphed_medians(blocks, images: torch.Tensor, context: MeasureContext) -> _
         logger.warning("%s (%s): cannot be captured as CUDA graphs (%s: %s); profiled eagerly",
                        context.request.model_name, context.request.role, type(exc).__name__, exc)
         return None
-    # Each block's replay carries a launch and the copy of its input into the graph's static
-    # buffer, which a stage's one graph does not pay between its blocks (ResNet-50 at micro-batch
-    # 32 on an H200: block replays summed to 1.25x the whole forward, 1.42x the backward). The
-    # whole model's replay is the truth for the total; the blocks say how it splits.
+    # The whole model's replay is the truth for the total; the blocks say how it splits. Timed
+    # inside one graph they sum to it but for the event nodes; replayed one by one, each carries a
+    # launch, which a stage's one graph does not pay between its blocks (ResNet-50 at micro-batch
+    # 32 on an H200: block replays summed to 1.25x the whole forward, 1.42x the backward).
     forward_scale = _scale(times.whole_forward_ms, times.forward_ms)
     backward_scale = _scale(times.whole_backward_ms, times.backward_ms)
     return _Medians([t * forward_scale for t in times.forward_ms], [t * backward_scale for t in times.backward_ms],
-                    times.whole_forward_ms, times.whole_backward_ms, "graphed", forward_scale, backward_scale)
+                    times.whole_forward_ms, times.whole_backward_ms, "graphed", forward_scale, backward_scale,
+                    times.method)
 
 
 def _scale(whole_ms: float, blocks_ms: list[float]) -> float:
@@ -215,7 +217,7 @@ def _details(context: MeasureContext, hardware: str, medians: _Medians, elapsed_
         backward_ratio=None if request.is_teacher else _ratio(blocks_backward, medians.whole_backward_ms),
         elapsed_s=elapsed_s, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         launch=medians.launch, block_scale_forward=medians.forward_scale,
-        block_scale_backward=medians.backward_scale)
+        block_scale_backward=medians.backward_scale, block_timing=medians.block_timing)
 
 
 def _ratio(part: float, whole: float) -> float:

@@ -50,6 +50,9 @@ class ProfileDetails:
     # The factor the CSV's block times carry (graphed: the whole replay over the blocks' sum; eager: 1)
     block_scale_forward: float = 1.0
     block_scale_backward: float = 1.0
+    # how the blocks were timed: 'sweeps' (eager), 'in_graph' (inside one whole-model graph) or
+    # 'block_replays' (each block's own graph, where this torch cannot time inside one)
+    block_timing: str = "sweeps"
 
 
 @dataclass(frozen=True)
