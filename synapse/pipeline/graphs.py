@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..engine.graph_capture import ForwardReplay, allocate_grads, graph_module
+from ..engine.graph_capture import ForwardReplay, TrainingReplay, graph_module
 from ..models.blocks import run_blocks
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class _StudentSlot(nn.Module):
 
 
 # One in-flight slot's captures by input signature: the teacher's forward and the graphed student.
-_Slot = dict[tuple, tuple[ForwardReplay, nn.Module]]
+_Slot = dict[tuple, tuple[ForwardReplay, TrainingReplay]]
 
 
 class StageGraphs:
@@ -80,7 +80,6 @@ class StageGraphs:
         self.slot = 0  # set by the pipeline stage before each forward (micro-batch index % slots)
         self.failed: set[tuple] = set()  # signatures whose capture failed: they run eagerly
         self.captures = 0
-        self._params = [p for p in stage.student.parameters() if p.requires_grad]
 
     def select(self, microbatch: int) -> None:
         self.slot = microbatch % len(self.slots)
@@ -98,7 +97,6 @@ class StageGraphs:
         if signature not in slot and not self._capture(slot, signature, teacher_in, student_in):
             return None
         teacher, student = slot[signature]
-        allocate_grads(self._params)  # see engine.graph_capture: autograd must add into .grad
         with timed("teacher_fwd"):
             teacher_out = teacher(teacher_in.detach())
         with timed("student_fwd"):
@@ -126,7 +124,7 @@ class StageGraphs:
         self.captures += 1
         return True
 
-    def _graphed_student(self, student_in: torch.Tensor, teacher_in: torch.Tensor) -> nn.Module:
+    def _graphed_student(self, student_in: torch.Tensor, teacher_in: torch.Tensor) -> TrainingReplay:
         module = _StudentSlot(self.stage.student, self.stage.zero_grad_teacher_input)
         sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
         if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
