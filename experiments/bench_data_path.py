@@ -129,7 +129,13 @@ def make_tree(root: Path, per_class: int) -> dict:
 
 # ----------------------------------------------------------------------------- loader alone
 
-def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int = 4, device: str = "cuda") -> dict:
+def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int | None = None,
+                device: str = "cuda") -> dict:
+    """Steady-state images/s. The warm-up drains what the DataLoader fetched ahead (2 batches per
+    worker) plus a few: timed, those would count as free. Until session 8 the warm-up was 4
+    batches, so with 14 workers up to 24 of the timed batches could already be waiting."""
+    if warmup is None:
+        warmup = 2 * workers + 4
     device = torch.device(device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sampler = ResumableSampler(len(dataset), seed=0, batch_size=batch, drop_last=True)
