@@ -37,6 +37,7 @@ import torch
 from synapse.models import build_model, model_blocks
 from synapse.pipeline.graphs import StageGraphs
 from synapse.pipeline.stage import FusedStage
+from synapse.pipeline.wire import to_wire
 from synapse.planner.cost_specs import StepSpec
 from synapse.planner.profile import load_profile_csv
 from synapse.planner.stage_planner import DeviceFacts, StagePlanner
@@ -103,9 +104,11 @@ def stage_iteration(stage: FusedStage, teacher_in: torch.Tensor, student_in: tor
 
 
 def replay_stage(t_blocks, s_blocks, t_acts, s_acts, t_range, s_range, first, iters, repeats) -> dict:
-    stage = FusedStage([t_blocks[i] for i in t_range], [s_blocks[i] for i in s_range], is_first=first)
+    # as a pipeline on the GPU builds it: the student's 4-D activations travel channels_last (pipeline.wire)
+    stage = FusedStage([t_blocks[i] for i in t_range], [s_blocks[i] for i in s_range], is_first=first,
+                       channels_last_wire=True)
     t_in = t_acts[t_range[0]] if not first else t_acts[0]
-    s_in = s_acts[s_range[0]].detach().clone() if not first else t_acts[0]
+    s_in = to_wire(s_acts[s_range[0]], True).detach().clone() if not first else t_acts[0]
     step = stage_iteration(stage, t_in, s_in)
     result = {"eager_ms": time_iterations(step, iters, repeats), "device_ms": device_ms(step)}
     stage.graphs = StageGraphs(stage, slots=1)

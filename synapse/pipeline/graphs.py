@@ -29,6 +29,7 @@ from torch import nn
 
 from ..engine.graph_capture import ForwardReplay, TrainingReplay, graph_module
 from ..models.blocks import run_blocks
+from .wire import to_wire
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,11 @@ def _signature(*tensors: torch.Tensor) -> tuple:
 class _StudentSlot(nn.Module):
     """The student blocks of one stage, as one capturable module (shares their parameters)."""
 
-    def __init__(self, blocks: nn.ModuleList, zero_grad_teacher_input: bool):
+    def __init__(self, blocks: nn.ModuleList, zero_grad_teacher_input: bool, channels_last_wire: bool):
         super().__init__()
         self.blocks = blocks
         self.zero_grad_teacher_input = zero_grad_teacher_input
+        self.channels_last_wire = channels_last_wire
 
     def forward(self, student_in: torch.Tensor, *teacher_in: torch.Tensor) -> torch.Tensor:
         from .stage import attach_zero_grad  # stage imports this module
@@ -64,7 +66,7 @@ class _StudentSlot(nn.Module):
         out = run_blocks(list(self.blocks), student_in)
         if self.zero_grad_teacher_input and teacher_in:
             out = attach_zero_grad(out, teacher_in[0])
-        return out.contiguous()
+        return to_wire(out, self.channels_last_wire)
 
 
 # One in-flight slot's captures by input signature: the teacher's forward and the graphed student.
@@ -125,7 +127,7 @@ class StageGraphs:
         return True
 
     def _graphed_student(self, student_in: torch.Tensor, teacher_in: torch.Tensor) -> TrainingReplay:
-        module = _StudentSlot(self.stage.student, self.stage.zero_grad_teacher_input)
+        module = _StudentSlot(self.stage.student, self.stage.zero_grad_teacher_input, self.stage.channels_last_wire)
         sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
         if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
             sample += (teacher_in.detach().clone().requires_grad_(True),)

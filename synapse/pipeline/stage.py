@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..models.blocks import run_blocks
+from .wire import from_wire, to_wire
 
 
 def _torch_version() -> tuple[int, int]:
@@ -53,11 +54,12 @@ class FusedStage(nn.Module):
     """Teacher blocks (forward only) and student blocks (trained) of one pipeline stage."""
 
     def __init__(self, teacher_blocks: list[nn.Module], student_blocks: list[nn.Module], is_first: bool,
-                 zero_grad_teacher_input: bool | None = None):
+                 zero_grad_teacher_input: bool | None = None, channels_last_wire: bool = False):
         super().__init__()
         self.teacher = nn.ModuleList(teacher_blocks)
         self.student = nn.ModuleList(student_blocks)
         self.is_first = is_first
+        self.channels_last_wire = channels_last_wire  # see pipeline.wire: on where the student runs channels_last
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.teacher.eval()
@@ -76,21 +78,21 @@ class FusedStage(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.phase_hook is not None:
             self.phase_hook("forward")
-        teacher_in, student_in = (inputs[0], inputs[0]) if self.is_first else inputs
+        if self.is_first:
+            teacher_in = student_in = inputs[0]
+        else:
+            teacher_in, student_in = inputs[0], from_wire(inputs[1], self.channels_last_wire)
         if self.graphs is not None and self.graphs.applies(teacher_in, student_in):
             replayed = self.graphs.run(teacher_in, student_in, self._timed)
             if replayed is not None:
                 return replayed
-        return self._eager_forward(*inputs)
+        return self._eager_forward(teacher_in, student_in)
 
-    def _eager_forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eager_forward(self, teacher_in: torch.Tensor, student_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_first:
-            (images,) = inputs
             # The teacher runs first on the same tensor; a copy keeps an in-place first block
             # (an activation) from changing the student's input.
-            teacher_in, student_in = images.clone(), images
-        else:
-            teacher_in, student_in = inputs
+            teacher_in = teacher_in.clone()
         if student_in.requires_grad and student_in.is_leaf:
             # A received activation is a leaf; an in-place first block (ReLU(inplace=True))
             # may not modify a leaf that requires grad. The copy is exact and autograd-transparent.
@@ -101,9 +103,8 @@ class FusedStage(nn.Module):
             student_out = run_blocks(list(self.student), student_in)
         if self.zero_grad_teacher_input and teacher_in.requires_grad:
             student_out = attach_zero_grad(student_out, teacher_in)
-        # A block may hand on a view (a ViT's class-token slice); point-to-point sends need dense
-        # memory, and .contiguous() is a no-op on tensors that already are.
-        return teacher_out.contiguous(), student_out.contiguous()
+        # Point-to-point sends need dense memory (pipeline.wire).
+        return teacher_out.contiguous(), to_wire(student_out, self.channels_last_wire)
 
     def _timed(self, name: str):
         return self.clock.interval(name) if self.clock is not None else nullcontext()
