@@ -16,6 +16,7 @@ import torch
 from synapse.models import build_model, model_blocks, run_blocks
 from synapse.pipeline.graphs import StageGraphs, slots_for
 from synapse.pipeline.stage import FusedStage
+from synapse.pipeline.wire import to_wire
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -42,18 +43,19 @@ def test_cpu_stage_never_captures():
 
 # ----------------------------------------------------------------------------- CUDA
 
-def _middle_stage(seed: int = 0):
-    """Blocks 2-4 of a ViT teacher and a ResNet student (BatchNorm), and inputs for them."""
+def _middle_stage(seed: int = 0, channels_last_wire: bool = False):
+    """Blocks 2-4 of a ViT teacher and a ResNet student (BatchNorm), and inputs for them (the
+    student's as it travels: NCHW, or NHWC-shaped on a channels_last wire)."""
     torch.manual_seed(seed)
     teacher = build_model("vit_tiny", 10, img_size=64).cuda().eval()
     student = build_model("resnet18", 10).cuda().to(memory_format=torch.channels_last)
     t_blocks, s_blocks = model_blocks(teacher), model_blocks(student)
-    stage = FusedStage(t_blocks[2:5], s_blocks[2:5], is_first=False).cuda()
+    stage = FusedStage(t_blocks[2:5], s_blocks[2:5], is_first=False, channels_last_wire=channels_last_wire).cuda()
     images = torch.randn(32, 3, 64, 64, device="cuda").contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         t_in = run_blocks(t_blocks[:2], images).contiguous()
         s_in = run_blocks(s_blocks[:2], images).contiguous()
-    return stage, t_in.float(), s_in.float()
+    return stage, t_in.float(), to_wire(s_in.float(), channels_last_wire)
 
 
 def _run_1f1b(stage: FusedStage, t_in, s_in, microbatches: int, slots: int):
@@ -107,11 +109,12 @@ def _compare(graphed_run, eager_run) -> float:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_graphed_stage_matches_eager_under_1f1b_with_more_microbatches_than_stages():
+@pytest.mark.parametrize("channels_last_wire", [False, True])
+def test_graphed_stage_matches_eager_under_1f1b_with_more_microbatches_than_stages(channels_last_wire):
     torch.backends.cudnn.benchmark = True
     rank, world, microbatches = 1, 4, 8  # 3 micro-batches in flight, M = 8 > K = 4
     slots = slots_for("1f1b", microbatches, rank, world)
-    eager_stage, t_in, s_in = _middle_stage()
+    eager_stage, t_in, s_in = _middle_stage(channels_last_wire=channels_last_wire)
     graphed_stage = copy.deepcopy(eager_stage)
     graphed_stage.graphs = StageGraphs(graphed_stage, slots)
 
