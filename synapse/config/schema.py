@@ -126,7 +126,7 @@ class TrainerConfig:
     # into pieces that resume=auto continues, e.g. to fit a job time limit.
     stop_after: Optional[int] = None
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    channels_last: bool = True  # CUDA only
+    channels_last: Optional[bool] = None  # None: on CUDA, off on the CPU; true/false: on/off on both
     cudnn_benchmark: bool = True
     threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
     eval_every_epochs: int = 1

@@ -21,7 +21,7 @@ def default_threads(local_processes: int) -> int:
 
 
 def build_compute_setup(trainer: TrainerConfig, device_id: int = 0, local_processes: int = 1) -> ComputeSetup:
-    """Device and precision for one process: bf16 autocast + channels_last on CUDA, fp32 on CPU (by default)."""
+    """Device and precision for one process: bf16 autocast + channels_last on CUDA, fp32 NCHW on CPU (by default)."""
     accelerator = resolve_accelerator(trainer)
     torch.set_num_threads(trainer.threads or default_threads(local_processes))
     if accelerator == "cuda":
@@ -29,9 +29,11 @@ def build_compute_setup(trainer: TrainerConfig, device_id: int = 0, local_proces
         torch.backends.cudnn.benchmark = trainer.cudnn_benchmark and not trainer.deterministic
         device = torch.device("cuda", device_id)
         bf16 = trainer.precision in ("auto", "bf16")
-        return ComputeSetup(device, torch.bfloat16 if bf16 else None, trainer.channels_last)
+        return ComputeSetup(device, torch.bfloat16 if bf16 else None, trainer.channels_last is not False)
     bf16 = trainer.precision == "bf16"
-    return ComputeSetup(torch.device("cpu"), torch.bfloat16 if bf16 else None, False)
+    # channels_last on the CPU only when asked for: the exactness tests run a channels_last
+    # pipeline against a channels_last single device this way
+    return ComputeSetup(torch.device("cpu"), torch.bfloat16 if bf16 else None, trainer.channels_last is True)
 
 
 def seed_everything(seed: int) -> None:

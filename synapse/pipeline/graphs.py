@@ -113,7 +113,9 @@ class StageGraphs:
         buffers = [b for b in self.stage.buffers()]
         saved = [b.detach().clone() for b in buffers]
         try:
-            teacher = ForwardReplay(lambda x: run_blocks(list(self.stage.teacher), x), teacher_in.detach())
+            wire = self.stage.channels_last_wire
+            teacher = ForwardReplay(lambda x: to_wire(run_blocks(list(self.stage.teacher), x), wire),
+                                    teacher_in.detach())
             student = self._graphed_student(student_in, teacher_in)
         except Exception as exc:  # noqa: BLE001 - any capture failure leaves this shape eager
             self._give_up(signature, f"{type(exc).__name__}: {exc}")

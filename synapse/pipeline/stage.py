@@ -59,7 +59,7 @@ class FusedStage(nn.Module):
         self.teacher = nn.ModuleList(teacher_blocks)
         self.student = nn.ModuleList(student_blocks)
         self.is_first = is_first
-        self.channels_last_wire = channels_last_wire  # see pipeline.wire: on where the student runs channels_last
+        self.channels_last_wire = channels_last_wire  # see pipeline.wire: on where the models run channels_last
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.teacher.eval()
@@ -81,7 +81,7 @@ class FusedStage(nn.Module):
         if self.is_first:
             teacher_in = student_in = inputs[0]
         else:
-            teacher_in, student_in = inputs[0], from_wire(inputs[1], self.channels_last_wire)
+            teacher_in, student_in = (from_wire(x, self.channels_last_wire) for x in inputs)
         if self.graphs is not None and self.graphs.applies(teacher_in, student_in):
             replayed = self.graphs.run(teacher_in, student_in, self._timed)
             if replayed is not None:
@@ -104,7 +104,7 @@ class FusedStage(nn.Module):
         if self.zero_grad_teacher_input and teacher_in.requires_grad:
             student_out = attach_zero_grad(student_out, teacher_in)
         # Point-to-point sends need dense memory (pipeline.wire).
-        return teacher_out.contiguous(), to_wire(student_out, self.channels_last_wire)
+        return to_wire(teacher_out, self.channels_last_wire), to_wire(student_out, self.channels_last_wire)
 
     def _timed(self, name: str):
         return self.clock.interval(name) if self.clock is not None else nullcontext()

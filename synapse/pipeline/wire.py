@@ -1,6 +1,6 @@
-"""How a stage's 4-D student activations travel between stages: in the order the student runs them.
+"""How a stage's 4-D activations travel between stages: in the memory order the models run them.
 
-A conv student runs channels_last on CUDA, but a point-to-point send needs a dense tensor and
+A conv net runs channels_last on CUDA, but a point-to-point send needs a dense tensor and
 torch.distributed.pipelining allocates its receive buffers dense in the shape's default (NCHW)
 order. Sending ``.contiguous()`` therefore turned every boundary activation into NCHW, and the
 next stage's first block paid format copies and a strided residual add: a ViT-B/16 -> ResNet-50
@@ -9,8 +9,9 @@ with a channels_last one (experiments/results/h200/graphs/probe_stage_kernels_vi
 
 With ``channels_last`` on, a 4-D activation travels as its NHWC view: dense, the same memory, no
 copy on either side; the receiver views it back as a channels_last NCHW tensor. Gradients travel
-the same way, through autograd's permutes. Everything else (tokens, logits, 4-D tensors when
-channels_last is off, as on the CPU) travels as before.
+the same way, through autograd's permutes. The teacher's activations travel the same way as the
+student's. Everything else (tokens, logits, 4-D tensors when channels_last is off, as on the
+CPU by default) travels as before.
 """
 from __future__ import annotations
 

@@ -35,3 +35,15 @@ def test_pipeline_matches_single_device(tmp_path, teacher_file, reference, devic
         overrides += ["partition=manual", f"partition.teacher={partition[0]}", f"partition.student={partition[1]}"]
     run(compose_config(tmp_path, overrides), log=lambda m: None)
     assert_identical_states(final_student_state(tmp_path), reference)
+
+
+def test_a_channels_last_pipeline_matches_a_channels_last_single_device(tmp_path, teacher_file):
+    """trainer.channels_last=true on the CPU: the stages send 4-D activations as NHWC views
+    (pipeline.wire), as on a GPU, and the pipeline still learns bit for bit what one device learns."""
+    common = [f"teacher.checkpoint={teacher_file}", "trainer.channels_last=true"]
+    single = tmp_path / "single"
+    run(compose_config(single, common + ["trainer.devices=1"]), log=lambda m: None)
+    piped = tmp_path / "pipeline"
+    run(compose_config(piped, common + ["trainer.devices=2", "pipeline=1f1b", "pipeline.microbatches=4"]),
+        log=lambda m: None)
+    assert_identical_states(final_student_state(piped), final_student_state(single))
