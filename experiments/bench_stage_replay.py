@@ -74,18 +74,25 @@ def time_iterations(step, iters: int, repeats: int) -> dict[str, float]:
     return quartiles(samples)
 
 
-def device_ms(step) -> float:
-    """GPU kernel time of one iteration, summed (what the GPU must do, whatever the launch cost)."""
+KERNEL_ITERATIONS = 3  # profiled iterations per kernel summary
+
+
+def kernel_events(step) -> list:
+    """torch.profiler's per-kernel totals over ``KERNEL_ITERATIONS`` iterations after one untimed."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
+        for _ in range(KERNEL_ITERATIONS):
             step()
         torch.cuda.synchronize()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0)
-    return total_us / 3 / 1e3
+    return [e for e in prof.key_averages() if e.self_device_time_total > 0]
+
+
+def device_ms(step) -> float:
+    """GPU kernel time of one iteration, summed (what the GPU must do, whatever the launch cost)."""
+    return sum(e.self_device_time_total for e in kernel_events(step)) / KERNEL_ITERATIONS / 1e3
 
 
 def stage_iteration(stage: FusedStage, teacher_in: torch.Tensor, student_in: torch.Tensor):
@@ -132,13 +139,18 @@ def ranges(counts) -> list[range]:
     return out
 
 
-def run_pair(teacher_name: str, student_name: str, micro: int, ks: list[int], args, log) -> list[dict]:
+def pair_blocks(teacher_name: str, student_name: str, micro: int):
+    """Both models' blocks on the GPU (seeded; the student channels_last) and each block's input."""
     torch.manual_seed(0)
     teacher = build_model(teacher_name, 1000).cuda().eval()
     student = build_model(student_name, 1000).cuda().to(memory_format=torch.channels_last)
     t_blocks, s_blocks = model_blocks(teacher), model_blocks(student)
     images = torch.randn(micro, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-    t_acts, s_acts = boundary_inputs(t_blocks, images), boundary_inputs(s_blocks, images)
+    return t_blocks, s_blocks, boundary_inputs(t_blocks, images), boundary_inputs(s_blocks, images)
+
+
+def run_pair(teacher_name: str, student_name: str, micro: int, ks: list[int], args, log) -> list[dict]:
+    t_blocks, s_blocks, t_acts, s_acts = pair_blocks(teacher_name, student_name, micro)
     planners = {}
     for launch in ("eager", "graphed"):
         paths = profile_for_config(teacher_name, student_name, micro, "bf16", "cuda:0", 1000, 3, 224,
@@ -161,7 +173,7 @@ def run_pair(teacher_name: str, student_name: str, micro: int, ks: list[int], ar
             log(f"{row['pair']} mb={micro} K={k} stage {rank}: eager {measured['eager_ms']['median']:.2f} "
                 f"graphed {measured['graphed_ms']['median']:.2f} device {measured['device_ms']:.2f} "
                 f"predicted graphed {row['predicted_ms']:.2f} eager {row['predicted_eager_ms']:.2f} ms")
-    del teacher, student, t_acts, s_acts
+    del t_blocks, s_blocks, t_acts, s_acts
     gc.collect()  # the stages' graphs sit in reference cycles: free their memory pools before the next size
     torch.cuda.empty_cache()
     return rows

@@ -16,12 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_stage_replay import boundary_inputs, time_iterations  # noqa: E402
+from bench_stage_replay import KERNEL_ITERATIONS, kernel_events, pair_blocks, time_iterations  # noqa: E402
 
-from synapse.models import build_model, model_blocks  # noqa: E402
 from synapse.pipeline.stage import FusedStage  # noqa: E402
 
 
@@ -39,17 +37,12 @@ def iteration(stage: FusedStage, teacher_in, student_in, grad_format):
 
 
 def kernels(step, label: str) -> None:
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-    total = sum(e.self_device_time_total for e in events) / 3 / 1e3
+    events = kernel_events(step)
+    total = sum(e.self_device_time_total for e in events) / KERNEL_ITERATIONS / 1e3
     print(f"--- {label}: {total:.2f} ms of kernels per iteration; top kernels (ms per iteration, calls)")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
-        print(f"  {e.self_device_time_total / 3 / 1e3:7.3f}  {e.count // 3:4d}  {e.key[:110]}")
+        print(f"  {e.self_device_time_total / KERNEL_ITERATIONS / 1e3:7.3f}  {e.count // KERNEL_ITERATIONS:4d}  "
+              f"{e.key[:110]}")
 
 
 def main() -> None:
@@ -57,12 +50,7 @@ def main() -> None:
     t_lo, t_hi = (int(v) for v in sys.argv[4].split(":"))
     s_lo, s_hi = (int(v) for v in sys.argv[5].split(":"))
     torch.backends.cudnn.benchmark = True
-    torch.manual_seed(0)
-    teacher = build_model(teacher_name, 1000).cuda().eval()
-    student = build_model(student_name, 1000).cuda().to(memory_format=torch.channels_last)
-    t_blocks, s_blocks = model_blocks(teacher), model_blocks(student)
-    images = torch.randn(micro, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-    t_acts, s_acts = boundary_inputs(t_blocks, images), boundary_inputs(s_blocks, images)
+    t_blocks, s_blocks, t_acts, s_acts = pair_blocks(teacher_name, student_name, micro)
     variants = {
         "NCHW input, NCHW grad (the replay's)": (torch.contiguous_format, torch.contiguous_format),
         "channels_last input, NCHW grad": (torch.channels_last, torch.contiguous_format),
@@ -80,7 +68,7 @@ def main() -> None:
             print(f"{name}: {timed['median']:.2f} ms per iteration (q1 {timed['q1']:.2f}, q3 {timed['q3']:.2f})",
                   flush=True)
             kernels(step, name)
-            student.zero_grad(set_to_none=True)
+            stage.student.zero_grad(set_to_none=True)
 
 
 if __name__ == "__main__":
