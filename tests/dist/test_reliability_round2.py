@@ -291,6 +291,8 @@ def fill_disk(path: Path) -> Path:
     return filler
 
 
+# -m long: the default suite keeps test_reliability's disk full *while* checkpointing (19 s here)
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_disk_full_between_checkpoints_names_enospc_and_loses_nothing(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"
