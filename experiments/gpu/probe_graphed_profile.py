@@ -15,7 +15,7 @@ import traceback
 
 import torch
 
-from synapse.engine.graph_capture import graph_module
+from synapse.engine.graph_capture import TrainingReplay
 from synapse.models import build_model, model_blocks
 from synapse.profiling import graphed
 from synapse.profiling.context import MeasureContext, loss_gradient
@@ -27,7 +27,7 @@ def variant_separate_call_tensor(module, x, context):
     sample = x.detach().clone().requires_grad_(True)
     call = x.detach().clone().requires_grad_(True)
     with context.setup.autocast(cache=False):
-        g = graph_module(copy.deepcopy(module), (sample,))
+        g = TrainingReplay(copy.deepcopy(module), (sample,))
         out = g(call)
         out.backward(loss_gradient(out).detach())
     torch.cuda.synchronize()

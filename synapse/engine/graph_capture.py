@@ -4,7 +4,7 @@
   while a stage captures (the data loader's copies, NCCL's watchdog); in the default global
   mode any of their calls invalidates the capture.
 - ``ForwardReplay``: a forward without autograd (the teacher), captured with ``torch.cuda.graph``.
-- ``graph_module``: a module's forward and its backward, each captured as one graph; the
+- ``TrainingReplay``: a module's forward and its backward, each captured as one graph; the
   backward graph also adds every parameter's gradient into ``.grad``. Why not
   ``torch.cuda.make_graphed_callables``: its replayed backward hands autograd one gradient per
   parameter, and autograd then accumulates each with its own launch from the host. A stage of
@@ -150,7 +150,3 @@ class ForwardReplay:
         self.graph.replay()
         return self.static_out
 
-
-def graph_module(module: nn.Module, samples: tuple[torch.Tensor, ...]) -> TrainingReplay:
-    """``module`` with its forward and backward replayed from graphs (see ``TrainingReplay``)."""
-    return TrainingReplay(module, samples)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..engine.graph_capture import ForwardReplay, TrainingReplay, graph_module
+from ..engine.graph_capture import ForwardReplay, TrainingReplay
 from ..models.blocks import run_blocks
 from .wire import to_wire
 
@@ -133,7 +133,7 @@ class StageGraphs:
         sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
         if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
             sample += (teacher_in.detach().clone().requires_grad_(True),)
-        return graph_module(module, sample)
+        return TrainingReplay(module, sample)
 
     def _give_up(self, signature: tuple, reason: str) -> None:
         self.failed.add(signature)

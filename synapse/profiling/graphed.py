@@ -13,7 +13,7 @@ timing events into a graph, or that capture fails (logged), each block is captur
 and its replay timed, as follows.
 
 Per block: the teacher's forward (no grad) is captured with ``torch.cuda.graph``; the
-student's forward and backward with ``engine.graph_capture.graph_module``, and a sample is
+student's forward and backward with ``engine.graph_capture.TrainingReplay``, and a sample is
 the forward replay then the backward replay, each between two events. The whole model is
 timed the same way, as the yardstick for the sum of its blocks. Each time is the median over
 ``repeats`` samples after ``warmup`` untimed ones.
@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..engine.graph_capture import ForwardReplay, TrainingReplay, graph_module
+from ..engine.graph_capture import ForwardReplay, TrainingReplay
 from ..models import run_blocks
 from .context import MeasureContext, loss_gradient
 from .in_graph import in_graph_block_times
@@ -138,7 +138,7 @@ def _teacher_replay(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 def _student_replay(module: nn.Module, sample: torch.Tensor) -> TrainingReplay:
     # A copy: fresh parameters, with no autograd node left from the eager sweeps on the default
     # stream (a backward capture that meets one syncs with that stream and is invalidated).
-    return graph_module(copy.deepcopy(module), (sample,))
+    return TrainingReplay(copy.deepcopy(module), (sample,))
 
 
 def _timed(run: Callable[[], None]) -> float:
