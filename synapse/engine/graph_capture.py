@@ -86,10 +86,10 @@ class TrainingReplay:
         # a parameter: an output waiting for its backward would keep that parameter's autograd
         # node alive, made on the default stream, and the next slot's capture would meet it
         # (a stream mismatch that invalidates the capture).
-        self._anchor = [torch.zeros((), device=device, requires_grad=True)]
+        self._anchor = torch.zeros((), device=device, requires_grad=True)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return _Replayed.apply(self, *self._anchor, *inputs)
+        return _Replayed.apply(self, self._anchor, *inputs)
 
     def bind_grads(self) -> None:
         """Make each parameter's ``.grad`` the buffer the backward graph adds into: zeroed where
@@ -109,9 +109,9 @@ class TrainingReplay:
 
 class _Replayed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, replay: TrainingReplay, *args: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, replay: TrainingReplay, anchor: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         ctx.replay = replay
-        for static, x in zip(replay.static_in, args[len(replay._anchor):]):
+        for static, x in zip(replay.static_in, inputs):
             if static.data_ptr() != x.data_ptr():
                 static.copy_(x)
         replay.forward_graph.replay()
@@ -127,7 +127,7 @@ class _Replayed(torch.autograd.Function):
         input_grads: list[torch.Tensor | None] = [None] * len(replay.static_in)
         for slot, grad in zip(replay._input_grad_slots, replay.static_input_grads):
             input_grads[slot] = None if grad is None else grad.detach()
-        return (None, *([None] * len(replay._anchor)), *input_grads)
+        return (None, None, *input_grads)  # nothing for the replay object and the anchor
 
 
 class ForwardReplay:
