@@ -59,6 +59,14 @@ after a re-plan too. No reference: the excess is already in the prediction's uni
 The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
 one a thousand times slower (4 MB/s) still moves a small activation.
 
+Level shifts: smoothing makes a step change slow to read (a 3x device read 1.6x ten steps
+after the detector had seen 3.4x, and the re-plan priced on that under-corrected and a second
+one followed). When the detector reports a change of a device's compute level at an onset
+step (`mark_shift`), its alpha becomes at once the median of the samples since the onset, and
+smoothing goes on from there; inside the baseline phase, at the phase's end, its samples before
+the onset making its share of the reference. (The phase is not cut short: the block calibration
+that runs beside it rescales the predictions, and the reference must be taken after that.)
+
 State is keyed by device id (an int, like `synapse.planner.options.DeviceId`), not by
 rank: alpha is a property of the device, and survives re-partitions unchanged.
 """
@@ -75,6 +83,7 @@ from typing import Any
 COMPUTE, COMM = "compute", "comm"
 KINDS = (COMPUTE, COMM)
 STATE_VERSION = 1
+HISTORY_STEPS = 64  # raw samples kept per device for `mark_shift` (a detector's onset lies within)
 
 
 class EstimatorConfigError(ValueError):
@@ -104,10 +113,11 @@ class EstimatorConfig:
     min_predicted_s: float = 1e-6
     min_predicted_share: float = 0.1  # of the median rank's predicted compute (0: measure every rank)
     transfer_baseline_steps: int = 15
+    min_shift_samples: int = 3  # samples since an onset needed to read a shifted level (a median of 3)
 
     def __post_init__(self) -> None:
         for name, minimum in (("warmup_steps", 0), ("baseline_steps", 1), ("median_window", 1),
-                              ("transfer_baseline_steps", 1)):
+                              ("transfer_baseline_steps", 1), ("min_shift_samples", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise EstimatorConfigError(f"{name}={value!r} must be an integer >= {minimum}")
@@ -149,11 +159,17 @@ class _Kind:
         self.baseline_steps = 0
         self.factors: dict[int, _Factor] = {}
         self.healthy: dict[int, float] = {}  # transfer mode: each link's own send seconds when healthy
+        self.history: dict[int, deque[float]] = {}  # device -> its latest raw ratios (level shifts)
+        self.seen: dict[int, int] = {}  # device -> raw ratios observed
+        self.pending_shifts: dict[int, int] = {}  # device -> index (in seen) of its first sample after an onset
 
     def observe(self, ratios: Mapping[int, float]) -> None:
         """Raw measured / predicted ratios of one step, for the devices measured."""
         if not ratios:
             return
+        for device, ratio in ratios.items():
+            self.history.setdefault(device, deque(maxlen=HISTORY_STEPS)).append(ratio)
+            self.seen[device] = self.seen.get(device, 0) + 1
         if self.reference is None:
             self._collect(ratios)
             return
@@ -166,13 +182,37 @@ class _Kind:
         self.baseline_steps += 1
         if self.baseline_steps < self.config.baseline_steps:
             return
-        device_medians = {device: median(values) for device, values in self.baseline.items()}
-        self.baseline, self.baseline_steps = {}, 0
-        if median(device_medians.values()) <= 0:
+        # a device whose level changed inside the baseline: its samples since the onset are its level,
+        # the ones before it its share of the reference
+        shifted = {device: min(self.seen[device] - first, len(self.baseline.get(device, ())))
+                   for device, first in self.pending_shifts.items()}
+        shifted = {device: n for device, n in shifted.items() if n >= self.config.min_shift_samples}
+        self.pending_shifts = {}
+        before = {device: values[:len(values) - shifted.get(device, 0)] for device, values in self.baseline.items()}
+        device_medians = {device: median(values) for device, values in before.items() if values}
+        self.baseline, self.baseline_steps, baseline = {}, 0, self.baseline
+        if not device_medians or median(device_medians.values()) <= 0:
             return  # nothing was measured (e.g. comm timed as 0): start the baseline again
         self.reference = median(device_medians.values())
-        for device, value in device_medians.items():
-            self.factors[device] = _Factor(self.config.median_window, self._clip(value / self.reference))
+        for device, values in baseline.items():
+            level = median(values[-shifted[device]:]) if device in shifted else device_medians[device]
+            self.factors[device] = _Factor(self.config.median_window, self._clip(level / self.reference))
+
+    def shift(self, device: int, samples: int) -> bool:
+        """The device's level changed ``samples`` steps ago (its latest samples): read its factor
+        from those alone (inside the baseline phase: when the phase ends). False when it is not
+        re-read now."""
+        if self.reference is None:
+            self.pending_shifts[device] = self.seen.get(device, 0) - samples
+            return False
+        recent = list(self.history.get(device, ()))[-samples:]
+        if len(recent) < self.config.min_shift_samples:
+            return False
+        factor = self.factors.setdefault(device, _Factor(self.config.median_window))
+        normalised = [self._clip(r / self.reference) for r in recent]
+        factor.recent = deque(normalised[-factor.window:], maxlen=factor.window)
+        factor.value = median(normalised)
+        return True
 
     def _smooth(self, device: int, normalised: float) -> None:
         factor = self.factors.setdefault(device, _Factor(self.config.median_window))
@@ -191,6 +231,8 @@ class _Kind:
         """The device's predictions are now ``scale`` times what they were: re-express its ratios."""
         if device in self.baseline:
             self.baseline[device] = [r / scale for r in self.baseline[device]]
+        if device in self.history:
+            self.history[device] = deque((r / scale for r in self.history[device]), maxlen=HISTORY_STEPS)
         factor = self.factors.get(device)
         if factor is not None:
             factor.recent = deque((r / scale for r in factor.recent), maxlen=factor.window)
@@ -307,6 +349,17 @@ class AlphaBetaEstimator:
             if not (_is_number(scale) and scale > 0):
                 raise EstimatorInputError(f"scale of device {device!r} is {scale!r}; must be a finite number > 0")
             self._kinds[COMPUTE].rescale(_device_id(device), float(scale))
+
+    def mark_shift(self, device: int, steps_since_onset: int) -> bool:
+        """The detector saw ``device``'s compute level change ``steps_since_onset`` measured steps
+        ago (onset to now, both counted): its alpha is the median of those steps' ratios from now
+        on, not an average still mostly made of the old level. Inside the baseline phase, the
+        phase's end does that, the reference taken from the samples before the onset. Returns
+        whether the alpha was re-read now (not inside the baseline phase, nor with fewer than
+        ``min_shift_samples`` samples since the onset)."""
+        if isinstance(steps_since_onset, bool) or not isinstance(steps_since_onset, int) or steps_since_onset < 1:
+            raise EstimatorInputError(f"steps_since_onset={steps_since_onset!r} must be an integer >= 1")
+        return self._kinds[COMPUTE].shift(_device_id(device), steps_since_onset)
 
     def reference(self, kind: str) -> float | None:
         """Median measured / predicted ratio of the baseline phase; None before it ends."""

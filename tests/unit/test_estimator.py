@@ -266,3 +266,75 @@ def test_own_transfer_beta_is_mostly_known_10_steps_after_a_link_slows():
     estimator = AlphaBetaEstimator()
     transfer_run(estimator, range(40), slow_from=30, factor=40.0, transfer_s=[1e-4, 1e-4])
     assert 0.75 * 40.0 < estimator.beta(1) < 40.0
+
+
+# ---------------------------------------------------------------- level shifts (mark_shift)
+
+def _feed_constant(estimator: AlphaBetaEstimator, steps: int, levels: list[float]) -> None:
+    """``steps`` steps in which device d measures ``levels[d]`` times its prediction (no noise)."""
+    for _ in range(steps):
+        estimator.update(devices=list(range(len(levels))), measured_compute_s=[0.1 * f for f in levels],
+                         measured_comm_s=[0.01] * len(levels), predicted_compute_s=[0.1] * len(levels),
+                         predicted_comm_s=[0.01] * len(levels))
+
+
+def test_a_marked_level_shift_is_read_at_once_where_smoothing_lags():
+    smoothed, shifted = AlphaBetaEstimator(), AlphaBetaEstimator()
+    for estimator in (smoothed, shifted):
+        _feed_constant(estimator, CONFIG.warmup_steps + CONFIG.baseline_steps + 20, [1.0, 1.0, 1.0])
+        _feed_constant(estimator, 5, [1.0, 1.0, 3.0])  # device 2 is 3x slower from here: 5 steps
+    assert smoothed.alpha(2) < 2.0  # the EMA is still mostly the old level
+    assert shifted.mark_shift(2, 5) is True
+    assert shifted.alpha(2) == pytest.approx(3.0)
+    assert shifted.alpha(0) == pytest.approx(1.0) and shifted.alpha(1) == pytest.approx(1.0)
+    _feed_constant(shifted, 10, [1.0, 1.0, 3.0])  # smoothing goes on from the new level
+    assert shifted.alpha(2) == pytest.approx(3.0)
+
+
+def test_a_shift_inside_the_baseline_phase_is_read_when_the_phase_ends_from_the_samples_after_it():
+    estimator = AlphaBetaEstimator()
+    before, after = 18, CONFIG.baseline_steps - 18
+    _feed_constant(estimator, CONFIG.warmup_steps + before, [2.0, 2.0, 2.0])  # profile 2x optimistic
+    _feed_constant(estimator, 6, [2.0, 2.0, 8.0])  # device 2: 4x slower from here
+    assert estimator.mark_shift(2, 6) is False  # no reference yet: read at the phase's end
+    assert not estimator.ready
+    _feed_constant(estimator, after - 6, [2.0, 2.0, 8.0])
+    assert estimator.reference(COMPUTE) == pytest.approx(2.0)  # the samples before the onset
+    assert estimator.alpha(2) == pytest.approx(4.0)  # the samples since, not the baseline's median
+    assert estimator.alpha(0) == pytest.approx(1.0)
+
+
+def test_without_a_marked_shift_a_slowdown_inside_the_baseline_is_averaged_in():
+    """The control of the test above: the baseline's median keeps the old level."""
+    estimator = AlphaBetaEstimator()
+    _feed_constant(estimator, CONFIG.warmup_steps + 18, [2.0, 2.0, 2.0])
+    _feed_constant(estimator, CONFIG.baseline_steps - 18, [2.0, 2.0, 8.0])
+    assert estimator.alpha(2) == pytest.approx(1.0)
+
+
+def test_a_shift_with_too_few_samples_since_its_onset_changes_nothing():
+    estimator = AlphaBetaEstimator()
+    _feed_constant(estimator, CONFIG.warmup_steps + CONFIG.baseline_steps + 10, [1.0, 1.0])
+    _feed_constant(estimator, 2, [1.0, 5.0])
+    before = estimator.alpha(1)
+    assert estimator.mark_shift(1, 2) is False and estimator.alpha(1) == before
+
+
+def test_a_shift_back_down_is_read_at_once_too():
+    estimator = AlphaBetaEstimator()
+    _feed_constant(estimator, CONFIG.warmup_steps + CONFIG.baseline_steps, [1.0, 1.0, 1.0])
+    _feed_constant(estimator, 40, [1.0, 1.0, 3.0])
+    assert estimator.alpha(2) == pytest.approx(3.0, rel=0.05)
+    _feed_constant(estimator, 5, [1.0, 1.0, 1.0])
+    assert estimator.mark_shift(2, 5) and estimator.alpha(2) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("steps", [0, -3, True, 2.0, None])
+def test_mark_shift_rejects_a_step_count_that_is_not_a_positive_integer(steps):
+    with pytest.raises(EstimatorInputError, match="steps_since_onset"):
+        AlphaBetaEstimator().mark_shift(0, steps)
+
+
+def test_min_shift_samples_must_be_a_positive_integer():
+    with pytest.raises(EstimatorConfigError, match="min_shift_samples"):
+        EstimatorConfig(min_shift_samples=0)
