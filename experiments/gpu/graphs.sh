@@ -11,17 +11,7 @@ export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/unit/test_graphed_stage.py 2>&1 | tail -6 \
   | tee "$OUT/pytest_graphed_stage.txt"
-python3 -c "
-import torch; from synapse.models import build_model; torch.manual_seed(0)
-torch.save(build_model('vit_large', 100, 3, 224).state_dict(), '/tmp/vitl.pt')"
-common="trainer=gpu injection=none teacher=vit_large student=resnet152 data=synthetic data.batch_size=128 \
-  data.num_workers=8 teacher.checkpoint=/tmp/vitl.pt trainer.progress=false checkpoint.at_epoch_end=false \
-  checkpoint.every=0 trainer.eval_every_epochs=100 report=false trainer.max_steps=60"
-run() {  # name, overrides...
-  local name=$1; shift
-  timeout 300 python3 train.py $common "$@" hydra.run.dir=/tmp/k1_$name > "$OUT/k1_$name.log" 2>&1
-  python3 experiments/gpu/step_times.py "$name" /tmp/k1_$name/metrics.jsonl 10 | tee -a "$OUT/k1_step_times.txt"
-}
+source experiments/gpu/k1_runs.sh
 run single pipeline.microbatches=1
 run pipe_m1_graphs trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=true
 run pipe_m1_eager trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=false

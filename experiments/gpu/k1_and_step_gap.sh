@@ -11,18 +11,7 @@ export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 timeout 100 python3 experiments/gpu/probe_trainer_gap.py vit_base resnet50 128 14 2>&1 | grep -v -i warn \
   | tee "$OUT/probe_trainer_gap_vitb.txt"
-python3 -c "
-import torch; from synapse.models import build_model; torch.manual_seed(0)
-torch.save(build_model('vit_large', 100, 3, 224).state_dict(), '/tmp/vitl.pt')"
-common="trainer=gpu injection=none teacher=vit_large student=resnet152 data=synthetic data.batch_size=128 \
-  data.num_workers=14 teacher.checkpoint=/tmp/vitl.pt trainer.progress=false checkpoint.at_epoch_end=false \
-  checkpoint.every=0 trainer.eval_every_epochs=100 report=false trainer.max_steps=70"
-run() {  # name, overrides...
-  local name=$1; shift
-  timeout 200 python3 train.py $common "$@" hydra.run.dir=/tmp/k1_$name > "$OUT/k1_$name.log" 2>&1
-  python3 experiments/gpu/step_times.py "$name" /tmp/k1_$name/metrics.jsonl 10 | tee -a "$OUT/k1_step_times.txt"
-  grep -h '"block_calibration"' /tmp/k1_$name/failover_events.jsonl 2>/dev/null | head -3 > "$OUT/k1_${name}_calibration.jsonl"
-}
+K1_WORKERS=14 K1_STEPS=70 source experiments/gpu/k1_runs.sh
 for round in 1 2; do
   run single_$round pipeline.microbatches=1
   run pipe_m1_$round trainer.strategy=pipeline pipeline.microbatches=1

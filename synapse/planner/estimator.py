@@ -59,13 +59,12 @@ after a re-plan too. No reference: the excess is already in the prediction's uni
 The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
 one a thousand times slower (4 MB/s) still moves a small activation.
 
-Level shifts: smoothing makes a step change slow to read (a 3x device read 1.6x ten steps
-after the detector had seen 3.4x, and the re-plan priced on that under-corrected and a second
-one followed). When the detector reports a change of a device's compute level at an onset
-step (`mark_shift`), its alpha becomes at once the median of the samples since the onset, and
-smoothing goes on from there; inside the baseline phase, at the phase's end, its samples before
-the onset making its share of the reference. (The phase is not cut short: the block calibration
-that runs beside it rescales the predictions, and the reference must be taken after that.)
+Level shifts (`mark_shift`): smoothing reads a step change slowly (a 3x device read 1.6x ten
+steps after the detector saw 3.4x; the re-plan priced on that under-corrected). When the detector
+reports a device's compute level changed at an onset step, its alpha becomes the median of the
+samples since then; inside the baseline phase, at the phase's end (not earlier: the block
+calibration beside it rescales the predictions first), the samples before the onset making its
+share of the reference.
 
 State is keyed by device id (an int, like `synapse.planner.options.DeviceId`), not by
 rank: alpha is a property of the device, and survives re-partitions unchanged.
@@ -199,9 +198,7 @@ class _Kind:
             self.factors[device] = _Factor(self.config.median_window, self._clip(level / self.reference))
 
     def shift(self, device: int, samples: int) -> bool:
-        """The device's level changed ``samples`` steps ago (its latest samples): read its factor
-        from those alone (inside the baseline phase: when the phase ends). False when it is not
-        re-read now."""
+        """Read the factor from the device's latest ``samples`` alone (see `mark_shift`)."""
         if self.reference is None:
             self.pending_shifts[device] = self.seen.get(device, 0) - samples
             return False
@@ -351,12 +348,9 @@ class AlphaBetaEstimator:
             self._kinds[COMPUTE].rescale(_device_id(device), float(scale))
 
     def mark_shift(self, device: int, steps_since_onset: int) -> bool:
-        """The detector saw ``device``'s compute level change ``steps_since_onset`` measured steps
-        ago (onset to now, both counted): its alpha is the median of those steps' ratios from now
-        on, not an average still mostly made of the old level. Inside the baseline phase, the
-        phase's end does that, the reference taken from the samples before the onset. Returns
-        whether the alpha was re-read now (not inside the baseline phase, nor with fewer than
-        ``min_shift_samples`` samples since the onset)."""
+        """``device``'s compute level changed ``steps_since_onset`` steps ago (onset and now
+        counted): its alpha is now the median of those steps' ratios (module docstring). Whether it
+        was re-read now: not inside the baseline phase, nor with < ``min_shift_samples`` samples."""
         if isinstance(steps_since_onset, bool) or not isinstance(steps_since_onset, int) or steps_since_onset < 1:
             raise EstimatorInputError(f"steps_since_onset={steps_since_onset!r} must be an integer >= 1")
         return self._kinds[COMPUTE].shift(_device_id(device), steps_since_onset)
