@@ -62,7 +62,7 @@ def main() -> None:
     steps = WARM + BLOCK * TIMED_BLOCKS
     dataset = SyntheticImages("train", num_samples=batch * (steps + 2))
 
-    def plain_step(images, labels):
+    def plain_step(images, labels):  # the bench's resident loop (bench_data_path.resident_rates), as is
         images = setup.prepare_input(images)
         with setup.autocast():
             with torch.no_grad():

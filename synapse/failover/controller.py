@@ -200,13 +200,11 @@ class FailoverController:
     def _observe(self, record: Mapping[str, Any]) -> Decision | None:
         timing = StepTiming.from_dict(record)
         self._last_step = timing.step
-        detections = self.detector.update(timing)
-        for detection in detections:
+        for detection in self.detector.update(timing):
             self._log_detection(detection, timing)
+            if detection.kind == COMPUTE and timing.step > detection.onset_step:  # the estimator reads the new level
+                self.estimator.mark_shift(self.stage.devices[detection.rank], timing.step - detection.onset_step)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
-        for detection in detections:  # a device's level changed: the estimator reads it from the onset on
-            if detection.kind == COMPUTE:
-                self.estimator.mark_shift(self.stage.devices[detection.rank], timing.step - detection.onset_step + 1)
         self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
         drill = self._due_drill(timing.step)
