@@ -348,8 +348,8 @@ class AlphaBetaEstimator:
             self._kinds[COMPUTE].rescale(_device_id(device), float(scale))
 
     def mark_shift(self, device: int, steps_since_onset: int) -> bool:
-        """``device``'s compute level changed ``steps_since_onset`` steps ago (onset and now
-        counted): its alpha is now the median of those steps' ratios (module docstring). Whether it
+        """``device``'s compute level changed ``steps_since_onset`` measured steps ago (its latest
+        samples, the onset's included): its alpha is now their median (module docstring). Whether it
         was re-read now: not inside the baseline phase, nor with < ``min_shift_samples`` samples."""
         if isinstance(steps_since_onset, bool) or not isinstance(steps_since_onset, int) or steps_since_onset < 1:
             raise EstimatorInputError(f"steps_since_onset={steps_since_onset!r} must be an integer >= 1")
