@@ -159,8 +159,7 @@ class _Kind:
         self.factors: dict[int, _Factor] = {}
         self.healthy: dict[int, float] = {}  # transfer mode: each link's own send seconds when healthy
         self.history: dict[int, deque[float]] = {}  # device -> its latest raw ratios (level shifts)
-        self.seen: dict[int, int] = {}  # device -> raw ratios observed
-        self.pending_shifts: dict[int, int] = {}  # device -> index (in seen) of its first sample after an onset
+        self.pending_shifts: dict[int, int] = {}  # device -> index in its baseline of its first sample after an onset
 
     def observe(self, ratios: Mapping[int, float]) -> None:
         """Raw measured / predicted ratios of one step, for the devices measured."""
@@ -168,7 +167,6 @@ class _Kind:
             return
         for device, ratio in ratios.items():
             self.history.setdefault(device, deque(maxlen=HISTORY_STEPS)).append(ratio)
-            self.seen[device] = self.seen.get(device, 0) + 1
         if self.reference is None:
             self._collect(ratios)
             return
@@ -183,8 +181,7 @@ class _Kind:
             return
         # a device whose level changed inside the baseline: its samples since the onset are its level,
         # the ones before it its share of the reference
-        shifted = {device: min(self.seen[device] - first, len(self.baseline.get(device, ())))
-                   for device, first in self.pending_shifts.items()}
+        shifted = {device: len(self.baseline.get(device, ())) - first for device, first in self.pending_shifts.items()}
         shifted = {device: n for device, n in shifted.items() if n >= self.config.min_shift_samples}
         self.pending_shifts = {}
         before = {device: values[:len(values) - shifted.get(device, 0)] for device, values in self.baseline.items()}
@@ -200,7 +197,7 @@ class _Kind:
     def shift(self, device: int, samples: int) -> bool:
         """Read the factor from the device's latest ``samples`` alone (see `mark_shift`)."""
         if self.reference is None:
-            self.pending_shifts[device] = self.seen.get(device, 0) - samples
+            self.pending_shifts[device] = max(0, len(self.baseline.get(device, ())) - samples)
             return False
         recent = list(self.history.get(device, ()))[-samples:]
         if len(recent) < self.config.min_shift_samples:

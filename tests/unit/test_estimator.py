@@ -272,10 +272,7 @@ def test_own_transfer_beta_is_mostly_known_10_steps_after_a_link_slows():
 
 def _feed_constant(estimator: AlphaBetaEstimator, steps: int, levels: list[float]) -> None:
     """``steps`` steps in which device d measures ``levels[d]`` times its prediction (no noise)."""
-    for _ in range(steps):
-        estimator.update(devices=list(range(len(levels))), measured_compute_s=[0.1 * f for f in levels],
-                         measured_comm_s=[0.01] * len(levels), predicted_compute_s=[0.1] * len(levels),
-                         predicted_comm_s=[0.01] * len(levels))
+    run(estimator, range(steps), list(range(len(levels))), seed=0, noise=0.0, alpha=lambda _, device: levels[device])
 
 
 def test_a_marked_level_shift_is_read_at_once_where_smoothing_lags():
