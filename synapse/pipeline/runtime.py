@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ..engine.device import ComputeSetup
-from ..engine.step import NonFiniteGuard
+from ..engine.step import NonFiniteGuard, ensure_training
 from ..monitor.injection import PHASES, FaultInjector
 from .clock import StageClock
 from .graphs import StageGraphs, slots_for
@@ -234,7 +234,7 @@ class PipelineRuntime:
         """
         self.current_step = step
         self.clock.begin_step()
-        self.module.train()
+        ensure_training(self.module)
         self.guard.begin()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
         kwargs: dict[str, Any] = {}

@@ -193,14 +193,14 @@ def test_zero_epochs_writes_the_initial_weights(make_config, tiny_run, tmp_path)
 
 
 # ------------------------------------------------------------ late loss check
-def _tiny_step(check_late: bool) -> tuple[SingleDeviceStep, nn.Module]:
+def _tiny_step(check_late: bool = False, microbatches: int = 2) -> tuple[SingleDeviceStep, nn.Module]:
     torch.manual_seed(0)
     student = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
     optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     setup = ComputeSetup(torch.device("cpu"), None, False)
-    return SingleDeviceStep(student, None, optimizer, scheduler, 2, KDLossParams("st", 4.0, 0.9), setup,
-                            check_late=check_late), student
+    return SingleDeviceStep(student, None, optimizer, scheduler, microbatches, KDLossParams("st", 4.0, 0.9),
+                            setup, check_late=check_late), student
 
 
 def test_a_step_checking_its_loss_raises_before_the_update_and_a_late_one_leaves_it_to_the_reader():
@@ -230,3 +230,32 @@ def test_a_late_check_cannot_be_combined_with_skip():
     ("late", "stop", "cpu", True), ("at_step", "stop", "cuda", False)])
 def test_auto_checks_late_only_on_cuda_under_stop(check, policy, device, late):
     assert checks_loss_late(check, policy, torch.device(device)) is late
+
+
+
+def test_a_step_after_evaluation_trains_in_training_mode_again():
+    """The step skips ``train()`` when the student already trains; one left in eval mode (as an
+    interrupted evaluation could leave it) must still be switched back, BatchNorm statistics and all."""
+    step, student = _tiny_step(microbatches=1)
+    student.eval()
+    stats = student[1].running_mean.clone()
+    step(torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2]), step=1)
+    assert student.training and student[1].training
+    assert not torch.equal(stats, student[1].running_mean)
+
+
+def test_one_micro_batch_learns_exactly_what_a_plain_step_learns():
+    """M = 1 runs without the split and the running sum: bit for bit a plain forward, backward and
+    optimizer step, with that step's loss."""
+    images, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    step, student = _tiny_step(microbatches=1)
+    _, plain = _tiny_step(microbatches=1)
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for s in (1, 2):
+        loss = step(images, labels, step=s)
+        plain_loss = nn.functional.cross_entropy(plain(images), labels)
+        plain_loss.backward()
+        plain_optimizer.step()
+        plain_optimizer.zero_grad(set_to_none=True)
+        assert loss.dtype == torch.float32 and torch.equal(loss, plain_loss.detach())
+    assert all(torch.equal(a, b) for a, b in zip(student.state_dict().values(), plain.state_dict().values()))
