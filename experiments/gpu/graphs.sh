@@ -17,3 +17,4 @@ run pipe_m1_graphs trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cu
 run pipe_m1_eager trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=false
 run pipe_m4_graphs trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=true
 run pipe_m4_eager trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=false
+tar czf "$OUT/k1_logs.tgz" -C "$OUT" k1_logs && rm -r "$OUT/k1_logs"

@@ -17,6 +17,7 @@ for round in 1 2; do
   run pipe_m1_$round trainer.strategy=pipeline pipeline.microbatches=1
 done
 run pipe_auto trainer.strategy=pipeline pipeline.microbatches=auto
-grep -h "microbatches=auto\|cuda graphs" "$OUT"/k1_pipe_auto.log | tee -a "$OUT/k1_step_times.txt"
+grep -h "microbatches=auto\|cuda graphs" "$OUT"/k1_logs/pipe_auto.log | tee -a "$OUT/k1_step_times.txt"
 timeout 150 python3 experiments/gpu/probe_trainer_gap.py vit_large resnet152 128 14 2>&1 | grep -v -i warn \
   | tee "$OUT/probe_trainer_gap_vitl.txt"
+tar czf "$OUT/k1_logs.tgz" -C "$OUT" k1_logs && rm -r "$OUT/k1_logs"
