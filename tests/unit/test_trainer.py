@@ -232,7 +232,6 @@ def test_auto_checks_late_only_on_cuda_under_stop(check, policy, device, late):
     assert checks_loss_late(check, policy, torch.device(device)) is late
 
 
-
 def test_a_step_after_evaluation_trains_in_training_mode_again():
     """The step skips ``train()`` when the student already trains; one left in eval mode (as an
     interrupted evaluation could leave it) must still be switched back, BatchNorm statistics and all."""
