@@ -48,6 +48,7 @@ STRATEGIES = ("auto", "single", "pipeline")
 PARTITION_MODES = ("even", "manual", "auto")
 NONFINITE_POLICIES = ("stop", "skip")
 NONFINITE_CHECKS = ("auto", "at_step", "late")
+TIMING_READS = NONFINITE_CHECKS  # the same question: when the host reads what the GPU computed
 
 
 @dataclass
@@ -139,11 +140,12 @@ class TrainerConfig:
     # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
     # skip (drop its update on every rank; the step still counts and the schedule advances).
     nonfinite: str = "stop"
-    # When the single-device trainer reads the loss to check it: at_step (before the update: a host
-    # sync in the middle of every step, which leaves the GPU idle while the host issues the optimizer
-    # step and the next batch) or late (when the loss is read for the record, a step later; under
-    # stop the run still ends before any checkpoint holds the bad step). auto: late on CUDA under
-    # stop, at_step otherwise (skip must know before the update; on the CPU a sync costs nothing).
+    # When the trainer (one device, or a pipeline's last rank) reads the loss to check it: at_step
+    # (before the update: a host sync in the middle of every step, which leaves the GPU idle while
+    # the host issues the optimizer step and the next batch) or late (when the loss is read for the
+    # record, a step later; under stop the run still ends before any checkpoint holds the bad step).
+    # auto: late on CUDA under stop, at_step otherwise (skip must know before the update; on the
+    # CPU a sync costs nothing).
     nonfinite_check: str = "auto"
 
 
@@ -158,6 +160,11 @@ class PipelineConfig:
     # and replay them (synapse.pipeline.graphs): small micro-batches stop being launch bound.
     # Ignored on the CPU; a shape whose capture fails runs eagerly, with a logged reason.
     cuda_graphs: bool = True
+    # When each rank reads its step timing (the records the failover controller reads): at_step
+    # (a synchronize at every step's end on CUDA: the GPU idles while the host writes records and
+    # issues the next step) or late (at the end of the next step; the last one when the loop ends).
+    # auto: late on CUDA, at_step on the CPU (where it costs nothing; late there tests the path).
+    timing_read: str = "auto"
 
 
 @dataclass

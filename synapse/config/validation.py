@@ -19,7 +19,7 @@ from .failover_checks import validate_failover, validate_injection, validate_mon
 from .model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
                            validate_weight_files)
 from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
-                     PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES)
+                     PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES, TIMING_READS)
 from .schema_checks import validate_finite, validate_known_keys
 
 
@@ -177,6 +177,7 @@ def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
 
 def _validate_pipeline(cfg: DictConfig) -> None:
     choice("pipeline.schedule", cfg.pipeline.schedule, PIPELINE_SCHEDULES)
+    choice("pipeline.timing_read", cfg.pipeline.timing_read, TIMING_READS)
     if cfg.pipeline.microbatches == "auto":
         return  # the planner picks a divisor of the batch size
     if isinstance(cfg.pipeline.microbatches, str):
@@ -223,7 +224,3 @@ def _check_nonfinite_check(trainer) -> None:
     if trainer.nonfinite == "skip":
         fail("trainer.nonfinite_check", "late cannot skip a step: trainer.nonfinite=skip must see the loss before the "
              "update", "use trainer.nonfinite_check=auto (or at_step) with skip, or trainer.nonfinite=stop")
-    if num_stages(trainer) > 1:
-        fail("trainer.nonfinite_check", f"late applies to the single-device trainer; a pipeline of "
-             f"{num_stages(trainer)} stages decides at each step's all-gather, on every rank together",
-             "use trainer.nonfinite_check=auto with trainer.devices > 1")

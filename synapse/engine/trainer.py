@@ -67,6 +67,10 @@ class StepRunner(Protocol):
     def apply_control(self, step: int) -> None:
         """Act on what the supervisor asked for at this step boundary (the pipeline: live re-partitions)."""
 
+    def finish_steps(self) -> None:
+        """The loop has ended: record what the step records still lack (the pipeline on CUDA reports
+        each step's timing a step late, so the last one is still due)."""
+
     def held_state(self) -> HeldState:
         """What this process trains now, for checkpoints."""
 
@@ -105,6 +109,9 @@ class SingleDeviceRunner:
         self.step_fn.check_loss_late(step, loss)
 
     def apply_control(self, step: int) -> None:
+        pass
+
+    def finish_steps(self) -> None:
         pass
 
     def held_state(self) -> HeldState:
@@ -191,6 +198,7 @@ class Trainer:
                         tick = time.perf_counter()  # checkpoint and evaluation time is not step time
                     if runner.stop_requested:
                         break
+                runner.finish_steps()
             except BaseException:
                 with contextlib.suppress(Exception):  # the finished steps' records outlive the error
                     self._flush(metrics, pending, progress, None)

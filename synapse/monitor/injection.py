@@ -80,7 +80,7 @@ class FaultInjector:
         self._record = record or (lambda event: None)
         self._delay = delay or DeviceDelay("cpu")
         self._clock: StageClockLike | None = None
-        self._last_timing: Callable[[], Mapping[str, float]] = dict
+        self._last_timing: Callable[[], Mapping[str, float] | None] = dict
         self._baseline = TaskBaseline()
         self._step = 0
         self._closed = False
@@ -96,9 +96,9 @@ class FaultInjector:
                                  f"the injector with build_fault_injector(..., device=...)")
         return factory(spec)
 
-    def attach_clock(self, clock: StageClockLike, last_timing: Callable[[], Mapping[str, float]]) -> None:
-        """Time compute delays in ``clock``'s intervals; ``last_timing()`` gives the previous step's
-        per-part seconds (what ``factor`` slowdowns scale)."""
+    def attach_clock(self, clock: StageClockLike, last_timing: Callable[[], Mapping[str, float] | None]) -> None:
+        """Time compute delays in ``clock``'s intervals; ``last_timing()`` gives the per-part seconds
+        of the latest step the clock reported, with its ``step`` (what ``factor`` slowdowns scale)."""
         self._clock, self._last_timing = clock, last_timing
 
     # ---------------------------------------------------------------- the hook

@@ -8,9 +8,10 @@ would be. On CPU the delay is a host sleep; on CUDA it is a GPU spin kernel
 order is kept, and the clock's CUDA events time it like any kernel. A ``slow_comm`` delay
 is a host sleep before the sends are posted, outside every interval, so it is comm time.
 
-A ``factor`` slowdown needs the task's own time: ``TaskBaseline`` takes the previous step's
-per-part seconds from the stage clock (``PipelineRuntime.last_timing``), removes what was
-injected in that step, and divides by the number of tasks of that phase the step ran.
+A ``factor`` slowdown needs the task's own time: ``TaskBaseline`` takes the per-part seconds of
+the latest step the stage clock reported (``PipelineRuntime.last_timing``: the step before, or
+on CUDA the one before that), removes what was injected in that step, and divides by the
+number of tasks of that phase the step ran.
 """
 from __future__ import annotations
 
@@ -39,18 +40,22 @@ class TaskBaseline:
 
     def count_task(self, phase: str, step: int) -> None:
         self._tasks[(step, phase)] += 1
-        self._forget_before(step - 1)
+        self._forget_before(step - 2)  # a clock read late reports two steps back
 
     def add_injected(self, step: int, part: str, seconds: float) -> None:
         self._injected[(step, part)] += seconds
 
-    def per_task(self, phase: str, step: int, last_timing: Mapping[str, float]) -> dict[str, float] | None:
-        """Seconds per part of one ``phase`` task in step ``step - 1``; None when not measured."""
-        tasks = self._tasks.get((step - 1, phase), 0)
+    def per_task(self, phase: str, step: int, last_timing: Mapping[str, float] | None) -> dict[str, float] | None:
+        """Seconds per part of one ``phase`` task in the step ``last_timing`` is of (its ``step``,
+        else ``step - 1``); None when not measured."""
+        if not last_timing:
+            return None
+        measured = int(last_timing.get("step", step - 1))
+        tasks = self._tasks.get((measured, phase), 0)
         parts = PHASE_PARTS[phase]
         if tasks == 0 or not all(part in last_timing for part in parts):
             return None
-        return {part: max(0.0, last_timing[part] - self._injected.get((step - 1, part), 0.0)) / tasks
+        return {part: max(0.0, last_timing[part] - self._injected.get((measured, part), 0.0)) / tasks
                 for part in parts}
 
     def _forget_before(self, step: int) -> None:

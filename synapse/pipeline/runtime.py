@@ -5,10 +5,12 @@
 gradients over all M (zeroed once per step, divided once by M, exactly like the
 single-device reference), then the optimizer and learning-rate schedule step, unless the
 loss (on the last rank) is NaN or infinite: ``trainer.nonfinite=stop`` makes the last rank
-raise before its update, ``skip`` gives every rank the loss (one all-reduce) so that all of
-them drop the step together. Per step the clock records this rank's teacher-forward,
-student-forward, loss, student-backward and optimizer time; the rest of the step's wall time
-is waiting on communication.
+raise before its update (on CUDA a step late, as the single-device trainer does: no host
+sync inside the step, still before any checkpoint), ``skip`` gives every rank the loss (one
+all-reduce) so that all of them drop the step together. Per step the clock records this
+rank's teacher-forward, student-forward, loss, student-backward and optimizer time; the rest
+of the step's wall time is waiting on communication (on CUDA reported a step late: see
+`synapse.pipeline.clock`).
 
 Every phase the rank enters (forward, backward, optimizer, ... or a wait on its peers: recv,
 send, sync) is written to its ``ProgressBoard``, a few bytes of a shared file mapping (a
@@ -151,14 +153,21 @@ class PipelineRuntime:
     def __init__(self, module: FusedStage, rank: int, world_size: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
                  injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None,
-                 nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False):
+                 nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
+                 check_late: bool = False, read_timing_late: bool | None = None):
+        """``check_late``: the last rank does not read the loss in the step (no host sync there);
+        the trainer's reading of it a step later checks it (`check_loss_late`). Only under stop.
+        ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA)."""
+        if check_late and nonfinite != "stop":
+            raise ValueError(f"a late loss check cannot skip a step (trainer.nonfinite={nonfinite!r})")
         self.module, self.rank, self.world_size = module, rank, world_size
         self.setup, self.microbatches, self.group = setup, microbatches, group
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.clock = StageClock(setup.device)
+        self.clock = StageClock(setup.device, read_timing_late)
         module.clock = self.clock
         self.loss_fn = loss_fn
         self.guard = NonFiniteGuard(nonfinite, module.student)
+        self.check_late = check_late
         self.board = board or ProgressBoard()
         self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self.stage.clock = self.clock
@@ -175,7 +184,7 @@ class PipelineRuntime:
         self._eval_stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
-        self.last_timing: dict[str, float] = {}
+        self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
 
     @property
     def is_first(self) -> bool:
@@ -233,7 +242,7 @@ class PipelineRuntime:
         finite and trainer.nonfinite=stop.
         """
         self.current_step = step
-        self.clock.begin_step()
+        self.clock.begin_step(step)
         ensure_training(self.module)
         self.guard.begin()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
@@ -249,7 +258,7 @@ class PipelineRuntime:
         with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
-        if self.guard.apply_update(step, self._decisive_loss(loss)):
+        if self.check_late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):
                 self.optimizer.step()
@@ -259,6 +268,13 @@ class PipelineRuntime:
             self.guard.skip(self.optimizer, self.scheduler)
         self.last_timing = self.clock.end_step()
         return loss
+
+    def check_loss_late(self, step: int, loss: float) -> None:
+        """Step ``step``'s loss, read after it ran (``check_late``): raises `NonFiniteLossError` if
+        it is not finite. The update is applied by then, in memory only: the trainer checks before
+        any checkpoint, and the other ranks fail on losing this one before a checkpoint commits."""
+        if self.check_late:
+            self.guard.apply_update(step, loss)
 
     def _decisive_loss(self, loss: torch.Tensor | None) -> float:
         """The loss this rank decides its update on.

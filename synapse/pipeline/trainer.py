@@ -2,8 +2,10 @@
 here with the parts that differ from one device.
 
 - ``PipelineRunner``: a step is a pipeline schedule step; after it one collective exchange
-  (every rank's timings, the supervisor's control request) and, on the last rank, the step's
-  performance record; at the step boundary, a live re-partition when one was requested.
+  (every rank's timings, the supervisor's control request; on a CPU group, so that it does not
+  wait for the GPU) and, on the last rank, the performance record of the step the timings are
+  of (on CUDA the step before: `synapse.pipeline.clock`); at the step boundary, a live
+  re-partition when one was requested.
 - ``ProcessGroupShards``: a checkpoint is one shard per rank (keyed by the original parameter
   names, so any partition can load it) committed by rank 0 (``engine.checkpointer``).
 - ``PipelineEvaluation``: a forward-only pipeline pass whose logits land on the last rank.
@@ -29,17 +31,17 @@ from ..engine.checkpointer import Checkpointer, HeldState
 from ..engine.device import ComputeSetup
 from ..engine.metrics import topk_correct
 from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
-from ..engine.step import training_loss
+from ..engine.step import checks_loss_late, training_loss
 from ..engine.trainer import Trainer, build_run_parts, kd_params
-from ..models import block_parameter_names, build_model, load_weights, model_blocks
 from ..monitor.events import EventLog, events_path
 from ..monitor.heartbeat import Heartbeat
 from ..monitor.injection import FaultInjector, build_fault_injector
 from ..planner.placement import Placement
 from ..records import JsonlWriter, NullWriter
+from .all_blocks import AllBlocks, build_all_blocks
+from .clock import reads_timing_late
 from .repartition import exchange_blocks, payload_size_bytes, student_moves
 from .runtime import PipelineRuntime, ProgressBoard, progress_path
-from .stage import FusedStage
 
 
 class ProcessGroupShards:
@@ -88,6 +90,9 @@ class PipelineRunner:
     live_request: StopRequest | None = None  # a live REPLAN to apply after this step
     applied_requests: set = field(default_factory=set)
     step: int = 0  # the last step run (for the events of a re-partition)
+    # The per-step exchange's group: gloo, so that gathering a few Python objects neither
+    # synchronises with nor waits behind the GPU's queue (None: the default group, already gloo).
+    control_group: Any = None
 
     @property
     def writes_records(self) -> bool:
@@ -127,14 +132,35 @@ class PipelineRunner:
         return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict()})
 
     def check_loss(self, step: int, loss: float) -> None:
-        """Nothing left to check: every rank decided on the loss at the step's all-gather."""
+        self.runtime.check_loss_late(step, loss)
 
     def after_step(self, step: int) -> dict[str, Any]:
-        """The step's collective exchange, then its performance record (on the record-writing rank)."""
+        """The step's collective exchange, then the performance record of the step the clock
+        reported (on the record-writing rank); the metrics record's timing fields when that is
+        this step."""
         timings = self.exchange_step_state(step)
-        if self.writes_records:
-            self.write_performance_record(step, timings)
+        if not self._record_timings(timings) or timings[-1]["step"] != step:
+            return {}
         return {"compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings]}
+
+    def finish_steps(self) -> None:
+        """Record the step the clock has not reported yet (on CUDA, the last one before the loop
+        ended or the stage changed): one more gather, which every rank reaches at the same step."""
+        if not self.runtime.clock.read_late:
+            return
+        gathered: list[Any] = [None] * self.world_size
+        self.runtime.mark("sync")
+        dist.all_gather_object(gathered, self.runtime.clock.flush(), group=self.control_group)
+        self._record_timings(gathered)
+
+    def _record_timings(self, timings: list[dict[str, Any] | None]) -> bool:
+        """The performance record of these per-rank timings (of one step); False: there are none
+        (the first step of a clock read late reports nothing)."""
+        if any(t is None for t in timings):
+            return False
+        if self.writes_records:
+            self.write_performance_record(timings[-1]["step"], timings)
+        return True
 
     def exchange_step_state(self, step: int) -> list[dict[str, float]]:
         """One all-gather per step: every rank's compute/comm split of the step, and the control
@@ -145,7 +171,7 @@ class PipelineRunner:
         mine = {"timing": self.runtime.last_timing, "request": request.to_dict() if request else None}
         gathered: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
         self.runtime.mark("sync")
-        dist.all_gather_object(gathered, mine)
+        dist.all_gather_object(gathered, mine, group=self.control_group)
         taken = gathered[0]["request"]
         request = StopRequest.from_dict(taken) if taken is not None else None
         self.live_request = request if request is not None and request.live else None
@@ -155,6 +181,7 @@ class PipelineRunner:
         return [g["timing"] for g in gathered]
 
     def write_performance_record(self, step: int, timings: list[dict[str, float]]) -> None:
+        timings = [{part: seconds for part, seconds in t.items() if part != "step"} for t in timings]
         wall = max(t["wall"] for t in timings)
         self.performance.write({
             "step": step, "stage": self.stage, "devices": list(self.partition.devices),
@@ -203,11 +230,13 @@ class PipelineRunner:
             return False
         module, owned, optimizer, scheduler = built
         self.blocks.release(self.rank, self.partition, new)
+        self.finish_steps()  # the old stage's last step is recorded as the old stage's
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
                                        nonfinite=self.cfg.trainer.nonfinite, board=old.board,
-                                       cuda_graphs=self.cfg.pipeline.cuda_graphs)
+                                       cuda_graphs=self.cfg.pipeline.cuda_graphs, check_late=old.check_late,
+                                       read_timing_late=old.clock.read_late)
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.owned = owned  # the new runtime holds the new optimizer and scheduler
@@ -316,51 +345,6 @@ class PipelineEvaluation:
         return result
 
 
-@dataclass
-class AllBlocks:
-    """Every block of both models, held by every rank; a stage is a view of some of them.
-
-    Built once per process from the seed and the teacher file. Blocks outside this rank's
-    stage stay on the CPU untouched; a live re-partition assembles the new stage from them.
-    """
-
-    teacher: list[torch.nn.Module]
-    student: list[torch.nn.Module]
-    student_names: list[dict[str, str]]  # per block: local name -> the student's state_dict name
-
-    def stage(self, rank: int, partition: Placement, setup: ComputeSetup
-              ) -> tuple[FusedStage, dict[str, torch.Tensor]]:
-        """This rank's FusedStage and the original names of the student tensors it owns."""
-        student_range = partition.student_range(rank)
-        module = FusedStage([self.teacher[i] for i in partition.teacher_range(rank)],
-                            [self.student[i] for i in student_range], is_first=rank == 0,
-                            channels_last_wire=setup.channels_last)
-        module = setup.prepare_model(module)
-        # Look the tensors up after the move to the device: those are the ones training updates.
-        owned = {}
-        for local_index, block_index in enumerate(student_range):
-            block_state = module.student[local_index].state_dict(keep_vars=True)
-            for local, original in self.student_names[block_index].items():
-                owned[original] = block_state[local]
-        return module, owned
-
-    def release(self, rank: int, old: Placement, new: Placement) -> None:
-        """Blocks this rank no longer runs go back to the CPU (they free device memory)."""
-        for blocks, before, after in ((self.teacher, old.teacher_range(rank), new.teacher_range(rank)),
-                                      (self.student, old.student_range(rank), new.student_range(rank))):
-            for index in set(before) - set(after):
-                blocks[index].to("cpu")
-
-
-def build_all_blocks(cfg: DictConfig, partition: Placement, teacher_weights: str, parts) -> AllBlocks:
-    info = parts.info
-    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
-    load_weights(teacher, teacher_weights, what="teacher.checkpoint")
-    teacher_blocks, student_blocks = model_blocks(teacher), model_blocks(parts.student)
-    partition.check_block_counts(len(teacher_blocks), len(student_blocks))
-    return AllBlocks(teacher_blocks, student_blocks, block_parameter_names(parts.student, student_blocks))
-
-
 def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
                            stage: int = 0) -> Trainer:
@@ -376,7 +360,10 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
                               nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),
-                              cuda_graphs=cfg.pipeline.cuda_graphs)
+                              cuda_graphs=cfg.pipeline.cuda_graphs,
+                              check_late=checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite,
+                                                          setup.device),
+                              read_timing_late=reads_timing_late(cfg.pipeline.timing_read, setup.device))
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
@@ -384,7 +371,8 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                             Heartbeat(run_dir, rank, str(setup.device)), events,
                             open_channel(run_dir, control_endpoint(cfg), cfg.trainer.rdzv_timeout_s),
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
-                            stage=stage, log=log)
+                            stage=stage, log=log,
+                            control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
 
     def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
         events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)

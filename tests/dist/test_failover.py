@@ -17,6 +17,8 @@ from synapse.failover.stages import compose_stage_config, merge_overrides, read_
 from synapse.app import run
 from synapse.monitor.events import read_events
 
+from synapse.records import read_jsonl
+
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -95,6 +97,24 @@ def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_pat
         saved = read_events(tmp_path / "failover_events.jsonl", "checkpoint_saved")
         assert "relaunch" not in events and not any(e["for_stop"] for e in saved), "a live re-plan neither stops nor saves"
         assert [e["step"] for e in saved] == [STEPS], "the only checkpoint is the one at the end of the run"
+
+
+def test_timing_read_a_step_late_records_every_step_once_across_a_live_replan(tmp_path, teacher_file, uninterrupted):
+    """pipeline.timing_read=late (auto's choice on CUDA, forced on the CPU): each rank reports a
+    step's timing at the end of the next, the last one of a stage when it ends. The records must
+    still hold every step once, in its own stage, and the stage bookkeeping that reads them must
+    not move; what is learned does not change."""
+    run_overrides(overrides_for(tmp_path, teacher_file, "pipeline.timing_read=late", "failover.replan_mode=live",
+                                "failover.drills=[{step:5,action:replan}]"))
+    assert_identical_states(final_student_state(tmp_path), uninterrupted)
+    stages = read_stages(tmp_path)
+    assert [s.reason for s in stages] == ["start", "replan (live)"]
+    assert stages[1].start_step == stages[0].end_step >= 5 and stages[1].end_step == STEPS
+    records = read_jsonl(tmp_path / "performance.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert all(r["stage"] == (0 if r["step"] <= stages[0].end_step else 1) for r in records), records
+    assert all(len(r["ranks"]) == 3 and all("step" not in parts for parts in r["ranks"]) for r in records)
+    assert all(r["step_seconds"] > 0 and all(c > 0 for c in r["compute_s"]) for r in records)
 
 
 def test_sigkilled_rank_resumes_from_last_checkpoint_on_survivors_and_learns_the_same(tmp_path, teacher_file,

@@ -504,12 +504,28 @@ def test_a_late_loss_check_still_stops_before_any_checkpoint_holds_the_step(tmp_
     assert all(all_finite(ckpt.load_student_state(r.path)) for r in refs)
 
 
-@pytest.mark.parametrize("extra, problem", [
-    (["trainer.nonfinite=skip"], "late cannot skip a step"),
-    (["trainer.devices=3"], "late applies to the single-device trainer")])
-def test_a_late_loss_check_is_refused_where_it_cannot_work(tmp_path, teacher_file, extra, problem):
-    with pytest.raises(ConfigError, match=f"trainer.nonfinite_check: {problem}.*Fix: use trainer.nonfinite_check=auto"):
-        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite_check=late", *extra)))
+def test_a_late_loss_check_is_refused_with_skip(tmp_path, teacher_file):
+    with pytest.raises(ConfigError, match="trainer.nonfinite_check: late cannot skip a step.*Fix: use "
+                                          "trainer.nonfinite_check=auto"):
+        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite_check=late",
+                                                    "trainer.nonfinite=skip")))
+
+
+@pytest.mark.timeout(180)
+def test_a_late_loss_check_stops_the_pipeline_before_any_checkpoint_holds_the_step(tmp_path, teacher_file):
+    """nonfinite_check=late on 3 ranks (auto's choice on CUDA): the last rank applies step 5's update
+    without reading its loss, then raises when it reads it for the record, after step 6 ran; no
+    record and no checkpoint holds step 5 (checkpoints every 2 steps: the one of step 6 is never
+    committed), and the error names step 5."""
+    with pytest.raises(WorkerFailure) as failure:
+        run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:nan_loss,rank:1,step:5}]",
+                                    "trainer.nonfinite_check=late"))
+    assert "NonFiniteLossError: step 5: the loss is nan" in str(failure.value), str(failure.value)
+    assert [e["step"] for e in events(tmp_path, "nonfinite_loss", action="stopped")] == [5]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4]
+    refs = ckpt.list_checkpoints(tmp_path / "checkpoints")
+    assert [r.step for r in refs] == [2, 4]
+    assert all(all_finite(ckpt.load_student_state(r.path)) for r in refs)
 
 
 def test_an_unknown_nonfinite_policy_is_refused_before_any_work(tmp_path, teacher_file):

@@ -1,0 +1,65 @@
+"""The stage clock's reports on the CPU (host times): at once, or a step late as on CUDA."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from synapse.pipeline.clock import StageClock, reads_timing_late
+
+CPU = torch.device("cpu")
+
+
+def run_step(clock: StageClock, step: int, compute_s: float = 0.002, idle_s: float = 0.004):
+    clock.begin_step(step)
+    with clock.interval("student_fwd"):
+        time.sleep(compute_s)
+    with clock.interval("send_fwd"):
+        pass
+    time.sleep(idle_s)  # waiting on peers: neither compute nor own sends
+    return clock.end_step()
+
+
+def test_a_clock_read_at_once_reports_each_step_at_its_end():
+    clock = StageClock(CPU)
+    report = run_step(clock, 1)
+    assert report["step"] == 1 and report["student_fwd"] >= 0.002
+    assert report["wall"] >= report["compute"] + 0.004
+    assert report["comm"] == pytest.approx(report["wall"] - report["compute"])
+    assert report["wait"] == pytest.approx(report["comm"] - report["send"])
+    assert clock.flush() is None
+
+
+def test_a_clock_read_late_reports_the_step_before_and_the_last_one_on_flush():
+    clock = StageClock(CPU, read_late=True)
+    assert run_step(clock, 1) is None
+    reports = [run_step(clock, step) for step in (2, 3)] + [clock.flush()]
+    assert [r["step"] for r in reports] == [1, 2, 3]
+    assert clock.flush() is None
+    for report in reports:
+        assert report["student_fwd"] >= 0.002 and report["wall"] >= report["compute"]
+
+
+def test_time_between_late_steps_belongs_to_neither():
+    """An evaluation or a checkpoint between two steps is not step time, read late or at once
+    (the failover controller would read it as a slow link)."""
+    clock = StageClock(CPU, read_late=True)
+    run_step(clock, 1, idle_s=0.0)
+    time.sleep(0.05)  # between the steps
+    first = run_step(clock, 2, idle_s=0.0)
+    second = clock.flush()
+    assert first["wall"] < 0.04 and second["wall"] < 0.04
+
+
+def test_intervals_outside_a_step_are_not_timed():
+    clock = StageClock(CPU)
+    with clock.interval("student_fwd"):  # e.g. an evaluation forward
+        time.sleep(0.01)
+    assert run_step(clock, 1, compute_s=0.0)["student_fwd"] < 0.01
+
+
+@pytest.mark.parametrize("choice, device, late", [("auto", "cuda", True), ("auto", "cpu", False),
+                                                  ("late", "cpu", True), ("at_step", "cuda", False)])
+def test_auto_reads_late_only_on_cuda(choice, device, late):
+    assert reads_timing_late(choice, torch.device(device)) is late
