@@ -239,7 +239,8 @@ class PipelineRuntime:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
 
         Raises ``NonFiniteLossError`` on the last rank, before its update, when the loss is not
-        finite and trainer.nonfinite=stop.
+        finite and trainer.nonfinite=stop (with ``check_late``: when the trainer reads it, after
+        the update, before any checkpoint).
         """
         self.current_step = step
         self.clock.begin_step(step)
