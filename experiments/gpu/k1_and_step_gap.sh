@@ -5,8 +5,8 @@
 # block (experiments/gpu/step_times.py):
 #   single       the single-device trainer (M = 1)
 #   pipe_m1      K = 1, M = 1, as a user runs it (timing read a step late, loss checked late, exchange on gloo)
-#   pipe_m1_sync the same with the old per-step waits for the GPU (pipeline.timing_read=at_step,
-#                trainer.nonfinite_check=at_step): what reading late is worth
+#   pipe_m1_sync the same with two of the old per-step waits for the GPU back (pipeline.timing_read=at_step,
+#                trainer.nonfinite_check=at_step; the exchange stays on gloo): what reading late is worth
 # then K = 1 with pipeline.microbatches=auto; the K = 1 runs' online calibration (block_calibration events).
 # About 7 minutes; the logs come back as one tarball (the device tool returns at most 8 files).
 set -u
