@@ -45,13 +45,20 @@ class NonFiniteGuard:
     ``begin`` (at the start of every step) keeps a copy of the module's buffers when steps may
     be skipped: a NaN that reached the forward pass has already poisoned BatchNorm's running
     statistics, and skipping the step must undo that too.
+
+    ``late``: the step does not read its loss (no host sync there); whoever reads it later passes
+    it to `check_read_loss`, which raises under stop. Only with stop: skipping must know before
+    the update.
     """
 
-    def __init__(self, policy: str, module: nn.Module):
+    def __init__(self, policy: str, module: nn.Module, late: bool = False):
         if policy not in NONFINITE_POLICIES:
             raise ValueError(f"trainer.nonfinite={policy!r} is not a policy; use one of "
                              f"{', '.join(NONFINITE_POLICIES)}")
-        self.policy, self.module = policy, module
+        if late and policy != "stop":
+            raise ValueError(f"a late loss check cannot skip a step (trainer.nonfinite={policy!r}); "
+                             "use trainer.nonfinite_check=at_step with skip")
+        self.policy, self.module, self.late = policy, module, late
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.skipped = False  # whether the last step was skipped
 
@@ -68,6 +75,13 @@ class NonFiniteGuard:
             raise NonFiniteLossError(step, loss)
         self.skipped = True
         return False
+
+    def check_read_loss(self, step: int, loss: float) -> None:
+        """Step ``step``'s loss, read after the step ran (``late``): raises `NonFiniteLossError` if
+        it is not finite. The update is applied by then, in memory only: the reader checks before
+        any checkpoint."""
+        if self.late:
+            self.apply_update(step, loss)
 
     def skip(self, optimizer: torch.optim.Optimizer, scheduler) -> None:
         """Drop the step's update: no optimizer step, buffers back as they were, the schedule advances."""
@@ -113,16 +127,12 @@ class SingleDeviceStep:
                  scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup, nonfinite: str = "stop",
                  check_late: bool = False):
         """``check_late``: do not read the loss here (no host sync); the caller passes it to
-        `check_loss_late` when it reads it. Only with ``nonfinite="stop"``."""
-        if check_late and nonfinite != "stop":
-            raise ValueError(f"a late loss check cannot skip a step (trainer.nonfinite={nonfinite!r}); "
-                             "use trainer.nonfinite_check=at_step with skip")
+        `check_loss_late` when it reads it (`NonFiniteGuard`'s ``late``)."""
         self.student, self.teacher = student, teacher
         self.optimizer, self.scheduler = optimizer, scheduler
         self.microbatches, self.kd, self.setup = microbatches, kd, setup
         self._params = [p for p in student.parameters() if p.requires_grad]
-        self.guard = NonFiniteGuard(nonfinite, student)
-        self.check_late = check_late
+        self.guard = NonFiniteGuard(nonfinite, student, late=check_late)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int = 0,
                  corrupt: bool = False) -> torch.Tensor:
@@ -143,7 +153,7 @@ class SingleDeviceStep:
                             torch.tensor_split(labels, self.microbatches)):
                 total += self._microbatch_loss(x, y, corrupt)
             mean = total / self.microbatches
-        if not self.check_late and not self.guard.apply_update(step, float(mean)):
+        if not self.guard.late and not self.guard.apply_update(step, float(mean)):
             self.guard.skip(self.optimizer, self.scheduler)
             return mean
         scale_gradients(self._params, self.microbatches)
@@ -164,10 +174,7 @@ class SingleDeviceStep:
         return loss.detach()
 
     def check_loss_late(self, step: int, loss: float) -> None:
-        """Step ``step``'s loss, read after it ran: raises `NonFiniteLossError` if it is not finite.
-        The update is applied by then, in memory only: the caller checks before any checkpoint."""
-        if self.check_late:
-            self.guard.apply_update(step, loss)
+        self.guard.check_read_loss(step, loss)
 
     @property
     def skipped(self) -> bool:

@@ -156,18 +156,15 @@ class PipelineRuntime:
                  nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
                  check_late: bool = False, read_timing_late: bool | None = None):
         """``check_late``: the last rank does not read the loss in the step (no host sync there);
-        the trainer's reading of it a step later checks it (`check_loss_late`). Only under stop.
+        the trainer's reading of it a step later checks it (`NonFiniteGuard`'s ``late``).
         ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA)."""
-        if check_late and nonfinite != "stop":
-            raise ValueError(f"a late loss check cannot skip a step (trainer.nonfinite={nonfinite!r})")
         self.module, self.rank, self.world_size = module, rank, world_size
         self.setup, self.microbatches, self.group = setup, microbatches, group
         self.optimizer, self.scheduler = optimizer, scheduler
         self.clock = StageClock(setup.device, read_timing_late)
         module.clock = self.clock
         self.loss_fn = loss_fn
-        self.guard = NonFiniteGuard(nonfinite, module.student)
-        self.check_late = check_late
+        self.guard = NonFiniteGuard(nonfinite, module.student, late=check_late)
         self.board = board or ProgressBoard()
         self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
         self.stage.clock = self.clock
@@ -239,8 +236,9 @@ class PipelineRuntime:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
 
         Raises ``NonFiniteLossError`` on the last rank, before its update, when the loss is not
-        finite and trainer.nonfinite=stop (with ``check_late``: when the trainer reads it, after
-        the update, before any checkpoint).
+        finite and trainer.nonfinite=stop (with a late guard: when the trainer reads it, after
+        the update, before any checkpoint; the other ranks fail on losing this one before a
+        checkpoint commits).
         """
         self.current_step = step
         self.clock.begin_step(step)
@@ -259,7 +257,7 @@ class PipelineRuntime:
         with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
-        if self.check_late or self.guard.apply_update(step, self._decisive_loss(loss)):
+        if self.guard.late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):
                 self.optimizer.step()
@@ -269,13 +267,6 @@ class PipelineRuntime:
             self.guard.skip(self.optimizer, self.scheduler)
         self.last_timing = self.clock.end_step()
         return loss
-
-    def check_loss_late(self, step: int, loss: float) -> None:
-        """Step ``step``'s loss, read after it ran (``check_late``): raises `NonFiniteLossError` if
-        it is not finite. The update is applied by then, in memory only: the trainer checks before
-        any checkpoint, and the other ranks fail on losing this one before a checkpoint commits."""
-        if self.check_late:
-            self.guard.apply_update(step, loss)
 
     def _decisive_loss(self, loss: torch.Tensor | None) -> float:
         """The loss this rank decides its update on.

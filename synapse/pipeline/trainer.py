@@ -132,7 +132,7 @@ class PipelineRunner:
         return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict()})
 
     def check_loss(self, step: int, loss: float) -> None:
-        self.runtime.check_loss_late(step, loss)
+        self.runtime.guard.check_read_loss(step, loss)
 
     def after_step(self, step: int) -> dict[str, Any]:
         """The step's collective exchange, then the performance record of the step the clock
@@ -235,7 +235,7 @@ class PipelineRunner:
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
                                        nonfinite=self.cfg.trainer.nonfinite, board=old.board,
-                                       cuda_graphs=self.cfg.pipeline.cuda_graphs, check_late=old.check_late,
+                                       cuda_graphs=self.cfg.pipeline.cuda_graphs, check_late=old.guard.late,
                                        read_timing_late=old.clock.read_late)
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
