@@ -63,3 +63,36 @@ def test_intervals_outside_a_step_are_not_timed():
                                                   ("late", "cpu", True), ("at_step", "cuda", False)])
 def test_auto_reads_late_only_on_cuda(choice, device, late):
     assert reads_timing_late(choice, torch.device(device)) is late
+
+
+def gpu_busy_for(clock: StageClock, step: int, cycles: int):
+    clock.begin_step(step)
+    with clock.interval("student_fwd"):
+        torch.cuda._sleep(cycles)  # the GPU spins; the host goes on at once
+    return clock.end_step()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_late_step_is_read_from_its_events_without_waiting_for_the_step_after():
+    """The path the pipeline takes on a GPU: a step's report waits for that step's events only
+    (the next step's work is still queued when it returns), its wall time is the GPU's, and the
+    GPU's idle time between steps (the host busy elsewhere) is in neither step."""
+    torch.cuda._sleep(1000)  # loads the kernel: the first launch's host delay is not GPU time
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(10_000_000 * 50.0 / start.elapsed_time(end))  # about 50 ms of GPU time
+    clock = StageClock(torch.device("cuda"))
+    assert clock.read_late
+    assert gpu_busy_for(clock, 1, cycles) is None
+    time.sleep(0.2)  # the GPU finishes step 1 and idles
+    first = gpu_busy_for(clock, 2, cycles)
+    assert not torch.cuda.current_stream().query(), "reading step 1 waited for step 2"
+    second = clock.flush()
+    assert [first["step"], second["step"]] == [1, 2]
+    for report in (first, second):
+        assert 0.03 < report["student_fwd"] < 0.08
+        assert report["student_fwd"] <= report["wall"] < 0.15  # not the 0.2 s idle gap
