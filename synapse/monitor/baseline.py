@@ -13,6 +13,13 @@ it is within 15%; on 2 H200s at 16 images per micro-batch the first stage measur
 its peer's ratio without any fault (host-bound kernels, experiments/results/h200x2), so
 the default (4.0) flags a rank only beyond that.
 
+A rank with no peers (K = 1) can only be judged against the plan itself, so that check is
+``alone_threshold`` times the plan, and only where the plan is known to be close: on an H200 a
+K = 1 stage measured 1.00-1.10x its graphed profile without a fault, and 1.98x with its
+device made 2x slower from step 5 (which the peer check cannot see, and which would otherwise
+become the device's normal and the block profiles' calibration), while on CPU the demo's K = 1
+stage measured 1.58x its profile without a fault. ``trainer=gpu`` sets it (1.5); off elsewhere.
+
 Compute that moved between ranks' clocks is not a slower device: on GPUs a rank's
 measured compute can include time its kernels sat queued behind a receive, and the two
 ranks of the h200x2 no-load run swapped ~0.09 s of "compute" back and forth with the step
@@ -43,12 +50,19 @@ def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: i
 
 
 def prior_checked(learned_s: Sequence[float], expected_s: Sequence[float] | None,
-                  prior_threshold: float | None) -> tuple[list[float], list[int]]:
-    """The learned baselines, with each rank slow against its peers replaced by the peers' view.
+                  prior_threshold: float | None, alone_threshold: float | None = None) -> tuple[list[float], list[int]]:
+    """The learned baselines, with each rank slow against its peers replaced by the peers' view,
+    and a rank without peers ``alone_threshold`` times slower than the plan by the plan.
 
-    Returns (baselines, ranks replaced). No expected times, no threshold or one rank: unchanged."""
+    Returns (baselines, ranks replaced). No expected times or no threshold: unchanged."""
     baselines = list(learned_s)
-    if expected_s is None or prior_threshold is None or len(baselines) < 2:
+    if expected_s is None:
+        return baselines, []
+    if len(baselines) == 1:
+        if alone_threshold is not None and expected_s[0] > 0 and learned_s[0] >= alone_threshold * expected_s[0]:
+            return [float(expected_s[0])], [0]
+        return baselines, []
+    if prior_threshold is None:
         return baselines, []
     replaced = []
     for rank, (learned, expected) in enumerate(zip(learned_s, expected_s)):
@@ -74,8 +88,10 @@ class ComputeBaseline:
     """Each rank's compute seconds per step at nominal speed: learnt from the first steps,
     checked against the plan and the rank's peers, refined by quiet steps."""
 
-    def __init__(self, refine_window: int, prior_threshold: float | None) -> None:
+    def __init__(self, refine_window: int, prior_threshold: float | None,
+                 alone_threshold: float | None = None) -> None:
         self.refine_window, self.prior_threshold = refine_window, prior_threshold
+        self.alone_threshold = alone_threshold
         self.values: list[float] | None = None
         self.samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
         self.expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
@@ -87,7 +103,7 @@ class ComputeBaseline:
     def learn(self, compute_median: Sequence[float], compute_steps: Sequence[Sequence[float]]) -> None:
         """The baseline from the learning steps' per-rank medians, checked against the plan."""
         expected = self.expected if self.expected and len(self.expected) == len(compute_median) else None
-        self.values, replaced = prior_checked(compute_median, expected, self.prior_threshold)
+        self.values, replaced = prior_checked(compute_median, expected, self.prior_threshold, self.alone_threshold)
         self.replaced = tuple(replaced)
         self.samples = [deque([] if rank in replaced else per_rank, maxlen=self.refine_window)
                         for rank, per_rank in enumerate(zip(*compute_steps))]
@@ -138,7 +154,7 @@ class ComputeBaseline:
         # As at the start of a run: a rank slow against its peers relative to the plan from its
         # first steps on takes its peers' view, so a fault that began with the stage still shows.
         expected = self.expected if self.expected and len(self.expected) == len(self.values) else None
-        checked, replaced = prior_checked(self.values, expected, self.prior_threshold)
+        checked, replaced = prior_checked(self.values, expected, self.prior_threshold, self.alone_threshold)
         for rank in set(learnt) & set(replaced):
             self.values[rank] = checked[rank]
             if self.samples:

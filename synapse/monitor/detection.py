@@ -40,6 +40,10 @@ class DetectorConfig:
     compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
     comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
     prior_threshold: float | None = 4.0
+    # A rank with no peers (K = 1): learnt compute this many times the plan's = slow from the start.
+    # Off by default: on CPU the plan's absolute error is large (the demo's K = 1 stage measured
+    # 1.58x its profile, no fault); trainer=gpu sets it (synapse/monitor/baseline.py says why).
+    alone_threshold: float | None = None
     window: int = 10
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
@@ -56,6 +60,9 @@ class DetectorConfig:
         if self.prior_threshold is not None:
             _check_number("prior_threshold", self.prior_threshold, 1.0, strict=True,
                           hint=" (e.g. 4.0: 4x its peers against the plan; None: no prior)")
+        if self.alone_threshold is not None:
+            _check_number("alone_threshold", self.alone_threshold, 1.0, strict=True,
+                          hint=" (e.g. 1.5: a lone device 1.5x the plan; None: no check)")
         _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
         if self.peer_threshold is not None:
             _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")

@@ -10,7 +10,7 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    expected per-rank compute (`set_expected`, the cost model's prediction for the
    running partition) judged against the rank's peers (`synapse.monitor.baseline`:
    ``prior_threshold`` times its peers' measured/expected ratio = slow from the
-   start), and later quiet steps (no compute slowdown anywhere, this rank's step
+   start; a rank without peers, ``alone_threshold`` times the plan), and later quiet steps (no compute slowdown anywhere, this rank's step
    below ``threshold``) refining each compute baseline as the median of the last
    ``refine_window`` such steps.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
@@ -72,7 +72,8 @@ class SlowdownDetector:
         self._num_ranks: int | None = None
         self._last_step: int | None = None
         self._steps_since_start = 0
-        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold)
+        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold,
+                                        self.config.alone_threshold)
         self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
         self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)

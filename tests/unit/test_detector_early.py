@@ -5,20 +5,27 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from statistics import median
 
 import pytest
+from omegaconf import OmegaConf
 from test_detector import Slow, feed, stream, summary
 
 from synapse.monitor.baseline import net_compute_ratios, prior_checked
 from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, SlowdownDetector
 from synapse.monitor.timing import StepTiming
 
-STREAMS = Path(__file__).resolve().parents[1] / "data" / "fault_free_streams"
+DATA = Path(__file__).resolve().parents[1] / "data"
+STREAMS = DATA / "fault_free_streams"
 INDEX = json.loads((STREAMS / "index.json").read_text())
+FAULT_STREAMS = DATA / "fault_streams"  # recorded with a fault injected (see its index.json)
+FAULT_INDEX = json.loads((FAULT_STREAMS / "index.json").read_text())
+# What `trainer=gpu` sets: a lone GPU is judged against the plan
+GPU_ALONE = OmegaConf.load(Path(__file__).resolve().parents[2] / "synapse/conf/trainer/gpu.yaml").failover.detector.alone_threshold
 
 
-def recorded(name: str) -> list[StepTiming]:
-    rows = [json.loads(line) for line in (STREAMS / f"{name}.jsonl").read_text().splitlines()]
+def recorded(name: str, folder: Path = STREAMS) -> list[StepTiming]:
+    rows = [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
     return [StepTiming(r["step"], r["time"], r["step_seconds"], tuple(r["compute_s"]), tuple(r["comm_s"]))
             for r in rows]
 
@@ -39,7 +46,8 @@ KNOWN_UNSOLVED = {
     n in KNOWN_UNSOLVED, reason="per-rank CUDA compute moves between ranks (see KNOWN_UNSOLVED)", strict=True))
     for n in sorted(INDEX)])
 def test_real_fault_free_streams_raise_no_false_detection(name):
-    detector = SlowdownDetector()
+    on_gpu = name.startswith("h200")
+    detector = SlowdownDetector(DetectorConfig(alone_threshold=GPU_ALONE) if on_gpu else None)
     if INDEX[name]["expected_compute_s"]:
         detector.set_expected(INDEX[name]["expected_compute_s"])
     assert feed(detector, recorded(name)) == [], name
@@ -93,6 +101,36 @@ def test_prior_check_replaces_only_a_rank_far_slower_than_its_peers_against_the_
     assert prior_checked(learned, [0.1, 0.3, 0.15], 4.0) == (learned, [])  # the plan expected it
     assert prior_checked(learned, None, 4.0) == (learned, [])
     assert prior_checked([0.5], [0.1], 4.0) == ([0.5], [])  # no peers
+    assert prior_checked([0.5], [0.1], 4.0, alone_threshold=1.5) == ([0.1], [0])  # no peers: the plan
+    assert prior_checked([0.14], [0.1], 4.0, alone_threshold=1.5) == ([0.14], [])  # within the plan's error
+    assert prior_checked([0.9, 0.3], [0.1, 0.1], None, alone_threshold=1.5) == ([0.9, 0.3], [])  # peers: not alone
+
+
+@pytest.mark.parametrize("name", sorted(FAULT_INDEX))
+def test_a_lone_gpu_slow_from_step_5_in_a_recorded_h200_run_is_found_from_the_plan(name):
+    """Recorded on an H200 (K = 1, tests/data/fault_streams): a device 2x slower from step 5 on,
+    before the detector's warm-up ended. Judged against its own first steps it was its normal (the
+    run logged no detection and calibrated its profile by 1.98x); judged against the plan, it is
+    slow, and the detection dates it from the first step the detector sees."""
+    meta = FAULT_INDEX[name]
+    records = recorded(name, FAULT_STREAMS)
+    assert feed(SlowdownDetector(DetectorConfig(alone_threshold=None)), records) == []
+    detector = SlowdownDetector(DetectorConfig(alone_threshold=GPU_ALONE))
+    detector.set_expected(meta["expected_compute_s"])
+    events = feed(detector, records)
+    assert summary(events) == [(meta["slow_rank"], COMPUTE, SLOWDOWN)] and detector.prior_replaced == (0,)
+    assert events[0].ratio == pytest.approx(meta["factor"], rel=0.1)
+    warmup = detector.config.warmup_steps
+    assert events[0].onset_step <= warmup + 1, events[0]  # the first step after the warm-up
+
+
+def test_a_lone_device_within_the_plans_error_is_not_slow():
+    records = stream(1, 80, seed=2, noise=0.05, spike_prob=0.0)
+    measured = median(r.compute_s[0] for r in records)
+    for factor, found in ((1.1, False), (1.4, False), (2.0, True)):  # measured / plan
+        detector = SlowdownDetector(DetectorConfig(alone_threshold=1.5))
+        detector.set_expected([measured / factor])
+        assert bool(feed(detector, records)) is found, factor
 
 
 def test_compute_that_moved_between_ranks_is_not_a_slowdown():
@@ -108,5 +146,8 @@ def test_compute_that_moved_between_ranks_is_not_a_slowdown():
 def test_config_rejects_bad_new_keys():
     with pytest.raises(ValueError, match="prior_threshold"):
         DetectorConfig(prior_threshold=1.0)
+    for bad in (1.0, 0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="alone_threshold"):
+            DetectorConfig(alone_threshold=bad)
     with pytest.raises(ValueError, match="refine_window"):
         DetectorConfig(refine_window=-1)
