@@ -91,7 +91,7 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     final = summary["final_eval"]
     if final:
         log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
-            f"(teacher {teacher_eval['top1']:.2f}%), {summary['images_per_s']:.0f} images/s; outputs in {run_dir}")
+            f"(teacher {teacher_eval['top1']:.2f}%), {throughput_text(summary)}; outputs in {run_dir}")
     return summary
 
 
@@ -142,9 +142,17 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
     final = summary.get("final_eval") or {}
     if final:
         log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
-            f"(teacher {final.get('teacher_top1', float('nan')):.2f}%), {summary['images_per_s']:.0f} "
-            f"images/s over {k} stages; outputs in {run_dir}")
+            f"(teacher {final.get('teacher_top1', float('nan')):.2f}%), {throughput_text(summary)} "
+            f"on {k} stage{'' if k == 1 else 's'}; outputs in {run_dir}")
     return summary
+
+
+def throughput_text(summary: dict[str, Any]) -> str:
+    """The steady rate (median step) and the launch's, which counts warm-up, graph capture,
+    evaluations and checkpoints: in a short GPU run the two differ 2-3x."""
+    launch = f"{summary['images_per_s']:,.0f} images/s over the launch"
+    steady = summary.get("median_step_images_per_s")
+    return launch if steady is None else f"{steady:,.0f} images/s a step (median), {launch}"
 
 
 def stage_devices(cfg: DictConfig) -> list[int]:

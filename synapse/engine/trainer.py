@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,7 @@ class Trainer:
         fault_steps = instant_fault_steps(parse_faults(self.cfg.injection.faults, self.checkpointer.shards.world_size))
         with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
+            step_rates: list[float] = []  # images/s of each step, for the summary's steady rate
             tick = time.perf_counter()
             try:
                 load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
@@ -186,6 +188,7 @@ class Trainer:
                     record = {"kind": "train", "step": self.step, "epoch": batch.epoch, "loss": loss,
                               "lr": runner.scheduler.get_last_lr()[0], "step_time_s": now - tick,
                               "images_per_s": images_per_step / max(now - tick, 1e-9), **runner.after_step(self.step)}
+                    step_rates.append(record["images_per_s"])
                     if runner.skipped:
                         record["skipped"] = "nonfinite_loss"
                     runner.apply_control(self.step)  # e.g. a live re-partition asked for at this step (not step time)
@@ -210,7 +213,7 @@ class Trainer:
                 self.save_checkpoint(*self._position_of_last_batch())  # nothing finished is lost
             self.checkpointer.close()  # the save in flight is committed before the run (or launch) ends
         progress.close()
-        return self._summary(time.time() - started, self.step - first_step)
+        return self._summary(time.time() - started, self.step - first_step, step_rates)
 
     def _finish_saving_after_error(self) -> None:
         """A save started before the error was of sound steps: let it commit, but say (not raise) its
@@ -296,11 +299,14 @@ class Trainer:
         self.history.append(record)
         self.log(f"epoch {epoch}: val top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%")
 
-    def _summary(self, seconds: float, steps: int) -> dict[str, Any]:
+    def _summary(self, seconds: float, steps: int, step_rates: list[float]) -> dict[str, Any]:
+        """``images_per_s`` is the launch's (warm-up, graph capture, evaluations and checkpoints
+        included); ``median_step_images_per_s`` the steady rate of its steps."""
         final = self.history[-1] if self.history else {}
         summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
                    "total_steps": self.total_steps, "stopped_on_request": self.runner.stop_requested,
                    "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
+                   "median_step_images_per_s": statistics.median(step_rates) if step_rates else None,
                    "student": self.cfg.student.name, "final_eval": final}
         if self.writes_records:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,8 @@ def test_kd_run_writes_one_record_per_step_evaluations_checkpoints_and_summary(m
         assert r["step_time_s"] > 0 and r["images_per_s"] == pytest.approx(16 / r["step_time_s"])
         # cosine schedule from optim.lr=0.002 to 0 over the 8 steps, read after step s
         assert r["lr"] == pytest.approx(0.002 * 0.5 * (1 + math.cos(math.pi * r["step"] / steps)), abs=1e-12)
+    # the steady rate next to the launch's (which counts evaluations and checkpoints)
+    assert summary["median_step_images_per_s"] == pytest.approx(statistics.median(r["images_per_s"] for r in train))
     evals = records(run_dir, "eval")
     assert [(r["step"], r["epoch"]) for r in evals] == [(4, 0), (8, 1)]
     assert all(0 <= r["student_top1"] <= r["student_top5"] <= 100 and r["student_samples"] == 24 for r in evals)
