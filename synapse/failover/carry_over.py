@@ -22,6 +22,7 @@ class CarryOver:
     previous_rank: list[int]  # new rank -> the old rank whose baseline it takes
     compute_scale: list[float]  # new / old predicted compute of that baseline's device
     relearn: list[int]  # new ranks that learn their compute baseline again
+    fresh: list[int]  # new ranks on a device the old stage did not have (a spare): no slowdown follows
 
 
 def carry_over(old_devices: Sequence[int], old_compute_s: Sequence[float], new_devices: Sequence[int],
@@ -35,5 +36,6 @@ def carry_over(old_devices: Sequence[int], old_compute_s: Sequence[float], new_d
         old_device = device if device in old_by_device else replaced.pop(0)
         mapping.append(list(old_devices).index(old_device))
         scale.append(compute / max(old_by_device[old_device], 1e-12))
-    relearn = [rank for rank, old_rank in enumerate(mapping) if old_rank not in slow_old_ranks]
-    return CarryOver(mapping, scale, relearn)
+    fresh = [rank for rank, device in enumerate(new_devices) if device not in old_by_device]
+    relearn = [rank for rank, old_rank in enumerate(mapping) if old_rank not in slow_old_ranks or rank in fresh]
+    return CarryOver(mapping, scale, relearn, fresh)

@@ -145,7 +145,7 @@ class FailoverController:
         carried = carry_over(previous.devices, planner.per_step_compute_s(*self._partition_of(previous)),
                              stage.devices, self._nominal[0], slow_old_ranks=slow)
         dropped = self.detector.rebase(carried.compute_scale, None, previous_rank=carried.previous_rank,
-                                       relearn=carried.relearn)
+                                       relearn=carried.relearn, fresh=carried.fresh)
         if carried.relearn:  # the log says who is blind for the first steps of the new stage
             self.log_event("baselines_relearnt", ranks=carried.relearn,
                            devices=[stage.devices[r] for r in carried.relearn])
@@ -202,6 +202,8 @@ class FailoverController:
         self._last_step = timing.step
         for detection in self.detector.update(timing):
             self._log_detection(detection, timing)
+            if detection.kind == COMPUTE and detection.rank in self.detector.prior_replaced:
+                self._assume_reference(detection.rank)
             if detection.kind == COMPUTE and timing.step > detection.onset_step:  # the estimator reads the new level
                 self.estimator.mark_shift(self.stage.devices[detection.rank], timing.step - detection.onset_step)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
@@ -230,6 +232,14 @@ class FailoverController:
         self.episode.consecutive_detections += 1
         decision = self.decide(timing.step, int(record["total_steps"]))
         return None if decision.action is OptionKind.KEEP else decision
+
+    def _assume_reference(self, rank: int) -> None:
+        """A rank slow from the start: the estimator takes the reference the detector's verdict
+        implies (its own would hold the slowdown; alone, all of it)."""
+        expected, baseline = self._nominal[0][rank], self.detector.baseline(COMPUTE)[rank]
+        if expected > 0 and self.estimator.assume_compute_reference(baseline / expected):
+            self.log_event("estimator_reference", rank=rank, device=self.stage.devices[rank],
+                           reference=baseline / expected, reason="slow from the start (detector's plan check)")
 
     @property
     def baseline_step_s(self) -> float:

@@ -131,8 +131,8 @@ def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[fl
     return [float(v) for v in values]
 
 
-def _check_relearn(ranks: Sequence[int], num_ranks: int) -> tuple[int, ...]:
+def _check_relearn(ranks: Sequence[int], num_ranks: int, name: str = "relearn") -> tuple[int, ...]:
     ranks = tuple(ranks)
     if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_ranks for r in ranks):
-        raise DetectorInputError(f"relearn={list(ranks)!r} must list new ranks in 0..{num_ranks - 1}")
+        raise DetectorInputError(f"{name}={list(ranks)!r} must list new ranks in 0..{num_ranks - 1}")
     return ranks

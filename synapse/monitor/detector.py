@@ -349,7 +349,8 @@ class SlowdownDetector:
             self._last_step = step
 
     def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
-               previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = ()) -> list[Detection]:
+               previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = (),
+               fresh: Sequence[int] = ()) -> list[Detection]:
         """Carry the baselines over a re-partition (``relearn``: learn those ranks' compute again).
 
         Re-learning would learn a slow device as normal. New rank i's baseline is
@@ -364,12 +365,15 @@ class SlowdownDetector:
         ``baseline_window`` steps (not judged until then, then checked against the plan and
         their peers as at the start), where the scale is not to be trusted (see
         `synapse.failover.carry_over`); an active compute slowdown of such a rank is dropped.
+        ``fresh``: new ranks on another device than their old rank's (a spare that replaced it):
+        none of that rank's slowdowns follow (they were the old device's).
         """
         if self._num_ranks is None:
             raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
         mapping = _check_mapping(previous_rank, self._num_ranks)
         compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
         relearn = _check_relearn(relearn, len(mapping))
+        fresh = _check_relearn(fresh, len(mapping), "fresh")
         comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
         carried = {COMPUTE: self._compute.values is not None}
         comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
@@ -379,9 +383,9 @@ class SlowdownDetector:
         self._link.carried(mapping)
         dropped, trackers = [], {}
         for (kind, old_rank), tracker in sorted(self._trackers.items()):
-            kept = old_rank in mapping and not (kind == COMPUTE and mapping.index(old_rank) in relearn)
+            new_rank = mapping.index(old_rank) if old_rank in mapping else None
+            kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
             if tracker.active is not None and kept and carried[kind]:
-                new_rank = mapping.index(old_rank)
                 trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
             elif tracker.active is not None:
                 dropped.append(tracker.active)

@@ -64,7 +64,9 @@ steps after the detector saw 3.4x; the re-plan priced on that under-corrected). 
 reports a device's compute level changed at an onset step, its alpha becomes the median of the
 samples since then; inside the baseline phase, at the phase's end (not earlier: the block
 calibration beside it rescales the predictions first), the samples before the onset making its
-share of the reference.
+share of the reference. A device slow from the start has no samples before its onset, and alone
+(K = 1) it would be its own reference: when the detector judged it against the plan, the
+reference its verdict implies ends the phase at once (`assume_compute_reference`).
 
 State is keyed by device id (an int, like `synapse.planner.options.DeviceId`), not by
 rank: alpha is a property of the device, and survives re-partitions unchanged.
@@ -72,68 +74,24 @@ rank: alpha is a property of the device, and survives re-partitions unchanged.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-COMPUTE, COMM = "compute", "comm"
-KINDS = (COMPUTE, COMM)
+from .estimator_config import (  # noqa: F401  (the estimator's public names, re-exported)
+    COMM,
+    COMPUTE,
+    KINDS,
+    EstimatorConfig,
+    EstimatorConfigError,
+    EstimatorInputError,
+    _is_number,
+)
+
 STATE_VERSION = 1
 HISTORY_STEPS = 64  # raw samples kept per device for `mark_shift` (a detector's onset lies within)
-
-
-class EstimatorConfigError(ValueError):
-    """An estimator setting is out of range (the message names it and the fix)."""
-
-
-class EstimatorInputError(ValueError):
-    """Measurements, predictions or a state dict do not fit (the message says which)."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class EstimatorConfig:
-    """Settings of `AlphaBetaEstimator` (roles: see the module docstring)."""
-
-    warmup_steps: int = 10
-    baseline_steps: int = 30
-    median_window: int = 5
-    ema_weight: float = 0.2
-    min_alpha: float = 0.25
-    max_alpha: float = 20.0
-    min_beta: float = 0.25
-    max_beta: float = 1000.0
-    min_predicted_s: float = 1e-6
-    min_predicted_share: float = 0.1  # of the median rank's predicted compute (0: measure every rank)
-    transfer_baseline_steps: int = 15
-    min_shift_samples: int = 3  # samples since an onset needed to read a shifted level (a median of 3)
-
-    def __post_init__(self) -> None:
-        for name, minimum in (("warmup_steps", 0), ("baseline_steps", 1), ("median_window", 1),
-                              ("transfer_baseline_steps", 1), ("min_shift_samples", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise EstimatorConfigError(f"{name}={value!r} must be an integer >= {minimum}")
-        if not (_is_number(self.ema_weight) and 0 < self.ema_weight <= 1):
-            raise EstimatorConfigError(f"ema_weight={self.ema_weight!r} must be in (0, 1] (1 = no smoothing)")
-        for low, high in (("min_alpha", "max_alpha"), ("min_beta", "max_beta")):
-            lo, hi = getattr(self, low), getattr(self, high)
-            if not (_is_number(lo) and _is_number(hi) and 0 < lo <= 1 <= hi):
-                raise EstimatorConfigError(f"{low}={lo!r}, {high}={hi!r}: need finite 0 < {low} <= 1 <= {high}")
-        if not (_is_number(self.min_predicted_s) and self.min_predicted_s > 0):
-            raise EstimatorConfigError(f"min_predicted_s={self.min_predicted_s!r} must be a finite number > 0 seconds")
-        if not (_is_number(self.min_predicted_share) and 0 <= self.min_predicted_share < 1):
-            raise EstimatorConfigError(f"min_predicted_share={self.min_predicted_share!r} must be in [0, 1) "
-                                       "(e.g. 0.1; 0 measures every rank)")
-
-    def bounds(self, kind: str) -> tuple[float, float]:
-        return (self.min_alpha, self.max_alpha) if kind == COMPUTE else (self.min_beta, self.max_beta)
 
 
 @dataclass
@@ -177,8 +135,12 @@ class _Kind:
         for device, ratio in ratios.items():
             self.baseline.setdefault(device, []).append(ratio)
         self.baseline_steps += 1
-        if self.baseline_steps < self.config.baseline_steps:
-            return
+        if self.baseline_steps >= self.config.baseline_steps:
+            self.end_baseline()
+
+    def end_baseline(self, reference: float | None = None) -> None:
+        """The baseline phase ends: the reference is ``reference`` if given (known from elsewhere),
+        else the median over devices of their samples' medians."""
         # a device whose level changed inside the baseline: its samples since the onset are its level,
         # the ones before it its share of the reference
         shifted = {device: len(self.baseline.get(device, ())) - first for device, first in self.pending_shifts.items()}
@@ -187,12 +149,15 @@ class _Kind:
         before = {device: values[:len(values) - shifted.get(device, 0)] for device, values in self.baseline.items()}
         device_medians = {device: median(values) for device, values in before.items() if values}
         self.baseline, self.baseline_steps, baseline = {}, 0, self.baseline
-        if not device_medians or median(device_medians.values()) <= 0:
-            return  # nothing was measured (e.g. comm timed as 0): start the baseline again
-        self.reference = median(device_medians.values())
+        if reference is None:
+            if not device_medians or median(device_medians.values()) <= 0:
+                return  # nothing was measured (e.g. comm timed as 0): start the baseline again
+            reference = median(device_medians.values())
+        self.reference = reference
         for device, values in baseline.items():
-            level = median(values[-shifted[device]:]) if device in shifted else device_medians[device]
-            self.factors[device] = _Factor(self.config.median_window, self._clip(level / self.reference))
+            level = median(values[-shifted[device]:]) if device in shifted else device_medians.get(device)
+            if level is not None:
+                self.factors[device] = _Factor(self.config.median_window, self._clip(level / self.reference))
 
     def shift(self, device: int, samples: int) -> bool:
         """Read the factor from the device's latest ``samples`` alone (see `mark_shift`)."""
@@ -351,6 +316,20 @@ class AlphaBetaEstimator:
         if isinstance(steps_since_onset, bool) or not isinstance(steps_since_onset, int) or steps_since_onset < 1:
             raise EstimatorInputError(f"steps_since_onset={steps_since_onset!r} must be an integer >= 1")
         return self._kinds[COMPUTE].shift(_device_id(device), steps_since_onset)
+
+    def assume_compute_reference(self, reference: float) -> bool:
+        """The healthy measured / predicted compute ratio is known before the baseline phase ends:
+        the detector found a device slow from the start against the plan and its peers, so the
+        phase's median would hold that slowdown (a lone device's would be all of it, its alpha 1).
+        The phase ends now, every device's factor its level against ``reference``. Whether it was
+        taken (not once the reference is known)."""
+        if not (_is_number(reference) and reference > 0):
+            raise EstimatorInputError(f"reference={reference!r} must be a finite number > 0")
+        state = self._kinds[COMPUTE]
+        if state.reference is not None:
+            return False
+        state.end_baseline(float(reference))
+        return True
 
     def reference(self, kind: str) -> float | None:
         """Median measured / predicted ratio of the baseline phase; None before it ends."""

@@ -27,3 +27,11 @@ def test_every_device_relearns_its_baseline_but_one_found_slow(slow, relearn):
 def test_slow_ranks_are_old_ranks_followed_through_a_dropped_device():
     # old rank 2 (device 2) was slow; device 1 is dropped, so device 2 is new rank 1 and keeps its baseline
     assert carry_over([0, 1, 2], [1.0] * 3, [0, 2], [1.5, 1.5], slow_old_ranks={2}).relearn == [0]
+
+
+def test_a_spare_relearns_its_baseline_even_in_the_place_of_a_slow_device():
+    """The spare replaced a slow device: the slowdown was the old device's, not the spare's."""
+    replaced = carry_over([0, 1, 2], [1.0] * 3, [0, 3, 2], [1.0] * 3, slow_old_ranks={1})
+    assert replaced.fresh == [1] and replaced.relearn == [0, 1, 2]
+    assert carry_over([0], [1.0], [1], [1.0], slow_old_ranks={0}).fresh == [0]
+    assert carry_over([0, 1, 2], [1.0] * 3, [0, 2], [1.5, 1.5], slow_old_ranks={2}).fresh == []

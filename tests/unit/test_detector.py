@@ -493,6 +493,19 @@ def test_a_rank_found_slow_keeps_its_detection_unless_it_relearns():
     assert detector.rebase([1.0, 1.0, 0.5], comm_scale=[1.0] * 3, relearn=[2]) == [detection]
 
 
+@pytest.mark.parametrize("slowed", ["compute", "transfer"])
+def test_a_spare_in_the_place_of_a_slow_rank_takes_none_of_its_slowdowns(slowed):
+    """REPLACE: the spare is a fresh device at the slow rank's place, its compute and its link."""
+    detector = SlowdownDetector()
+    records = stream(3, 500, seed=3, model="transfer", microbatches=32, **{f"{slowed}_slow": [Slow(1, 3.0)]})
+    (detection,) = feed(detector, records)
+    assert (detection.rank, detection.kind) == (1, COMM if slowed == "transfer" else COMPUTE)
+    assert detector.rebase([1.0, 1.0, 1.0], comm_scale=[1.0] * 3, fresh=[1]) == [detection]
+    assert detector.active == ()
+    with pytest.raises(DetectorInputError, match="fresh"):
+        detector.rebase([1.0, 1.0, 1.0], fresh=[3])
+
+
 def test_rebase_restarts_the_warm_up():
     records = stream(2, 400, seed=26)
     detector = SlowdownDetector()

@@ -81,6 +81,25 @@ def test_a_device_slow_from_the_start_does_not_move_the_reference():
     assert estimator.alphas() == pytest.approx(expected, rel=0.1)
 
 
+def test_a_lone_device_slow_from_the_start_reads_its_slowdown_against_an_assumed_reference():
+    """Alone, its own baseline is the reference (alpha 1 whatever its speed); the detector's plan
+    check knows better, and the phase ends at once on that reference."""
+    slow = lambda step, d: 3.0  # noqa: E731
+    alone = AlphaBetaEstimator()
+    run(alone, range(CONFIG.warmup_steps + CONFIG.baseline_steps), [0], seed=5, alpha=slow)
+    assert alone.alphas() == pytest.approx({0: 1.0}, rel=0.1)
+    told = AlphaBetaEstimator()
+    run(told, range(CONFIG.warmup_steps + 15), [0], seed=5, alpha=slow)
+    assert told.assume_compute_reference(1.0) and told.reference(COMPUTE) == 1.0
+    assert told.alphas() == pytest.approx({0: 3.0}, rel=0.1)
+    assert not told.assume_compute_reference(2.0) and told.reference(COMPUTE) == 1.0  # known: kept
+    run(told, range(100, 150), [0], seed=6, alpha=slow)
+    assert told.alphas() == pytest.approx({0: 3.0}, rel=0.1)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(EstimatorInputError, match="reference"):
+            AlphaBetaEstimator().assume_compute_reference(bad)
+
+
 @pytest.mark.parametrize("spike_factor", [3.0, 10.0])
 def test_single_step_spikes_barely_move_the_estimate(spike_factor):
     def spike(step: int, device: int) -> float:

@@ -31,11 +31,12 @@ def planner() -> StagePlanner:
                         StepSpec(4))
 
 
-def make_controller(planner, policy="eta", events=None, decide_every=1, **params) -> FailoverController:
+def make_controller(planner, policy="eta", events=None, decide_every=1, detector=None, **params) -> FailoverController:
     restart = RestartCostModel(RestartCost(checkpoint_save_s=5, teardown_s=2, launch_s=20, checkpoint_load_s=3,
                                            warmup_s=5))
     return FailoverController(policy=make_policy(policy, **params), planner=planner, restart_costs=restart,
-                              detector=SlowdownDetector(DetectorConfig(baseline_window=30)), decide_every=decide_every,
+                              detector=detector or SlowdownDetector(DetectorConfig(baseline_window=30)),
+                              decide_every=decide_every,
                               log_event=(lambda event, **f: events.append({"event": event, **f})) if events is not None
                               else (lambda event, **f: None))
 
@@ -133,6 +134,35 @@ def test_degrade_drops_the_slow_device_and_the_detector_forgets_it(planner):
     controller.begin_stage(Placement(decision.chosen.devices, decision.chosen.teacher_counts,
                                         decision.chosen.student_counts))
     assert not controller.detector.active and controller.episode.actions == 0
+
+
+def test_a_lone_device_slow_from_the_start_is_replaced_by_the_spare_which_learns_its_own_baseline(planner):
+    """K = 1, 3x slow from the first step: the detector judges it against the plan (no peers), the
+    estimator takes the plan's reference (its own would be the slow device itself: alpha 1) and
+    REPLACE is priced and taken; the slowdown stays with the old device, not the spare."""
+    events = []
+    controller = make_controller(planner, events=events,
+                                 detector=SlowdownDetector(DetectorConfig(alone_threshold=1.5)))
+    controller.spare_devices = (1,)
+    stage = start(controller, devices=(0,))
+    [decision] = Timings(planner, seed=5).feed(controller, stage, {0: 3.0}, 60)
+    assert decision.action is OptionKind.REPLACE and decision.chosen.devices == (1,)
+    assert decision.step <= 35, decision.step  # warm-up 10 + baseline 15 + sustain, then the first decision
+    assert controller.alphas()[0] == pytest.approx(3.0, rel=0.15)
+    assert [e["reference"] for e in events if e["event"] == "estimator_reference"] == [pytest.approx(1.0)]
+    controller.begin_stage(Placement((1,), decision.chosen.teacher_counts, decision.chosen.student_counts))
+    assert not controller.detector.active
+    assert [e["device"] for e in events if e["event"] == "slowdown_dropped"] == [0]
+    assert not Timings(planner, seed=6).feed(controller, controller.stage, {}, 80)  # the spare is healthy
+    assert not controller.detector.active
+
+
+def test_without_the_plan_check_a_lone_device_slow_from_the_start_is_its_own_normal(planner):
+    controller = make_controller(planner, detector=SlowdownDetector(DetectorConfig(alone_threshold=None)))
+    controller.spare_devices = (1,)
+    stage = start(controller, devices=(0,))
+    assert not Timings(planner, seed=5).feed(controller, stage, {0: 3.0}, 80)
+    assert not controller.detector.active and controller.alphas()[0] == pytest.approx(1.0, abs=0.1)
 
 
 def test_drill_forces_the_named_action_once(planner):
