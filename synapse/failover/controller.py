@@ -153,9 +153,7 @@ class FailoverController:
         # The healthy step time of the new partition: the old one scaled as the cost model says.
         ratio = (planner.predict(*self._partition_of(stage)).step_time_s
                  / planner.predict(*self._partition_of(previous)).step_time_s)
-        healthy = [s * ratio for s in self._healthy]
-        self._healthy.clear()
-        self._healthy.extend(healthy)
+        self._rescale_healthy(ratio)
         if not self.detector.active:  # its device is gone: the episode is over
             self.episode = Episode()
         for detection in dropped:
@@ -240,6 +238,15 @@ class FailoverController:
         if expected > 0 and self.estimator.assume_compute_reference(baseline / expected):
             self.log_event("estimator_reference", rank=rank, device=self.stage.devices[rank],
                            reference=baseline / expected, reason="slow from the start (detector's plan check)")
+            # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
+            partition = self._partition_of(self.stage)
+            self._rescale_healthy(self.priced.predict(*partition).step_time_s
+                                  / self.priced.predict(*partition, self.alphas(), self.betas()).step_time_s)
+
+    def _rescale_healthy(self, ratio: float) -> None:
+        healthy = [s * ratio for s in self._healthy]
+        self._healthy.clear()
+        self._healthy.extend(healthy)
 
     @property
     def baseline_step_s(self) -> float:

@@ -150,6 +150,8 @@ def test_a_lone_device_slow_from_the_start_is_replaced_by_the_spare_which_learns
     assert decision.step <= 35, decision.step  # warm-up 10 + baseline 15 + sustain, then the first decision
     assert controller.alphas()[0] == pytest.approx(3.0, rel=0.15)
     assert [e["reference"] for e in events if e["event"] == "estimator_reference"] == [pytest.approx(1.0)]
+    healthy = planner.predict(stage.devices, stage.teacher_counts, stage.student_counts).step_time_s
+    assert controller.baseline_step_s == pytest.approx(healthy, rel=0.15)  # not the slow steps seen so far
     controller.begin_stage(Placement((1,), decision.chosen.teacher_counts, decision.chosen.student_counts))
     assert not controller.detector.active
     assert [e["device"] for e in events if e["event"] == "slowdown_dropped"] == [0]
