@@ -10,9 +10,10 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    expected per-rank compute (`set_expected`, the cost model's prediction for the
    running partition) judged against the rank's peers (`synapse.monitor.baseline`:
    ``prior_threshold`` times its peers' measured/expected ratio = slow from the
-   start; a rank without peers, ``alone_threshold`` times the plan), and later quiet steps (no compute slowdown anywhere, this rank's step
-   below ``threshold``) refining each compute baseline as the median of the last
-   ``refine_window`` such steps.
+   start; a rank without peers, ``alone_threshold`` times the plan), and later
+   quiet steps (no compute slowdown anywhere, this rank's step below ``threshold``)
+   refining each compute baseline as the median of the last ``refine_window`` such
+   steps.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
    single-step spike cannot move a median). A rank's per-step compute ratio is net of
    what its peers' compute fell more than ``threshold - 1`` below theirs (time that
