@@ -127,7 +127,7 @@ class SingleDeviceStep:
                  scheduler, microbatches: int, kd: KDLossParams, setup: ComputeSetup, nonfinite: str = "stop",
                  check_late: bool = False):
         """``check_late``: do not read the loss here (no host sync); the caller passes it to
-        `check_loss_late` when it reads it (`NonFiniteGuard`'s ``late``)."""
+        ``guard.check_read_loss`` when it reads it (`NonFiniteGuard`'s ``late``)."""
         self.student, self.teacher = student, teacher
         self.optimizer, self.scheduler = optimizer, scheduler
         self.microbatches, self.kd, self.setup = microbatches, kd, setup
@@ -172,9 +172,6 @@ class SingleDeviceStep:
             loss = training_loss(student_logits, teacher_logits, y, self.kd)
         loss.backward()
         return loss.detach()
-
-    def check_loss_late(self, step: int, loss: float) -> None:
-        self.guard.check_read_loss(step, loss)
 
     @property
     def skipped(self) -> bool:

@@ -107,7 +107,7 @@ class SingleDeviceRunner:
         return {}
 
     def check_loss(self, step: int, loss: float) -> None:
-        self.step_fn.check_loss_late(step, loss)
+        self.step_fn.guard.check_read_loss(step, loss)
 
     def apply_control(self, step: int) -> None:
         pass

@@ -234,10 +234,11 @@ class FailoverController:
     def _assume_reference(self, rank: int) -> None:
         """A rank slow from the start: the estimator takes the reference the detector's verdict
         implies (its own would hold the slowdown; alone, all of it)."""
-        expected, baseline = self._nominal[0][rank], self.detector.baseline(COMPUTE)[rank]
-        if expected > 0 and self.estimator.assume_compute_reference(baseline / expected):
+        expected = self._nominal[0][rank]
+        reference = self.detector.baseline(COMPUTE)[rank] / expected if expected > 0 else None
+        if reference is not None and self.estimator.assume_compute_reference(reference):
             self.log_event("estimator_reference", rank=rank, device=self.stage.devices[rank],
-                           reference=baseline / expected, reason="slow from the start (detector's plan check)")
+                           reference=reference, reason="slow from the start (detector's plan check)")
             # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
             partition = self._partition_of(self.stage)
             self._rescale_healthy(self.priced.predict(*partition).step_time_s

@@ -218,8 +218,8 @@ def test_a_step_checking_its_loss_raises_before_the_update_and_a_late_one_leaves
     loss = late(images, labels, step=3, corrupt=True)  # no read of the loss, no raise: the update ran
     assert not torch.isfinite(module[0].weight).all()
     with pytest.raises(NonFiniteLossError, match="step 3: the loss is nan"):
-        late.check_loss_late(3, float(loss))
-    late.check_loss_late(4, 0.5)  # a finite loss passes
+        late.guard.check_read_loss(3, float(loss))
+    late.guard.check_read_loss(4, 0.5)  # a finite loss passes
 
 
 def test_a_late_check_cannot_be_combined_with_skip():
