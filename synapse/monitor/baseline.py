@@ -33,6 +33,8 @@ from collections import deque
 from collections.abc import Sequence
 from statistics import median
 
+from synapse.monitor.trend import projection_sd_factor
+
 _TINY_S = 1e-9
 # Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
 _MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
@@ -121,11 +123,23 @@ class ComputeBaseline:
         """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
         of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
         that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
-        spreads = [robust_sd(s) / max(b, _TINY_S)
-                   for s, b in zip(self.samples, self.values) if len(s) >= 4]
+        spreads = self._spreads()
         if not spreads:
             return 0.0
         return 1.0 + noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(window)
+
+    def trend_floors(self, window: int, noise_z: float) -> list[float]:
+        """Per rank, the smallest `current_level` beyond its noise: the fast reading must clear the
+        noisier of the pipeline's and the rank's own spread (a rank whose steps scatter needs a
+        window median to be judged; h200x2: one rank's "compute" swung 0.8-1.7x with no fault)."""
+        spreads = self._spreads()
+        typical = median(spreads) if spreads else 0.0
+        own = [robust_sd(s) / max(b, _TINY_S) if len(s) >= 4 else typical
+               for s, b in zip(self.samples, self.values)]
+        return [1.0 + noise_z * projection_sd_factor(window) * max(typical, x) for x in own]
+
+    def _spreads(self) -> list[float]:
+        return [robust_sd(s) / max(b, _TINY_S) for s, b in zip(self.samples, self.values) if len(s) >= 4]
 
     def carried(self, mapping: Sequence[int], scale: Sequence[float], relearn: Sequence[int] = ()) -> None:
         """New rank i's baseline is old rank mapping[i]'s times scale[i]; a rank in ``relearn``

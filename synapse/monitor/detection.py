@@ -48,6 +48,10 @@ class DetectorConfig:
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
     sustain: int = 3
+    # Also judge compute on where the window stands now (its Theil-Sen projection to the latest
+    # step, `synapse.monitor.trend`), so a device degrading gradually is seen as it crosses the
+    # threshold, not half a window later. False: the window median alone.
+    trend: bool = True
     min_comm_s: float = 0.005
     wait_explain_factor: float = 2.0
 
@@ -66,6 +70,11 @@ class DetectorConfig:
         _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
         if self.peer_threshold is not None:
             _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
+        if not isinstance(self.trend, bool):
+            raise DetectorConfigError(f"trend={self.trend!r} must be true or false")
+        if self.trend and self.window < 2:
+            raise DetectorConfigError(f"window={self.window} is too short for trend=true (a line needs >= 2 "
+                                      "steps); raise window or set trend=false")
         _check_number("min_comm_s", self.min_comm_s, 0.0, hint=" seconds (e.g. 0.005)")
         _check_number("wait_explain_factor", self.wait_explain_factor, 0.0, hint=" (e.g. 2.0; 0 disables)")
 

@@ -59,6 +59,7 @@ from synapse.monitor.detector_state import STATE_VERSION, HistoryEntry, Tracker,
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.onset import onset_index
 from synapse.monitor.timing import StepTiming
+from synapse.monitor.trend import current_level
 from synapse.monitor.waiting import CommBaseline, peer_ratios
 
 NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
@@ -203,10 +204,22 @@ class SlowdownDetector:
         def window_median(name: str) -> list[float]:
             return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
+        def window_now(name: str) -> list[float]:
+            return [current_level(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
+
         ratios = window_median("compute_ratio")
-        floor = self._compute.floor(self.config.window, self.config.compute_noise_z)  # one for all ranks
+        cfg = self.config
+        floor = self._compute.floor(cfg.window, cfg.compute_noise_z)  # one for all ranks
         beyond_noise = [ratio >= floor for ratio in ratios]
-        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing)
+        trend = None
+        if cfg.trend:  # a device degrading gradually: where its ratio stands now, not half a window ago
+            levels = window_now("compute_ratio")
+            # ... and only once the window median is halfway there: a burst of a few slow steps
+            # (on an H200, an asynchronous checkpoint write slowed the next 5 steps 1.25-1.5x) is not
+            floors = self._compute.trend_floors(cfg.window, cfg.compute_noise_z)
+            trend = (levels, window_now("compute_peer"),
+                     [level >= floor and ratio >= cfg.recover_below for level, floor, ratio in zip(levels, floors, ratios)])
+        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend)
         self._refine(ratios)
         if self._link_mode:
             own = window_median("link_excess")
@@ -268,16 +281,24 @@ class SlowdownDetector:
         return self.config.threshold - 1.0
 
     def _judge(self, kind: str, ratios: list[float], peers: list[float], above_floor: list[bool],
-               timing: StepTiming) -> list[Detection]:
+               timing: StepTiming, trend: tuple[list[float], list[float], list[bool]] | None = None,
+               ) -> list[Detection]:
+        """``trend``: the same three per rank read as where the window stands now (`current_level`);
+        either reading in excess counts. Recovery is judged on the window median alone."""
         self._latest_ratios[kind] = tuple(ratios)
         cfg, events = self.config, []
         skip_peers = cfg.peer_threshold is None or len(ratios) == 1
+
+        def excess(ratio: float, peer: float, beyond_noise: bool) -> bool:
+            return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= cfg.peer_threshold)
+
         for rank, ratio in enumerate(ratios):
-            stands_out = skip_peers or peers[rank] >= cfg.peer_threshold
-            in_excess = ratio >= cfg.threshold and above_floor[rank] and stands_out
+            in_excess = excess(ratio, peers[rank], above_floor[rank])
+            if trend is not None and excess(*(reading[rank] for reading in trend)):
+                in_excess, ratio = True, max(ratio, trend[0][rank])
             # comm below its noise floor is no own comm excess; compute below its floor is a
             # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
-            cleared = ratio < cfg.recover_below or (kind == COMM and not above_floor[rank])
+            cleared = ratios[rank] < cfg.recover_below or (kind == COMM and not above_floor[rank])
             event = self._advance(kind, rank, ratio, in_excess, cleared, timing)
             if event is not None:
                 events.append(event)
