@@ -22,7 +22,10 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
    skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
-   alike does not change the best partition).
+   alike does not change the best partition). Compute is also read as where the window
+   stands now (``trend``: `synapse.monitor.trend`), so a gradual slowdown is seen as it
+   crosses the threshold; that reading must clear the rank's own noise too, and counts only
+   once the window median is halfway (a burst of a few slow steps is not a slowdown).
 4. ``sustain`` evaluations in a row in excess: ``Detection(event='slowdown')``.
    While active, ``window`` evaluations in a row below `DetectorConfig.recover_below`
    (halfway between 1 and ``threshold``): ``event='recovery'``. Recovery is
@@ -46,7 +49,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from itertools import islice
 from statistics import median
 from typing import Any
@@ -55,7 +57,8 @@ from synapse.monitor.baseline import ComputeBaseline, net_compute_ratios, robust
 from synapse.monitor.detection import (  # noqa: F401  (the detector's public names, re-exported)
     COMM, COMPUTE, KINDS, RECOVERY, SLOWDOWN, Detection, DetectorConfig, DetectorConfigError, DetectorInputError,
     _check_kind, _check_mapping, _check_relearn, _check_scales)
-from synapse.monitor.detector_state import STATE_VERSION, HistoryEntry, Tracker, encode_state, parse_state
+from synapse.monitor.detector_state import (
+    STATE_VERSION, HistoryEntry, Tracker, carried_trackers, encode_state, parse_state)
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.onset import onset_index
 from synapse.monitor.timing import StepTiming
@@ -201,11 +204,8 @@ class SlowdownDetector:
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
 
-        def window_median(name: str) -> list[float]:
-            return [median(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
-
-        def window_now(name: str) -> list[float]:
-            return [current_level(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
+        def window_median(name: str, reading=median) -> list[float]:
+            return [reading(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
         cfg = self.config
@@ -213,11 +213,11 @@ class SlowdownDetector:
         beyond_noise = [ratio >= floor for ratio in ratios]
         trend = None
         if cfg.trend:  # a device degrading gradually: where its ratio stands now, not half a window ago
-            levels = window_now("compute_ratio")
+            levels = window_median("compute_ratio", current_level)
             # ... and only once the window median is halfway there: a burst of a few slow steps
             # (on an H200, an asynchronous checkpoint write slowed the next 5 steps 1.25-1.5x) is not
             floors = self._compute.trend_floors(cfg.window, cfg.compute_noise_z)
-            trend = (levels, window_now("compute_peer"),
+            trend = (levels, window_median("compute_peer", current_level),
                      [level >= floor and ratio >= cfg.recover_below for level, floor, ratio in zip(levels, floors, ratios)])
         events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend)
         self._refine(ratios)
@@ -373,22 +373,16 @@ class SlowdownDetector:
     def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
                previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = (),
                fresh: Sequence[int] = ()) -> list[Detection]:
-        """Carry the baselines over a re-partition (``relearn``: learn those ranks' compute again).
+        """Carry the baselines over a re-partition; re-learning would learn a slow device as normal.
 
-        Re-learning would learn a slow device as normal. New rank i's baseline is
-        ``old baseline[previous_rank[i]] * scale[i]``, ``scale[i]`` being the cost
-        model's predicted new / old time of device i's stage at nominal speed
-        (alpha = beta = 1). ``previous_rank`` (default: same K ranks) maps new ranks
-        to old ones when a device was dropped. ``comm_scale=None`` re-learns the comm
-        baseline (comm is mostly waiting, which a cost model predicts poorly).
-        Active slowdowns follow their device; returns those dropped (device gone or
-        baseline re-learnt). History is cleared; the next ``warmup_steps`` are warm-up.
-        ``relearn``: new ranks whose compute baseline is learnt again from their next
-        ``baseline_window`` steps (not judged until then, then checked against the plan and
-        their peers as at the start), where the scale is not to be trusted (see
-        `synapse.failover.carry_over`); an active compute slowdown of such a rank is dropped.
-        ``fresh``: new ranks on another device than their old rank's (a spare that replaced it):
-        none of that rank's slowdowns follow (they were the old device's).
+        New rank i's baseline is ``old baseline[previous_rank[i]] * scale[i]`` (the cost model's
+        new / old time of device i's stage at nominal speed); ``previous_rank`` (default: the same
+        K ranks) maps new ranks to old ones when a device was dropped. ``comm_scale=None``
+        re-learns comm (mostly waiting, which a cost model predicts poorly). Active slowdowns
+        follow their device; returns those dropped. History is cleared, warm-up starts again.
+        ``relearn``: new ranks whose compute baseline is learnt again, as at the start, where the
+        scale is not to be trusted (`synapse.failover.carry_over`); their compute slowdowns drop.
+        ``fresh``: new ranks on another device (a spare): none of the old rank's slowdowns follow.
         """
         if self._num_ranks is None:
             raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
@@ -403,14 +397,7 @@ class SlowdownDetector:
         # with them the comm slowdowns they found.
         carried[COMM] = comm_carried or (carried[COMPUTE] and self._link.ready)
         self._link.carried(mapping)
-        dropped, trackers = [], {}
-        for (kind, old_rank), tracker in sorted(self._trackers.items()):
-            new_rank = mapping.index(old_rank) if old_rank in mapping else None
-            kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
-            if tracker.active is not None and kept and carried[kind]:
-                trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
-            elif tracker.active is not None:
-                dropped.append(tracker.active)
+        trackers, dropped = carried_trackers(self._trackers, mapping, carried, relearn, fresh)
         if carried[COMPUTE]:
             self._compute.carried(mapping, compute_scale, relearn)
         self._compute.expected = None  # the plan of the new partition comes with set_expected

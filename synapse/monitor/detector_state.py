@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from synapse.monitor.detection import Detection, _check_kind
+from synapse.monitor.detection import COMPUTE, Detection, _check_kind
 from synapse.monitor.waiting import COMM_BASELINE_FIELDS, CommBaseline
 
 STATE_VERSION = 1
@@ -40,6 +40,24 @@ class Tracker:
     above: int = 0  # evaluations in a row in excess (while inactive)
     below: int = 0  # evaluations in a row cleared (while active)
     active: Detection | None = None
+
+
+def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Sequence[int], carried: Mapping[str, bool],
+                     relearn: Sequence[int], fresh: Sequence[int]) -> tuple[dict[tuple[str, int], Tracker], list[Detection]]:
+    """Active slowdowns over a re-partition (new rank i was old rank ``mapping[i]``): each follows
+    its device where that kind's baseline was ``carried``, unless the device is gone, the new rank
+    is ``fresh`` (another device) or re-learns its compute. Returns (trackers, dropped detections)."""
+    kept_trackers, dropped = {}, []
+    for (kind, old_rank), tracker in sorted(trackers.items()):
+        if tracker.active is None:
+            continue
+        new_rank = mapping.index(old_rank) if old_rank in mapping else None
+        kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
+        if kept and carried[kind]:
+            kept_trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
+        else:
+            dropped.append(tracker.active)
+    return kept_trackers, dropped
 
 
 def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseline: Sequence[float] | None,
