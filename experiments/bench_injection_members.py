@@ -37,6 +37,8 @@ from benchlib import (
 )
 
 from synapse.conf import CONF_DIR
+from synapse.monitor.detector import DetectorConfig, SlowdownDetector
+from synapse.monitor.timing import StepTiming
 
 INJECTION_DIR = Path(CONF_DIR) / "injection"
 
@@ -76,7 +78,24 @@ def run_member(member: str, policy: str, run_dir: Path) -> dict:
             "right_rank_in_10": bool(first and first["rank"] == expected["rank"] and first["kind"] == expected["kind"]
                                      and first["detected_step"] - expected["start"] <= 10),
             "decisions": [{k: d.get(k) for k in ("step", "action", "reason")} for d in summary["decisions"]],
-            "controller_errors": len(read_events(run_dir, "controller_error"))}
+            "controller_errors": len(read_events(run_dir, "controller_error")),
+            "median_only_first_detection": median_only_first_detection(run_dir)}
+
+
+def median_only_first_detection(run_dir: Path) -> dict | None:
+    """What the detector would have found first on this run's own steps judging the window median
+    alone (``failover.detector.trend=false``): the launch's steps before any action, replayed with
+    the run's detector settings (without the plan's expected times, which only matter from the start)."""
+    settings = yaml.safe_load((run_dir / "config.yaml").read_text())["failover"]["detector"]
+    detector = SlowdownDetector(DetectorConfig(**{**settings, "trend": False}))
+    records = [r for r in read_jsonl(run_dir / "performance.jsonl") if "step_seconds" in r]
+    for record in records:
+        if record.get("stage", 0) != records[0].get("stage", 0):
+            return None
+        for event in detector.update(StepTiming.from_dict(record)):
+            if event.event == "slowdown":
+                return {"rank": event.rank, "kind": event.kind, "ratio": event.ratio, "detected_step": event.detected_step}
+    return None
 
 
 def training_span_s(run_dir: Path) -> float:
@@ -109,6 +128,8 @@ def table(runs: list[dict], policies: list[str]) -> str:
         expected = ref["expected"]
         seen = (f"step {first['detected_step']} (rank {first['rank']} {first['kind']}, {first['ratio']:.1f}x)"
                 if first else "not detected")
+        alone = ref.get("median_only_first_detection")
+        seen += f"; median alone: step {alone['detected_step']} (rank {alone['rank']})" if alone else "; median alone: -"
         decided = ", ".join(f"{d['action']}@{d['step']}" for d in eta["decisions"]) if eta else "-"
         spans = [[r["training_span_s"] for r in group] for group in (keeps, etas)]
         saved = saving(*spans) if keep and eta else "-"
@@ -137,7 +158,8 @@ def main() -> None:
                     run = run_member(member, policy, Path(tmp) / f"{member}_{policy}_{repeat}")
                     runs.append(run)
                     print(f"{member:16s} {policy:5s} span {run['training_span_s']:6.1f} s wall {run['wall_time_s']:6.1f}"
-                          f" s  first detection {run['detections'][:1]}  decisions {run['decisions']}", flush=True)
+                          f" s  first detection {run['detections'][:1]} (median alone: {run['median_only_first_detection']})"
+                          f"  decisions {run['decisions']}", flush=True)
     result = {"what": "Shipped injection members, each with its documented command: detection, decision, "
                       "time saved vs policy=keep (CPU)",
               "command": "python experiments/bench_injection_members.py", "load_before": load_before,
