@@ -119,27 +119,22 @@ class ComputeBaseline:
             changed = True
         return changed
 
-    def floor(self, window: int, noise_z: float) -> float:
-        """Smallest window-median compute ratio beyond the pipeline's noise: the median over ranks
-        of each rank's relative robust sd (a rank whose samples hold a step change, e.g. a fault
-        that began inside the baseline window, would otherwise hide behind its own inflated sd)."""
-        spreads = self._spreads()
-        if not spreads:
-            return 0.0
-        return 1.0 + noise_z * _MEDIAN_SD_FACTOR * median(spreads) / math.sqrt(window)
-
-    def trend_floors(self, window: int, noise_z: float) -> list[float]:
-        """Per rank, the smallest `current_level` beyond its noise: the fast reading must clear the
-        noisier of the pipeline's and the rank's own spread (a rank whose steps scatter needs a
-        window median to be judged; h200x2: one rank's "compute" swung 0.8-1.7x with no fault)."""
-        spreads = self._spreads()
-        typical = median(spreads) if spreads else 0.0
-        own = [robust_sd(s) / max(b, _TINY_S) if len(s) >= 4 else typical
-               for s, b in zip(self.samples, self.values)]
-        return [1.0 + noise_z * projection_sd_factor(window) * max(typical, x) for x in own]
-
-    def _spreads(self) -> list[float]:
-        return [robust_sd(s) / max(b, _TINY_S) for s, b in zip(self.samples, self.values) if len(s) >= 4]
+    def noise_floors(self, window: int, noise_z: float) -> tuple[float, list[float]]:
+        """The smallest compute ratios beyond noise, ``noise_z`` sd of each reading of a window:
+        its median (one floor for all ranks, from the median over ranks of each rank's relative
+        robust sd: a rank whose samples hold a step change, e.g. a fault that began inside the
+        baseline window, would otherwise hide behind its own inflated sd), and per rank its
+        `current_level`, which must clear the noisier of the pipeline's and the rank's own spread
+        (a rank whose steps scatter needs a window median to be judged; h200x2: one rank's
+        "compute" swung 0.8-1.7x with no fault)."""
+        own = [robust_sd(s) / max(b, _TINY_S) if len(s) >= 4 else None for s, b in zip(self.samples, self.values)]
+        known = [x for x in own if x is not None]
+        if not known:
+            return 0.0, [1.0] * len(own)
+        typical = median(known)
+        level_floor = 1.0 + noise_z * _MEDIAN_SD_FACTOR * typical / math.sqrt(window)
+        per_step = noise_z * projection_sd_factor(window) if window >= 2 else math.inf
+        return level_floor, [1.0 + per_step * max(typical, x if x is not None else typical) for x in own]
 
     def carried(self, mapping: Sequence[int], scale: Sequence[float], relearn: Sequence[int] = ()) -> None:
         """New rank i's baseline is old rank mapping[i]'s times scale[i]; a rank in ``relearn``

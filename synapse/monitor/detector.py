@@ -209,16 +209,16 @@ class SlowdownDetector:
 
         ratios = window_median("compute_ratio")
         cfg = self.config
-        floor = self._compute.floor(cfg.window, cfg.compute_noise_z)  # one for all ranks
+        floor, trend_floors = self._compute.noise_floors(cfg.window, cfg.compute_noise_z)
         beyond_noise = [ratio >= floor for ratio in ratios]
         trend = None
         if cfg.trend:  # a device degrading gradually: where its ratio stands now, not half a window ago
             levels = window_median("compute_ratio", current_level)
             # ... and only once the window median is halfway there: a burst of a few slow steps
             # (on an H200, an asynchronous checkpoint write slowed the next 5 steps 1.25-1.5x) is not
-            floors = self._compute.trend_floors(cfg.window, cfg.compute_noise_z)
             trend = (levels, window_median("compute_peer", current_level),
-                     [level >= floor and ratio >= cfg.recover_below for level, floor, ratio in zip(levels, floors, ratios)])
+                     [level >= least and ratio >= cfg.recover_below
+                      for level, least, ratio in zip(levels, trend_floors, ratios)])
         events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend)
         self._refine(ratios)
         if self._link_mode:
