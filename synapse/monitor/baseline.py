@@ -37,7 +37,7 @@ from synapse.monitor.trend import projection_sd_factor
 
 _TINY_S = 1e-9
 # Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
-_MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
+_MAD_TO_SD, MEDIAN_SD_FACTOR = 1.4826, 1.2533
 
 
 def robust_sd(values: Sequence[float]) -> float:
@@ -132,7 +132,7 @@ class ComputeBaseline:
         if not known:
             return 0.0, [1.0] * len(own)
         typical = median(known)
-        level_floor = 1.0 + noise_z * _MEDIAN_SD_FACTOR * typical / math.sqrt(window)
+        level_floor = 1.0 + noise_z * MEDIAN_SD_FACTOR * typical / math.sqrt(window)
         per_step = noise_z * projection_sd_factor(window) if window >= 2 else math.inf
         return level_floor, [1.0 + per_step * max(typical, x if x is not None else typical) for x in own]
 

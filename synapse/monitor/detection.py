@@ -47,6 +47,10 @@ class DetectorConfig:
     window: int = 10
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
+    # A rank must also be further above its peers than its own wander has been: this many sd of
+    # its window median's ratio to its peers over its calm steps (`synapse.monitor.wander`;
+    # CPU ranks drift). None: peer_threshold alone.
+    peer_wander_z: float | None = 5.0
     sustain: int = 3
     # Also judge compute on where the window stands now (its Theil-Sen projection to the latest
     # step, `synapse.monitor.trend`), so a device degrading gradually is seen as it crosses the
@@ -70,6 +74,8 @@ class DetectorConfig:
         _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
         if self.peer_threshold is not None:
             _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
+        if self.peer_wander_z is not None:
+            _check_number("peer_wander_z", self.peer_wander_z, 0.0, hint=" (e.g. 3; None: peer_threshold alone)")
         if not isinstance(self.trend, bool):
             raise DetectorConfigError(f"trend={self.trend!r} must be true or false")
         if self.trend and self.window < 2:

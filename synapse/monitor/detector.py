@@ -22,7 +22,9 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
    skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
-   alike does not change the best partition). Compute is also read as where the window
+   alike does not change the best partition), and further above its peers than its own
+   wander against them has been (``peer_wander_z``, `synapse.monitor.wander`: CPU ranks on
+   a virtual machine change speed by themselves). Compute is also read as where the window
    stands now (``trend``: `synapse.monitor.trend`), so a gradual slowdown is seen as it
    crosses the threshold; that reading must clear the rank's own noise too, and counts only
    once the window median is halfway (a burst of a few slow steps is not a slowdown).
@@ -64,6 +66,7 @@ from synapse.monitor.onset import onset_index
 from synapse.monitor.timing import StepTiming
 from synapse.monitor.trend import current_level
 from synapse.monitor.waiting import CommBaseline, peer_ratios
+from synapse.monitor.wander import PeerWander
 
 NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
@@ -87,6 +90,7 @@ class SlowdownDetector:
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
         cfg = self.config
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
+        self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
 
     @property
     def _link_mode(self) -> bool:
@@ -172,6 +176,7 @@ class SlowdownDetector:
         compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
         if self._compute.values is None:
             self._compute.learn(compute_median, compute_steps)
+            self._wander.reset(len(compute_median))
         if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
             self._comm_baseline, own = CommBaseline.learned(compute_steps, comm_steps, compute_median)
             self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
@@ -219,7 +224,9 @@ class SlowdownDetector:
             trend = (levels, window_median("compute_peer", current_level),
                      [level >= least and ratio >= cfg.recover_below
                       for level, least, ratio in zip(levels, trend_floors, ratios)])
-        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend)
+        peer_floors = self._wander.floors(cfg.peer_threshold) if cfg.peer_threshold and cfg.peer_wander_z else None
+        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend, peer_floors)
+        self._wander.observe(self._signal(self._history[-1], "compute_ratio"), self._calm_ranks())
         self._refine(ratios)
         if self._link_mode:
             own = window_median("link_excess")
@@ -236,6 +243,12 @@ class SlowdownDetector:
         above_floor = [x >= self._comm_baseline.floor(r, self.config.window, self.config.min_comm_s, NOISE_Z)
                        for r, x in enumerate(own)]
         return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
+
+    def _calm_ranks(self) -> list[int]:
+        """Ranks judged on compute that are neither in excess nor slow now."""
+        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(self._num_ranks)]
+        return [rank for rank, t in enumerate(trackers)
+                if rank not in self._compute.pending and t.above == 0 and t.active is None]
 
     def _refine(self, net_ratios: Sequence[float]) -> None:
         """Healthy steps refine each rank's compute baseline (the median of the last refine_window)."""
@@ -282,19 +295,21 @@ class SlowdownDetector:
 
     def _judge(self, kind: str, ratios: list[float], peers: list[float], above_floor: list[bool],
                timing: StepTiming, trend: tuple[list[float], list[float], list[bool]] | None = None,
-               ) -> list[Detection]:
+               peer_floors: list[float] | None = None) -> list[Detection]:
         """``trend``: the same three per rank read as where the window stands now (`current_level`);
-        either reading in excess counts. Recovery is judged on the window median alone."""
+        either reading in excess counts. Recovery is judged on the window median alone.
+        ``peer_floors``: per rank, the ratio to its peers beyond its own wander (default: peer_threshold)."""
         self._latest_ratios[kind] = tuple(ratios)
         cfg, events = self.config, []
         skip_peers = cfg.peer_threshold is None or len(ratios) == 1
 
-        def excess(ratio: float, peer: float, beyond_noise: bool) -> bool:
-            return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= cfg.peer_threshold)
+        def excess(ratio: float, peer: float, beyond_noise: bool, least_peer: float) -> bool:
+            return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= least_peer)
 
         for rank, ratio in enumerate(ratios):
-            in_excess = excess(ratio, peers[rank], above_floor[rank])
-            if trend is not None and excess(*(reading[rank] for reading in trend)):
+            least_peer = cfg.peer_threshold if peer_floors is None else peer_floors[rank]
+            in_excess = excess(ratio, peers[rank], above_floor[rank], least_peer)
+            if trend is not None and excess(*(reading[rank] for reading in trend), least_peer):
                 in_excess, ratio = True, max(ratio, trend[0][rank])
             # comm below its noise floor is no own comm excess; compute below its floor is a
             # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
@@ -343,7 +358,7 @@ class SlowdownDetector:
                             compute_baseline=self._compute.values, comm_baseline=self._comm_baseline,
                             learning=self._learning, compute_samples=self._compute.samples,
                             compute_pending=self._compute.pending,
-                            comm_own_samples=self._comm_own,
+                            comm_own_samples=self._comm_own, peer_wander=self._wander.state_dict(),
                             history=self._history, link=self._link.state_dict(), trackers=self._trackers)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -363,6 +378,7 @@ class SlowdownDetector:
         self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
                           for s in state.get("comm_own_samples", [])]
         self._link.load_state_dict(state.get("link"))
+        self._wander.load_state_dict(state.get("peer_wander") or [[] for _ in range(self._num_ranks or 0)])
         self._latest_ratios, self._steps_since_start = {}, 0
 
     def rewind(self, step: int) -> None:
@@ -400,6 +416,7 @@ class SlowdownDetector:
         trackers, dropped = carried_trackers(self._trackers, mapping, carried, relearn, fresh)
         if carried[COMPUTE]:
             self._compute.carried(mapping, compute_scale, relearn)
+            self._wander.carried(mapping, fresh)
         self._compute.expected = None  # the plan of the new partition comes with set_expected
         self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
         self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)

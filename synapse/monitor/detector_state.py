@@ -63,7 +63,7 @@ def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Seque
 def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseline: Sequence[float] | None,
                  comm_baseline: CommBaseline | None, learning: Sequence[tuple[Sequence[float], Sequence[float]]],
                  compute_samples: Sequence[Sequence[float]], comm_own_samples: Sequence[Sequence[float]],
-                 compute_pending: Mapping[int, Sequence[float]],
+                 peer_wander: Sequence[Sequence[float]], compute_pending: Mapping[int, Sequence[float]],
                  history: Sequence[HistoryEntry], link: dict[str, Any],
                  trackers: Mapping[tuple[str, int], Tracker]) -> dict[str, Any]:
     """JSON-friendly: baselines, partial baseline samples, history, counters."""
@@ -77,6 +77,7 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
         "compute_samples": [list(s) for s in compute_samples],
         "compute_pending": {str(rank): list(seen) for rank, seen in compute_pending.items()},
         "comm_own_samples": [list(s) for s in comm_own_samples],
+        "peer_wander": [list(s) for s in peer_wander],
         "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)]
                     + ([list(e.send_s)] if e.send_s is not None else []) for e in history],
         "link": link,

@@ -128,10 +128,15 @@ def test_a_recorded_ramp_is_found_on_its_rank(name, within):
 
 def test_a_cpu_rank_that_slowed_by_itself_is_found_once_and_nothing_before_it():
     """No fault was injected, yet rank 1 ran 1.27-1.36x its baseline from step 507 to the end
-    while its peers stayed within 1.1x: a slower device by every measure the detector has (on a
-    CPU host, most likely the scheduler), so it is reported; the steps before it are a fault-free
-    regression stream of their own."""
+    while its peers stayed within 1.1x: a slower device by every measure the detector has (on
+    that host a lone process on a pinned core drifts 0.65-1.07x by itself, experiments/results/
+    h200/cpu_wander), so it is reported; the steps before it are a fault-free regression stream
+    of their own. Found at 515 by the peer threshold alone, 532 now that the rank must also clear
+    its own 500 steps of wander against its peers (5 sd, `synapse.monitor.wander`): a 1.3x shift
+    is within it, and is reported once it has lasted."""
     name = "cpu3_idle_host_rank1_shift_at_507"
     events = feed(detector_for(name), recorded(name, FAULT_STREAMS))
     assert [e.event for e in events if e.event != RECOVERY] == [SLOWDOWN], events
-    assert events[0].rank == 1 and 507 <= events[0].detected_step <= 517 and 1.25 <= events[0].ratio <= 1.4, events
+    assert events[0].rank == 1 and 507 <= events[0].detected_step <= 535 and 1.25 <= events[0].ratio <= 1.5, events
+    fixed_peer_check = SlowdownDetector(replace(detector_for(name).config, peer_wander_z=None))
+    assert feed(fixed_peer_check, recorded(name, FAULT_STREAMS))[0].detected_step < events[0].detected_step
