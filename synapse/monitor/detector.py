@@ -60,7 +60,7 @@ from synapse.monitor.detection import (  # noqa: F401  (the detector's public na
     COMM, COMPUTE, KINDS, RECOVERY, SLOWDOWN, Detection, DetectorConfig, DetectorConfigError, DetectorInputError,
     _check_kind, _check_mapping, _check_relearn, _check_scales)
 from synapse.monitor.detector_state import (
-    STATE_VERSION, HistoryEntry, Tracker, carried_trackers, encode_state, parse_state)
+    STATE_VERSION, HistoryEntry, Tracker, carried_trackers, encode_state, parse_samples, parse_state)
 from synapse.monitor.link import LinkBaseline
 from synapse.monitor.onset import onset_index
 from synapse.monitor.timing import StepTiming
@@ -367,18 +367,14 @@ class SlowdownDetector:
         so a device that is still slow is still reported, not learnt as normal."""
         try:
             restored = parse_state(state, self.config.history_len)
+            samples = parse_samples(state, restored[0], self.config.refine_window)
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise DetectorInputError(f"not a detector state_dict() of version {STATE_VERSION}: {error}") from None
         (self._num_ranks, self._last_step, self._compute.values, self._comm_baseline, self._learning,
          self._history, self._trackers) = restored
-        self._compute.samples = [deque(map(float, s), maxlen=self.config.refine_window)
-                                 for s in state.get("compute_samples", [])]
-        self._compute.pending = {int(rank): [float(x) for x in seen]
-                                 for rank, seen in state.get("compute_pending", {}).items()}
-        self._comm_own = [deque(map(float, s), maxlen=self.config.refine_window)
-                          for s in state.get("comm_own_samples", [])]
+        self._compute.samples, self._compute.pending, self._comm_own, wander = samples
+        self._wander.load_state_dict(wander)
         self._link.load_state_dict(state.get("link"))
-        self._wander.load_state_dict(state.get("peer_wander") or [[] for _ in range(self._num_ranks or 0)])
         self._latest_ratios, self._steps_since_start = {}, 0
 
     def rewind(self, step: int) -> None:

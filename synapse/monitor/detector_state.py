@@ -118,3 +118,15 @@ def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
         active = None if item["active"] is None else Detection.from_dict(item["active"])
         trackers[(kind, rank)] = Tracker(int(item["above"]), int(item["below"]), active)
     return num_ranks, state["last_step"], compute, comm, learning, history, trackers
+
+
+def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> tuple:
+    """(compute samples, compute pending, comm own samples, peer wander) of an `encode_state` dict,
+    each per rank; a state saved before one existed has none of it. ValueError when malformed."""
+    compute = [deque(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
+    pending = {int(rank): [float(x) for x in seen] for rank, seen in state.get("compute_pending", {}).items()}
+    comm_own = [deque(map(float, s), maxlen=keep) for s in state.get("comm_own_samples", [])]
+    wander = state.get("peer_wander") or [[] for _ in range(num_ranks or 0)]
+    if len(wander) != (num_ranks or 0):
+        raise ValueError(f"peer_wander has {len(wander)} ranks, num_ranks is {num_ranks}")
+    return compute, pending, comm_own, [[float(x) for x in steps] for steps in wander]

@@ -16,7 +16,7 @@ from test_detector import Slow, feed, stream, summary
 from test_detector_early import FAULT_INDEX, FAULT_STREAMS, GPU_ALONE, recorded
 
 from synapse.monitor.baseline import MEDIAN_SD_FACTOR, robust_sd
-from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, SlowdownDetector
+from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, DetectorInputError, SlowdownDetector
 from synapse.monitor.timing import StepTiming
 from synapse.monitor.wander import DELAY_WINDOWS, FLOOR_CAP, MIN_BLOCKS, PRIOR_FACTOR, PeerWander
 
@@ -94,6 +94,11 @@ def test_the_wander_seen_survives_a_restart_through_the_detector_state():
     restored = SlowdownDetector()
     restored.load_state_dict(json.loads(json.dumps(detector.state_dict())))
     assert restored._wander.history == detector._wander.history and any(restored._wander.history)
+    older = {k: v for k, v in detector.state_dict().items() if k != "peer_wander"}  # saved before it existed
+    SlowdownDetector().load_state_dict(older)
+    broken = {**detector.state_dict(), "peer_wander": [[1.0]]}
+    with pytest.raises(DetectorInputError, match="peer_wander has 1 ranks, num_ranks is 3"):
+        SlowdownDetector().load_state_dict(broken)
 
 
 def wandering_ranks(num_steps: int, seed: int, fault: Slow | None = None) -> list[StepTiming]:
