@@ -23,15 +23,13 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
-_MAD_TO_SD, _MEDIAN_SD_FACTOR = 1.4826, 1.2533
+from synapse.monitor.baseline import MEDIAN_SD_FACTOR, robust_sd
+
 _TINY_S = 1e-9
 
 
 def _robust_sd(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    center = median(values)
-    return _MAD_TO_SD * median(abs(v - center) for v in values)
+    return robust_sd(values) if len(values) >= 2 else 0.0
 
 
 def peer_checked_send(learned_s: Sequence[float], prior_threshold: float | None,
@@ -100,7 +98,7 @@ class LinkBaseline:
 
     def floor(self, rank: int, window: int, noise_z: float) -> float:
         """Smallest window-median own excess (s) that is neither below min_comm_s nor noise."""
-        noise = noise_z * _MEDIAN_SD_FACTOR * _robust_sd(self._samples[rank]) / math.sqrt(window)
+        noise = noise_z * MEDIAN_SD_FACTOR * _robust_sd(self._samples[rank]) / math.sqrt(window)
         return max(self.min_comm_s, noise, _TINY_S)
 
     def carried(self, mapping: Sequence[int]) -> None:

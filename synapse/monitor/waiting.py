@@ -38,10 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from synapse.monitor.baseline import robust_sd
+from synapse.monitor.baseline import MEDIAN_SD_FACTOR, robust_sd
 
-# The sd of a median of n samples is ~1.2533 * sd / sqrt(n).
-_MEDIAN_SD_FACTOR = 1.2533
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
 COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
 
@@ -73,7 +71,7 @@ class CommBaseline:
 
     def floor(self, rank: int, window: int, min_comm_s: float, noise_z: float) -> float:
         """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
-        noise = noise_z * _MEDIAN_SD_FACTOR * self.spread_s[rank] / math.sqrt(window)
+        noise = noise_z * MEDIAN_SD_FACTOR * self.spread_s[rank] / math.sqrt(window)
         return max(min_comm_s, noise, _TINY_S)
 
 
