@@ -33,7 +33,7 @@ from .pipeline.partition import placement_for_config
 from .run_lock import hold_run_dir
 from .storage import DiskFullError, disk_full_error, is_disk_full
 from .checkpoint import CheckpointWriteError
-from .launch.elastic import DISK_FULL, newest_checkpoint
+from .launch.root_cause import DISK_FULL, newest_checkpoint
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import resolve_devices
-from ..launch.elastic import WorkerFailure, launch_pipeline, newest_checkpoint
+from ..launch.elastic import launch_pipeline
+from ..launch.root_cause import WorkerFailure, newest_checkpoint
 from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import kill_live_workers
 from .node_channel import (BEAT_S, ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello, NodeReport,

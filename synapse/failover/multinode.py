@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import resolve_devices, run_topology
-from ..launch.elastic import WorkerFailure, launch_pipeline
+from ..launch.elastic import launch_pipeline
+from ..launch.root_cause import WorkerFailure
 from ..monitor.events import EventLog, events_path
 from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import kill_live_workers

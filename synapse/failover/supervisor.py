@@ -26,7 +26,8 @@ from omegaconf import DictConfig
 
 from .. import checkpoint as ckpt
 from ..control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
-from ..launch.elastic import WorkerFailure, launch_pipeline
+from ..launch.elastic import launch_pipeline
+from ..launch.root_cause import WorkerFailure
 from ..launch.interrupt import InterruptToStop, RunInterrupted
 from ..launch.worker_logs import failed_rank_tail
 from ..monitor.events import EventLog, EventLogError, events_path

@@ -7,9 +7,9 @@ Programmatic ``elastic_launch`` with a c10d rendezvous: on one machine on a free
 
 A rendezvous that cannot happen (the configured port is taken, nodes that never join, a store
 that cannot be reached) raises ``RendezvousSetupError`` naming the endpoint and the fix; a free
-port taken by another process between picking and binding it is picked again. When the health
-monitor finds the pipeline hung, the rank blamed is the one its progress board shows busy in
-its own work, not one of the peers waiting for it; of ranks found dead together, the one that died first.
+port taken by another process between picking and binding it is picked again. A hard failure the
+health monitor sees (a rank dead or hung) tears the launch down at once; which rank failed first
+is judged in root_cause.py.
 """
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ..checkpoint import latest_valid_checkpoint
 from ..config import resolve_accelerator, resolve_devices
 from ..monitor.health import build_health_monitor
 from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
-from ..pipeline.runtime import WAIT_PHASES, progress_path, read_progress
+from ..pipeline.runtime import progress_path, read_progress
 from ..pipeline.worker import worker_main
-from ..storage import disk_full_error, filesystem_full, read_json_record
+from ..storage import filesystem_full
 from . import interrupt, rendezvous
+from .root_cause import WorkerFailure, disk_full_failure, failure_of
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -43,21 +43,6 @@ from . import interrupt, rendezvous
 START_METHOD = "forkserver"
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", "synapse.pipeline.worker"])
 rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
-
-
-class WorkerFailure(RuntimeError):
-    """A pipeline worker failed; the message names the rank and its error.
-
-    ``rank`` is the root-cause rank (None when unknown); ``device_failure`` says whether the
-    failure is the device's or its process's (killed, hung, CUDA error, probe/XID) rather than
-    an error in the code, which no restart would fix. ``lost_ranks``: every rank gone with it (a
-    node lost with all its ranks; empty: only ``rank``).
-    """
-
-    def __init__(self, message: str, rank: int | None = None, cause: str = "error", device_failure: bool = False,
-                 lost_ranks: tuple[int, ...] = ()):
-        super().__init__(message)
-        self.rank, self.cause, self.device_failure, self.lost_ranks = rank, cause, device_failure, tuple(lost_ranks)
 
 
 class RendezvousSetupError(ValueError):
@@ -169,7 +154,7 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
         # and the agent dies of a JSONDecodeError that says nothing of the disk.
         if not filesystem_full(log_dir):
             raise
-        raise _disk_full_failure(log_dir) from exc
+        raise disk_full_failure(log_dir) from exc
     except ChildFailedError as exc:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
         progress = read_progress_boards(run_dir, beats, since=launched_at)
@@ -228,175 +213,3 @@ def read_progress_boards(run_dir: Path, beats: dict[int, dict], since: float) ->
         if board is not None and board["pid"] == beat.get("pid"):
             boards[rank] = board
     return boards
-
-
-def hang_culprit(progress: dict[int, dict]) -> int | None:
-    """In a stalled pipeline every rank stops; the hung one is busy in its own work, the others wait
-    for it (recv, send, sync). Of the busy ones, the one busy longest; None if all of them wait
-    (a hang in the network itself: no rank can be told from the others)."""
-    busy = [(board["time"], rank) for rank, board in progress.items() if board["phase"] not in WAIT_PHASES]
-    return min(busy)[1] if busy else None
-
-
-# Errors a rank raises because *another* rank died: never the root cause.
-_PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Read error",
-              "NCCL communicator was aborted", "Socket Timeout", "timed out", "TCPStore")
-
-
-def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
-    """The failure records workers wrote, root cause first: the earliest error that is not a
-    consequence of losing a peer (then the earliest of those)."""
-    records = [read_json_record(p) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
-    records = [r for r in records if r is not None]  # an empty one: its writer ran out of disk
-    return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
-
-
-_DEVICE_ERRORS = ("CUDA error", "AcceleratorError", "NCCL error", "cudaError")
-_TRACEBACK_FRAMING = ("Traceback (most recent call last)", "The above exception", "During handling of the above")
-# A worker writes a failure record for any Python exception; one that left none was killed by a
-# signal Python cannot handle or crashed. (Which signal is known only when the agent reaped it
-# first: the fork server reaps the workers, and the agent reports only the first exit it saw.)
-SILENT_DEATH = "died without a word: killed by SIGKILL (kill -9, the OOM killer) or a crash"
-
-
-def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_failures: list[dict],
-               beats: dict[int, dict], progress: dict[int, dict] | None = None) -> WorkerFailure:
-    """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed.
-
-    ``progress``: the ranks' progress boards (``read_progress_boards``), which name the hung rank.
-    """
-    if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
-        return _disk_full_failure(log_dir)
-    records = read_failures(failure_dir)
-    # A rank that wrote a failure record exited because of that error: the monitor seeing its pid
-    # gone afterwards is a consequence, and the records name the root cause.
-    reported = {r["rank"] for r in records}
-    hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
-    if hard:
-        signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
-        return _hard_failure(_first_cause(hard, exc, beats, progress or {}), beats, progress or {}, log_dir, signals)
-    message = describe_failures(failure_dir, exc, log_dir)
-    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
-    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
-        rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
-        return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
-    if not records:
-        rank = min(exc.failures) if exc.failures else None
-        return WorkerFailure(message, rank, SILENT_DEATH, device_failure=True)
-    if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
-        # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
-        silent = sorted(set(beats) - {r["rank"] for r in records})
-        if silent:
-            rank = first_death(silent, exc, progress or {})
-            return WorkerFailure(f"pipeline rank {rank} {SILENT_DEATH} (its peers lost it); logs in "
-                                 f"{log_dir}", rank, SILENT_DEATH, device_failure=True)
-    root = records[0]
-    device_error = _device_error(root)
-    cause = device_error or f"{root['type']}: {root['message']}"
-    return WorkerFailure(message, root["rank"], cause.splitlines()[0][:200], device_failure=device_error is not None)
-
-
-DISK_FULL = "No space left on device"
-
-
-def _disk_full_failure(log_dir: Path) -> WorkerFailure:
-    run_dir = Path(log_dir).parents[1]
-    message = str(disk_full_error(run_dir, newest_checkpoint(run_dir), "the workers' writes failed"))
-    return WorkerFailure(message, None, DISK_FULL, device_failure=False)
-
-
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    ref = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
-    return ref.path if ref is not None else None
-
-
-def _device_error(record: dict) -> str | None:
-    """The device error in a failure record's exception chain ("AcceleratorError: CUDA error: ..."), if any.
-
-    Libraries wrap errors (torch.distributed.pipelining re-raises a forward's error as "[Stage 0]
-    failed to run forward"), so the causes are read too: in a formatted traceback an exception's
-    own lines are the unindented ones (code lines are indented)."""
-    lines = [f"{record['type']}: {record['message']}"]
-    lines += [line for line in record.get("traceback", "").splitlines()
-              if line and not line[0].isspace() and not line.startswith(_TRACEBACK_FRAMING)]
-    return next((line for line in lines if any(p in line for p in _DEVICE_ERRORS)), None)
-
-
-def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], progress: dict[int, dict]) -> dict:
-    """The monitor's first hard failure, unless it is one of several deaths: ranks found dead that the
-    teardown had not killed were gone before it acted, seen in one pass in rank order (no order)."""
-    if hard[0]["event"] != "rank_dead":
-        return hard[0]
-    dead = [e for e in hard if e["event"] == "rank_dead"]
-    ranks = [_rank_of_event(e, beats) for e in dead]
-    return dead[ranks.index(first_death(ranks, exc, progress))]
-
-
-def first_death(ranks: list, exc: ChildFailedError, progress: dict[int, dict]) -> int | None:
-    """Of ranks seen gone together without a word, the likely first: the one the agent reaped first if a
-    signal ended it (it reaps every 0.1 s, then terminates the rest); else the first whose board shows
-    its own work (one ended while waiting on a peer is most likely that peer's casualty); else the first."""
-    reaped = [r for r, f in exc.failures.items() if f.exitcode < 0 and r in ranks]
-    if reaped:
-        return reaped[0]
-    busy = [r for r in ranks if r in progress and progress[r]["phase"] not in WAIT_PHASES]
-    return (busy or ranks)[0]
-
-
-def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict], log_dir: Path,
-                  signals: dict[int, str]) -> WorkerFailure:
-    """The health monitor saw a dead or hung rank (or a failing GPU) and tore the launch down.
-
-    ``signals``: the signal that ended each rank the agent reaped, so that a dead rank's cause says
-    how it died whether the monitor or the agent noticed it first."""
-    rank = _rank_of_event(event, beats)
-    culprit = hang_culprit(progress) if event["event"] == "rank_hung" else None
-    if culprit is not None:
-        board = progress[culprit]
-        waiting = sorted(r for r, b in progress.items() if b["phase"] in WAIT_PHASES)
-        message = (f"pipeline rank {culprit} hung in {board['phase']} of step {board['step']}: no progress for "
-                   f"{event.get('stalled_s')} s (monitor.hang_timeout_s={event.get('hang_timeout_s')}), while "
-                   f"rank(s) {waiting} waited on it; logs in {log_dir}")
-        return WorkerFailure(message, culprit, "rank_hung", device_failure=True)
-    details = {k: v for k, v in event.items() if k not in ("event", "rank", "time")}
-    message = f"pipeline rank {rank} failed first: {event['event']} ({details}); logs in {log_dir}"
-    cause = event["event"]
-    if cause == "rank_dead":
-        cause = f"killed by {signals[rank]}" if rank in signals else f"rank_dead: {SILENT_DEATH}"
-    return WorkerFailure(message, rank, cause, device_failure=True)
-
-
-def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:
-    """The rank a health event is about: its own ``rank``, or the rank whose heartbeat names its device."""
-    if event.get("rank") is not None:
-        return int(event["rank"])
-    if event.get("ranks"):
-        return int(event["ranks"][0])
-    device = str(event.get("device", ""))
-    for rank, beat in sorted(beats.items()):
-        if str(beat.get("device")) in (device, f"cuda:{device}"):
-            return rank
-    return None
-
-
-def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -> str:
-    """A worker failure the workers themselves reported (or died without reporting)."""
-    records = read_failures(failure_dir)
-    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
-    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
-        # A rank killed by a signal writes no record; the others only report losing it.
-        rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
-        return (f"pipeline rank {rank} failed first: killed by signal {failure.signal_name()}; the other ranks "
-                f"lost their peer; logs in {log_dir}")
-    if not records:  # killed without a word (SIGKILL, OOM): only the agent saw it
-        lines = [f"pipeline worker(s) died without reporting an error; logs in {log_dir}"]
-        for rank, failure in sorted(exc.failures.items()):
-            lines.append(f"  rank {rank}: exit code {failure.exitcode}"
-                         + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""))
-        return "\n".join(lines)
-    root = records[0]
-    lines = [f"pipeline rank {root['rank']} failed first: {root['type']}: {root['message']}; logs in {log_dir}",
-             root["traceback"].rstrip()]
-    for other in records[1:]:
-        lines.append(f"  then rank {other['rank']}: {other['type']}: {other['message'].splitlines()[0][:200]}")
-    return "\n".join(lines)

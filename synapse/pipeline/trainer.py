@@ -214,7 +214,7 @@ class PipelineRunner:
         """
         started = time.perf_counter()
         # The progress board says, through every phase, whether this rank works or waits on the
-        # others: a rank that hangs here is then told from the ranks waiting for it (elastic.hang_culprit).
+        # others: a rank that hangs here is then told from the ranks waiting for it (root_cause.hang_culprit).
         self.runtime.mark("repartition")
         prepared = self._agree(self._try(lambda: self._prepare_moves(new)), new, "preparing the transfer")
         if prepared is None:

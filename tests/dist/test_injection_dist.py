@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from synapse.records import read_jsonl
-from synapse.launch.elastic import WorkerFailure
+from synapse.launch.root_cause import WorkerFailure
 from synapse.app import run
 from synapse.monitor.background_load import cpu_core_for_rank
 from synapse.monitor.events import read_events

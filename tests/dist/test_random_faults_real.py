@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import (
 
 from synapse.app import run
 from synapse.failover.stages import compose_stage_config, read_stages
-from synapse.launch import elastic
+from synapse.launch import elastic, root_cause
 from synapse.monitor.events import read_events
 from synapse.monitor.health import HealthMonitor, HealthSettings
 from synapse.monitor.heartbeat import read_heartbeats
@@ -242,7 +242,7 @@ def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teac
     #   send_wait after any forward, which also covers 1F1B's warmup send wait);
     # checkpoint_write: already right (the checkpoint barrier marks sync); kept as a case.
     boards = []
-    blame = elastic.hang_culprit
+    blame = root_cause.hang_culprit
     monkeypatch.setattr(elastic, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
     run_overrides(overrides_for(tmp_path, teacher_file, "policy=keep", *FAST_FAILOVER,
                                 f"injection.faults=[{{kind:hang,rank:1,step:{step},phase:{phase}}}]"))
@@ -283,7 +283,7 @@ def test_workers_the_teardown_killed_are_not_blamed_for_the_failure_that_caused_
         write_failure(tmp_path / "failures", 0, cuda)
         exc = ChildFailedError("worker_main", {0: ProcessFailure(0, workers[0].pid, 1, "/nonexistent")})
         beats = read_heartbeats(tmp_path)
-        failure = elastic.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats)
+        failure = root_cause.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats)
         assert failure.rank == 0 and "CUDA error" in failure.cause, failure
     finally:
         for worker in workers:
@@ -318,7 +318,7 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
         def blamed(agent_reaped: dict, hard_failures: list[dict], progress: dict | None = None) -> int:
             exc = ChildFailedError("worker_main", {rank: ProcessFailure(rank, workers[rank].pid, code, "/nonexistent")
                                                    for rank, code in agent_reaped.items()})
-            return elastic.failure_of(tmp_path / "failures", exc, tmp_path, hard_failures, beats, progress).rank
+            return root_cause.failure_of(tmp_path / "failures", exc, tmp_path, hard_failures, beats, progress).rank
 
         # The agent reaped rank 2's SIGKILL first (it terminates the others after that).
         assert blamed({2: -signal.SIGKILL}, tear_down.failures) == 2
