@@ -158,7 +158,8 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
     except ChildFailedError as exc:
         beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
         progress = read_progress_boards(run_dir, beats, since=launched_at)
-        raise failure_of(failure_dir, exc, log_dir, hard_failures, beats, progress) from exc
+        raise failure_of(failure_dir, exc, log_dir, hard_failures, beats, progress,
+                         killed=tear_down.killed) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
 

@@ -10,7 +10,7 @@ the root-cause rank and whether its device failed (a restart elsewhere helps) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -64,10 +64,12 @@ SILENT_DEATH = "died without a word: killed by SIGKILL (kill -9, the OOM killer)
 
 
 def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_failures: list[dict],
-               beats: dict[int, dict], progress: dict[int, dict] | None = None) -> WorkerFailure:
+               beats: dict[int, dict], progress: dict[int, dict] | None = None,
+               killed: Collection[int] = ()) -> WorkerFailure:
     """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed.
 
     ``progress``: the ranks' progress boards (``read_progress_boards``), which name the hung rank.
+    ``killed``: the pids the launch's teardown signalled (their deaths are its consequence).
     """
     if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
         return disk_full_failure(log_dir)
@@ -76,6 +78,8 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     # gone afterwards is a consequence, and the records name the root cause.
     reported = {r["rank"] for r in records}
     hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
+    if hard and hard[0]["event"] == "rank_dead":
+        hard += _deaths_the_monitor_missed(hard, exc, beats, reported, killed)
     if hard:
         signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
         return _hard_failure(_first_cause(hard, exc, beats, progress or {}), beats, progress or {}, log_dir, signals)
@@ -134,6 +138,23 @@ def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict]
     dead = [e for e in hard if e["event"] == "rank_dead"]
     ranks = [_rank_of_event(e, beats) for e in dead]
     return dead[ranks.index(first_death(ranks, exc, progress))]
+
+
+def _deaths_the_monitor_missed(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], reported: set[int],
+                               killed: Collection[int]) -> list[dict]:
+    """Ranks the agent reaped by a signal, silent and not killed by the teardown, that no hard event names.
+
+    The monitor judges only pids it saw alive (liveness: one first seen gone is "not ours"), so a
+    rank killed within a monitor period of its first heartbeat is never reported dead, while the
+    peers the agent then terminates without a word are. Found by a drawn sequence (eta; rank 1
+    SIGKILLed at the start of step 1 on a loaded machine): device 0 was dropped, the next stage ran
+    on the killed device 1."""
+    named = {_rank_of_event(e, beats) for e in hard}
+    missed = [rank for rank, f in exc.failures.items()
+              if f.exitcode < 0 and rank not in named and rank not in reported
+              and (beats.get(rank) or {}).get("pid") not in killed]
+    return [{"event": "rank_dead", "rank": rank, "pid": (beats.get(rank) or {}).get("pid"), "seen_by": "agent"}
+            for rank in missed]
 
 
 def first_death(ranks: list, exc: ChildFailedError, progress: dict[int, dict]) -> int | None:

@@ -148,9 +148,13 @@ def check_failed_device_dropped(run_dir: Path, sequence: Sequence) -> None:
             continue
         ended = stage.ended_at or after.started_at
         devices = {sequence.faults[e["fault_index"]].rank for e in fired if stage.started_at <= e["time"] <= ended}
+        evidence = [{k: e.get(k) for k in ("source", "event", "rank", "pid", "cause")}
+                    for e in read_events(run_dir / "failover_events.jsonl")
+                    if (e["event"] == "stage_ended" and e.get("stage") == stage.index)
+                    or (e.get("source") == "health" and e.get("hard"))]
         assert not devices or devices - set(after.devices), (
             f"stage {stage.index} failed after hard faults on device(s) {sorted(devices)}, but stage "
-            f"{after.index} still runs on {after.devices}")
+            f"{after.index} still runs on {after.devices}; what the supervisor saw: {evidence}")
 
 
 # What CUDA does by default, forced on the CPU ranks: timings reported and losses checked a step late.
@@ -331,6 +335,47 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
         assert blamed({1: 1}, [], boards) == 2
     finally:
         for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+
+
+def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_signal(tmp_path):
+    # Found by CI (eta; rank 1 SIGKILLed at the start of step 1, on a loaded machine): device 0 was
+    # dropped and the next stage ran on the killed device 1. Rank 1 died within one monitor period
+    # of its first heartbeat, so the monitor never knew its pid as its own and never reported it;
+    # the agent reaped its SIGKILL and terminated rank 0 (SIGTERM, before its peer-loss error was
+    # raised), and the monitor reported rank 0 dead, the only hard event left. Real processes and a
+    # real monitor pass and teardown.
+    workers = {rank: subprocess.Popen(["sleep", "60"]) for rank in (0, 2)}
+    try:
+        for rank, worker in workers.items():
+            write_beat(tmp_path, rank, worker.pid)
+        tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
+        monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.25, hang_timeout_s=10, nvml=False, probe=False),
+                                on_hard_failure=tear_down, log=lambda message: None, since=time.time() - 5)
+        monitor.sample_once()  # ranks 0 and 2 alive: the monitor knows them as its own
+        workers[1] = subprocess.Popen(["sleep", "60"])
+        write_beat(tmp_path, 1, workers[1].pid)
+        workers[1].kill()
+        workers[0].terminate()
+        write_failure(tmp_path / "failures", 2, RuntimeError("Connection closed by peer [127.0.0.1]:416"))
+        workers[2].kill()
+        assert [workers[r].wait(10) for r in (0, 1, 2)] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
+        monitor.sample_once()
+        assert [e["rank"] for e in tear_down.failures] == [0, 2], "rank 1 was never seen alive: not reported"
+        beats = read_heartbeats(tmp_path)
+
+        def blamed(killed: set[int]) -> int:
+            exc = ChildFailedError("worker_main", {1: ProcessFailure(1, workers[1].pid, -signal.SIGKILL, "/x")})
+            return root_cause.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats,
+                                         killed=killed).rank
+
+        assert blamed(tear_down.killed) == 1
+        # A SIGKILL the teardown itself sent is its consequence, never the cause.
+        assert blamed({workers[1].pid}) == 0
+    finally:
+        for worker in workers.values():
             if worker.poll() is None:
                 worker.kill()
                 worker.wait(10)
