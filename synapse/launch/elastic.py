@@ -34,7 +34,7 @@ from ..pipeline.runtime import progress_path, read_progress
 from ..pipeline.worker import worker_main
 from ..storage import filesystem_full
 from . import interrupt, rendezvous
-from .root_cause import WorkerFailure, disk_full_failure, failure_of
+from .root_cause import disk_full_failure, failure_of
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:

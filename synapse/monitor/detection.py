@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from synapse.monitor.timing import StepTiming
+
 COMPUTE, COMM = "compute", "comm"
 KINDS = (COMPUTE, COMM)
 SLOWDOWN, RECOVERY = "slowdown", "recovery"
@@ -123,6 +125,31 @@ def _check_kind(kind: str) -> str:
     if kind not in KINDS:
         raise DetectorInputError(f"kind={kind!r}; use one of {KINDS}")
     return kind
+
+
+def check_next_step(timing: StepTiming, last_step: int | None, num_ranks: int | None) -> None:
+    """``timing`` may follow ``last_step`` of a detector tracking ``num_ranks`` (None: none yet)."""
+    if not isinstance(timing, StepTiming):
+        raise DetectorInputError(f"update() takes a StepTiming, got {type(timing).__name__}")
+    if last_step is not None and timing.step <= last_step:
+        raise DetectorInputError(
+            f"step {timing.step} arrived after step {last_step}; records must come in "
+            "increasing step order (after a restart, load the detector state saved with the checkpoint)")
+    if num_ranks is not None and timing.num_ranks != num_ranks:
+        raise DetectorInputError(
+            f"step {timing.step} has {timing.num_ranks} ranks but the detector tracks "
+            f"{num_ranks}; after a re-partition call rebase(..., previous_rank=...)")
+
+
+def check_rebase(old_ranks: int, previous_rank: Sequence[int] | None, compute_scale: Sequence[float],
+                 comm_scale: Sequence[float] | None, relearn: Sequence[int], fresh: Sequence[int]
+                 ) -> tuple[list[int], list[float], list[float] | None, tuple[int, ...], tuple[int, ...]]:
+    """`SlowdownDetector.rebase`'s arguments, checked: (mapping, compute_scale, comm_scale, relearn, fresh)."""
+    mapping = _check_mapping(previous_rank, old_ranks)
+    new = len(mapping)
+    return (mapping, _check_scales("compute_scale", compute_scale, new),
+            None if comm_scale is None else _check_scales("comm_scale", comm_scale, new),
+            _check_relearn(relearn, new), _check_relearn(fresh, new, "fresh"))
 
 
 def _check_mapping(previous_rank: Sequence[int] | None, old_ranks: int) -> list[int]:

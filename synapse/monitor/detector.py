@@ -33,14 +33,9 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    (halfway between 1 and ``threshold``): ``event='recovery'``. Recovery is
    cautious on purpose: a false one would make the controller forget a real slowdown.
 
-Communication (who is blamed for it)
-------------------------------------
-Own transfer time (records with ``send_s``): the pipeline runtime measures each rank's own
-send work apart from its waiting, so comm is judged on it directly (`synapse.monitor.link`):
-a rank's comm is in excess when the window median of its send excess passes the same
-checks, and waiting, however long, is never blamed. Records without ``send_s`` (older
-runs, other runtimes) are judged by the waiting rule (`synapse.monitor.waiting`), which
-tells a rank's own comm growth from the waiting every rank shares.
+Communication (who is blamed for it): records with ``send_s`` carry each rank's own send
+work apart from its waiting and are judged on it (`synapse.monitor.link`); waiting, however
+long, is never blamed. Older records are judged by the waiting rule (`synapse.monitor.waiting`).
 
 Onset: at an event, the start of the run of recent steps whose per-step excess is
 past the midpoint between the level before and now. ``latency_s`` runs from the
@@ -58,7 +53,7 @@ from typing import Any
 from synapse.monitor.baseline import ComputeBaseline, net_compute_ratios, robust_sd
 from synapse.monitor.detection import (  # noqa: F401  (the detector's public names, re-exported)
     COMM, COMPUTE, KINDS, RECOVERY, SLOWDOWN, Detection, DetectorConfig, DetectorConfigError, DetectorInputError,
-    _check_kind, _check_mapping, _check_relearn, _check_scales)
+    _check_kind, _check_scales, check_next_step, check_rebase)
 from synapse.monitor.detector_state import (
     STATE_VERSION, HistoryEntry, Tracker, carried_trackers, encode_state, parse_samples, parse_state)
 from synapse.monitor.link import LinkBaseline
@@ -152,19 +147,8 @@ class SlowdownDetector:
         return self._evaluate(timing)
 
     def _accept(self, timing: StepTiming) -> None:
-        if not isinstance(timing, StepTiming):
-            raise DetectorInputError(f"update() takes a StepTiming, got {type(timing).__name__}")
-        if self._last_step is not None and timing.step <= self._last_step:
-            raise DetectorInputError(
-                f"step {timing.step} arrived after step {self._last_step}; records must come in "
-                "increasing step order (after a restart, load the detector state saved with the checkpoint)")
-        if self._num_ranks is None:
-            self._num_ranks = timing.num_ranks
-        elif timing.num_ranks != self._num_ranks:
-            raise DetectorInputError(
-                f"step {timing.step} has {timing.num_ranks} ranks but the detector tracks "
-                f"{self._num_ranks}; after a re-partition call rebase(..., previous_rank=...)")
-        self._last_step = timing.step
+        check_next_step(timing, self._last_step, self._num_ranks)
+        self._num_ranks, self._last_step = timing.num_ranks, timing.step
 
     def _learn_baselines(self, timing: StepTiming) -> None:
         if self._compute.values is not None and self._comm_baseline is not None:
@@ -236,12 +220,9 @@ class SlowdownDetector:
             return events
         slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
                 if ratio >= self.config.threshold]
-        explained = self.config.wait_explain_factor * max(slow, default=0.0)
-        own = [max(0.0, min(a, b) - explained)
-               for a, b in zip(window_median("comm_beyond_comm"), window_median("comm_beyond_step"))]
-        comm_ratios = [1.0 + x / self._denominator(COMM, r) for r, x in enumerate(own)]
-        above_floor = [x >= self._comm_baseline.floor(r, self.config.window, self.config.min_comm_s, NOISE_Z)
-                       for r, x in enumerate(own)]
+        comm_ratios, above_floor = self._comm_baseline.own_ratios(
+            window_median("comm_beyond_comm"), window_median("comm_beyond_step"),
+            cfg.wait_explain_factor * max(slow, default=0.0), cfg.window, cfg.min_comm_s, NOISE_Z)
         return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
 
     def _calm_ranks(self) -> list[int]:
@@ -398,11 +379,8 @@ class SlowdownDetector:
         """
         if self._num_ranks is None:
             raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
-        mapping = _check_mapping(previous_rank, self._num_ranks)
-        compute_scale = _check_scales("compute_scale", compute_scale, len(mapping))
-        relearn = _check_relearn(relearn, len(mapping))
-        fresh = _check_relearn(fresh, len(mapping), "fresh")
-        comm_scale = None if comm_scale is None else _check_scales("comm_scale", comm_scale, len(mapping))
+        mapping, compute_scale, comm_scale, relearn, fresh = check_rebase(
+            self._num_ranks, previous_rank, compute_scale, comm_scale, relearn, fresh)
         carried = {COMPUTE: self._compute.values is not None}
         comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
         # A device keeps its link over a re-partition: own send baselines carry over unscaled, and

@@ -69,6 +69,14 @@ class CommBaseline:
                             [self.compute_s[old] * s for old, s in zip(mapping, compute_scale)],
                             [self.spread_s[old] * s for old, s in zip(mapping, comm_scale)])
 
+    def own_ratios(self, beyond_comm: Sequence[float], beyond_step: Sequence[float], explained_s: float,
+                   window: int, min_comm_s: float, noise_z: float) -> tuple[list[float], list[bool]]:
+        """Per rank, from window medians of both readings: the ratio of its own comm, less the waiting
+        ``explained_s`` a slow stage explains, and whether that excess clears the noise floor."""
+        own = [max(0.0, min(a, b) - explained_s) for a, b in zip(beyond_comm, beyond_step)]
+        ratios = [1.0 + x / max(self.comm_s[r], min_comm_s, _TINY_S) for r, x in enumerate(own)]
+        return ratios, [x >= self.floor(r, window, min_comm_s, noise_z) for r, x in enumerate(own)]
+
     def floor(self, rank: int, window: int, min_comm_s: float, noise_z: float) -> float:
         """Smallest own comm excess (s) that is neither below min_comm_s nor noise."""
         noise = noise_z * MEDIAN_SD_FACTOR * self.spread_s[rank] / math.sqrt(window)
