@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import pickle
 import time
 import socket
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +36,7 @@ from ..pipeline.runtime import progress_path, read_progress
 from ..pipeline.worker import worker_main
 from ..storage import filesystem_full
 from . import interrupt, rendezvous
-from .root_cause import disk_full_failure, failure_of
+from .root_cause import WorkerFailure, disk_full_failure, failure_of
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -144,24 +146,43 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
     tear_down = TearDown(run_dir, since=launched_at)
     hard_failures = tear_down.failures
 
+    def judged(reaped: dict) -> WorkerFailure:
+        beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
+        progress = read_progress_boards(run_dir, beats, since=launched_at)
+        return failure_of(failure_dir, reaped, log_dir, hard_failures, beats, progress, killed=tear_down.killed)
+
     gpus = resolve_devices(cfg.trainer) if resolve_accelerator(cfg.trainer) == "cuda" else ()
     try:
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
             results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
                                                           resume, str(failure_dir), stage)
-    except ValueError as exc:
-        # torch's agent parses each failed worker's error file; on a full disk that file is empty
-        # and the agent dies of a JSONDecodeError that says nothing of the disk.
-        if not filesystem_full(log_dir):
-            raise
-        raise disk_full_failure(log_dir) from exc
     except ChildFailedError as exc:
-        beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
-        progress = read_progress_boards(run_dir, beats, since=launched_at)
-        raise failure_of(failure_dir, exc, log_dir, hard_failures, beats, progress,
-                         killed=tear_down.killed) from exc
+        raise judged(exc.failures) from exc
+    except (ValueError, EOFError, pickle.UnpicklingError) as exc:
+        # torch's agent reads what each failed worker wrote as it died (a JSON error record, a pickled
+        # traceback). On a full disk that is empty; a worker SIGKILLed mid-write (by the teardown after
+        # a peer died or hung: found by the long random fault sequences) leaves it truncated. Either
+        # way the agent dies of the read instead of reporting the failure.
+        if filesystem_full(log_dir):
+            raise disk_full_failure(log_dir) from exc
+        if not unreadable_worker_report(exc):
+            raise
+        raise judged({}) from exc  # the launch's own evidence tells what failed
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
+
+
+# Where torch's launcher reads a failed worker's report: torch.multiprocessing's ProcessContext.join
+# unpickles its traceback, elastic's ProcessFailure parses its JSON error record.
+_WORKER_REPORT_READS = ((("torch", "multiprocessing", "spawn.py"), "join"),
+                        (("multiprocessing", "errors", "__init__.py"), "__post_init__"))
+
+
+def unreadable_worker_report(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's launcher failing to read a report a failed worker was writing as it died."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(Path(f.filename).parts[-3:] == parts and f.name == name
+               for f in frames for parts, name in _WORKER_REPORT_READS)
 
 
 def _port_in_use(exc: BaseException) -> bool:

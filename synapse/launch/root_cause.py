@@ -10,9 +10,10 @@ the root-cause rank and whether its device failed (a restart elsewhere helps) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Collection
+from collections.abc import Collection, Mapping
+from typing import Any
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ..checkpoint import latest_valid_checkpoint
 from ..pipeline.runtime import WAIT_PHASES
@@ -63,13 +64,14 @@ _TRACEBACK_FRAMING = ("Traceback (most recent call last)", "The above exception"
 SILENT_DEATH = "died without a word: killed by SIGKILL (kill -9, the OOM killer) or a crash"
 
 
-def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_failures: list[dict],
+def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir: Path, hard_failures: list[dict],
                beats: dict[int, dict], progress: dict[int, dict] | None = None,
                killed: Collection[int] = ()) -> WorkerFailure:
     """The launch's failure as a ``WorkerFailure``: message, root-cause rank, and whether a device failed.
 
-    ``progress``: the ranks' progress boards (``read_progress_boards``), which name the hung rank.
-    ``killed``: the pids the launch's teardown signalled (their deaths are its consequence).
+    ``reaped``: the failed workers the elastic agent reported (``ChildFailedError.failures``; empty when
+    the agent itself failed reading them). ``progress``: the ranks' progress boards
+    (``read_progress_boards``), which name the hung rank. ``killed``: the pids the launch's teardown signalled (their deaths are its consequence).
     """
     if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
         return disk_full_failure(log_dir)
@@ -79,23 +81,23 @@ def failure_of(failure_dir: Path, exc: ChildFailedError, log_dir: Path, hard_fai
     reported = {r["rank"] for r in records}
     hard = [e for e in hard_failures if not (e["event"] == "rank_dead" and _rank_of_event(e, beats) in reported)]
     if hard and hard[0]["event"] == "rank_dead":
-        hard += _deaths_the_monitor_missed(hard, exc, beats, reported, killed)
+        hard += _deaths_the_monitor_missed(hard, reaped, beats, reported, killed)
     if hard:
-        signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
-        return _hard_failure(_first_cause(hard, exc, beats, progress or {}), beats, progress or {}, log_dir, signals)
-    message = describe_failures(failure_dir, exc, log_dir)
-    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
+        signals = {rank: f.signal_name() for rank, f in reaped.items() if f.exitcode < 0}
+        return _hard_failure(_first_cause(hard, reaped, beats, progress or {}), beats, progress or {}, log_dir, signals)
+    message = describe_failures(failure_dir, reaped, log_dir)
+    signalled = {rank: f for rank, f in reaped.items() if f.exitcode < 0}
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
         return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
     if not records:
-        rank = min(exc.failures) if exc.failures else None
+        rank = min(reaped) if reaped else None
         return WorkerFailure(message, rank, SILENT_DEATH, device_failure=True)
     if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
         silent = sorted(set(beats) - {r["rank"] for r in records})
         if silent:
-            rank = first_death(silent, exc, progress or {})
+            rank = first_death(silent, reaped, progress or {})
             return WorkerFailure(f"pipeline rank {rank} {SILENT_DEATH} (its peers lost it); logs in "
                                  f"{log_dir}", rank, SILENT_DEATH, device_failure=True)
     root = records[0]
@@ -130,18 +132,19 @@ def _device_error(record: dict) -> str | None:
     return next((line for line in lines if any(p in line for p in _DEVICE_ERRORS)), None)
 
 
-def _first_cause(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], progress: dict[int, dict]) -> dict:
+def _first_cause(hard: list[dict], reaped: Mapping[int, ProcessFailure], beats: dict[int, dict],
+                 progress: dict[int, dict]) -> dict:
     """The monitor's first hard failure, unless it is one of several deaths: ranks found dead that the
     teardown had not killed were gone before it acted, seen in one pass in rank order (no order)."""
     if hard[0]["event"] != "rank_dead":
         return hard[0]
     dead = [e for e in hard if e["event"] == "rank_dead"]
     ranks = [_rank_of_event(e, beats) for e in dead]
-    return dead[ranks.index(first_death(ranks, exc, progress))]
+    return dead[ranks.index(first_death(ranks, reaped, progress))]
 
 
-def _deaths_the_monitor_missed(hard: list[dict], exc: ChildFailedError, beats: dict[int, dict], reported: set[int],
-                               killed: Collection[int]) -> list[dict]:
+def _deaths_the_monitor_missed(hard: list[dict], reaped: Mapping[int, ProcessFailure], beats: dict[int, dict],
+                               reported: set[int], killed: Collection[int]) -> list[dict]:
     """Ranks the agent reaped by a signal, silent and not killed by the teardown, that no hard event names.
 
     The monitor judges only pids it saw alive (liveness: one first seen gone is "not ours"), so a
@@ -150,20 +153,20 @@ def _deaths_the_monitor_missed(hard: list[dict], exc: ChildFailedError, beats: d
     SIGKILLed at the start of step 1 on a loaded machine): device 0 was dropped, the next stage ran
     on the killed device 1."""
     named = {_rank_of_event(e, beats) for e in hard}
-    missed = [rank for rank, f in exc.failures.items()
+    missed = [rank for rank, f in reaped.items()
               if f.exitcode < 0 and rank not in named and rank not in reported
               and (beats.get(rank) or {}).get("pid") not in killed]
     return [{"event": "rank_dead", "rank": rank, "pid": (beats.get(rank) or {}).get("pid"), "seen_by": "agent"}
             for rank in missed]
 
 
-def first_death(ranks: list, exc: ChildFailedError, progress: dict[int, dict]) -> int | None:
+def first_death(ranks: list, reaped: Mapping[int, ProcessFailure], progress: dict[int, dict]) -> int | None:
     """Of ranks seen gone together without a word, the likely first: the one the agent reaped first if a
     signal ended it (it reaps every 0.1 s, then terminates the rest); else the first whose board shows
     its own work (one ended while waiting on a peer is most likely that peer's casualty); else the first."""
-    reaped = [r for r, f in exc.failures.items() if f.exitcode < 0 and r in ranks]
-    if reaped:
-        return reaped[0]
+    signalled = [r for r, f in reaped.items() if f.exitcode < 0 and r in ranks]
+    if signalled:
+        return signalled[0]
     busy = [r for r in ranks if r in progress and progress[r]["phase"] not in WAIT_PHASES]
     return (busy or ranks)[0]
 
@@ -204,10 +207,10 @@ def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:
     return None
 
 
-def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -> str:
+def describe_failures(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir: Path) -> str:
     """A worker failure the workers themselves reported (or died without reporting)."""
     records = read_failures(failure_dir)
-    signalled = {rank: f for rank, f in exc.failures.items() if f.exitcode < 0}
+    signalled = {rank: f for rank, f in reaped.items() if f.exitcode < 0}
     if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         # A rank killed by a signal writes no record; the others only report losing it.
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
@@ -215,7 +218,7 @@ def describe_failures(failure_dir: Path, exc: ChildFailedError, log_dir: Path) -
                 f"lost their peer; logs in {log_dir}")
     if not records:  # killed without a word (SIGKILL, OOM): only the agent saw it
         lines = [f"pipeline worker(s) died without reporting an error; logs in {log_dir}"]
-        for rank, failure in sorted(exc.failures.items()):
+        for rank, failure in sorted(reaped.items()):
             lines.append(f"  rank {rank}: exit code {failure.exitcode}"
                          + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else ""))
         return "\n".join(lines)

@@ -23,6 +23,7 @@ same seed redraws it.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -287,7 +288,7 @@ def test_workers_the_teardown_killed_are_not_blamed_for_the_failure_that_caused_
         write_failure(tmp_path / "failures", 0, cuda)
         exc = ChildFailedError("worker_main", {0: ProcessFailure(0, workers[0].pid, 1, "/nonexistent")})
         beats = read_heartbeats(tmp_path)
-        failure = root_cause.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats)
+        failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, tear_down.failures, beats)
         assert failure.rank == 0 and "CUDA error" in failure.cause, failure
     finally:
         for worker in workers:
@@ -322,7 +323,8 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
         def blamed(agent_reaped: dict, hard_failures: list[dict], progress: dict | None = None) -> int:
             exc = ChildFailedError("worker_main", {rank: ProcessFailure(rank, workers[rank].pid, code, "/nonexistent")
                                                    for rank, code in agent_reaped.items()})
-            return root_cause.failure_of(tmp_path / "failures", exc, tmp_path, hard_failures, beats, progress).rank
+            return root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hard_failures, beats,
+                                         progress).rank
 
         # The agent reaped rank 2's SIGKILL first (it terminates the others after that).
         assert blamed({2: -signal.SIGKILL}, tear_down.failures) == 2
@@ -368,7 +370,7 @@ def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_
 
         def blamed(killed: set[int]) -> int:
             exc = ChildFailedError("worker_main", {1: ProcessFailure(1, workers[1].pid, -signal.SIGKILL, "/x")})
-            return root_cause.failure_of(tmp_path / "failures", exc, tmp_path, tear_down.failures, beats,
+            return root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, tear_down.failures, beats,
                                          killed=killed).rank
 
         assert blamed(tear_down.killed) == 1
@@ -379,3 +381,36 @@ def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_
             if worker.poll() is None:
                 worker.kill()
                 worker.wait(10)
+
+
+class _DiesWhenFormatted(Exception):
+    def __str__(self) -> str:  # torch formats the traceback inside its open error file
+        os.kill(os.getpid(), signal.SIGKILL)
+        return "unreachable"
+
+
+def _raise_and_die_while_torch_writes_the_error_file(index: int) -> None:
+    raise _DiesWhenFormatted()
+
+
+def test_a_worker_killed_while_torch_writes_its_report_is_recognised(tmp_path):
+    # Found by the long random fault sequences (keep: rank 2 killed in the forward of step 7; eta:
+    # two hangs): the teardown SIGKILLed a rank that was writing torch's pickled traceback, the
+    # agent died of EOFError reading the truncated file, and so did the supervisor. The launch
+    # now judges such a failure from its own evidence; this is the real torch failure it must know.
+    context = torch.multiprocessing.start_processes(_raise_and_die_while_torch_writes_the_error_file, nprocs=1,
+                                                    join=False, start_method="fork")
+    with pytest.raises(EOFError) as raised:
+        while not context.join():
+            pass
+    assert elastic.unreadable_worker_report(raised.value)
+    # The same for its JSON error record (elastic's @record writes it as the worker dies).
+    record = tmp_path / "error.json"
+    record.write_text('{"message": {"message": "RuntimeError: Connection clo')
+    with pytest.raises(ValueError) as truncated:
+        ProcessFailure(0, 1000, 1, str(record))
+    assert elastic.unreadable_worker_report(truncated.value)
+    try:
+        raise EOFError("elsewhere")
+    except EOFError as other:
+        assert not elastic.unreadable_worker_report(other)

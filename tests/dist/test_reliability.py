@@ -640,12 +640,12 @@ def test_a_rank_that_reported_its_error_is_not_blamed_for_dying_of_it(tmp_path):
                          tmp_path)
     beats = {r: {"rank": r, "pid": 1000 + r, "time": 1.0} for r in range(3)}
     dead = [{"event": "rank_dead", "rank": 0, "pid": 1000, "step": 2, "hard": True}]
-    failure = root_cause.failure_of(tmp_path / "failures", exc, tmp_path, dead, beats)
+    failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, dead, beats)
     assert failure.rank == 2 and failure.device_failure
     assert "CUDA error: an illegal memory access" in failure.cause, failure.cause
     # A pid that vanished without a record is still the monitor's to report.
-    silent = root_cause.failure_of(tmp_path / "failures", exc, tmp_path,
-                                [{"event": "rank_dead", "rank": 3, "hard": True}], {**beats, 3: {"pid": 1003}})
+    silent = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path,
+                                   [{"event": "rank_dead", "rank": 3, "hard": True}], {**beats, 3: {"pid": 1003}})
     assert silent.rank == 3 and silent.cause.startswith("rank_dead") and "SIGKILL" in silent.cause
 
 
@@ -660,9 +660,9 @@ def test_the_hung_rank_is_the_one_busy_in_its_own_work_not_one_waiting_for_it(tm
     # The monitor saw rank 0 stall first (it had been waiting longest); the boards say who hung.
     hung = [{"event": "rank_hung", "rank": 0, "stalled_s": 4.1, "hang_timeout_s": 4.0, "hard": True}]
     exc = ChildFailedError("worker_main", {0: ProcessFailure(0, 1000, -signal.SIGKILL, "/nonexistent")})  # torn down
-    failure = root_cause.failure_of(tmp_path / "failures", exc, tmp_path, hung, {}, boards)
+    failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hung, {}, boards)
     assert (failure.rank, failure.cause, failure.device_failure) == (1, "rank_hung", True)
     assert "rank 1 hung in backward of step 5" in str(failure) and "rank(s) [0, 2] waited on it" in str(failure)
     # Everyone waiting (a hang in the network itself): no rank can be told apart; the monitor's stands.
     waiting = {r: {**b, "phase": "recv"} for r, b in boards.items()}
-    assert root_cause.failure_of(tmp_path / "failures", exc, tmp_path, hung, {}, waiting).rank == 0
+    assert root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hung, {}, waiting).rank == 0
