@@ -36,7 +36,7 @@ from ..pipeline.runtime import progress_path, read_progress
 from ..pipeline.worker import worker_main
 from ..storage import filesystem_full
 from . import interrupt, rendezvous
-from .root_cause import WorkerFailure, disk_full_failure, failure_of
+from .root_cause import WorkerFailure, failure_of
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -162,12 +162,11 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
         # torch's agent reads what each failed worker wrote as it died (a JSON error record, a pickled
         # traceback). On a full disk that is empty; a worker SIGKILLed mid-write (by the teardown after
         # a peer died or hung: found by the long random fault sequences) leaves it truncated. Either
-        # way the agent dies of the read instead of reporting the failure.
-        if filesystem_full(log_dir):
-            raise disk_full_failure(log_dir) from exc
-        if not unreadable_worker_report(exc):
+        # way the agent dies of the read instead of reporting the failure; the launch's own evidence
+        # (failure_of: the disk first) tells what failed.
+        if not (filesystem_full(log_dir) or unreadable_worker_report(exc)):
             raise
-        raise judged({}) from exc  # the launch's own evidence tells what failed
+        raise judged({}) from exc
     summaries = [r for r in results.values() if r]
     return summaries[0] if summaries else {}
 

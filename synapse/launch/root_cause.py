@@ -74,7 +74,7 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
     (``read_progress_boards``), which name the hung rank. ``killed``: the pids the launch's teardown signalled (their deaths are its consequence).
     """
     if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
-        return disk_full_failure(log_dir)
+        return _disk_full_failure(log_dir)
     records = read_failures(failure_dir)
     # A rank that wrote a failure record exited because of that error: the monitor seeing its pid
     # gone afterwards is a consequence, and the records name the root cause.
@@ -109,7 +109,7 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
 DISK_FULL = "No space left on device"
 
 
-def disk_full_failure(log_dir: Path) -> WorkerFailure:
+def _disk_full_failure(log_dir: Path) -> WorkerFailure:
     run_dir = Path(log_dir).parents[1]
     message = str(disk_full_error(run_dir, newest_checkpoint(run_dir), "the workers' writes failed"))
     return WorkerFailure(message, None, DISK_FULL, device_failure=False)
