@@ -9,8 +9,8 @@ the root-cause rank and whether its device failed (a restart elsewhere helps) or
 """
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -71,7 +71,8 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
 
     ``reaped``: the failed workers the elastic agent reported (``ChildFailedError.failures``; empty when
     the agent itself failed reading them). ``progress``: the ranks' progress boards
-    (``read_progress_boards``), which name the hung rank. ``killed``: the pids the launch's teardown signalled (their deaths are its consequence).
+    (``read_progress_boards``), which name the hung rank. ``killed``: the pids the launch's teardown
+    signalled (their deaths are its consequence).
     """
     if filesystem_full(log_dir):  # every write fails, so no record tells the cause; no device failed
         return _disk_full_failure(log_dir)
