@@ -369,8 +369,8 @@ def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_
         beats = read_heartbeats(tmp_path)
 
         def blamed(killed: set[int]) -> int:
-            exc = ChildFailedError("worker_main", {1: ProcessFailure(1, workers[1].pid, -signal.SIGKILL, "/x")})
-            return root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, tear_down.failures, beats,
+            reaped = {1: ProcessFailure(1, workers[1].pid, -signal.SIGKILL, "/x")}  # the agent's SIGKILL of rank 1
+            return root_cause.failure_of(tmp_path / "failures", reaped, tmp_path, tear_down.failures, beats,
                                          killed=killed).rank
 
         assert blamed(tear_down.killed) == 1
