@@ -6,7 +6,7 @@ from synapse.data.errors import DataError
 from synapse.data.from_config import build_datasets, data_kwargs
 from synapse.data.jpeg import BadSample
 from synapse.data.imagenet100 import ImageNet100, check_imagenet100_root, imagenet100_synsets
-from synapse.data.registry import build_dataset, dataset_info, dataset_names
+from synapse.data.registry import build_dataset, dataset_info, dataset_lazy_imports, dataset_names
 from synapse.data.sampler import (
     BatchIndexSampler,
     IndexBatch,
@@ -32,6 +32,7 @@ __all__ = [
     "build_dataset",
     "check_imagenet100_root",
     "dataset_info",
+    "dataset_lazy_imports",
     "dataset_names",
     "epoch_batches",
     "imagenet100_synsets",

@@ -24,10 +24,13 @@ from synapse.data.synthetic import SyntheticImages, synthetic_info
 class _Entry:
     builder: Callable[..., EpochDataset]  # called with split=... plus the user's kwargs
     describe: Callable[..., DatasetInfo]  # takes a subset of the builder's kwargs
+    # Modules the builder imports lazily because they are slow to import (scikit-learn: seconds on
+    # a small CPU). A launcher imports them once in the process its workers are forked from.
+    lazy_imports: tuple[str, ...] = ()
 
 
 _REGISTRY: Mapping[str, _Entry] = {
-    "digits": _Entry(DigitsDataset, digits_info),
+    "digits": _Entry(DigitsDataset, digits_info, lazy_imports=("sklearn.datasets",)),
     "imagenet100": _Entry(ImageNet100, imagenet100_info),
     "synthetic": _Entry(SyntheticImages, synthetic_info),
 }
@@ -35,6 +38,11 @@ _REGISTRY: Mapping[str, _Entry] = {
 
 def dataset_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def dataset_lazy_imports(name: str) -> tuple[str, ...]:
+    """Modules that building data set ``name`` imports on first use (see ``_Entry.lazy_imports``)."""
+    return _entry(name).lazy_imports
 
 
 def _entry(name: object) -> _Entry:

@@ -29,6 +29,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError, Rendezvous
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ..config import resolve_accelerator, resolve_devices
+from ..data import dataset_lazy_imports
 from ..monitor.health import build_health_monitor
 from ..monitor.heartbeat import read_heartbeats
 from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
@@ -43,7 +44,17 @@ from .root_cause import WorkerFailure, failure_of
 # a relaunch costs a fork instead of a fresh interpreter importing torch (seconds per rank),
 # and, unlike a plain fork of the supervisor, the server never saw CUDA or the monitor threads.
 START_METHOD = "forkserver"
-multiprocessing.set_forkserver_preload(["torch", "torch.distributed.pipelining", "synapse.pipeline.worker"])
+WORKER_MODULES = ("torch", "torch.distributed.pipelining", "synapse.pipeline.worker")
+
+
+multiprocessing.set_forkserver_preload(list(WORKER_MODULES))
+
+
+def preload_worker_modules(data_set: str) -> None:
+    """What the fork server imports when it starts (at this process's first launch): the worker
+    code and what this run's data set imports lazily. Without the latter, every rank of every launch
+    imported scikit-learn for the digits on its own: 3-4 s of CPU per rank, most of a tiny launch."""
+    multiprocessing.set_forkserver_preload([*WORKER_MODULES, *dataset_lazy_imports(data_set)])
 rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
 
 
@@ -105,6 +116,7 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     """Run the pipeline to the end of this launch; return the summary of the last rank.
     ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by a
     multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
+    preload_worker_modules(cfg.data.name)
     for tries_left in reversed(range(PORT_ATTEMPTS)):
         config = launch_config(cfg, run_dir, attempt, store_hosted)
         try:
