@@ -92,3 +92,11 @@ def as_written(value):
     if isinstance(value, list):
         return [as_written(v) for v in value]
     return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist every worker is in the controller's process group, so a test that looks
+    # for processes it left behind by group (tests/dist/test_reliability.py) would see its sibling
+    # workers' runs. Each worker leads a group of its own instead.
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.getpgid(0) != os.getpid():
+        os.setpgid(0, 0)

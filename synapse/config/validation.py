@@ -21,10 +21,12 @@ from .model_checks import (validate_block_counts, validate_resume, validate_sing
 from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
                      PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES, TIMING_READS)
 from .schema_checks import validate_finite, validate_known_keys
+from .torch_version import require_supported_torch
 
 
 def validate(cfg: DictConfig) -> None:
     """Check every value that types cannot; raise ConfigError before any work starts."""
+    require_supported_torch()
     validate_known_keys(cfg)
     validate_finite(OmegaConf.to_container(cfg, resolve=False))  # interpolations are strings here: skipped
     choice("mode", cfg.mode, MODES)

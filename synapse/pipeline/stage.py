@@ -19,17 +19,13 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from ..config.torch_version import torch_version
 from ..models.blocks import run_blocks
 from .wire import from_wire, to_wire
 
 
-def _torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
-
-
 # Oldest release whose pipelining accepts a received input that gets no gradient.
-NO_GRAD_INPUTS_SUPPORTED = _torch_version() >= (2, 13)
+NO_GRAD_INPUTS_SUPPORTED = torch_version() >= (2, 13)
 
 
 class _AttachZeroGrad(torch.autograd.Function):
