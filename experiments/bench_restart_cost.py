@@ -31,6 +31,8 @@ def run_drills(run_dir: Path, accelerator: str, devices: str) -> list[dict]:
     command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"trainer.accelerator={accelerator}",
                f"trainer.devices={devices}", "trainer.max_steps=100", "injection=none", "trainer.progress=false",
                f"failover.drills={DRILLS}", "failover.max_restarts=10",
+               # a REPLAN is done live by default (no restart at all): this prior is what a restart costs
+               "failover.replan_mode=restart",
                # the prior does not matter for drills; use the fallback so an old result cannot leak in
                "failover.restart_cost_file=null"]
     subprocess.run(command, check=True, cwd=REPO, capture_output=True, text=True)
