@@ -45,9 +45,7 @@ from .root_cause import WorkerFailure, failure_of
 # and, unlike a plain fork of the supervisor, the server never saw CUDA or the monitor threads.
 START_METHOD = "forkserver"
 WORKER_MODULES = ("torch", "torch.distributed.pipelining", "synapse.pipeline.worker")
-
-
-multiprocessing.set_forkserver_preload(list(WORKER_MODULES))
+multiprocessing.set_forkserver_preload(list(WORKER_MODULES))  # a launch adds its data set's (below)
 
 
 def preload_worker_modules(data_set: str) -> None:
@@ -55,6 +53,8 @@ def preload_worker_modules(data_set: str) -> None:
     code and what this run's data set imports lazily. Without the latter, every rank of every launch
     imported scikit-learn for the digits on its own: 3-4 s of CPU per rank, most of a tiny launch."""
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *dataset_lazy_imports(data_set)])
+
+
 rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
 
 
