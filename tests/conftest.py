@@ -69,11 +69,16 @@ def tiny_run() -> tuple[str, ...]:
     return TINY_RUN
 
 
+def repo_env(**env_vars: str) -> dict[str, str]:
+    """This session's environment plus ``env_vars``, with the checkout first on PYTHONPATH: a Python
+    subprocess imports this repository's synapse whatever is installed."""
+    return dict(os.environ, **env_vars,
+                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+
+
 def run_train_py(args: Sequence[str], timeout: float, **env_vars: str) -> subprocess.CompletedProcess:
     """``python train.py <args>`` from the repository root, with this session's environment plus ``env_vars``."""
-    env = dict(os.environ, **env_vars,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=repo_env(**env_vars),
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -9,7 +9,6 @@ file in the run dir, and train.log must hold the supervisor's lines.
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 
 from synapse.launch.worker_logs import rank_log_files
 
+from tests.conftest import repo_env
 from .helpers import BASE_OVERRIDES
 
 pytestmark = [pytest.mark.dist]
@@ -34,8 +34,7 @@ def train_py(run_dir: Path, teacher_file: Path, *extra: str) -> subprocess.Compl
             "injection.faults=[{kind:kill,rank:2,step:14,phase:forward}]",
             # a live REPLAN restarts nothing: the kill after it still has its one restart (it once counted)
             "failover.max_restarts=1", *extra, f"hydra.run.dir={run_dir}"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=repo_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280, check=False)
 
 

@@ -44,6 +44,7 @@ from synapse.monitor.liveness import pid_alive
 from synapse.pipeline.runtime import ProgressBoard, progress_path, read_progress
 from synapse.pipeline.worker import write_failure
 
+from tests.conftest import repo_env
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 
 pytestmark = [pytest.mark.dist]
@@ -230,10 +231,9 @@ def test_hung_rank_is_found_by_the_watchdog_and_its_device_dropped(tmp_path, tea
 # ---------------------------------------------------------------- the supervisor killed
 def train_py(run_dir: Path, args: list[str]) -> subprocess.Popen:
     """``python train.py`` in its own process group (so it and everything it starts can be killed at once)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     with open(run_dir.parent / f"{run_dir.name}.train_py.log", "ab") as log:
         return subprocess.Popen([sys.executable, str(REPO_ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
-                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=REPO_ROOT, env=repo_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_until(condition, proc: subprocess.Popen, timeout: float, what: str) -> None:

@@ -31,15 +31,13 @@ from synapse.monitor.heartbeat import read_heartbeats
 from synapse.monitor.liveness import pid_alive
 from synapse.run_lock import RunDirInUseError
 
+from tests.conftest import repo_env
 from .helpers import assert_identical_states, final_student_state
 from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_leftover_processes is autouse)
     REPO_ROOT, STEPS, events, in_group, live_descendants, mount_tmpfs, no_leftover_processes, unmount, overrides_for, reference, reference_run,
     run_overrides, steps_done, train_py, wait_until, assert_restarted_supervisor_continued,
 )
 
-
-def train_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
 
 pytestmark = [pytest.mark.dist]
 
@@ -200,7 +198,7 @@ def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teache
         for extra in ([], ["resume=auto"]):  # a second run, and a resume of the running one
             second = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args, *extra,
                                      f"hydra.run.dir={run_dir}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                    timeout=120, env=train_env())
+                                    timeout=120, env=repo_env())
             assert first.poll() is None, "the first run ended before the second started: nothing was tested"
             assert second.returncode != 0
             assert (f"run directory {run_dir} is in use: another Synapse supervisor (pid {first.pid}"
@@ -230,7 +228,7 @@ def test_resume_is_refused_while_workers_of_an_earlier_run_hold_the_directory(tm
     # A worker left alive (here: a process holding the workers' lock, as every worker does) while
     # its supervisor is gone: resume=auto must not race it.
     worker = subprocess.Popen([sys.executable, "-c", WORKER_HOLDING_THE_DIR, str(tmp_path)], stdout=subprocess.PIPE,
-                              text=True, env=train_env())
+                              text=True, env=repo_env())
     try:
         assert worker.stdout.readline().strip() == "holding"
         plant_heartbeat(tmp_path, 0, worker.pid)

@@ -6,25 +6,22 @@ forks. Each check runs in a fresh interpreter: this test process's own fork serv
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import repo_env
 from synapse.data import dataset_lazy_imports, dataset_names
 
 pytestmark = [pytest.mark.dist]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_python(code: str, tmp_path) -> str:
     script = tmp_path / "check.py"  # a file, not -c: the fork server imports __main__ from its path
     script.write_text(textwrap.dedent(code))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=repo_env())
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from tests.conftest import repo_env
 from synapse import checkpoint as ckpt
 from synapse.checkpoint import dcp_store
 from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
@@ -234,7 +235,7 @@ def test_sigkill_during_an_async_save_leaves_the_previous_checkpoint_in_use(tmp_
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(ready)],
-                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))), stderr=subprocess.PIPE, text=True)
+                            env=repo_env(), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
         while not ((ready / "writer").exists() and (ready / "loop").exists()):
