@@ -15,25 +15,25 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, num_stages, run_topology, uses_pipeline, validate
-from .data import data_kwargs, dataset_info
-from .engine.device import build_compute_setup
-from .engine.evaluate import evaluate
-from .engine.teacher import prepare_teacher, teacher_weights, train_label_model
-from .engine.trainer import build_trainer, resolve_resume
-from .failover.progress import supervised_console
-from .failover.report import print_failover_story
-from .failover.multinode import NodeDecider, run_across_nodes
-from .failover.run import run_with_failover
-from .launch.elastic import launch_pipeline
-from .launch.planning import (auto_partition, build_stage_planner, choose_microbatches_for, compare_plan_with_run,
+from synapse.config import ConfigError, num_stages, run_topology, uses_pipeline, validate
+from synapse.data import data_kwargs, dataset_info
+from synapse.engine.device import build_compute_setup
+from synapse.engine.evaluate import evaluate
+from synapse.engine.teacher import prepare_teacher, teacher_weights, train_label_model
+from synapse.engine.trainer import build_trainer, resolve_resume
+from synapse.failover.progress import supervised_console
+from synapse.failover.report import print_failover_story
+from synapse.failover.multinode import NodeDecider, run_across_nodes
+from synapse.failover.run import run_with_failover
+from synapse.launch.elastic import launch_pipeline
+from synapse.launch.planning import (auto_partition, build_stage_planner, choose_microbatches_for, compare_plan_with_run,
                               profile_models)
-from .models import count_blocks
-from .pipeline.partition import placement_for_config
-from .run_lock import hold_run_dir
-from .storage import DiskFullError, disk_full_error, is_disk_full
-from .checkpoint import CheckpointWriteError
-from .launch.root_cause import DISK_FULL, newest_checkpoint
+from synapse.models import count_blocks
+from synapse.pipeline.partition import placement_for_config
+from synapse.run_lock import hold_run_dir
+from synapse.storage import DiskFullError, disk_full_error, is_disk_full
+from synapse.checkpoint import CheckpointWriteError
+from synapse.launch.root_cause import DISK_FULL, newest_checkpoint
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None])
     drawn is said, never a failed run: the training and its records are already complete."""
     if not cfg.report:
         return
-    from .analysis import write_report
+    from synapse.analysis import write_report
 
     try:
         log(f"report: {write_report(run_dir)}")
@@ -195,6 +195,6 @@ def main() -> None:
     package's own groups (``pkg://synapse.conf``), so an installed Synapse needs no checkout."""
     import hydra
 
-    from . import config  # noqa: F401  (registers the structured-config schema)
+    from synapse import config  # noqa: F401  (registers the structured-config schema)
 
     hydra.main(version_base="1.3", config_path="pkg://synapse.conf", config_name="config")(_hydra_entry)()

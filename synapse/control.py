@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from .planner.placement import Placement
+from synapse.planner.placement import Placement
 
 CONTROL_DIR = "control"
 MODES = ("restart", "live")

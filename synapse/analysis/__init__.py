@@ -7,16 +7,16 @@
 
     python -m synapse.analysis report <run-or-sweep-dir>
 """
-from .counterfactual import decision_outcomes, option_etas, policy_regret
-from .figures import plot_rank_heatmap, plot_timeline
-from .figures_predictions import plot_decision_etas, plot_plan_vs_measured
-from .figures_sweep import plot_regret, plot_sweep
-from .files import AnalysisError, RecordFileError, RunDirError, SweepDirError, latest_run_dir, latest_sweep_dir
-from .load import Run, load_run, load_runs
-from .markers import timeline_markers
-from .report import write_report
-from .style import NoDataError, save_figure
-from .sweep import load_sweep
+from synapse.analysis.counterfactual import decision_outcomes, option_etas, policy_regret
+from synapse.analysis.figures import plot_rank_heatmap, plot_timeline
+from synapse.analysis.figures_predictions import plot_decision_etas, plot_plan_vs_measured
+from synapse.analysis.figures_sweep import plot_regret, plot_sweep
+from synapse.analysis.files import AnalysisError, RecordFileError, RunDirError, SweepDirError, latest_run_dir, latest_sweep_dir
+from synapse.analysis.load import Run, load_run, load_runs
+from synapse.analysis.markers import timeline_markers
+from synapse.analysis.report import write_report
+from synapse.analysis.style import NoDataError, save_figure
+from synapse.analysis.sweep import load_sweep
 
 __all__ = [
     "AnalysisError", "NoDataError", "RecordFileError", "Run", "RunDirError", "SweepDirError", "decision_outcomes",

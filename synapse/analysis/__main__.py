@@ -5,8 +5,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .files import AnalysisError
-from .report import write_report
+from synapse.analysis.files import AnalysisError
+from synapse.analysis.report import write_report
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -16,8 +16,8 @@ import math
 
 import pandas as pd
 
-from .files import AnalysisError
-from .load import Run
+from synapse.analysis.files import AnalysisError
+from synapse.analysis.load import Run
 
 OPTION_ORDER = ("keep", "replan", "degrade", "replace")
 OUTCOME_COLUMNS = ["decision", "step", "elapsed_s", "action", "reason", "predicted_eta_s", "realised_remaining_s",

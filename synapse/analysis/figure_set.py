@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .style import FORMATS, NoDataError, save_figure
+from synapse.analysis.style import FORMATS, NoDataError, save_figure
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.md"

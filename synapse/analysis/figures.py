@@ -14,9 +14,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from . import markers as mk
-from .load import Run
-from .style import MARKER_COLORS, NoDataError, new_figure, themed
+from synapse.analysis import markers as mk
+from synapse.analysis.load import Run
+from synapse.analysis.style import MARKER_COLORS, NoDataError, new_figure, themed
 
 STAGE_COLORS = ("#264653", "#2a9d8f", "#8c6d31", "#6d597a", "#e76f51", "#3a86ff")
 MARKER_NAMES = {

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .counterfactual import OPTION_ORDER, decision_outcomes
-from .figures import draw_markers
-from .load import Run
-from .markers import FAULT_ONSET, timeline_markers
-from .style import OPTION_COLORS, NoDataError, new_figure, themed
+from synapse.analysis.counterfactual import OPTION_ORDER, decision_outcomes
+from synapse.analysis.figures import draw_markers
+from synapse.analysis.load import Run
+from synapse.analysis.markers import FAULT_ONSET, timeline_markers
+from synapse.analysis.style import OPTION_COLORS, NoDataError, new_figure, themed
 
 PLAN_COLORS = {"compute": "#4c72b0", "noncompute": "#a1c4e8"}
 

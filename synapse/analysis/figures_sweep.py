@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from .style import NoDataError, new_figure, themed
+from synapse.analysis.style import NoDataError, new_figure, themed
 
 SWEEP_METRICS = (("wall_time_s", "total wall time (s)"), ("time_lost_s", "time lost (s)"),
                  ("recovery_s", "restart recovery time (s)"))

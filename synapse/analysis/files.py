@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .. import records
+from synapse import records
 
 METRICS_FILE = "metrics.jsonl"
 PERFORMANCE_FILE = "performance.jsonl"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import files, tables
+from synapse.analysis import files, tables
 
 HARD_FAILURE_EVENTS = ("rank_dead", "rank_hung", "probe_failed", "xid", "throttle")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from .load import HARD_FAILURE_EVENTS, Run
-from .tables import frame
+from synapse.analysis.load import HARD_FAILURE_EVENTS, Run
+from synapse.analysis.tables import frame
 
 FAULT_ONSET = "fault_onset"
 FAULT_CLEARED = "fault_cleared"

@@ -14,22 +14,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import files
-from .counterfactual import decision_outcomes, option_etas
-from .figures import plot_rank_heatmap, plot_timeline
-from .figures_predictions import plot_decision_etas, plot_plan_vs_measured
-from .load import Run, load_run
-from .markdown import key_value_table, markdown_table
-from .figure_set import REPORT_DIR, REPORT_FILE, FigureSet
-from .style import FORMATS
-from .tables import RESTART_COMPONENTS
+from synapse.analysis import files
+from synapse.analysis.counterfactual import decision_outcomes, option_etas
+from synapse.analysis.figures import plot_rank_heatmap, plot_timeline
+from synapse.analysis.figures_predictions import plot_decision_etas, plot_plan_vs_measured
+from synapse.analysis.load import Run, load_run
+from synapse.analysis.markdown import key_value_table, markdown_table
+from synapse.analysis.figure_set import REPORT_DIR, REPORT_FILE, FigureSet
+from synapse.analysis.style import FORMATS
+from synapse.analysis.tables import RESTART_COMPONENTS
 
 def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
     """Write ``<path>/report/`` (figures + report.md) for a run or a sweep directory; return report.md."""
     path = Path(path)
     if (path / files.MULTIRUN_FILE).is_file() or (path.is_dir() and not files.is_run_dir(path)
                                                    and any(p.name.isdigit() for p in path.iterdir())):
-        from .report_sweep import write_sweep_report
+        from synapse.analysis.report_sweep import write_sweep_report
 
         return write_sweep_report(path, formats)
     return write_run_report(load_run(path), formats)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .counterfactual import policy_regret
-from .figure_set import REPORT_DIR, REPORT_FILE, FigureSet
-from .figures_sweep import plot_regret, plot_sweep
-from .files import read_yaml
-from .markdown import markdown_table
-from .style import FORMATS
-from .sweep import load_sweep
+from synapse.analysis.counterfactual import policy_regret
+from synapse.analysis.figure_set import REPORT_DIR, REPORT_FILE, FigureSet
+from synapse.analysis.figures_sweep import plot_regret, plot_sweep
+from synapse.analysis.files import read_yaml
+from synapse.analysis.markdown import markdown_table
+from synapse.analysis.style import FORMATS
+from synapse.analysis.sweep import load_sweep
 
 JOB_HEADERS = {"job": "job", "status": "status", "batch_size": "batch", "policy": "policy", "seed": "seed",
                "slowdown": "slowdown",

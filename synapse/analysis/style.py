@@ -14,7 +14,7 @@ import matplotlib
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from .files import AnalysisError
+from synapse.analysis.files import AnalysisError
 
 FORMATS = ("png", "svg")
 DPI = 110

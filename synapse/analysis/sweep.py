@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from . import files
-from .load import Run, load_run
+from synapse.analysis import files
+from synapse.analysis.load import Run, load_run
 
 POLICY_KEYS = ("policy",)  # override keys (and their sub-keys) that choose the policy
 REPEAT_KEYS = ("seed",)  # override keys that repeat a scenario (same experiment, other random draws)

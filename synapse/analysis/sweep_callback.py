@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .report import write_report
+from synapse.analysis.report import write_report
 
 
 class SweepReport(Callback):

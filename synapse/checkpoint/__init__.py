@@ -5,12 +5,12 @@
 `resume_checks.py` refuses one a run cannot continue from, and `dcp.py` keeps the tensors in
 torch.distributed.checkpoint storage. Callers use ``from synapse import checkpoint as ckpt``.
 """
-from . import dcp as dcp_store  # noqa: F401
-from .layout import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, STATE_FILE, CheckpointError,  # noqa: F401
+from synapse.checkpoint import dcp as dcp_store  # noqa: F401
+from synapse.checkpoint.layout import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, STATE_FILE, CheckpointError,  # noqa: F401
                      CheckpointRef, CheckpointWriteError, IncompatibleCheckpointError, NonFiniteCheckpointError,
                      UnsafeCheckpointError, list_checkpoints, sha256_of, shard_name, step_dir_name)
-from .read import (check_format_version, latest_valid_checkpoint, load_file, load_run_state,  # noqa: F401
+from synapse.checkpoint.read import (check_format_version, latest_valid_checkpoint, load_file, load_run_state,  # noqa: F401
                    load_student_state, load_training_state, read_manifest, verify_checkpoint)
-from .resume_checks import check_resumable, check_run_checkpoints  # noqa: F401
-from .write import (begin_checkpoint, commit_checkpoint, first_nonfinite, new_nonce, prune_checkpoints,  # noqa: F401
+from synapse.checkpoint.resume_checks import check_resumable, check_run_checkpoints  # noqa: F401
+from synapse.checkpoint.write import (begin_checkpoint, commit_checkpoint, first_nonfinite, new_nonce, prune_checkpoints,  # noqa: F401
                     remove_stray_temporaries, save_tensor_file, write_error)

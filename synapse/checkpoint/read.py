@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from . import dcp as dcp_store
-from .layout import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, STATE_FILE, CheckpointError, CheckpointRef,
+from synapse.checkpoint import dcp as dcp_store
+from synapse.checkpoint.layout import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, STATE_FILE, CheckpointError, CheckpointRef,
                      IncompatibleCheckpointError, UnsafeCheckpointError, list_checkpoints, sha256_of)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import dcp as dcp_store
-from .layout import CheckpointError, IncompatibleCheckpointError, UnsafeCheckpointError, list_checkpoints
-from .read import load_file, read_dcp, read_manifest, verify_checkpoint
+from synapse.checkpoint import dcp as dcp_store
+from synapse.checkpoint.layout import CheckpointError, IncompatibleCheckpointError, UnsafeCheckpointError, list_checkpoints
+from synapse.checkpoint.read import load_file, read_dcp, read_manifest, verify_checkpoint
 
 
 def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tuple[int, ...]] | None = None

@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 import torch
 
-from . import dcp as dcp_store
-from .layout import (FORMAT_VERSION, MANIFEST, STEP_DIR_PATTERN, TEMPORARY_PATTERN, CheckpointError,
+from synapse.checkpoint import dcp as dcp_store
+from synapse.checkpoint.layout import (FORMAT_VERSION, MANIFEST, STEP_DIR_PATTERN, TEMPORARY_PATTERN, CheckpointError,
                      CheckpointWriteError, NonFiniteCheckpointError, list_checkpoints, sha256_of, step_dir_name)
-from .read import verify_checkpoint
+from synapse.checkpoint.read import verify_checkpoint
 
 
 def _fsync_dir(path: Path) -> None:

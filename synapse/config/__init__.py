@@ -6,15 +6,15 @@ cannot express (a temperature <= 0, a model name we do not know, a GPU id that d
 and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
 Only the entry point sees the whole tree; each component receives its own slice.
 """
-from .devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
-from .errors import ConfigError
-from .schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
+from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
+from synapse.config.errors import ConfigError
+from synapse.config.schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
                      InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_CHECKS, NONFINITE_POLICIES,
                      OPTIMIZERS, OptimConfig, PARTITION_MODES, PIPELINE_SCHEDULES, PRECISIONS, PartitionConfig,
                      PipelineConfig, PolicyConfig, SCHEDULES, STRATEGIES, StudentConfig, SynapseConfig,
                      TeacherConfig, TrainerConfig)
-from .schema import default_cache_dir, register_configs, to_container  # importing registers the schema
-from .validation import validate
+from synapse.config.schema import default_cache_dir, register_configs, to_container  # importing registers the schema
+from synapse.config.validation import validate
 
 __all__ = ["ACCELERATORS", "CheckpointConfig", "DataConfig", "ExperimentConfig", "FailoverConfig",
            "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES",

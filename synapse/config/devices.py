@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig
 
-from ..planner.topology import NodeTopology
-from .errors import fail
+from synapse.planner.topology import NodeTopology
+from synapse.config.errors import fail
 
 
 def resolve_accelerator(trainer: DictConfig) -> str:

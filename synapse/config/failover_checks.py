@@ -13,12 +13,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
-from .errors import choice, fail, positive
+from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
+from synapse.config.errors import choice, fail, positive
 
 
 def validate_injection(cfg: DictConfig) -> None:
-    from ..monitor.injection import InjectionError, parse_faults
+    from synapse.monitor.injection import InjectionError, parse_faults
 
     try:
         parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
@@ -30,7 +30,7 @@ def validate_injection(cfg: DictConfig) -> None:
 
 
 def validate_monitor(cfg: DictConfig) -> None:
-    from ..monitor.health import HealthConfigError, HealthSettings
+    from synapse.monitor.health import HealthConfigError, HealthSettings
 
     try:
         HealthSettings.from_config(cfg.monitor)
@@ -42,10 +42,10 @@ REPLAN_MODES = ("live", "restart")
 
 
 def validate_failover(cfg: DictConfig) -> None:
-    from ..monitor.detector import DetectorConfig, DetectorConfigError
-    from ..planner.estimator import EstimatorConfig, EstimatorConfigError
-    from ..planner.decision import PolicyConfigError
-    from ..planner.policy_registry import make_policy
+    from synapse.monitor.detector import DetectorConfig, DetectorConfigError
+    from synapse.planner.estimator import EstimatorConfig, EstimatorConfigError
+    from synapse.planner.decision import PolicyConfigError
+    from synapse.planner.policy_registry import make_policy
 
     failover = cfg.failover
     positive("failover.max_restarts", failover.max_restarts, allow_zero=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .devices import num_stages, uses_pipeline
-from .errors import fail
+from synapse.config.devices import num_stages, uses_pipeline
+from synapse.config.errors import fail
 
 
 def validate_block_counts(cfg: DictConfig) -> None:
@@ -23,10 +23,10 @@ def validate_block_counts(cfg: DictConfig) -> None:
     """
     if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
         return
-    from ..data import dataset_info
-    from ..data import data_kwargs
-    from ..models import count_blocks
-    from ..planner.placement import even_counts
+    from synapse.data import dataset_info
+    from synapse.data import data_kwargs
+    from synapse.models import count_blocks
+    from synapse.planner.placement import even_counts
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
@@ -53,8 +53,8 @@ def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
         return
     import torch
 
-    from ..data import data_kwargs, dataset_info
-    from ..models import build_model
+    from synapse.data import data_kwargs, dataset_info
+    from synapse.models import build_model
 
     trained = {"teacher": ["teacher"], "baseline": ["student"]}.get(cfg.mode, ["student"])
     if cfg.mode == "kd" and not cfg.teacher.checkpoint and cfg.teacher.auto_train:
@@ -78,9 +78,9 @@ def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
 def validate_weight_files(cfg: DictConfig) -> None:
     """teacher.checkpoint and student.init must fit the configured models and data (names and shapes),
     checked here so that a wrong file fails once, not in every pipeline worker."""
-    from ..data import dataset_info
-    from ..data import data_kwargs
-    from ..models.factory import check_weights_file
+    from synapse.data import dataset_info
+    from synapse.data import data_kwargs
+    from synapse.models.factory import check_weights_file
 
     used = {"kd": ("teacher.checkpoint", "student.init"), "baseline": ("student.init",)}.get(cfg.mode, ())
     files = [(key, OmegaConf.select(cfg, key)) for key in used if OmegaConf.select(cfg, key)]
@@ -104,10 +104,10 @@ def validate_resume(cfg: DictConfig) -> None:
         return  # only distillation resumes
     import torch
 
-    from .. import checkpoint as ckpt
-    from ..data import dataset_info
-    from ..data import data_kwargs
-    from ..models import build_model
+    from synapse import checkpoint as ckpt
+    from synapse.data import dataset_info
+    from synapse.data import data_kwargs
+    from synapse.models import build_model
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     with torch.device("meta"):

@@ -16,8 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ..monitor.detector import DetectorConfig
-from ..planner.estimator import EstimatorConfig
+from synapse.monitor.detector import DetectorConfig
+from synapse.planner.estimator import EstimatorConfig
 
 
 def settings_node(settings: type) -> type:
@@ -238,7 +238,7 @@ def policy_params_node() -> type:
     """Every policy's parameters in one node, each unset by default (the policy's own default):
     the fields and types of the policies' settings dataclasses, so a misspelt or mistyped
     parameter fails when the config is composed; which policy takes which is checked by validate()."""
-    from ..planner.policy_registry import POLICY_SETTINGS
+    from synapse.planner.policy_registry import POLICY_SETTINGS
 
     fields_by_name: dict[str, Any] = {}
     for settings in POLICY_SETTINGS:

@@ -10,7 +10,7 @@ import difflib
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import fail, finite
+from synapse.config.errors import fail, finite
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
+from synapse.config.errors import ConfigError
 
 OLDEST_SUPPORTED = (2, 11)
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ..trackers import TRACKERS
-from .devices import num_stages, resolve_accelerator, resolve_devices
-from .errors import choice, fail, positive
-from .failover_checks import validate_failover, validate_injection, validate_monitor
-from .model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
+from synapse.trackers import TRACKERS
+from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices
+from synapse.config.errors import choice, fail, positive
+from synapse.config.failover_checks import validate_failover, validate_injection, validate_monitor
+from synapse.config.model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
                            validate_weight_files)
-from .schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
+from synapse.config.schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
                      PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES, TIMING_READS)
-from .schema_checks import validate_finite, validate_known_keys
-from .torch_version import require_supported_torch
+from synapse.config.schema_checks import validate_finite, validate_known_keys
+from synapse.config.torch_version import require_supported_torch
 
 
 def validate(cfg: DictConfig) -> None:
@@ -50,7 +50,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _validate_models(cfg: DictConfig) -> None:
-    from ..models.factory import MODEL_REGISTRY
+    from synapse.models.factory import MODEL_REGISTRY
 
     for key in ("teacher.name", "student.name"):
         name = OmegaConf.select(cfg, key)
@@ -67,7 +67,7 @@ def _validate_models(cfg: DictConfig) -> None:
 
 
 def _validate_data(data: DictConfig) -> None:
-    from ..data import check_imagenet100_root, dataset_names
+    from synapse.data import check_imagenet100_root, dataset_names
 
     choice("data.name", data.name, tuple(dataset_names()))
     for key in ("batch_size", "val_batch_size", "image_size"):
@@ -84,7 +84,7 @@ def _validate_data(data: DictConfig) -> None:
 
 
 def _validate_kd(kd: DictConfig) -> None:
-    from ..kd import KD_MODES
+    from synapse.kd import KD_MODES
 
     choice("kd.mode", kd.mode, KD_MODES)
     positive("kd.T", kd.T)

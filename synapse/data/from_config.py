@@ -5,7 +5,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .registry import build_dataset
+from synapse.data.registry import build_dataset
 
 
 def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:

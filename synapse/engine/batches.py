@@ -21,9 +21,9 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..data import BatchIndexSampler, ResumableSampler, iterate_batches
-from ..data.jpeg import BadSample
-from .prefetch import DevicePrefetcher
+from synapse.data import BatchIndexSampler, ResumableSampler, iterate_batches
+from synapse.data.jpeg import BadSample
+from synapse.engine.prefetch import DevicePrefetcher
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -32,13 +32,13 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from .. import checkpoint as ckpt
-from ..checkpoint import dcp_store
-from ..monitor.injection import FaultInjector
-from ..storage import filesystem_full
-from .device import rng_state, set_rng_state
-from .optim import load_optimizer_state_by_name, optimizer_state_by_name
-from .staging import HostBufferStager
+from synapse import checkpoint as ckpt
+from synapse.checkpoint import dcp_store
+from synapse.monitor.injection import FaultInjector
+from synapse.storage import filesystem_full
+from synapse.engine.device import rng_state, set_rng_state
+from synapse.engine.optim import load_optimizer_state_by_name, optimizer_state_by_name
+from synapse.engine.staging import HostBufferStager
 
 logger = logging.getLogger(__name__)
 # A save that waits longer than this for the previous one says checkpoints come faster than they are written.

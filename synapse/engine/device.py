@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from ..config import TrainerConfig, resolve_accelerator
-from .compute import ComputeSetup
+from synapse.config import TrainerConfig, resolve_accelerator
+from synapse.engine.compute import ComputeSetup
 
 
 def default_threads(local_processes: int) -> int:

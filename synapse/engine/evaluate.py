@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .batches import eval_batches
-from .device import ComputeSetup
-from .metrics import topk_correct
+from synapse.engine.batches import eval_batches
+from synapse.engine.device import ComputeSetup
+from synapse.engine.metrics import topk_correct
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
-from .console_bar import ConsoleBar, lines_above
+from synapse.engine.console_bar import ConsoleBar, lines_above
 
 MILESTONE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 RATE_WINDOW = 20  # recent steps the time left is extrapolated from

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import NONFINITE_POLICIES
-from ..kd import KDLossParams, kd_loss
-from .device import ComputeSetup
-from .optim import scale_gradients
+from synapse.config import NONFINITE_POLICIES
+from synapse.kd import KDLossParams, kd_loss
+from synapse.engine.device import ComputeSetup
+from synapse.engine.optim import scale_gradients
 
 
 class NonFiniteLossError(FloatingPointError):

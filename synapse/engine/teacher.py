@@ -16,10 +16,10 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ..config import ConfigError, resolve_accelerator, resolve_devices
-from ..data import data_kwargs, dataset_info
-from .device import ComputeSetup
-from .trainer import build_trainer, load_teacher
+from synapse.config import ConfigError, resolve_accelerator, resolve_devices
+from synapse.data import data_kwargs, dataset_info
+from synapse.engine.device import ComputeSetup
+from synapse.engine.trainer import build_trainer, load_teacher
 
 
 def teacher_cache_key(cfg: DictConfig) -> str:
@@ -76,8 +76,8 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
 def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
     """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
     teacher.checkpoint, which the user never set."""
-    from ..models import ModelError
-    from ..models.factory import check_weights_file
+    from synapse.models import ModelError
+    from synapse.models.factory import check_weights_file
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     try:

@@ -21,22 +21,22 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from .. import checkpoint as ckpt
-from ..data import ResumableSampler, build_datasets, data_kwargs, dataset_info
-from ..kd import KDLossParams
-from ..models import build_model, load_weights
-from ..monitor.events import EventLog, events_path
-from ..monitor.fault_spec import instant_fault_steps
-from ..monitor.injection import FaultInjector, parse_faults
-from ..records import JsonlWriter, NullWriter
-from ..trackers import TrackedWriter, open_tracker
-from .batches import train_batches
-from .checkpointer import Checkpointer, HeldState, SingleShard
-from .device import ComputeSetup, build_compute_setup, seed_everything
-from .evaluate import evaluate
-from .optim import build_optimizer, build_scheduler
-from .progress import Progress
-from .step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
+from synapse import checkpoint as ckpt
+from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
+from synapse.kd import KDLossParams
+from synapse.models import build_model, load_weights
+from synapse.monitor.events import EventLog, events_path
+from synapse.monitor.fault_spec import instant_fault_steps
+from synapse.monitor.injection import FaultInjector, parse_faults
+from synapse.records import JsonlWriter, NullWriter
+from synapse.trackers import TrackedWriter, open_tracker
+from synapse.engine.batches import train_batches
+from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
+from synapse.engine.device import ComputeSetup, build_compute_setup, seed_everything
+from synapse.engine.evaluate import evaluate
+from synapse.engine.optim import build_optimizer, build_scheduler
+from synapse.engine.progress import Progress
+from synapse.engine.step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
 
 
 class StepRunner(Protocol):

@@ -20,12 +20,12 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import resolve_devices
-from ..launch.elastic import launch_pipeline
-from ..launch.root_cause import WorkerFailure, newest_checkpoint
-from ..monitor.heartbeat import read_heartbeats
-from ..monitor.liveness import kill_live_workers
-from .node_channel import (BEAT_S, ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello, NodeReport,
+from synapse.config import resolve_devices
+from synapse.launch.elastic import launch_pipeline
+from synapse.launch.root_cause import WorkerFailure, newest_checkpoint
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import kill_live_workers
+from synapse.failover.node_channel import (BEAT_S, ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello, NodeReport,
                            NodeSetupError, StopOrder)
 
 

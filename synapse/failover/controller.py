@@ -34,18 +34,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
-from ..monitor.timing import StepTiming, link_send_seconds
-from ..planner.decision import Decision, DecisionContext, NoViableOptionError
-from ..planner.estimator import AlphaBetaEstimator
-from ..planner.eta import build_options
-from ..planner.online_calibration import OnlineCalibration
-from ..planner.options import OptionKind, RunningPartition
-from ..planner.placement import Placement
-from ..planner.policy import DegradePolicy, Policy
-from ..planner.restart_cost import RestartCostModel
-from ..planner.stage_planner import StagePlanner
-from .carry_over import carry_over
+from synapse.monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
+from synapse.monitor.timing import StepTiming, link_send_seconds
+from synapse.planner.decision import Decision, DecisionContext, NoViableOptionError
+from synapse.planner.estimator import AlphaBetaEstimator
+from synapse.planner.eta import build_options
+from synapse.planner.online_calibration import OnlineCalibration
+from synapse.planner.options import OptionKind, RunningPartition
+from synapse.planner.placement import Placement
+from synapse.planner.policy import DegradePolicy, Policy
+from synapse.planner.restart_cost import RestartCostModel
+from synapse.planner.stage_planner import StagePlanner
+from synapse.failover.carry_over import carry_over
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..monitor.fault_spec import INSTANT_KINDS
+from synapse.monitor.fault_spec import INSTANT_KINDS
 
 
 def fault_id(fault: Mapping[str, Any], position: int) -> int:

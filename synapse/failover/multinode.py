@@ -26,15 +26,15 @@ from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import resolve_devices, run_topology
-from ..launch.elastic import launch_pipeline
-from ..launch.root_cause import WorkerFailure
-from ..monitor.events import EventLog, events_path
-from ..monitor.heartbeat import read_heartbeats
-from ..monitor.liveness import kill_live_workers
-from ..planner.topology import NodeTopology
-from .agent import run_agent
-from .node_channel import POLL_S, ExitOrder, LaunchOrder, NodeChannel, NodeReport, NodeSetupError, StopOrder, Welcome
+from synapse.config import resolve_devices, run_topology
+from synapse.launch.elastic import launch_pipeline
+from synapse.launch.root_cause import WorkerFailure
+from synapse.monitor.events import EventLog, events_path
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import kill_live_workers
+from synapse.planner.topology import NodeTopology
+from synapse.failover.agent import run_agent
+from synapse.failover.node_channel import POLL_S, ExitOrder, LaunchOrder, NodeChannel, NodeReport, NodeSetupError, StopOrder, Welcome
 
 
 def run_across_nodes(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],

@@ -27,9 +27,9 @@ from typing import Any, Callable, Optional
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from ..config import ConfigError
-from ..launch.elastic import RendezvousSetupError
-from ..launch.rendezvous import rendezvous_bind_address, store_on
+from synapse.config import ConfigError
+from synapse.launch.elastic import RendezvousSetupError
+from synapse.launch.rendezvous import rendezvous_bind_address, store_on
 
 PREFIX = "synapse/nodes"
 BEAT_S = 0.5

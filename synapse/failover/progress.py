@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engine.console_bar import ConsoleBar, lines_above
-from ..engine.progress import Milestones, StepRate, is_terminal, progress_text
-from ..planner.placement import Placement
-from ..records import JsonlTail, RecordFileError
+from synapse.engine.console_bar import ConsoleBar, lines_above
+from synapse.engine.progress import Milestones, StepRate, is_terminal, progress_text
+from synapse.planner.placement import Placement
+from synapse.records import JsonlTail, RecordFileError
 
 class RunProgress(threading.Thread):
     """Tails the run's records and draws the bar (terminal) or logs a plain line per quarter (elsewhere).

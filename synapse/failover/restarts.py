@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..planner.decision import Decision
+from synapse.planner.decision import Decision
 
 
 @dataclass

@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import run_topology, validate
-from ..monitor.injection import fired_fault_indices
-from .faults import faults_for_stage
-from .multinode import stage_node_settings
-from .stages import StageSpec, compose_stage_config, merge_overrides, setting
+from synapse.config import run_topology, validate
+from synapse.monitor.injection import fired_fault_indices
+from synapse.failover.faults import faults_for_stage
+from synapse.failover.multinode import stage_node_settings
+from synapse.failover.stages import StageSpec, compose_stage_config, merge_overrides, setting
 
 # The run's event log so far (read only for stages after the first: which faults already fired).
 WorkerEvents = Callable[[], list[dict[str, Any]]]

@@ -28,8 +28,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from ..conf import CONF_DIR
-from ..planner.placement import Placement
+from synapse.conf import CONF_DIR
+from synapse.planner.placement import Placement
 
 STAGES_DIR = "stages"
 

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig
 
-from .controller import FailoverController
-from .stages import StageSpec
+from synapse.failover.controller import FailoverController
+from synapse.failover.stages import StageSpec
 
 SUMMARY_FILE = "experiment_summary.json"
 

@@ -24,24 +24,24 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from .. import checkpoint as ckpt
-from ..control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
-from ..launch.elastic import launch_pipeline
-from ..launch.root_cause import WorkerFailure
-from ..launch.interrupt import InterruptToStop, RunInterrupted
-from ..launch.worker_logs import failed_rank_tail
-from ..monitor.events import EventLog, EventLogError, events_path
-from ..planner.placement import Placement
-from ..planner.decision import Decision, NoViableOptionError
-from ..records import JsonlTail
-from ..trackers import NullTracker, Tracker
-from .controller import FailoverController
-from .progress import supervised_console
-from .restarts import Restart
-from .stage_config import compose_stage, stage_overrides
-from .stages import StageSpec, pin_checkpoint, write_stage
-from .summary import write_experiment_summary
-from .watch import StageWatcher
+from synapse import checkpoint as ckpt
+from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
+from synapse.launch.elastic import launch_pipeline
+from synapse.launch.root_cause import WorkerFailure
+from synapse.launch.interrupt import InterruptToStop, RunInterrupted
+from synapse.launch.worker_logs import failed_rank_tail
+from synapse.monitor.events import EventLog, EventLogError, events_path
+from synapse.planner.placement import Placement
+from synapse.planner.decision import Decision, NoViableOptionError
+from synapse.records import JsonlTail
+from synapse.trackers import NullTracker, Tracker
+from synapse.failover.controller import FailoverController
+from synapse.failover.progress import supervised_console
+from synapse.failover.restarts import Restart
+from synapse.failover.stage_config import compose_stage, stage_overrides
+from synapse.failover.stages import StageSpec, pin_checkpoint, write_stage
+from synapse.failover.summary import write_experiment_summary
+from synapse.failover.watch import StageWatcher
 
 STATE_FILE = "failover/controller_state.json"
 

@@ -15,13 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from ..control import ControlChannel, FileControlChannel, StopRequest
-from ..monitor.events import EventLog, events_path
-from ..planner.options import OptionKind
-from ..planner.placement import Placement
-from ..planner.decision import Decision
-from ..records import JsonlTail
-from .controller import FailoverController
+from synapse.control import ControlChannel, FileControlChannel, StopRequest
+from synapse.monitor.events import EventLog, events_path
+from synapse.planner.options import OptionKind
+from synapse.planner.placement import Placement
+from synapse.planner.decision import Decision
+from synapse.records import JsonlTail
+from synapse.failover.controller import FailoverController
 
 
 class StageWatcher(threading.Thread):

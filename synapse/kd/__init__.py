@@ -1,4 +1,4 @@
 """Knowledge-distillation losses."""
-from .losses import KD_MODES, KDLossParams, kd_loss, logits_kd, soft_target_kd
+from synapse.kd.losses import KD_MODES, KDLossParams, kd_loss, logits_kd, soft_target_kd
 
 __all__ = ["KD_MODES", "KDLossParams", "kd_loss", "logits_kd", "soft_target_kd"]

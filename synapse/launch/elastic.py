@@ -28,16 +28,16 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ..config import resolve_accelerator, resolve_devices
-from ..data import dataset_lazy_imports
-from ..monitor.health import build_health_monitor
-from ..monitor.heartbeat import read_heartbeats
-from ..monitor.liveness import FINISHED_PHASE, kill_live_workers
-from ..pipeline.runtime import progress_path, read_progress
-from ..pipeline.worker import worker_main
-from ..storage import filesystem_full
-from . import interrupt, rendezvous
-from .root_cause import WorkerFailure, failure_of
+from synapse.config import resolve_accelerator, resolve_devices
+from synapse.data import dataset_lazy_imports
+from synapse.monitor.health import build_health_monitor
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import FINISHED_PHASE, kill_live_workers
+from synapse.pipeline.runtime import progress_path, read_progress
+from synapse.pipeline.worker import worker_main
+from synapse.storage import filesystem_full
+from synapse.launch import interrupt, rendezvous
+from synapse.launch.root_cause import WorkerFailure, failure_of
 
 
 # Workers are forked from a fork server that has torch and the worker code imported already:

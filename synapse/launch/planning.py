@@ -15,16 +15,16 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from ..config import resolve_accelerator, resolve_devices, run_topology
-from ..engine.device import default_threads
-from ..planner.cost_specs import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
-from ..planner.microbatches import candidate_counts, choose_microbatches
-from ..planner.partitioner import PartitionPlan
-from ..planner.placement import Placement
-from ..planner.profile import load_profile_csv
-from ..planner.stage_planner import DeviceFacts, StagePlanner
-from ..profiling import profile_for_config
-from ..records import read_jsonl
+from synapse.config import resolve_accelerator, resolve_devices, run_topology
+from synapse.engine.device import default_threads
+from synapse.planner.cost_specs import OPTIMIZER_STATE_MULTIPLIERS, DeviceSpec, StepSpec, cpu_contention
+from synapse.planner.microbatches import candidate_counts, choose_microbatches
+from synapse.planner.partitioner import PartitionPlan
+from synapse.planner.placement import Placement
+from synapse.planner.profile import load_profile_csv
+from synapse.planner.stage_planner import DeviceFacts, StagePlanner
+from synapse.profiling import profile_for_config
+from synapse.records import read_jsonl
 
 # Bytes of optimizer state per parameter byte (cost model's memory term).
 OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}

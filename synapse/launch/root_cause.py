@@ -15,9 +15,9 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ..checkpoint import latest_valid_checkpoint
-from ..pipeline.runtime import WAIT_PHASES
-from ..storage import disk_full_error, filesystem_full, read_json_record
+from synapse.checkpoint import latest_valid_checkpoint
+from synapse.pipeline.runtime import WAIT_PHASES
+from synapse.storage import disk_full_error, filesystem_full, read_json_record
 
 
 class WorkerFailure(RuntimeError):

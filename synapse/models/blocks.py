@@ -15,7 +15,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .factory import ModelError
+from synapse.models.factory import ModelError
 
 
 class TokenEmbed(nn.Module):
@@ -146,7 +146,7 @@ def num_blocks(model: nn.Module) -> int:
 
 def count_blocks(model_name: str, num_classes: int, in_chans: int, image_size: int) -> int:
     """Block count of a model, built on the meta device (no memory, no time even for ViT-L)."""
-    from .factory import build_model
+    from synapse.models.factory import build_model
 
     with torch.device("meta"):
         return num_blocks(build_model(model_name, num_classes, in_chans, image_size))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..records import RecordFileError, iter_jsonl
+from synapse.records import RecordFileError, iter_jsonl
 
 EVENTS_FILE = "failover_events.jsonl"
 

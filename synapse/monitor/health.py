@@ -32,12 +32,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from ..records import JsonlWriter
-from .events import EventLog, events_path
-from .heartbeat import read_heartbeats
-from .liveness import LivenessTracker, is_own_process
-from .nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
-from .probe import CudaProbe, ProbeResult
+from synapse.records import JsonlWriter
+from synapse.monitor.events import EventLog, events_path
+from synapse.monitor.heartbeat import read_heartbeats
+from synapse.monitor.liveness import LivenessTracker, is_own_process
+from synapse.monitor.nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
+from synapse.monitor.probe import CudaProbe, ProbeResult
 
 HEALTH_FILE = "health.jsonl"
 HARD_EVENTS = ("rank_dead", "rank_hung", "probe_failed", "xid", "ecc_error")

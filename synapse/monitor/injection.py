@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import torch
 
-from .background_load import BackgroundLoad, prepare_load_target
-from .events import EventLog, events_path
-from .fault_spec import (EVENT_PHASES, FAULT_KINDS, INSTANT_KINDS, PHASES, SLOWDOWN_KINDS, SPAN_KINDS, FaultSpec,  # noqa: F401
+from synapse.monitor.background_load import BackgroundLoad, prepare_load_target
+from synapse.monitor.events import EventLog, events_path
+from synapse.monitor.fault_spec import (EVENT_PHASES, FAULT_KINDS, INSTANT_KINDS, PHASES, SLOWDOWN_KINDS, SPAN_KINDS, FaultSpec,  # noqa: F401
                          InjectionError, parse_faults)
-from .slowdown import DeviceDelay, StageClockLike, TaskBaseline, split_extra, timed
+from synapse.monitor.slowdown import DeviceDelay, StageClockLike, TaskBaseline, split_extra, timed
 
 # What a real device failure says (torch >= 2.8 raises torch.AcceleratorError for it).
 CUDA_ERROR_MESSAGE = ("CUDA error: an illegal memory access was encountered\n"

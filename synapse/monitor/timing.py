@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..records import RecordFileError, iter_jsonl
+from synapse.records import RecordFileError, iter_jsonl
 
 _REQUIRED_KEYS = ("step", "wall_time", "step_seconds", "compute_s", "comm_s")
 

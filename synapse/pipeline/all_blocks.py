@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from ..engine.device import ComputeSetup
-from ..models import block_parameter_names, build_model, load_weights, model_blocks
-from ..planner.placement import Placement
-from .stage import FusedStage
+from synapse.engine.device import ComputeSetup
+from synapse.models import block_parameter_names, build_model, load_weights, model_blocks
+from synapse.planner.placement import Placement
+from synapse.pipeline.stage import FusedStage
 
 
 @dataclass

@@ -27,9 +27,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..engine.graph_capture import ForwardReplay, TrainingReplay
-from ..models.blocks import run_blocks
-from .wire import to_wire
+from synapse.engine.graph_capture import ForwardReplay, TrainingReplay
+from synapse.models.blocks import run_blocks
+from synapse.pipeline.wire import to_wire
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class _StudentSlot(nn.Module):
         self.channels_last_wire = channels_last_wire
 
     def forward(self, student_in: torch.Tensor, *teacher_in: torch.Tensor) -> torch.Tensor:
-        from .stage import attach_zero_grad  # stage imports this module
+        from synapse.pipeline.stage import attach_zero_grad  # stage imports this module
 
         if student_in.requires_grad and student_in.is_leaf:
             student_in = student_in.clone()  # an in-place first block may not modify a leaf

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..models import count_blocks
-from ..planner.placement import PartitionError, Placement, even_counts
+from synapse.models import count_blocks
+from synapse.planner.placement import PartitionError, Placement, even_counts
 
 
 def even_placement(teacher_blocks: int, student_blocks: int, devices: Sequence[int]) -> Placement:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..planner.placement import Placement
+from synapse.planner.placement import Placement
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from ..engine.device import ComputeSetup
-from ..engine.step import NonFiniteGuard, ensure_training
-from ..monitor.injection import PHASES, FaultInjector
-from .clock import StageClock
-from .graphs import StageGraphs, slots_for
-from .stage import FusedStage
+from synapse.engine.device import ComputeSetup
+from synapse.engine.step import NonFiniteGuard, ensure_training
+from synapse.monitor.injection import PHASES, FaultInjector
+from synapse.pipeline.clock import StageClock
+from synapse.pipeline.graphs import StageGraphs, slots_for
+from synapse.pipeline.stage import FusedStage
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 # Phases in which a rank has handed its work over and waits on a peer (a stall there is a peer's).

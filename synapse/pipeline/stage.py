@@ -19,9 +19,9 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from ..config.torch_version import torch_version
-from ..models.blocks import run_blocks
-from .wire import from_wire, to_wire
+from synapse.config.torch_version import torch_version
+from synapse.models.blocks import run_blocks
+from synapse.pipeline.wire import from_wire, to_wire
 
 
 # Oldest release whose pipelining accepts a received input that gets no gradient.

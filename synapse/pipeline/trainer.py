@@ -25,23 +25,23 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from ..control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
-from ..engine.batches import eval_batches
-from ..engine.checkpointer import Checkpointer, HeldState
-from ..engine.device import ComputeSetup
-from ..engine.metrics import topk_correct
-from ..engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
-from ..engine.step import checks_loss_late, training_loss
-from ..engine.trainer import Trainer, build_run_parts, kd_params
-from ..monitor.events import EventLog, events_path
-from ..monitor.heartbeat import Heartbeat
-from ..monitor.injection import FaultInjector, build_fault_injector
-from ..planner.placement import Placement
-from ..records import JsonlWriter, NullWriter
-from .all_blocks import AllBlocks, build_all_blocks
-from .clock import reads_timing_late
-from .repartition import exchange_blocks, payload_size_bytes, student_moves
-from .runtime import PipelineRuntime, ProgressBoard, progress_path
+from synapse.control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
+from synapse.engine.batches import eval_batches
+from synapse.engine.checkpointer import Checkpointer, HeldState
+from synapse.engine.device import ComputeSetup
+from synapse.engine.metrics import topk_correct
+from synapse.engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
+from synapse.engine.step import checks_loss_late, training_loss
+from synapse.engine.trainer import Trainer, build_run_parts, kd_params
+from synapse.monitor.events import EventLog, events_path
+from synapse.monitor.heartbeat import Heartbeat
+from synapse.monitor.injection import FaultInjector, build_fault_injector
+from synapse.planner.placement import Placement
+from synapse.records import JsonlWriter, NullWriter
+from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
+from synapse.pipeline.clock import reads_timing_late
+from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
+from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
 
 
 class ProcessGroupShards:

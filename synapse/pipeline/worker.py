@@ -23,11 +23,11 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..config import resolve_accelerator, resolve_devices
-from ..run_lock import hold_as_worker
-from ..engine.device import build_compute_setup
-from ..planner.placement import Placement
-from .trainer import build_pipeline_trainer
+from synapse.config import resolve_accelerator, resolve_devices
+from synapse.run_lock import hold_as_worker
+from synapse.engine.device import build_compute_setup
+from synapse.planner.placement import Placement
+from synapse.pipeline.trainer import build_pipeline_trainer
 
 
 @record

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from .placement import Placement
-from .profile import ModelProfile
+from synapse.planner.placement import Placement
+from synapse.planner.profile import ModelProfile
 
 
 class CalibrationError(ValueError):

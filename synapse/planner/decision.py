@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .options import DeviceId, Option, OptionKind
+from synapse.planner.options import DeviceId, Option, OptionKind
 
 
 class PolicyError(ValueError):

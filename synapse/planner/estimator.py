@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from .estimator_config import (  # noqa: F401  (the estimator's public names, re-exported)
+from synapse.planner.estimator_config import (  # noqa: F401  (the estimator's public names, re-exported)
     COMM,
     COMPUTE,
     KINDS,

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .options import (
+from synapse.planner.options import (
     DeviceId,
     EtaModelError,
     Option,
@@ -41,7 +41,7 @@ from .options import (
     check_positive,
     check_seconds,
 )
-from .placement import Placement
+from synapse.planner.placement import Placement
 
 # plan_fn(device_ids, alphas aligned with device_ids, betas as given)
 #   -> (teacher_counts, student_counts, predicted_step_s)

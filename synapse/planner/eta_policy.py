@@ -12,9 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .decision import Decision, DecisionContext, PolicyConfigError
-from .options import Option, OptionKind
-from .policy import Policy
+from synapse.planner.decision import Decision, DecisionContext, PolicyConfigError
+from synapse.planner.options import Option, OptionKind
+from synapse.planner.policy import Policy
 
 # Among options with equal ETA, prefer the least disruptive.
 _DISRUPTION_ORDER = (OptionKind.KEEP, OptionKind.REPLAN, OptionKind.REPLACE, OptionKind.DEGRADE)

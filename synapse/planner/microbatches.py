@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from .cost_specs import CostModelError
-from .partitioner import PartitionPlan, PlanError
-from .stage_planner import StagePlanner
+from synapse.planner.cost_specs import CostModelError
+from synapse.planner.partitioner import PartitionPlan, PlanError
+from synapse.planner.stage_planner import StagePlanner
 
 
 class MicrobatchChoiceError(ValueError):

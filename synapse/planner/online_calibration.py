@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .block_calibration import BlockCalibration, CalibrationWindow, StageMeasurement
-from .placement import Placement
-from .stage_planner import StagePlanner
+from synapse.planner.block_calibration import BlockCalibration, CalibrationWindow, StageMeasurement
+from synapse.planner.placement import Placement
+from synapse.planner.stage_planner import StagePlanner
 
 
 class OnlineCalibration:

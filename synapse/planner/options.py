@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .placement import Placement
+from synapse.planner.placement import Placement
 
 DeviceId = int
 

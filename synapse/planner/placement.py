@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Mapping, Sequence
 
-from .partitioner import PlanError
-from .partitioner import even_partition as planner_even
+from synapse.planner.partitioner import PlanError
+from synapse.planner.partitioner import even_partition as planner_even
 
 
 class PartitionError(ValueError):

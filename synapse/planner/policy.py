@@ -22,8 +22,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .decision import Decision, DecisionContext, NoViableOptionError, PolicyConfigError
-from .options import Option, OptionKind
+from synapse.planner.decision import Decision, DecisionContext, NoViableOptionError, PolicyConfigError
+from synapse.planner.options import Option, OptionKind
 
 
 class Policy(ABC):

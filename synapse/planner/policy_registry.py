@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from .decision import PolicyConfigError
-from .eta_policy import EtaPolicy, EtaPolicyConfig
-from .policy import DegradePolicy, KeepPolicy, Policy, ReplanPolicy, SkiRentalConfig, SkiRentalPolicy
+from synapse.planner.decision import PolicyConfigError
+from synapse.planner.eta_policy import EtaPolicy, EtaPolicyConfig
+from synapse.planner.policy import DegradePolicy, KeepPolicy, Policy, ReplanPolicy, SkiRentalConfig, SkiRentalPolicy
 
 _POLICIES: dict[str, tuple[type[Policy], type | None]] = {
     EtaPolicy.name: (EtaPolicy, EtaPolicyConfig),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .options import (
+from synapse.planner.options import (
     RESTARTING_KINDS,
     EtaModelError,
     OptionKind,

@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from .block_calibration import BlockCalibration
-from .cost_model import CostModel, PlanCost
-from .cost_specs import DeviceSpec, StepSpec
-from .partitioner import PartitionPlan, plan_with_cost_model
-from .profile import ModelProfile
+from synapse.planner.block_calibration import BlockCalibration
+from synapse.planner.cost_model import CostModel, PlanCost
+from synapse.planner.cost_specs import DeviceSpec, StepSpec
+from synapse.planner.partitioner import PartitionPlan, plan_with_cost_model
+from synapse.planner.profile import ModelProfile
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ Modules: ``request`` (what to measure, cache key), ``sweeps`` (how blocks are ru
 Only torch, timm and the package's models/planner are needed: no Hydra, so a bare GPU
 machine can profile.
 """
-from .cache import PROFILES_SUBDIR, ProfilePaths, cached_profile_path, get_or_profile, profile_for_config
-from .profiler import measurement_count, profile_model, run_profile
-from .request import (DTYPES, ROLES, ProfileRequest, ProfilerError, cache_key, device_name, resolve_device,
+from synapse.profiling.cache import PROFILES_SUBDIR, ProfilePaths, cached_profile_path, get_or_profile, profile_for_config
+from synapse.profiling.profiler import measurement_count, profile_model, run_profile
+from synapse.profiling.request import (DTYPES, ROLES, ProfileRequest, ProfilerError, cache_key, device_name, resolve_device,
                       resolve_precision)
-from .result import ProfileDetails, ProfileResult, details_path, load_result, save_result
-from .sweeps import parameter_bytes
+from synapse.profiling.result import ProfileDetails, ProfileResult, details_path, load_result, save_result
+from synapse.profiling.sweeps import parameter_bytes
 
 __all__ = ["DTYPES", "PROFILES_SUBDIR", "ROLES", "ProfileDetails", "ProfilePaths", "ProfileRequest", "ProfileResult",
            "ProfilerError", "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile",

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .profiler import Log, run_profile
-from .request import ProfileRequest, cache_key, device_name, resolve_device, resolve_precision
-from .result import ProfileResult, load_result, save_result
+from synapse.profiling.profiler import Log, run_profile
+from synapse.profiling.request import ProfileRequest, cache_key, device_name, resolve_device, resolve_precision
+from synapse.profiling.result import ProfileResult, load_result, save_result
 
 PROFILES_SUBDIR = "profiles"
 

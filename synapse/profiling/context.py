@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.compute import ComputeSetup
-from .request import ProfileRequest
+from synapse.engine.compute import ComputeSetup
+from synapse.profiling.request import ProfileRequest
 
 
 @dataclass(frozen=True)

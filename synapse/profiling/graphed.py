@@ -30,10 +30,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..engine.graph_capture import ForwardReplay, TrainingReplay
-from ..models import run_blocks
-from .context import MeasureContext, loss_gradient
-from .in_graph import in_graph_block_times
+from synapse.engine.graph_capture import ForwardReplay, TrainingReplay
+from synapse.models import run_blocks
+from synapse.profiling.context import MeasureContext, loss_gradient
+from synapse.profiling.in_graph import in_graph_block_times
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import statistics
 import torch
 from torch import nn
 
-from ..engine.graph_capture import WARMUP_ITERATIONS, capture_kwargs
-from .context import MeasureContext, loss_gradient
+from synapse.engine.graph_capture import WARMUP_ITERATIONS, capture_kwargs
+from synapse.profiling.context import MeasureContext, loss_gradient
 
 
 class InGraphTimingUnavailable(RuntimeError):

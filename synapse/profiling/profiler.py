@@ -30,13 +30,13 @@ import timm
 import torch
 from torch import nn
 
-from ..models import build_model, model_blocks, model_spec
-from ..planner.profile import BYTES_PER_KB, BlockProfile, ModelProfile
-from .context import ComputeSetup, MeasureContext
-from .graphed import graphed_times
-from .request import ProfileRequest, cache_key, device_name, resolve_device
-from .result import ProfileDetails, ProfileResult
-from .sweeps import BlockSizes, SweepTimes, size_sweep, timed_sweep
+from synapse.models import build_model, model_blocks, model_spec
+from synapse.planner.profile import BYTES_PER_KB, BlockProfile, ModelProfile
+from synapse.profiling.context import ComputeSetup, MeasureContext
+from synapse.profiling.graphed import graphed_times
+from synapse.profiling.request import ProfileRequest, cache_key, device_name, resolve_device
+from synapse.profiling.result import ProfileDetails, ProfileResult
+from synapse.profiling.sweeps import BlockSizes, SweepTimes, size_sweep, timed_sweep
 
 Log = Callable[[str], None]
 logger = logging.getLogger(__name__)

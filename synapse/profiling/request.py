@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import model_spec
+from synapse.models import model_spec
 
 ROLES = ("teacher", "student")
 DTYPES = ("fp32", "bf16")

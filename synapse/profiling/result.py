@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
-from ..planner.profile import ModelProfile, load_profile_csv, metadata_path, write_profile_csv
-from .request import ProfilerError
+from synapse.planner.profile import ModelProfile, load_profile_csv, metadata_path, write_profile_csv
+from synapse.profiling.request import ProfilerError
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from itertools import chain
 import torch
 from torch import nn
 
-from .context import MeasureContext, forward_call, loss_gradient
-from .measure import MarkTimer, SavedTensorBytes, peak_extra_cuda_bytes, storage_keys, tensor_bytes
-from .request import ProfileRequest, ProfilerError
+from synapse.profiling.context import MeasureContext, forward_call, loss_gradient
+from synapse.profiling.measure import MarkTimer, SavedTensorBytes, peak_extra_cuda_bytes, storage_keys, tensor_bytes
+from synapse.profiling.request import ProfileRequest, ProfilerError
 
 _END = "end"
 
