@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from benchlib import machine_load, markdown_table, read_jsonl, run_train_py, write_results
 from omegaconf import OmegaConf
 
-from benchlib import machine_load, markdown_table, read_jsonl, run_train_py, write_results
-from synapse.launch.planning import planner_for_profiles
-from synapse.planner.block_calibration import BlockCalibration, measurements
-from synapse.planner.placement import Placement
+from synapse.calibration import BlockCalibration, measurements
+from synapse.partitioning import Placement
+from synapse.planning import planner_for_profiles
 
 PARTITIONS = {"auto": None, "front": ([6, 3, 2], [6, 3, 2]), "back": ([2, 3, 6], [2, 3, 6]),
               "mixed": ([6, 4, 1], [2, 4, 5])}
@@ -64,7 +64,7 @@ def compare(runs: dict[str, Path], profiles_from: Path) -> list[dict]:
         predicted = planner.per_step_compute_s(placement.devices, placement.teacher_counts, placement.student_counts)
         factors = BlockCalibration.neutral(planner.teacher, planner.student).observe(
             measurements(placement, predicted, measured))
-        calibrated, scale = planner.calibrated(factors), sum(measured) / sum(predicted)
+        calibrated, scale = factors.calibrated(planner), sum(measured) / sum(predicted)
         for target, (other, truth) in data.items():
             if target == learn:
                 continue

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, run_train_py, write_results
 
-from synapse.models.factory import MODEL_REGISTRY
+from synapse.models import MODEL_REGISTRY
 
 RUN_TIMEOUT_S = 3000.0
 

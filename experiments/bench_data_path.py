@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # runnable from a checkout without `pip install -e .`
 
 from synapse.data import ImageNet100, ResumableSampler, SyntheticImages, imagenet100_synsets  # noqa: E402
-from synapse.engine.batches import BadSampleLog, train_batches  # noqa: E402
+from synapse.engine import BadSampleLog, train_batches  # noqa: E402
 from synapse.kd import KDLossParams, kd_loss  # noqa: E402
 from synapse.models import build_model  # noqa: E402
 

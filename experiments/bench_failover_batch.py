@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchlib import (REPO, machine_load, markdown_table, train_py_summary, write_results)
+from benchlib import REPO, machine_load, markdown_table, train_py_summary, write_results
 
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 3600.0

@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchlib import (REPO, TrainRunError, machine_load, markdown_table, read_events, train_py_summary,
-                      write_results)
+from benchlib import REPO, TrainRunError, machine_load, markdown_table, read_events, train_py_summary, write_results
 
 RESULTS = REPO / "experiments" / "results"
 RUN_TIMEOUT_S = 1800.0

@@ -26,19 +26,10 @@ import time
 from pathlib import Path
 
 import yaml
-from benchlib import (
-    REPO,
-    machine_load,
-    markdown_table,
-    read_events,
-    read_jsonl,
-    train_py_summary,
-    write_results,
-)
+from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, train_py_summary, write_results
 
 from synapse.conf import CONF_DIR
-from synapse.monitor.detector import DetectorConfig, SlowdownDetector
-from synapse.monitor.timing import StepTiming
+from synapse.detection import DetectorConfig, SlowdownDetector, StepTiming
 
 INJECTION_DIR = Path(CONF_DIR) / "injection"
 

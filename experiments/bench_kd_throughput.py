@@ -48,12 +48,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # runnable from a checkout without `pip install -e .`
 
 from synapse.config import validate  # noqa: E402
-from synapse.engine.batches import Batch, train_batches  # noqa: E402
-from synapse.engine.device import build_compute_setup  # noqa: E402
-from synapse.engine.teacher import prepare_teacher  # noqa: E402
-from synapse.data import build_datasets  # noqa: E402
-from synapse.engine.trainer import Trainer, build_trainer, kd_params  # noqa: E402
-from synapse.data import ResumableSampler  # noqa: E402
+from synapse.data import (
+    ResumableSampler,  # noqa: E402
+    build_datasets,  # noqa: E402
+)
+from synapse.engine import (  # noqa: E402  # noqa: E402
+    Batch,
+    Trainer,
+    build_compute_setup,  # noqa: E402
+    build_trainer,
+    kd_params,
+    prepare_teacher,  # noqa: E402
+    train_batches,
+)
 from synapse.kd import kd_loss  # noqa: E402
 from synapse.models import build_model  # noqa: E402
 

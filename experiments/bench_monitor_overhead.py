@@ -25,12 +25,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import synapse.config  # noqa: F401  (registers the schema)
-from synapse.conf import CONF_DIR
-from synapse.records import read_jsonl
 from synapse.app import run
+from synapse.conf import CONF_DIR
+from synapse.health import HealthMonitor, HealthSettings, Heartbeat
 from synapse.models import build_model
-from synapse.monitor.health import HealthMonitor, HealthSettings
-from synapse.monitor.heartbeat import Heartbeat
+from synapse.rundir import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "experiments" / "results" / "bench_monitor_overhead.json"

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synapse.planner.cost_specs import DeviceSpec
-from synapse.planner.partitioner import plan_partition
-from synapse.planner.profile import load_profile_csv
+from synapse.partitioning import DeviceSpec, load_profile_csv, plan_partition
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILES = REPO / "tests" / "data" / "synapse_profiles"  # copies of the shared GPU profiles

@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import synapse.config  # noqa: E402,F401
-from synapse.records import read_jsonl  # noqa: E402
 from synapse.app import run  # noqa: E402
 from synapse.models import build_model  # noqa: E402
+from synapse.rundir import read_jsonl  # noqa: E402
 
 
 def compose_run(run_dir: Path, overrides: list[str]):

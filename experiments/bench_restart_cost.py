@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from synapse.monitor.events import read_events  # noqa: E402
-from synapse.planner.restart_cost import RESTART_COMPONENTS  # noqa: E402
+from synapse.decision import RESTART_COMPONENTS  # noqa: E402
+from synapse.rundir import read_events  # noqa: E402
 
 DRILLS = "[{step:20,action:replan},{step:40,action:degrade},{step:60,action:replan},{step:80,action:replan}]"
 

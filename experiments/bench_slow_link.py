@@ -19,15 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import (
-    REPO,
-    machine_load,
-    markdown_table,
-    read_events,
-    read_jsonl,
-    train_py_summary,
-    write_results,
-)
+from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, train_py_summary, write_results
 
 COMMAND = ["trainer.accelerator=cpu", "trainer.devices=3", "trainer.max_steps=120", "injection=slow_comm"]
 # No evaluation during the run: on CPU ranks rank 0 computes ~1.3x slower after the first one with no

@@ -35,12 +35,8 @@ from pathlib import Path
 import torch
 
 from synapse.models import build_model, model_blocks
-from synapse.pipeline.graphs import StageGraphs
-from synapse.pipeline.stage import FusedStage
-from synapse.pipeline.wire import to_wire
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.profile import load_profile_csv
-from synapse.planner.stage_planner import DeviceFacts, StagePlanner
+from synapse.partitioning import DeviceFacts, StagePlanner, StepSpec, load_profile_csv
+from synapse.pipeline import FusedStage, StageGraphs, to_wire
 from synapse.profiling import profile_for_config
 
 

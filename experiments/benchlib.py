@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from synapse.records import read_jsonl  # noqa: F401  (the scripts read records through benchlib)
+from synapse.rundir import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,15 @@ import argparse
 import json
 from pathlib import Path
 
-from synapse.planner.cost_model import CostModel
-from synapse.planner.cost_specs import DeviceSpec, StepSpec
-from synapse.planner.partitioner import PartitionPlan, even_partition, plan_partition
-from synapse.planner.profile import load_profile_csv
+from synapse.partitioning import (
+    CostModel,
+    DeviceSpec,
+    PartitionPlan,
+    StepSpec,
+    even_partition,
+    load_profile_csv,
+    plan_partition,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILES = REPO / "tests" / "data" / "synapse_profiles"  # copies of the shared GPU profiles

@@ -9,7 +9,7 @@ What is calibrated from what (nothing from the K = 2 or K = 3 runs):
 * a gloo ping-pong between two processes (experiments/bench_gloo_p2p.py) gives the link's
   latency and bandwidth;
 * the core count (os.sched_getaffinity) and trainer.threads give each rank's contention,
-  max(1, K * threads / cores) (synapse.launch.planning.device_specs).
+  max(1, K * threads / cores) (synapse.planning.device_specs).
 
 With these terms the exact partitioner plans K = 2 and 3 and predicts the step; the plan
 is run (partition=manual) and measured. On the same partition the table also gives the
@@ -43,17 +43,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "experiments"))
 
-import synapse.config  # noqa: F401
 from bench_gloo_p2p import measure_link
-from synapse.conf import CONF_DIR
-from synapse.launch.planning import device_specs, measured_step_summary
+
+import synapse.config  # noqa: F401
 from synapse.app import run
+from synapse.calibration import TermCalibration
+from synapse.conf import CONF_DIR
 from synapse.models import build_model
-from synapse.planner.cost_calibration import TermCalibration
-from synapse.planner.cost_model import CostModel
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.partitioner import plan_with_cost_model
-from synapse.planner.profile import ModelProfile, load_profile_csv
+from synapse.partitioning import CostModel, ModelProfile, StepSpec, load_profile_csv, plan_with_cost_model
+from synapse.planning import device_specs, measured_step_summary
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 PLANNER = "+ link (planner)"  # the model with every term: what the planner plans and predicts with

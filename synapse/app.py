@@ -15,25 +15,30 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from synapse.checkpoint import CheckpointWriteError
 from synapse.config import ConfigError, num_stages, run_topology, uses_pipeline, validate
 from synapse.data import data_kwargs, dataset_info
-from synapse.engine.device import build_compute_setup
-from synapse.engine.evaluate import evaluate
-from synapse.engine.teacher import prepare_teacher, teacher_weights, train_label_model
-from synapse.engine.trainer import build_trainer, resolve_resume
-from synapse.failover.progress import supervised_console
-from synapse.failover.report import print_failover_story
-from synapse.failover.multinode import NodeDecider, run_across_nodes
-from synapse.failover.run import run_with_failover
-from synapse.launch.elastic import launch_pipeline
-from synapse.launch.planning import (auto_partition, build_stage_planner, choose_microbatches_for, compare_plan_with_run,
-                              profile_models)
+from synapse.engine import (
+    build_compute_setup,
+    build_trainer,
+    evaluate,
+    prepare_teacher,
+    resolve_resume,
+    teacher_weights,
+    train_label_model,
+)
+from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
+from synapse.launch import DISK_FULL, launch_pipeline, newest_checkpoint
 from synapse.models import count_blocks
-from synapse.pipeline.partition import placement_for_config
-from synapse.run_lock import hold_run_dir
-from synapse.storage import DiskFullError, disk_full_error, is_disk_full
-from synapse.checkpoint import CheckpointWriteError
-from synapse.launch.root_cause import DISK_FULL, newest_checkpoint
+from synapse.planning import (
+    auto_partition,
+    build_stage_planner,
+    choose_microbatches_for,
+    compare_plan_with_run,
+    placement_for_config,
+    profile_models,
+)
+from synapse.rundir import DiskFullError, disk_full_error, hold_run_dir, is_disk_full
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -41,7 +46,7 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
     ``@hydra.main`` they are read from Hydra); restart stages are composed from them."""
     validate(cfg)
     run_dir = Path(cfg.run_dir)
-    with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/run_lock.py)
+    with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:
@@ -157,7 +162,7 @@ def throughput_text(summary: dict[str, Any]) -> str:
 
 def stage_devices(cfg: DictConfig) -> list[int]:
     """The device of each pipeline stage: every node runs its configured devices in order."""
-    return run_topology(cfg.trainer).devices  # run-wide ids across nodes (synapse/planner/topology.py)
+    return run_topology(cfg.trainer).devices  # run-wide ids across nodes (synapse/partitioning/topology.py)
 
 
 def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> None:

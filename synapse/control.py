@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from synapse.planner.placement import Placement
+from synapse.partitioning import Placement
 
 CONTROL_DIR = "control"
 MODES = ("restart", "live")

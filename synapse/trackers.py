@@ -1,6 +1,6 @@
 """Experiment trackers (``logger=tensorboard|csv|none``): the run's scalars where other tools read them.
 
-The JSONL records stay the source of truth (``synapse.records``); a tracker receives the same
+The JSONL records stay the source of truth (``synapse.rundir.records``); a tracker receives the same
 records and writes what a person compares across runs: per training step the loss, learning rate,
 step time and images/s; per evaluation the accuracies; failover decisions and stage changes as
 text markers at their step. TensorBoard event files go to ``<run_dir>/tensorboard/<role>``
@@ -114,7 +114,7 @@ def open_tracker(name: str, run_dir: Path | str, role: str) -> Tracker:
 
 
 class TrackedWriter:
-    """A record writer (``synapse.records.JsonlWriter``) that also hands every record to a tracker."""
+    """A record writer (``synapse.rundir.records.JsonlWriter``) that also hands every record to a tracker."""
 
     def __init__(self, records: Any, tracker: Tracker):
         self.records, self.tracker = records, tracker

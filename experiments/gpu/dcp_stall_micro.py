@@ -1,14 +1,19 @@
 # python3 experiments/gpu/dcp_stall_micro.py   (one GPU; torch >= 2.9; no Synapse import: it ran as an inline script)
 """Micro-benchmark behind bench_checkpoint_stall.py: dcp.async_save of a ResNet-152 state (weights,
 buffers, SGD momentum: ~480 MB fp32) with a stager that copies into reused pinned buffers (what
-synapse/engine/staging.py does), 7 saves 3 s apart; stall = wait for the previous save + staging;
+synapse/engine/checkpointer.py does), 7 saves 3 s apart; stall = wait for the previous save + staging;
 then one synchronous dcp.save, and a load with weights_only=True values checked equal.
 Kept short (it was sent as one command line); result: experiments/results/h200/dcp_async_stall_micro.md."""
-import time,warnings,torch,torchvision
+import time
+import warnings
+
+import torch
 import torch.distributed.checkpoint as dcp
+import torchvision
 from torch.distributed.checkpoint import FileSystemWriter as W
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner as LP
+from torch.distributed.checkpoint.staging import AsyncStager
+
 warnings.simplefilter("ignore")
 class S(AsyncStager):
   _synchronize_after_execute=False

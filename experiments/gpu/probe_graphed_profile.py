@@ -15,12 +15,10 @@ import traceback
 
 import torch
 
-from synapse.engine.graph_capture import TrainingReplay
+from synapse.engine import TrainingReplay
 from synapse.models import build_model, model_blocks
-from synapse.profiling import graphed
-from synapse.profiling.context import MeasureContext, loss_gradient
+from synapse.profiling import MeasureContext, ProfileRequest, graphed, loss_gradient
 from synapse.profiling.profiler import _compute_setup
-from synapse.profiling.request import ProfileRequest
 
 
 def variant_separate_call_tensor(module, x, context):

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_stage_replay import KERNEL_ITERATIONS, kernel_events, pair_blocks, time_iterations  # noqa: E402
 
-from synapse.pipeline.stage import FusedStage  # noqa: E402
+from synapse.pipeline import FusedStage  # noqa: E402
 
 
 def iteration(stage: FusedStage, teacher_in, student_in, grad_format):

@@ -32,11 +32,8 @@ import time
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from synapse.data.sampler import ResumableSampler
-from synapse.data.synthetic import SyntheticImages
-from synapse.engine.batches import train_batches
-from synapse.engine.compute import ComputeSetup
-from synapse.engine.step import SingleDeviceStep
+from synapse.data import ResumableSampler, SyntheticImages
+from synapse.engine import ComputeSetup, SingleDeviceStep, train_batches
 from synapse.kd import KDLossParams, kd_loss
 from synapse.models import build_model
 

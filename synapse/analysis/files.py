@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from synapse import records
+from synapse.rundir import RecordFileError as BaseRecordFileError
+from synapse.rundir import read_jsonl as read_records
 
 METRICS_FILE = "metrics.jsonl"
 PERFORMANCE_FILE = "performance.jsonl"
@@ -41,14 +42,14 @@ class SweepDirError(AnalysisError):
     """A path that is not a Hydra multirun (sweep) directory."""
 
 
-class RecordFileError(AnalysisError, records.RecordFileError):
+class RecordFileError(AnalysisError, BaseRecordFileError):
     """A record file that exists but is not what Synapse writes."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file in file order ([] when the file is missing), by
-    ``synapse.records``' one policy (a torn last line is skipped; any other bad line is an error)."""
-    return records.read_jsonl(path, RecordFileError)
+    ``synapse.rundir.records``' one policy (a torn last line is skipped; any other bad line is an error)."""
+    return read_records(path, RecordFileError)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -5,31 +5,71 @@
 
 A figure whose records the run lacks (no decisions, no plan) is listed as not available with
 the reason, never an error: a run without failover still gets a report.
+
+A sweep's report holds the job table, the policy comparison and the regret. `FigureSet` is
+where a report goes and the figures drawn into it.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from synapse.analysis import files
-from synapse.analysis.counterfactual import decision_outcomes, option_etas
+from synapse.analysis.counterfactual import decision_outcomes, option_etas, policy_regret
 from synapse.analysis.figures import plot_rank_heatmap, plot_timeline
 from synapse.analysis.figures_predictions import plot_decision_etas, plot_plan_vs_measured
+from synapse.analysis.figures_sweep import plot_regret, plot_sweep
+from synapse.analysis.files import read_yaml
 from synapse.analysis.load import Run, load_run
 from synapse.analysis.markdown import key_value_table, markdown_table
-from synapse.analysis.figure_set import REPORT_DIR, REPORT_FILE, FigureSet
-from synapse.analysis.style import FORMATS
+from synapse.analysis.style import FORMATS, NoDataError, save_figure
+from synapse.analysis.sweep import load_sweep
 from synapse.analysis.tables import RESTART_COMPONENTS
+
+REPORT_DIR = "report"
+REPORT_FILE = "report.md"
+
+
+@dataclass
+class FigureSet:
+    """Figures drawn into one folder, and why the others could not be."""
+
+    directory: Path
+    formats: tuple[str, ...] = FORMATS
+    written: dict[str, str] = field(default_factory=dict)  # name -> caption
+    missing: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+    def draw(self, name: str, caption: str, plot: Callable[[], Figure]) -> None:
+        try:
+            fig = plot()
+        except NoDataError as exc:
+            self.missing[name] = str(exc)
+            return
+        save_figure(fig, self.directory, name, self.formats)
+        self.written[name] = caption
+
+    def markdown(self) -> str:
+        lines = []
+        for name, caption in self.written.items():
+            links = " · ".join(f"[{fmt.upper()}]({name}.{fmt})" for fmt in self.formats)
+            lines += [f"### {caption}", "", f"![{caption}]({name}.{self.formats[0]})", "", links, ""]
+        for name, reason in self.missing.items():
+            lines.append(f"- `{name}` not drawn: {reason}")
+        return "\n".join(lines)
+
 
 def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
     """Write ``<path>/report/`` (figures + report.md) for a run or a sweep directory; return report.md."""
     path = Path(path)
     if (path / files.MULTIRUN_FILE).is_file() or (path.is_dir() and not files.is_run_dir(path)
                                                    and any(p.name.isdigit() for p in path.iterdir())):
-        from synapse.analysis.report_sweep import write_sweep_report
+        from synapse.analysis.report import write_sweep_report
 
         return write_sweep_report(path, formats)
     return write_run_report(load_run(path), formats)
@@ -151,3 +191,71 @@ def _counterfactual_markdown(run: Run) -> str:
         "step": "step", "action": "chosen", "predicted_eta_s": "predicted (s)",
         "realised_remaining_s": "realised (s)", "error_s": "error (s)", "error_frac": "error (fraction)",
         "later_actions": "later actions"})
+
+
+JOB_HEADERS = {"job": "job", "status": "status", "batch_size": "batch", "policy": "policy", "seed": "seed",
+               "slowdown": "slowdown",
+               "scenario": "scenario", "wall_time_s": "wall (s)", "steps": "steps", "stages": "stages",
+               "restarts": "restarts", "decisions": "acting decisions", "time_lost_s": "time lost (s)",
+               "recovery_s": "recovery (s)", "final_top1": "top-1 (%)"}
+REGRET_HEADERS = {"scenario": "scenario", "policy": "policy", "jobs": "jobs", "value": "mean wall (s)",
+                  "best_policy": "best policy", "regret_s": "regret (s)", "regret_min_s": "fastest job",
+                  "regret_max_s": "slowest job", "regret_frac": "regret (fraction)"}
+
+
+def job_log_lines(sweep_dir: Path, sweep) -> list[str]:
+    """A markdown line per job with links (relative to the report folder) to its logs that exist."""
+    lines = []
+    for job in sweep["job"]:
+        folder = sweep_dir / str(job)
+        links = [f"[folder](../{job}/)"]
+        links += [f"[{name}](../{job}/{name})" for name in ("train.log",) if (folder / name).is_file()]
+        launcher = launcher_logs(sweep_dir, folder)
+        links += [f"[console {p.suffix[1:]}](../{p.relative_to(sweep_dir).as_posix()})" for p in launcher]
+        if (folder / "logs").is_dir():
+            links.append(f"[rank logs](../{job}/logs/)")
+        lines.append(f"- job {job}: " + " · ".join(links))
+    return lines
+
+
+def launcher_logs(sweep_dir: Path, job_folder: Path) -> list[Path]:
+    """The console output submitit kept for a job (``.submitit/<id>/<id>_0_log.out|err``), by the job id
+    Hydra recorded in the job's ``.hydra/hydra.yaml``; [] for a launcher that keeps none."""
+    hydra = read_yaml(job_folder / ".hydra" / "hydra.yaml") or {}
+    job_id = str(((hydra.get("hydra") or {}).get("job") or {}).get("id") or "")
+    folder = sweep_dir / ".submitit" / job_id
+    if not job_id or not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"{job_id}_*_log.*"))
+
+
+def write_sweep_report(path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
+    sweep = load_sweep(path)
+    regret = policy_regret(sweep)
+    out = Path(path) / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    figures = FigureSet(out, formats)
+    figures.draw("sweep_comparison", "Total time, time lost and recovery by batch size, slowdown and policy",
+                 lambda: plot_sweep(sweep))
+    figures.draw("policy_regret", "Each policy's regret against the best policy of its scenario",
+                 lambda: plot_regret(regret))
+    sweep.to_csv(out / "jobs.csv", index=False)
+    sections = [
+        f"# Sweep report: {Path(path).name}",
+        (f"`{path}` — {len(sweep)} jobs, written {time.strftime('%Y-%m-%d %H:%M:%S')} by "
+         f"`python -m synapse.analysis report` (every column: `jobs.csv`)"),
+        "## Jobs", markdown_table(sweep, JOB_HEADERS),
+        "## Regret", ("Per scenario (the same overrides apart from the policy and the seed): how much longer "
+                      "each policy's runs took than the best one's on average, and its fastest and slowest job "
+                      "against that average. With one job per policy the difference is a single noisy run: "
+                      "repeat the jobs over seeds (e.g. `seed=0,1,2`) before reading it as a ranking."),
+        markdown_table(regret, REGRET_HEADERS),
+        "## Figures", figures.markdown(),
+        "## Logs", ("Each job's folder, its log (`train.log`), its console as the launcher kept it, and every "
+                    "pipeline rank's output (`logs/launch_<stage>/`). Per-job reports: "
+                    "`python -m synapse.analysis report <sweep>/<job>`."),
+        "\n".join(job_log_lines(Path(path), sweep)),
+    ]
+    report = out / REPORT_FILE
+    report.write_text("\n\n".join(sections) + "\n")
+    return report

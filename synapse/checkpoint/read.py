@@ -16,8 +16,18 @@ from typing import Any
 import torch
 
 from synapse.checkpoint import dcp as dcp_store
-from synapse.checkpoint.layout import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, STATE_FILE, CheckpointError, CheckpointRef,
-                     IncompatibleCheckpointError, UnsafeCheckpointError, list_checkpoints, sha256_of)
+from synapse.checkpoint.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    READABLE_VERSIONS,
+    STATE_FILE,
+    CheckpointError,
+    CheckpointRef,
+    IncompatibleCheckpointError,
+    UnsafeCheckpointError,
+    list_checkpoints,
+    sha256_of,
+)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

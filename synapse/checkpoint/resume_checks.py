@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from synapse.checkpoint import dcp as dcp_store
-from synapse.checkpoint.layout import CheckpointError, IncompatibleCheckpointError, UnsafeCheckpointError, list_checkpoints
+from synapse.checkpoint.layout import (
+    CheckpointError,
+    IncompatibleCheckpointError,
+    UnsafeCheckpointError,
+    list_checkpoints,
+)
 from synapse.checkpoint.read import load_file, read_dcp, read_manifest, verify_checkpoint
 
 

@@ -23,8 +23,18 @@ from typing import Any, Mapping
 import torch
 
 from synapse.checkpoint import dcp as dcp_store
-from synapse.checkpoint.layout import (FORMAT_VERSION, MANIFEST, STEP_DIR_PATTERN, TEMPORARY_PATTERN, CheckpointError,
-                     CheckpointWriteError, NonFiniteCheckpointError, list_checkpoints, sha256_of, step_dir_name)
+from synapse.checkpoint.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    STEP_DIR_PATTERN,
+    TEMPORARY_PATTERN,
+    CheckpointError,
+    CheckpointWriteError,
+    NonFiniteCheckpointError,
+    list_checkpoints,
+    sha256_of,
+    step_dir_name,
+)
 from synapse.checkpoint.read import verify_checkpoint
 
 

@@ -5,21 +5,52 @@ the wrong type fails while Hydra composes the config. ``validate`` then checks w
 cannot express (a temperature <= 0, a model name we do not know, a GPU id that does not exist)
 and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
 Only the entry point sees the whole tree; each component receives its own slice.
+
 """
 from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
 from synapse.config.errors import ConfigError
-from synapse.config.schema import (ACCELERATORS, CheckpointConfig, DataConfig, ExperimentConfig, FailoverConfig,
-                     InjectionConfig, KDConfig, MODES, MonitorConfig, NONFINITE_CHECKS, NONFINITE_POLICIES,
-                     OPTIMIZERS, OptimConfig, PARTITION_MODES, PIPELINE_SCHEDULES, PRECISIONS, PartitionConfig,
-                     PipelineConfig, PolicyConfig, SCHEDULES, STRATEGIES, StudentConfig, SynapseConfig,
-                     TeacherConfig, TrainerConfig)
-from synapse.config.schema import default_cache_dir, register_configs, to_container  # importing registers the schema
+from synapse.config.schema import (
+    ACCELERATORS,
+    MODES,
+    NONFINITE_CHECKS,
+    NONFINITE_POLICIES,
+    OPTIMIZERS,
+    PARTITION_MODES,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
+    SCHEDULES,
+    STRATEGIES,
+    CheckpointConfig,
+    DataConfig,
+    ExperimentConfig,
+    FailoverConfig,
+    InjectionConfig,
+    KDConfig,
+    MonitorConfig,
+    OptimConfig,
+    PartitionConfig,
+    PipelineConfig,
+    PolicyConfig,
+    StudentConfig,
+    SynapseConfig,
+    TeacherConfig,
+    TrainerConfig,
+    default_cache_dir,
+    register_configs,
+    to_container,
+)
+from synapse.config.supported_torch import (
+    OLDEST_SUPPORTED,
+    UnsupportedTorchError,
+    require_supported_torch,
+    torch_version,
+)
 from synapse.config.validation import validate
 
-__all__ = ["ACCELERATORS", "CheckpointConfig", "DataConfig", "ExperimentConfig", "FailoverConfig",
+__all__ = ["ACCELERATORS", "CheckpointConfig", "ConfigError", "DataConfig", "ExperimentConfig", "FailoverConfig",
            "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES",
-           "OPTIMIZERS", "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS", "PartitionConfig",
-           "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig", "SynapseConfig",
-           "TeacherConfig", "TrainerConfig", "ConfigError", "default_cache_dir", "num_stages",
-           "register_configs", "resolve_accelerator", "resolve_devices", "run_topology", "to_container", "uses_pipeline",
-           "validate"]
+           "OLDEST_SUPPORTED", "OPTIMIZERS", "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS",
+           "PartitionConfig", "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig",
+           "SynapseConfig", "TeacherConfig", "TrainerConfig", "UnsupportedTorchError", "default_cache_dir",
+           "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator", "resolve_devices",
+           "run_topology", "to_container", "torch_version", "uses_pipeline", "validate"]

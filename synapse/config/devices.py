@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig
 
-from synapse.planner.topology import NodeTopology
 from synapse.config.errors import fail
+from synapse.partitioning import NodeTopology
 
 
 def resolve_accelerator(trainer: DictConfig) -> str:
@@ -48,7 +48,7 @@ def num_stages(trainer: DictConfig) -> int:
 
 
 def run_topology(trainer: DictConfig) -> NodeTopology:
-    """The run's nodes and their devices (run-wide device ids: ``synapse.planner.topology``)."""
+    """The run's nodes and their devices (run-wide device ids: ``synapse.partitioning.topology``)."""
     return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)))
 
 

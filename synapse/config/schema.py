@@ -16,8 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from synapse.monitor.detector import DetectorConfig
-from synapse.planner.estimator import EstimatorConfig
+from synapse.calibration import EstimatorConfig
+from synapse.detection import DetectorConfig
 
 
 def settings_node(settings: type) -> type:
@@ -153,7 +153,7 @@ class TrainerConfig:
 class PipelineConfig:
     schedule: str = "1f1b"
     # Micro-batches per step (an integer), or "auto": the planner chooses the count with the cuts
-    # (synapse.planner.microbatches; the GPU preset's default). With one device this is gradient
+    # (synapse.partitioning.microbatches; the GPU preset's default). With one device this is gradient
     # accumulation over the same micro-batches, the reference the pipelined runtime must reproduce.
     microbatches: Any = 1
     # On CUDA, capture each stage's teacher forward and student forward/backward as CUDA graphs
@@ -195,7 +195,7 @@ class CheckpointConfig:
 
 @dataclass
 class FaultSettings:
-    """One injected fault; which keys each kind takes is synapse.monitor.fault_spec's to say (unset:
+    """One injected fault; which keys each kind takes is synapse.injection.spec's to say (unset:
     not given). E.g. {kind: slow_compute, rank: 2, start: 70, factor: 4}."""
 
     kind: Optional[str] = None
@@ -238,7 +238,7 @@ def policy_params_node() -> type:
     """Every policy's parameters in one node, each unset by default (the policy's own default):
     the fields and types of the policies' settings dataclasses, so a misspelt or mistyped
     parameter fails when the config is composed; which policy takes which is checked by validate()."""
-    from synapse.planner.policy_registry import POLICY_SETTINGS
+    from synapse.decision import POLICY_SETTINGS
 
     fields_by_name: dict[str, Any] = {}
     for settings in POLICY_SETTINGS:

@@ -1,27 +1,255 @@
 """``validate``: check what types cannot express, before any work starts.
 
 A temperature <= 0, a model name we do not know, a GPU id that does not exist: each raises
-``ConfigError`` naming the offending key and a fix. Here: the order of the checks and the range
-checks of the models, data, KD, optimizer, trainer, pipeline and partition groups; the whole
-tree's keys and numbers in `schema_checks`, the fault-tolerance groups in `failover_checks`,
-checks against the models and files in `model_checks`.
+``ConfigError`` naming the offending key and a fix. In order:
+
+1. the whole tree: no key outside the schema, no NaN or inf anywhere (free-form dicts
+   included; NaN passes every range check, so this comes first);
+2. the range checks of the models, data, KD, optimizer, trainer, pipeline and partition groups;
+3. the fault-tolerance groups (injection, the health monitor, failover: detector, estimator,
+   policy, drills, restart costs; spare devices), each checked by the component that owns it
+   (fault specs, `HealthSettings`, `DetectorConfig`, `EstimatorConfig`, the policies), built
+   once here with its errors turned into ``ConfigError``;
+4. the config against the models, data and files it names: block counts per stage,
+   micro-batches BatchNorm cannot train on, weight files and the checkpoint to resume from.
+   The models are built on the meta device (shapes only: no memory, no compute).
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices, uses_pipeline
+from synapse.config.errors import choice, fail, finite, positive
+from synapse.config.schema import (
+    ACCELERATORS,
+    MODES,
+    NONFINITE_CHECKS,
+    NONFINITE_POLICIES,
+    OPTIMIZERS,
+    PARTITION_MODES,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
+    SCHEDULES,
+    STRATEGIES,
+    TIMING_READS,
+)
+from synapse.config.supported_torch import require_supported_torch
 from synapse.trackers import TRACKERS
-from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices
-from synapse.config.errors import choice, fail, positive
-from synapse.config.failover_checks import validate_failover, validate_injection, validate_monitor
-from synapse.config.model_checks import (validate_block_counts, validate_resume, validate_single_sample_batch_norm,
-                           validate_weight_files)
-from synapse.config.schema import (ACCELERATORS, MODES, NONFINITE_CHECKS, NONFINITE_POLICIES, OPTIMIZERS, PARTITION_MODES,
-                     PIPELINE_SCHEDULES, PRECISIONS, SCHEDULES, STRATEGIES, TIMING_READS)
-from synapse.config.schema_checks import validate_finite, validate_known_keys
-from synapse.config.torch_version import require_supported_torch
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys outside the schema, each with its closest valid spelling.
+
+    Hydra rejects ``trainer.epoch=3`` but then suggests ``+trainer.epoch=3``, which it accepts
+    silently even on a typed node: a misspelt setting would be ignored without a word.
+    """
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []  # free-form dicts (policy.params) take any key
+    allowed = sorted(f.name for f in dataclasses.fields(schema))
+    unknown: list[tuple[str, list[str]]] = []
+    for key in node.keys():
+        if key not in allowed:
+            unknown.append((f"{prefix}{key}", difflib.get_close_matches(str(key), allowed, n=1)))
+        elif dataclasses.is_dataclass(OmegaConf.get_type(node, key)):
+            unknown += _unknown_keys(node[key], f"{prefix}{key}.")
+    return unknown
+
+
+def validate_finite(node, prefix: str = "") -> None:
+    """Every float of the config, however deep (lists, free-form dicts such as policy.params and
+    failover.detector): finite. Before any range check, since NaN passes them all."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        path = f"{prefix}[{key}]" if isinstance(node, list) else f"{prefix}{'.' if prefix else ''}{key}"
+        if isinstance(value, (dict, list)):
+            validate_finite(value, path)
+        else:
+            finite(path, value)
+
+
+def validate_known_keys(cfg: DictConfig) -> None:
+    for key, close in _unknown_keys(cfg):
+        parent = key.rpartition(".")[0]
+        suggestion = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+        fail(key, "is not a Synapse setting (added with a '+' override?)",
+              f"remove the override{suggestion or '.'} Valid keys are the fields in synapse/config/schema.py")
+
+
+def validate_block_counts(cfg: DictConfig) -> None:
+    """Pipeline runs: at most one stage per block, and manual counts that sum to the models' blocks.
+
+    The models are built on the meta device to count their blocks: no memory, a few ms even for ViT-L.
+    """
+    if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
+        return
+    from synapse.data import data_kwargs, dataset_info
+    from synapse.models import count_blocks
+    from synapse.partitioning import even_counts
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    k = num_stages(cfg.trainer)
+    for role in ("teacher", "student"):
+        name = cfg[role].name
+        blocks = count_blocks(name, info.num_classes, info.in_chans, info.image_size)
+        if k > blocks:
+            fail("trainer.devices", f"{k} pipeline stages but the {role} {name} has only {blocks} blocks "
+                  f"(every stage holds at least one)", f"use at most {blocks} devices, or a deeper {role}")
+        counts = cfg.partition[role]
+        if cfg.partition.mode == "manual" and sum(counts) != blocks:
+            fail(f"partition.{role}", f"{list(counts)} covers {sum(counts)} blocks but the {role} {name} has "
+                  f"{blocks}", f"make the counts sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
+
+
+def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
+    """A micro-batch of one sample cannot train a model whose BatchNorm sees one value per channel
+    (after global pooling): torch refuses it mid-profile or mid-step. Found here by one forward on
+    the meta device (shapes only: no memory, no compute)."""
+    if cfg.pipeline.microbatches == "auto":
+        return  # the planner only considers micro-batches of two samples or more
+    micro = cfg.data.batch_size // (cfg.pipeline.microbatches if uses_pipeline(cfg.trainer) else 1)
+    if micro != 1 or cfg.mode == "profile":
+        return
+    import torch
+
+    from synapse.data import data_kwargs, dataset_info
+    from synapse.models import build_model
+
+    trained = {"teacher": ["teacher"], "baseline": ["student"]}.get(cfg.mode, ["student"])
+    if cfg.mode == "kd" and not cfg.teacher.checkpoint and cfg.teacher.auto_train:
+        trained.append("teacher")  # trained with labels first
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    for role in trained:
+        with torch.device("meta"):
+            model = build_model(cfg[role].name, info.num_classes, info.in_chans, info.image_size).train()
+            try:
+                model(torch.empty(1, info.in_chans, info.image_size, info.image_size))
+            except Exception as exc:  # noqa: BLE001  (a model the meta device cannot run: the step will tell)
+                if "Expected more than 1 value per channel" not in str(exc):
+                    continue
+                where = (f"data.batch_size={cfg.data.batch_size} / pipeline.microbatches={cfg.pipeline.microbatches}"
+                         if uses_pipeline(cfg.trainer) else f"data.batch_size={cfg.data.batch_size}")
+                fail("data.batch_size", f"{where} gives micro-batches of one sample, but the {role} "
+                     f"{cfg[role].name} has BatchNorm layers that see one value per channel then ({exc})",
+                     "use at least 2 samples per micro-batch (a larger data.batch_size or fewer micro-batches)")
+
+
+def validate_weight_files(cfg: DictConfig) -> None:
+    """teacher.checkpoint and student.init must fit the configured models and data (names and shapes),
+    checked here so that a wrong file fails once, not in every pipeline worker."""
+    from synapse.data import data_kwargs, dataset_info
+    from synapse.models import check_weights_file
+
+    used = {"kd": ("teacher.checkpoint", "student.init"), "baseline": ("student.init",)}.get(cfg.mode, ())
+    files = [(key, OmegaConf.select(cfg, key)) for key in used if OmegaConf.select(cfg, key)]
+    if not files:
+        return
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    for key, path in files:
+        model_name = cfg[key.split(".")[0]].name
+        check_weights_file(model_name, path, info.num_classes, info.in_chans, info.image_size, what=key)
+
+
+def validate_resume(cfg: DictConfig) -> None:
+    """The checkpoint a KD run resumes from must be finished, of a format version this Synapse reads,
+    and hold the configured student (names and shapes): refused here, before any worker starts."""
+    if cfg.resume is None:
+        return
+    if cfg.resume != "auto" and not Path(cfg.resume).exists():
+        fail("resume", f"checkpoint {cfg.resume!r} does not exist",
+              "give the path of a checkpoint directory, or resume=auto to take the newest in the run dir")
+    if cfg.mode != "kd":
+        return  # only distillation resumes
+    import torch
+
+    from synapse import checkpoint as ckpt
+    from synapse.data import data_kwargs, dataset_info
+    from synapse.models import build_model
+
+    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    with torch.device("meta"):
+        student = build_model(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
+    shapes = {key: tuple(t.shape) for key, t in student.state_dict().items()}
+    if cfg.resume == "auto":
+        ckpt.check_run_checkpoints(Path(cfg.run_dir) / "checkpoints", cfg.student.name, shapes)
+    else:
+        ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
+
+
+def validate_injection(cfg: DictConfig) -> None:
+    from synapse.injection import InjectionError, parse_faults
+
+    try:
+        parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
+    except (InjectionError, KeyError, TypeError, ValueError) as exc:
+        hint = ""
+        if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
+            hint = " (the default demo slows rank 2 of 3: add injection=none for a run on fewer devices)"
+        fail("injection.faults", str(exc), "see conf/injection/ for examples" + hint)
+
+
+def validate_monitor(cfg: DictConfig) -> None:
+    from synapse.health import HealthConfigError, HealthSettings
+
+    try:
+        HealthSettings.from_config(cfg.monitor)
+    except HealthConfigError as exc:
+        fail("monitor", str(exc), "see MonitorConfig in synapse/config/schema.py")
+
+
+REPLAN_MODES = ("live", "restart")
+
+
+def validate_failover(cfg: DictConfig) -> None:
+    from synapse.calibration import EstimatorConfig, EstimatorConfigError
+    from synapse.decision import PolicyConfigError, make_policy
+    from synapse.detection import DetectorConfig, DetectorConfigError
+
+    failover = cfg.failover
+    positive("failover.max_restarts", failover.max_restarts, allow_zero=True)
+    positive("failover.decide_every", failover.decide_every)
+    positive("failover.node_timeout_s", failover.node_timeout_s)
+    if cfg.trainer.nodes > 1 and list(cfg.trainer.spare_devices):
+        fail("trainer.spare_devices", f"spares are not supported across nodes yet (trainer.nodes={cfg.trainer.nodes})",
+             "leave trainer.spare_devices empty: a failed device's node-mates take over its blocks (DEGRADE)")
+    choice("failover.replan_mode", failover.replan_mode, REPLAN_MODES)
+    for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
+                                 ("failover.estimator", EstimatorConfig, EstimatorConfigError)):
+        try:
+            settings(**OmegaConf.to_container(failover[key.split(".")[1]], resolve=True))
+        except TypeError as exc:
+            valid = ", ".join(f.name for f in dataclasses.fields(settings))
+            fail(key, str(exc), f"use only these keys: {valid}")
+        except error as exc:
+            fail(key, str(exc), f"see {settings.__name__} for the ranges")
+    try:
+        make_policy(cfg.policy.name, **OmegaConf.to_container(cfg.policy.params, resolve=True))
+    except PolicyConfigError as exc:
+        fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
+    for i, drill in enumerate(failover.drills):
+        if not isinstance(drill, DictConfig) or set(drill) - {"step", "action", "device"} or "step" not in drill \
+                or drill.get("action") not in ("replan", "degrade", "replace") or int(drill.step) < 1:
+            fail(f"failover.drills[{i}]", f"{drill!r} is not a drill",
+                  "write {step: N (>= 1), action: replan|degrade|replace, device: D (optional)}")
+    if failover.restart_cost_file is not None and not Path(failover.restart_cost_file).is_file():
+        fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
+              "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
+    spares = [int(d) for d in cfg.trainer.spare_devices]
+    if spares and min(spares) < 0:
+        fail("trainer.spare_devices", f"negative device id in {spares}", "device ids start at 0")
+    if spares and resolve_accelerator(cfg.trainer) == "cpu" and max(spares) >= 64:
+        fail("trainer.spare_devices", f"CPU slot ids {[d for d in spares if d >= 64]} are out of range (slots are "
+              f"0..63)", "number CPU slots from 0")
+    clash = sorted(set(spares) & set(resolve_devices(cfg.trainer)))
+    if clash or len(set(spares)) != len(spares):
+        fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "
+              f"{resolve_devices(cfg.trainer)}", "list idle devices only, each once")
+    if resolve_accelerator(cfg.trainer) == "cuda" and spares:
+        check_gpu_ids(spares)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -50,7 +278,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _validate_models(cfg: DictConfig) -> None:
-    from synapse.models.factory import MODEL_REGISTRY
+    from synapse.models import MODEL_REGISTRY
 
     for key in ("teacher.name", "student.name"):
         name = OmegaConf.select(cfg, key)

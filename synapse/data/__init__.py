@@ -1,40 +1,36 @@
 """Data: the embedded digits default, ImageNet100 (CPU or on-device JPEG decoding), synthetic
-images generated on the device, and a deterministic, resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``."""
-from synapse.data.base import DatasetInfo, EpochDataset
-from synapse.data.digits import DigitsDataset
-from synapse.data.errors import DataError
-from synapse.data.from_config import build_datasets, data_kwargs
-from synapse.data.jpeg import BadSample
-from synapse.data.imagenet100 import ImageNet100, check_imagenet100_root, imagenet100_synsets
-from synapse.data.registry import build_dataset, dataset_info, dataset_lazy_imports, dataset_names
-from synapse.data.sampler import (
-    BatchIndexSampler,
-    IndexBatch,
-    ResumableSampler,
-    epoch_batches,
-    iterate_batches,
+images generated on the device, and a deterministic, resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``.
+"""
+from synapse.data.base import DataError, DatasetInfo, EpochDataset
+from synapse.data.crops import (
+    CROP_ATTEMPTS,
+    VALIDATION_DRAW,
+    CropDraw,
+    crop_box,
+    draw_train_crop,
+    normalize_uint8,
+    resized_crop,
+    resized_crops,
 )
+from synapse.data.digits import DigitsDataset, digits_split_indices, translate
+from synapse.data.imagenet100 import IMAGENET_MEAN, ImageNet100, check_imagenet100_root, imagenet100_synsets
+from synapse.data.jpeg import BadSample, decode_cpu, device_decodable, jpeg_frame, read_bytes
+from synapse.data.registry import (
+    build_dataset,
+    build_datasets,
+    data_kwargs,
+    dataset_info,
+    dataset_lazy_imports,
+    dataset_names,
+)
+from synapse.data.sampler import BatchIndexSampler, IndexBatch, ResumableSampler, epoch_batches, iterate_batches
+from synapse.data.seeding import derive_seed, seeded_generator
 from synapse.data.synthetic import SyntheticImages
 
-__all__ = [
-    "BadSample",
-    "BatchIndexSampler",
-    "DataError",
-    "DatasetInfo",
-    "DigitsDataset",
-    "EpochDataset",
-    "ImageNet100",
-    "IndexBatch",
-    "ResumableSampler",
-    "SyntheticImages",
-    "build_datasets",
-    "data_kwargs",
-    "build_dataset",
-    "check_imagenet100_root",
-    "dataset_info",
-    "dataset_lazy_imports",
-    "dataset_names",
-    "epoch_batches",
-    "imagenet100_synsets",
-    "iterate_batches",
-]
+__all__ = ["BadSample", "BatchIndexSampler", "CROP_ATTEMPTS", "CropDraw", "DataError", "DatasetInfo",
+           "DigitsDataset", "EpochDataset", "IMAGENET_MEAN", "ImageNet100", "IndexBatch", "ResumableSampler",
+           "SyntheticImages", "VALIDATION_DRAW", "build_dataset", "build_datasets", "check_imagenet100_root",
+           "crop_box", "data_kwargs", "dataset_info", "dataset_lazy_imports", "dataset_names", "decode_cpu",
+           "derive_seed", "device_decodable", "digits_split_indices", "draw_train_crop", "epoch_batches",
+           "imagenet100_synsets", "iterate_batches", "jpeg_frame", "normalize_uint8", "read_bytes", "resized_crop",
+           "resized_crops", "seeded_generator", "translate"]

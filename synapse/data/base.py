@@ -1,4 +1,6 @@
-"""What every Synapse data set shares: a description, an epoch, and batch access."""
+"""What every Synapse data set shares: a description, an epoch, batch access, and the one error
+type of the data package (``DataError``).
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,7 +10,14 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from synapse.data.errors import DataError
+
+class DataError(ValueError):
+    """Bad data input (missing folder, unknown data set name, bad argument).
+
+    A ``ValueError`` subclass so that callers validating a whole configuration can catch
+    every bad-value error in one place; the message names the offending value and the fix.
+    """
+
 
 SPLITS = ("train", "val")
 

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from synapse.data.base import DatasetInfo, EpochDataset, require_positive_int, require_split
-from synapse.data.errors import DataError
+from synapse.data.base import DataError, DatasetInfo, EpochDataset, require_positive_int, require_split
 from synapse.data.seeding import derive_seed, seeded_generator
 
 DIGITS_NUM_CLASSES = 10

@@ -21,9 +21,8 @@ import torch
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from synapse.data.base import DatasetInfo, EpochDataset, require_positive_int, require_split
+from synapse.data.base import DataError, DatasetInfo, EpochDataset, require_positive_int, require_split
 from synapse.data.crops import VALIDATION_DRAW, draw_train_crop
-from synapse.data.errors import DataError
 from synapse.data.image_batches import (
     HostSample,
     ImageBatch,

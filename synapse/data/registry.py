@@ -5,6 +5,8 @@ data set's class), so the config layer can pass one config slice to both: first
 ``dataset_info`` to check models against the data before any work, later
 ``build_dataset``. Arguments that do not change the description (``root``, ``seed``,
 ``augment`` ...) are accepted and ignored by ``dataset_info``, which reads no file.
+
+``data_kwargs`` turns the config's data slice into those arguments (the one place that knows both).
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from synapse.data.base import DatasetInfo, EpochDataset, require_split
+from omegaconf import DictConfig
+
+from synapse.data.base import DataError, DatasetInfo, EpochDataset, require_split
 from synapse.data.digits import DigitsDataset, digits_info
-from synapse.data.errors import DataError
 from synapse.data.imagenet100 import ImageNet100, imagenet100_info
 from synapse.data.synthetic import SyntheticImages, synthetic_info
 
@@ -77,3 +80,22 @@ def dataset_info(name: str, **kwargs: Any) -> DatasetInfo:
     _check_kwargs(name, kwargs)
     relevant = set(_parameter_names(entry.describe))
     return entry.describe(**{k: v for k, v in kwargs.items() if k in relevant})
+
+
+def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``build_dataset`` (for ``split``) or ``dataset_info`` (split None)."""
+    if data.name == "digits":
+        return {"image_size": data.image_size, **({"augment": data.augment, "seed": seed} if split == "train" else {})}
+    if data.name == "imagenet100":
+        return {"root": data.root, "image_size": data.image_size, **({"seed": seed, "decode": data.decode, "gpu_share": data.gpu_decode_share} if split else {})}
+    kwargs = {"image_size": data.image_size, "num_classes": data.synthetic_num_classes,
+              "in_chans": data.synthetic_in_chans}
+    if split:
+        size = data.synthetic_train_size if split == "train" else data.synthetic_val_size
+        kwargs.update(num_samples=size, seed=seed)
+    return kwargs
+
+
+def build_datasets(data: DictConfig, seed: int):
+    return (build_dataset(data.name, "train", **data_kwargs(data, seed, "train")),
+            build_dataset(data.name, "val", **data_kwargs(data, seed, "val")))

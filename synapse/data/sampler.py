@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import Sampler
 
-from synapse.data.errors import DataError
+from synapse.data.base import DataError
 from synapse.data.seeding import seeded_generator
 
 _STATE_KEYS = ("epoch", "position", "seed")

@@ -21,10 +21,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from synapse.data import BatchIndexSampler, ResumableSampler, iterate_batches
-from synapse.data.jpeg import BadSample
+from synapse.data import BadSample, BatchIndexSampler, ResumableSampler, iterate_batches
 from synapse.engine.prefetch import DevicePrefetcher
-
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from synapse.config import NONFINITE_POLICIES
-from synapse.kd import KDLossParams, kd_loss
 from synapse.engine.device import ComputeSetup
 from synapse.engine.optim import scale_gradients
+from synapse.kd import KDLossParams, kd_loss
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -76,8 +76,7 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
 def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
     """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
     teacher.checkpoint, which the user never set."""
-    from synapse.models import ModelError
-    from synapse.models.factory import check_weights_file
+    from synapse.models import ModelError, check_weights_file
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     try:

@@ -23,20 +23,18 @@ from torch import nn
 
 from synapse import checkpoint as ckpt
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
-from synapse.kd import KDLossParams
-from synapse.models import build_model, load_weights
-from synapse.monitor.events import EventLog, events_path
-from synapse.monitor.fault_spec import instant_fault_steps
-from synapse.monitor.injection import FaultInjector, parse_faults
-from synapse.records import JsonlWriter, NullWriter
-from synapse.trackers import TrackedWriter, open_tracker
+from synapse.engine.accuracy import evaluate
 from synapse.engine.batches import train_batches
 from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
 from synapse.engine.device import ComputeSetup, build_compute_setup, seed_everything
-from synapse.engine.evaluate import evaluate
 from synapse.engine.optim import build_optimizer, build_scheduler
 from synapse.engine.progress import Progress
 from synapse.engine.step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
+from synapse.injection import FaultInjector, instant_fault_steps, parse_faults
+from synapse.kd import KDLossParams
+from synapse.models import build_model, load_weights
+from synapse.rundir import EventLog, JsonlWriter, NullWriter, events_path
+from synapse.trackers import TrackedWriter, open_tracker
 
 
 class StepRunner(Protocol):

@@ -1,0 +1,27 @@
+"""The supervisor and its failover loop: launch after launch until the schedule is done;
+the controller that turns step timings into KEEP / REPLAN / DEGRADE / REPLACE; every launch as a
+composed Hydra config; the run's summary and console; and the decider and agents across nodes.
+"""
+from synapse.failover.controller import FailoverController
+from synapse.failover.decider import NodeDecider, run_across_nodes
+from synapse.failover.launches import compose_stage_config, merge_overrides, read_stage_overrides, read_stages
+from synapse.failover.node_channel import (
+    ExitOrder,
+    LaunchOrder,
+    NodeChannel,
+    NodeChannelError,
+    NodeHello,
+    NodeReport,
+    NodeSetupError,
+    StopOrder,
+    Welcome,
+)
+from synapse.failover.progress import RunProgress, supervised_console
+from synapse.failover.run import build_controller, run_with_failover
+from synapse.failover.summary import print_failover_story
+from synapse.failover.supervisor import FailoverError
+
+__all__ = ["ExitOrder", "FailoverController", "FailoverError", "LaunchOrder", "NodeChannel", "NodeChannelError",
+           "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError", "RunProgress", "StopOrder", "Welcome",
+           "build_controller", "compose_stage_config", "merge_overrides", "print_failover_story",
+           "read_stage_overrides", "read_stages", "run_across_nodes", "run_with_failover", "supervised_console"]

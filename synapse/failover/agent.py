@@ -21,12 +21,19 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from synapse.config import resolve_devices
-from synapse.launch.elastic import launch_pipeline
-from synapse.launch.root_cause import WorkerFailure, newest_checkpoint
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.monitor.liveness import kill_live_workers
-from synapse.failover.node_channel import (BEAT_S, ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello, NodeReport,
-                           NodeSetupError, StopOrder)
+from synapse.failover.node_channel import (
+    BEAT_S,
+    ExitOrder,
+    LaunchOrder,
+    NodeChannel,
+    NodeChannelError,
+    NodeHello,
+    NodeReport,
+    NodeSetupError,
+    StopOrder,
+)
+from synapse.health import kill_live_workers, read_heartbeats
+from synapse.launch import WorkerFailure, launch_pipeline, newest_checkpoint
 
 
 class DeciderLost(RuntimeError):

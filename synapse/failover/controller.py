@@ -8,7 +8,7 @@ restarts) and is fed one ``performance.jsonl`` record per optimizer step. Per re
 2. the alpha/beta estimator compares each rank's measured compute and comm with the cost
    model's prediction for the partition that runs, giving per-*device* factors;
 3. the first steady steps of each placement calibrate the block profiles
-   (`synapse.planner.block_calibration`): a stage measured 2x its prediction makes its
+   (`synapse.calibration.blocks`): a stage measured 2x its prediction makes its
    blocks 2x dearer, the device's alpha divided out; the estimator's predictions follow, so
    the same error is not read as a slow device too. Every option below is planned (its cuts)
    and priced by the calibrated planner (``priced``);
@@ -34,18 +34,29 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from synapse.monitor.detector import COMM, COMPUTE, SLOWDOWN, Detection, SlowdownDetector
-from synapse.monitor.timing import StepTiming, link_send_seconds
-from synapse.planner.decision import Decision, DecisionContext, NoViableOptionError
-from synapse.planner.estimator import AlphaBetaEstimator
-from synapse.planner.eta import build_options
-from synapse.planner.online_calibration import OnlineCalibration
-from synapse.planner.options import OptionKind, RunningPartition
-from synapse.planner.placement import Placement
-from synapse.planner.policy import DegradePolicy, Policy
-from synapse.planner.restart_cost import RestartCostModel
-from synapse.planner.stage_planner import StagePlanner
-from synapse.failover.carry_over import carry_over
+from synapse.calibration import AlphaBetaEstimator, OnlineCalibration
+from synapse.decision import (
+    Decision,
+    DecisionContext,
+    DegradePolicy,
+    NoViableOptionError,
+    OptionKind,
+    Policy,
+    RestartCostModel,
+    RunningPartition,
+    build_options,
+)
+from synapse.detection import (
+    COMM,
+    COMPUTE,
+    SLOWDOWN,
+    Detection,
+    SlowdownDetector,
+    StepTiming,
+    carry_over,
+    link_send_seconds,
+)
+from synapse.partitioning import Placement, StagePlanner
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against

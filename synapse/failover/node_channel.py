@@ -28,8 +28,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from synapse.config import ConfigError
-from synapse.launch.elastic import RendezvousSetupError
-from synapse.launch.rendezvous import rendezvous_bind_address, store_on
+from synapse.launch import RendezvousSetupError, rendezvous_bind_address, store_on
 
 PREFIX = "synapse/nodes"
 BEAT_S = 0.5

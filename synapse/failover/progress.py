@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from synapse.engine.console_bar import ConsoleBar, lines_above
-from synapse.engine.progress import Milestones, StepRate, is_terminal, progress_text
-from synapse.planner.placement import Placement
-from synapse.records import JsonlTail, RecordFileError
+from synapse.engine import ConsoleBar, Milestones, StepRate, is_terminal, lines_above, progress_text
+from synapse.partitioning import Placement
+from synapse.rundir import JsonlTail, RecordFileError
+
 
 class RunProgress(threading.Thread):
     """Tails the run's records and draws the bar (terminal) or logs a plain line per quarter (elsewhere).

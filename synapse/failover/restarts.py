@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from synapse.planner.decision import Decision
+from synapse.decision import Decision
 
 
 @dataclass

@@ -8,22 +8,19 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from synapse import checkpoint as ckpt
+from synapse.calibration import AlphaBetaEstimator, EstimatorConfig
 from synapse.config import resolve_accelerator, resolve_devices
-from synapse.launch.elastic import launch_pipeline
-from synapse.launch.planning import configured_alphas
-from synapse.monitor.detector import DetectorConfig, SlowdownDetector
-from synapse.monitor.events import EventLog, events_path
-from synapse.planner.estimator import AlphaBetaEstimator, EstimatorConfig
-from synapse.planner.options import OptionKind
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
-from synapse.planner.placement import Placement
-from synapse.planner.stage_planner import StagePlanner
-from synapse.trackers import open_tracker
-from synapse.planner.policy_registry import make_policy
+from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
+from synapse.detection import DetectorConfig, SlowdownDetector
 from synapse.failover.controller import FailoverController
-from synapse.failover.stages import StageSpec, read_stages, user_overrides
+from synapse.failover.launches import StageSpec, read_stages, user_overrides
 from synapse.failover.summary import SUMMARY_FILE
 from synapse.failover.supervisor import STATE_FILE, Supervisor, first_stage
+from synapse.launch import launch_pipeline
+from synapse.partitioning import Placement, StagePlanner
+from synapse.planning import configured_alphas
+from synapse.rundir import EventLog, events_path
+from synapse.trackers import open_tracker
 
 # Measured restart and live re-plan costs, shipped with the package (experiments/bench_restart_cost.py and
 # bench_live_replan.py write them here); a run's own restarts correct them.

@@ -26,22 +26,17 @@ from omegaconf import DictConfig
 
 from synapse import checkpoint as ckpt
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
-from synapse.launch.elastic import launch_pipeline
-from synapse.launch.root_cause import WorkerFailure
-from synapse.launch.interrupt import InterruptToStop, RunInterrupted
-from synapse.launch.worker_logs import failed_rank_tail
-from synapse.monitor.events import EventLog, EventLogError, events_path
-from synapse.planner.placement import Placement
-from synapse.planner.decision import Decision, NoViableOptionError
-from synapse.records import JsonlTail
-from synapse.trackers import NullTracker, Tracker
+from synapse.decision import Decision, NoViableOptionError
 from synapse.failover.controller import FailoverController
+from synapse.failover.launches import StageSpec, compose_stage, pin_checkpoint, stage_overrides, write_stage
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
-from synapse.failover.stage_config import compose_stage, stage_overrides
-from synapse.failover.stages import StageSpec, pin_checkpoint, write_stage
 from synapse.failover.summary import write_experiment_summary
 from synapse.failover.watch import StageWatcher
+from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
+from synapse.partitioning import Placement
+from synapse.rundir import EventLog, EventLogError, JsonlTail, events_path
+from synapse.trackers import NullTracker, Tracker
 
 STATE_FILE = "failover/controller_state.json"
 

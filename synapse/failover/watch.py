@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
-from synapse.monitor.events import EventLog, events_path
-from synapse.planner.options import OptionKind
-from synapse.planner.placement import Placement
-from synapse.planner.decision import Decision
-from synapse.records import JsonlTail
+from synapse.decision import Decision, OptionKind
 from synapse.failover.controller import FailoverController
+from synapse.partitioning import Placement
+from synapse.rundir import EventLog, JsonlTail, events_path
 
 
 class StageWatcher(threading.Thread):

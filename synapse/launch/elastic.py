@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import pickle
-import time
 import socket
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -30,15 +30,11 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from synapse.config import resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
-from synapse.monitor.health import build_health_monitor
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.monitor.liveness import FINISHED_PHASE, kill_live_workers
-from synapse.pipeline.runtime import progress_path, read_progress
-from synapse.pipeline.worker import worker_main
-from synapse.storage import filesystem_full
+from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
 from synapse.launch import interrupt, rendezvous
 from synapse.launch.root_cause import WorkerFailure, failure_of
-
+from synapse.pipeline import progress_path, read_progress, worker_main
+from synapse.rundir import filesystem_full
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
 # a relaunch costs a fork instead of a fresh interpreter importing torch (seconds per rank),

@@ -16,7 +16,7 @@ ourselves (``master_listen_fd``):
 Ranks follow the nodes: torch numbers the nodes of a rendezvous by host name and pid, so which
 node ran rank 0 was an accident; here node ``trainer.node_rank`` = n runs the ranks after those of
 nodes 0..n-1 (parameter ``node_rank``), which is what a placement across nodes assumes
-(``synapse.planner.topology``). Two nodes claiming one node_rank fail the rendezvous, named.
+(``synapse.partitioning.topology``). Two nodes claiming one node_rank fail the rendezvous, named.
 
 Registered as the rendezvous backend ``synapse-c10d``; same parameters as torch's ``c10d``.
 """

@@ -16,8 +16,8 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from synapse.checkpoint import latest_valid_checkpoint
-from synapse.pipeline.runtime import WAIT_PHASES
-from synapse.storage import disk_full_error, filesystem_full, read_json_record
+from synapse.pipeline import WAIT_PHASES
+from synapse.rundir import disk_full_error, filesystem_full, read_json_record
 
 
 class WorkerFailure(RuntimeError):

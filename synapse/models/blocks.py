@@ -12,8 +12,8 @@ and a ResNet-152 is 57 (conv, bn, act, maxpool, 50 bottlenecks, pool, dropout, f
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from synapse.models.factory import ModelError
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from synapse.engine.device import ComputeSetup
+from synapse.engine import ComputeSetup
 from synapse.models import block_parameter_names, build_model, load_weights, model_blocks
-from synapse.planner.placement import Placement
+from synapse.partitioning import Placement
 from synapse.pipeline.stage import FusedStage
 
 

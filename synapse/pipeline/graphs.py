@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from synapse.engine.graph_capture import ForwardReplay, TrainingReplay
-from synapse.models.blocks import run_blocks
+from synapse.engine import ForwardReplay, TrainingReplay
+from synapse.models import run_blocks
 from synapse.pipeline.wire import to_wire
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from synapse.planner.placement import Placement
+from synapse.partitioning import Placement
 
 
 @dataclass(frozen=True)

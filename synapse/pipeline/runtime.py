@@ -31,9 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from synapse.engine.device import ComputeSetup
-from synapse.engine.step import NonFiniteGuard, ensure_training
-from synapse.monitor.injection import PHASES, FaultInjector
+from synapse.engine import ComputeSetup, NonFiniteGuard, ensure_training
+from synapse.injection import PHASES, FaultInjector
 from synapse.pipeline.clock import StageClock
 from synapse.pipeline.graphs import StageGraphs, slots_for
 from synapse.pipeline.stage import FusedStage

@@ -19,10 +19,9 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from synapse.config.torch_version import torch_version
-from synapse.models.blocks import run_blocks
+from synapse.config import torch_version
+from synapse.models import run_blocks
 from synapse.pipeline.wire import from_wire, to_wire
-
 
 # Oldest release whose pipelining accepts a received input that gets no gradient.
 NO_GRAD_INPUTS_SUPPORTED = torch_version() >= (2, 13)

@@ -26,22 +26,30 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from synapse.control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
-from synapse.engine.batches import eval_batches
-from synapse.engine.checkpointer import Checkpointer, HeldState
-from synapse.engine.device import ComputeSetup
-from synapse.engine.metrics import topk_correct
-from synapse.engine.optim import build_optimizer, build_scheduler, load_optimizer_state_by_name, optimizer_state_by_name
-from synapse.engine.step import checks_loss_late, training_loss
-from synapse.engine.trainer import Trainer, build_run_parts, kd_params
-from synapse.monitor.events import EventLog, events_path
-from synapse.monitor.heartbeat import Heartbeat
-from synapse.monitor.injection import FaultInjector, build_fault_injector
-from synapse.planner.placement import Placement
-from synapse.records import JsonlWriter, NullWriter
+from synapse.engine import (
+    Checkpointer,
+    ComputeSetup,
+    HeldState,
+    Trainer,
+    build_optimizer,
+    build_run_parts,
+    build_scheduler,
+    checks_loss_late,
+    eval_batches,
+    kd_params,
+    load_optimizer_state_by_name,
+    optimizer_state_by_name,
+    topk_correct,
+    training_loss,
+)
+from synapse.health import Heartbeat
+from synapse.injection import FaultInjector, build_fault_injector
+from synapse.partitioning import Placement
 from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
+from synapse.rundir import EventLog, JsonlWriter, NullWriter, events_path
 
 
 class ProcessGroupShards:

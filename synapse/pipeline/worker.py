@@ -24,10 +24,10 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from synapse.config import resolve_accelerator, resolve_devices
-from synapse.run_lock import hold_as_worker
-from synapse.engine.device import build_compute_setup
-from synapse.planner.placement import Placement
+from synapse.engine import build_compute_setup
+from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
+from synapse.rundir import hold_as_worker
 
 
 @record

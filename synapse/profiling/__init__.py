@@ -6,15 +6,33 @@ Modules: ``request`` (what to measure, cache key), ``sweeps`` (how blocks are ru
 (files on disk), ``cache`` (get-or-measure, and the entry point for ``train.py mode=profile``).
 Only torch, timm and the package's models/planner are needed: no Hydra, so a bare GPU
 machine can profile.
-"""
-from synapse.profiling.cache import PROFILES_SUBDIR, ProfilePaths, cached_profile_path, get_or_profile, profile_for_config
-from synapse.profiling.profiler import measurement_count, profile_model, run_profile
-from synapse.profiling.request import (DTYPES, ROLES, ProfileRequest, ProfilerError, cache_key, device_name, resolve_device,
-                      resolve_precision)
-from synapse.profiling.result import ProfileDetails, ProfileResult, details_path, load_result, save_result
-from synapse.profiling.sweeps import parameter_bytes
 
-__all__ = ["DTYPES", "PROFILES_SUBDIR", "ROLES", "ProfileDetails", "ProfilePaths", "ProfileRequest", "ProfileResult",
-           "ProfilerError", "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile",
-           "load_result", "measurement_count", "parameter_bytes", "profile_for_config", "profile_model",
-           "resolve_device", "resolve_precision", "run_profile", "save_result"]
+"""
+from synapse.profiling.cache import (
+    PROFILES_SUBDIR,
+    ProfilePaths,
+    cached_profile_path,
+    get_or_profile,
+    profile_for_config,
+)
+from synapse.profiling.context import ComputeSetup, MeasureContext, loss_gradient
+from synapse.profiling.measure import MarkTimer, SavedTensorBytes, storage_keys
+from synapse.profiling.profiler import measurement_count, profile_model, run_profile
+from synapse.profiling.request import (
+    DTYPES,
+    ROLES,
+    ProfileRequest,
+    ProfilerError,
+    cache_key,
+    device_name,
+    resolve_device,
+    resolve_precision,
+)
+from synapse.profiling.result import ProfileDetails, ProfileResult, details_path, load_result, save_result
+from synapse.profiling.sweeps import parameter_bytes, timed_sweep
+
+__all__ = ["ComputeSetup", "DTYPES", "MarkTimer", "MeasureContext", "PROFILES_SUBDIR", "ProfileDetails",
+           "ProfilePaths", "ProfileRequest", "ProfileResult", "ProfilerError", "ROLES", "SavedTensorBytes",
+           "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile", "load_result",
+           "loss_gradient", "measurement_count", "parameter_bytes", "profile_for_config", "profile_model",
+           "resolve_device", "resolve_precision", "run_profile", "save_result", "storage_keys", "timed_sweep"]

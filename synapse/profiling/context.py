@@ -1,6 +1,6 @@
 """How the profiler calls a block: device, precision and memory format.
 
-Precision and layout are the trainer's own (``synapse.engine.compute.ComputeSetup``): bf16
+Precision and layout are the trainer's own (``synapse.engine.device.ComputeSetup``): bf16
 under ``torch.autocast``, channels_last for conv nets on CUDA.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from synapse.engine.compute import ComputeSetup
+from synapse.engine import ComputeSetup
 from synapse.profiling.request import ProfileRequest
 
 

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from synapse.engine.graph_capture import ForwardReplay, TrainingReplay
+from synapse.engine import ForwardReplay, TrainingReplay
 from synapse.models import run_blocks
 from synapse.profiling.context import MeasureContext, loss_gradient
 from synapse.profiling.in_graph import in_graph_block_times

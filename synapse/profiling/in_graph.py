@@ -21,7 +21,7 @@ import statistics
 import torch
 from torch import nn
 
-from synapse.engine.graph_capture import WARMUP_ITERATIONS, capture_kwargs
+from synapse.engine import WARMUP_ITERATIONS, capture_kwargs
 from synapse.profiling.context import MeasureContext, loss_gradient
 
 

@@ -2,7 +2,7 @@
 
 Per block (``synapse.models.model_blocks``) a profile holds forward time, backward time
 (student only), the bytes of the tensors at its input and output boundaries, the memory it
-keeps for backward, and its parameter bytes (one CSV row, see ``synapse.planner.profile``).
+keeps for backward, and its parameter bytes (one CSV row, see ``synapse.partitioning.profile``).
 The details next to it hold the whole model's times, measured alongside, as a sanity check.
 
 How: one untimed sweep measures sizes (``sweeps.size_sweep``), ``warmup`` untimed sweeps let
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from synapse.models import build_model, model_blocks, model_spec
-from synapse.planner.profile import BYTES_PER_KB, BlockProfile, ModelProfile
+from synapse.partitioning import BYTES_PER_KB, BlockProfile, ModelProfile
 from synapse.profiling.context import ComputeSetup, MeasureContext
 from synapse.profiling.graphed import graphed_times
 from synapse.profiling.request import ProfileRequest, cache_key, device_name, resolve_device

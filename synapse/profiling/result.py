@@ -1,7 +1,7 @@
 """A measured profile plus how it was measured, and how both are stored on disk.
 
 The planner reads only the CSV (and its ``.meta.json``, written by ``write_profile_csv``),
-whose metadata keys are fixed by ``synapse.planner.profile``. Everything else a reader
+whose metadata keys are fixed by ``synapse.partitioning.profile``. Everything else a reader
 may want to check (torch version, warmup/repeats, the whole-model sanity check) goes
 into a third file next to them, ``<csv>.details.json``, so the CSV stays byte-compatible
 with the TSPipe tools.
@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
-from synapse.planner.profile import ModelProfile, load_profile_csv, metadata_path, write_profile_csv
+from synapse.partitioning import ModelProfile, load_profile_csv, metadata_path, write_profile_csv
 from synapse.profiling.request import ProfilerError
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from synapse.monitor.fault_spec import PHASES
+from synapse.injection import PHASES
 
 STEPS = 8
 CHECKPOINT_EVERY = 2
@@ -95,7 +95,7 @@ def sequences(draw, rotation: int = 0) -> Sequence:
 
 # ---------------------------------------------------------------- as injection config
 def injection_fault(fault: Fault) -> dict:
-    """One fault as an ``injection.faults`` entry (synapse/monitor/fault_spec.py)."""
+    """One fault as an ``injection.faults`` entry (synapse/injection/spec.py)."""
     if fault.hard:
         return {"kind": fault.kind, "rank": fault.rank, "step": fault.start + 1, "phase": fault.phase}
     if fault.kind == "slow_link":

@@ -22,7 +22,7 @@ from nbclient import NotebookClient
 from synapse.analysis import (NoDataError, decision_outcomes, load_run, load_sweep, plot_decision_etas,
                               plot_plan_vs_measured, plot_rank_heatmap, plot_regret, plot_sweep, plot_timeline,
                               policy_regret, write_report)
-from synapse.analysis.figures_sweep import SWEEP_METRICS
+from synapse.analysis import SWEEP_METRICS
 from tests.conftest import REPO_ROOT, run_train_py
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse.launch.worker_logs import rank_log_files
+from synapse.launch import rank_log_files
 
 from tests.conftest import repo_env
 from .helpers import BASE_OVERRIDES

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from synapse.failover.stages import compose_stage_config, merge_overrides, read_stage_overrides, read_stages
+from synapse.failover import compose_stage_config, merge_overrides, read_stage_overrides, read_stages
 from synapse.app import run
-from synapse.monitor.events import read_events
+from synapse.rundir import read_events
 
-from synapse.records import read_jsonl
+from synapse.rundir import read_jsonl
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 

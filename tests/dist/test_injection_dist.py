@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from synapse.records import read_jsonl
-from synapse.launch.root_cause import WorkerFailure
+from synapse.rundir import read_jsonl
+from synapse.launch import WorkerFailure
 from synapse.app import run
-from synapse.monitor.background_load import cpu_core_for_rank
-from synapse.monitor.events import read_events
-from synapse.monitor.health import HealthMonitor, HealthSettings
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.monitor.liveness import kill_live_workers, pid_alive
+from synapse.injection import cpu_core_for_rank
+from synapse.rundir import read_events
+from synapse.health import HealthMonitor, HealthSettings
+from synapse.health import read_heartbeats
+from synapse.health import kill_live_workers, pid_alive
 
 from .helpers import compose_config
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from synapse.app import run
-from synapse.failover.stages import compose_stage_config, read_stages
-from synapse.monitor.events import read_events
+from synapse.failover import compose_stage_config, read_stages
+from synapse.rundir import read_events
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse.launch.elastic import free_port
+from synapse.launch import free_port
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
 

@@ -17,10 +17,10 @@ import pytest
 
 from synapse.app import run
 from synapse.config import ConfigError, validate
-from synapse.failover.stages import compose_stage_config, read_stages
-from synapse.launch.elastic import free_port
-from synapse.monitor.events import read_events
-from synapse.records import read_jsonl
+from synapse.failover import compose_stage_config, read_stages
+from synapse.launch import free_port
+from synapse.rundir import read_events
+from synapse.rundir import read_jsonl
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
 
@@ -176,8 +176,8 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     timings: the two-node run's own records are replayed through a controller built for one node of
     4 devices. (Two real runs, one per layout, do not see the same timings on a shared 2-core machine.)"""
     from synapse.data import data_kwargs, dataset_info
-    from synapse.failover.run import build_controller
-    from synapse.launch.planning import build_stage_planner
+    from synapse.failover import build_controller
+    from synapse.planning import build_stage_planner
 
     two_nodes = tmp_path / "two_nodes"
     nodes = start_nodes(two_nodes, teacher_file, *SLOWDOWN)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from synapse.records import read_jsonl
-from synapse.launch.root_cause import WorkerFailure
+from synapse.rundir import read_jsonl
+from synapse.launch import WorkerFailure
 from synapse.app import run
 
 from .helpers import assert_identical_states, compose_config, final_student_state

@@ -40,13 +40,13 @@ from torch.distributed.elastic.multiprocessing.errors import (
 )
 
 from synapse.app import run
-from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.failover import compose_stage_config, read_stages
 from synapse.launch import elastic, root_cause
-from synapse.monitor.events import read_events
-from synapse.monitor.health import HealthMonitor, HealthSettings
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.pipeline.runtime import WAIT_PHASES
-from synapse.pipeline.worker import write_failure
+from synapse.rundir import read_events
+from synapse.health import HealthMonitor, HealthSettings
+from synapse.health import read_heartbeats
+from synapse.pipeline import WAIT_PHASES
+from synapse.pipeline import write_failure
 
 from .fault_sequences import CHECKPOINT_EVERY, STEPS, Sequence, sequences
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state

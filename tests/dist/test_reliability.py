@@ -31,18 +31,18 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from synapse import checkpoint as ckpt
 from synapse.config import ConfigError, validate
-from synapse.records import read_jsonl
-from synapse.engine.step import NonFiniteLossError
-from synapse.failover.stages import compose_stage_config, read_stages
+from synapse.rundir import read_jsonl
+from synapse.engine import NonFiniteLossError
+from synapse.failover import compose_stage_config, read_stages
 from synapse.launch import elastic, root_cause
-from synapse.launch.elastic import RendezvousSetupError
-from synapse.launch.root_cause import WorkerFailure
+from synapse.launch import RendezvousSetupError
+from synapse.launch import WorkerFailure
 from synapse.app import run
-from synapse.monitor.events import read_events
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.monitor.liveness import pid_alive
-from synapse.pipeline.runtime import ProgressBoard, progress_path, read_progress
-from synapse.pipeline.worker import write_failure
+from synapse.rundir import read_events
+from synapse.health import read_heartbeats
+from synapse.health import pid_alive
+from synapse.pipeline import ProgressBoard, progress_path, read_progress
+from synapse.pipeline import write_failure
 
 from tests.conftest import repo_env
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state

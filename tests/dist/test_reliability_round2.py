@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from synapse import checkpoint as ckpt
-from synapse.records import read_jsonl
-from synapse.failover.controller import FailoverController
-from synapse.failover.stages import compose_stage_config, read_stages
-from synapse.failover.supervisor import FailoverError
+from synapse.rundir import read_jsonl
+from synapse.failover import FailoverController
+from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import FailoverError
 from synapse.app import run
-from synapse.monitor.heartbeat import read_heartbeats
-from synapse.monitor.liveness import pid_alive
-from synapse.run_lock import RunDirInUseError
+from synapse.health import read_heartbeats
+from synapse.health import pid_alive
+from synapse.rundir import RunDirInUseError
 
 from tests.conftest import repo_env
 from .helpers import assert_identical_states, final_student_state
@@ -216,7 +216,7 @@ def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teache
 WORKER_HOLDING_THE_DIR = """
 import sys, time
 from pathlib import Path
-from synapse.run_lock import hold_as_worker
+from synapse.rundir.lock import hold_as_worker
 hold_as_worker(Path(sys.argv[1]))
 print("holding", flush=True)
 time.sleep(120)

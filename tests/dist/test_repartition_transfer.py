@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from synapse.pipeline.repartition import BlockMove, exchange_blocks
+from synapse.pipeline import BlockMove, exchange_blocks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 

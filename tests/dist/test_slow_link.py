@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.failover.stages import read_stages
-from synapse.monitor.events import read_events
-from synapse.records import read_jsonl
+from synapse.failover import read_stages
+from synapse.rundir import read_events
+from synapse.rundir import read_jsonl
 
 from .helpers import assert_identical_states, final_student_state
 from .test_failover import moved_blocks, overrides_for, run_overrides

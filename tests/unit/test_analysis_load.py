@@ -14,13 +14,36 @@ import pandas as pd
 import pytest
 import yaml
 
-from synapse.analysis import (NoDataError, RecordFileError, RunDirError, SweepDirError, decision_outcomes,
-                              latest_run_dir, latest_sweep_dir, load_run, load_runs, load_sweep, option_etas,
-                              plot_decision_etas, plot_plan_vs_measured, plot_rank_heatmap, plot_regret, plot_sweep,
-                              plot_timeline, policy_regret, timeline_markers)
-from synapse.analysis.markdown import cell, markdown_table
-from synapse.analysis.sweep import describe_faults, override_value, scenario_labels
-from synapse.analysis.tables import DECISION_COLUMNS, RANK_TIMING_COLUMNS, RESTART_COLUMNS, STAGE_COLUMNS
+from synapse.analysis import (
+    DECISION_COLUMNS,
+    RANK_TIMING_COLUMNS,
+    RESTART_COLUMNS,
+    STAGE_COLUMNS,
+    NoDataError,
+    RecordFileError,
+    RunDirError,
+    SweepDirError,
+    cell,
+    decision_outcomes,
+    describe_faults,
+    latest_run_dir,
+    latest_sweep_dir,
+    load_run,
+    load_runs,
+    load_sweep,
+    markdown_table,
+    option_etas,
+    override_value,
+    plot_decision_etas,
+    plot_plan_vs_measured,
+    plot_rank_heatmap,
+    plot_regret,
+    plot_sweep,
+    plot_timeline,
+    policy_regret,
+    scenario_labels,
+    timeline_markers,
+)
 
 T0 = 1_000_000.0
 PARTS = {"teacher_fwd": 0.01, "student_fwd": 0.01, "student_bwd": 0.02, "loss": 0.0, "optimizer": 0.001,

@@ -18,14 +18,13 @@ import torch
 from hydra.errors import MissingConfigException
 
 from synapse import checkpoint as ckpt
+from synapse.app import run
 from synapse.config import ConfigError, validate
 from synapse.data import DataError, dataset_info, imagenet100_synsets
-from synapse.engine.optim import optimizer_state_by_name
-from synapse.app import run
+from synapse.engine import optimizer_state_by_name
 from synapse.models import ModelError, build_model
-from synapse.planner.profile import PROFILE_COLUMNS, ProfileError, load_profile_csv
-from synapse.profiling.cache import cached_profile_path
-from synapse.profiling.request import ProfileRequest, resolve_precision
+from synapse.partitioning import PROFILE_COLUMNS, ProfileError, load_profile_csv
+from synapse.profiling import ProfileRequest, cached_profile_path, resolve_precision
 
 # Two CPU ranks: any of these configs would start a pipeline of two worker processes.
 PIPELINE = ("trainer.accelerator=cpu", "trainer.devices=2")

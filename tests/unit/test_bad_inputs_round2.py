@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_bad_inputs import HEADER, assert_names, refused_before_launch, write_profile
 
 from synapse.config import ConfigError
 from synapse.models import ModelError, build_model
-from synapse.planner.profile import ProfileError, load_profile_csv
-
-from test_bad_inputs import HEADER, assert_names, refused_before_launch, write_profile
+from synapse.partitioning import ProfileError, load_profile_csv
 
 
 @pytest.mark.parametrize("override, key", [
@@ -134,7 +133,7 @@ def test_a_one_node_run_with_an_outward_rendezvous_endpoint_is_refused(make_conf
 
 def test_a_run_dir_that_is_a_file_is_refused_with_its_path(make_config, tiny_run, tmp_path):
     from synapse.app import run
-    from synapse.run_lock import RunDirUnusableError
+    from synapse.rundir import RunDirUnusableError
 
     in_the_way = tmp_path / "run"
     in_the_way.write_text("not a directory")

@@ -1,4 +1,4 @@
-"""Online block calibration (synapse.planner.block_calibration): pure, no processes, no clocks."""
+"""Online block calibration (synapse.calibration.blocks): pure, no processes, no clocks."""
 from __future__ import annotations
 
 import math
@@ -7,19 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synapse.planner.block_calibration import (
+from synapse.calibration import (
+    AlphaBetaEstimator,
     BlockCalibration,
     CalibrationError,
     CalibrationWindow,
+    EstimatorConfig,
+    OnlineCalibration,
     StageMeasurement,
     measurements,
 )
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.estimator import AlphaBetaEstimator, EstimatorConfig
-from synapse.planner.online_calibration import OnlineCalibration
-from synapse.planner.placement import Placement
-from synapse.planner.profile import BlockProfile, ModelProfile
-from synapse.planner.stage_planner import StagePlanner
+from synapse.partitioning import BlockProfile, ModelProfile, Placement, StagePlanner, StepSpec
 
 
 def uniform(name: str, blocks: int, fwd_ms: float = 1.0, bwd_ms: float = 2.0) -> ModelProfile:
@@ -53,7 +51,7 @@ def test_every_block_of_a_stage_gets_its_stage_ratio(planner):
     assert student.tolist() == pytest.approx([1.0] * 2 + [2.0] * 4 + [0.5] * 6, rel=1e-12)
     assert calibration.observations == 3
     # The calibrated planner predicts each stage as measured.
-    calibrated = planner.calibrated(calibration).per_step_compute_s(*_parts(placement))
+    calibrated = calibration.calibrated(planner).per_step_compute_s(*_parts(placement))
     base = planner.per_step_compute_s(*_parts(placement))
     assert calibrated == pytest.approx([b * m for b, m in zip(base, [1.0, 2.0, 0.5])], rel=1e-12)
 
@@ -61,7 +59,7 @@ def test_every_block_of_a_stage_gets_its_stage_ratio(planner):
 def test_a_stage_measured_twice_as_slow_gets_fewer_blocks(planner):
     running = Placement((0, 1), (6, 6), (6, 6))
     assert planner.plan((0, 1), (1.0, 1.0))[:2] == ((6, 6), (6, 6))
-    calibrated = planner.calibrated(calibrate(planner, running, [1.0, 2.0]))
+    calibrated = calibrate(planner, running, [1.0, 2.0]).calibrated(planner)
     teacher, student, _ = calibrated.plan((0, 1), (1.0, 1.0))
     assert teacher[1] + student[1] < 12, (teacher, student)
     # Its blocks cost 2x wherever they go: 72 ms of work in all, now 36 ms a stage.
@@ -77,9 +75,9 @@ def test_a_slowed_device_is_divided_out_by_its_estimated_slowdown(planner):
     calibration = calibrate(planner, running, [1.0, 2.0], slowdowns=[1.0, 2.0])
     teacher, student = calibration.factors()
     assert set(teacher.tolist()) == {1.0} and set(student.tolist()) == {1.0}
-    assert planner.calibrated(calibration).plan((0, 1), (1.0, 1.0))[:2] == ((6, 6), (6, 6))
+    assert calibration.calibrated(planner).plan((0, 1), (1.0, 1.0))[:2] == ((6, 6), (6, 6))
     # The planner prices that device by its alpha alone: one slowdown, counted once.
-    both = planner.calibrated(calibration).predict(*_parts(running), alphas={1: 2.0}).stage_compute_s
+    both = calibration.calibrated(planner).predict(*_parts(running), alphas={1: 2.0}).stage_compute_s
     assert both[1] == pytest.approx(2 * both[0], rel=1e-12)
 
 
@@ -127,7 +125,7 @@ def test_blocks_measured_in_two_placements_keep_what_the_first_taught():
     first = calibrate(planner, Placement((0, 1), (5, 5), (5, 5)), [2.0, 1.0])
     # Truth: blocks 0-4 cost 2x, 5-9 as profiled. A second placement measures [0, 3) and [3, 10) truthfully.
     second_placement = Placement((0, 1), (3, 7), (3, 7))
-    truth = planner.calibrated(first).per_step_compute_s(*_parts(second_placement))
+    truth = first.calibrated(planner).per_step_compute_s(*_parts(second_placement))
     profile_s = planner.per_step_compute_s(*_parts(second_placement))
     second = calibrate(planner, second_placement, [t / p for t, p in zip(truth, profile_s)], calibration=first)
     assert second.factors()[0].tolist() == pytest.approx([2.0] * 5 + [1.0] * 5, rel=1e-12)
@@ -225,7 +223,7 @@ def test_factors_stay_finite_positive_and_the_last_placement_is_predicted_as_mea
         calibration = calibrate(planner, placement, ratios, calibration=calibration)
         teacher, student = calibration.factors()
         assert all(math.isfinite(f) and f > 0 for f in [*teacher, *student])
-        calibrated = planner.calibrated(calibration).per_step_compute_s(*_parts(placement))
+        calibrated = calibration.calibrated(planner).per_step_compute_s(*_parts(placement))
         base = planner.per_step_compute_s(*_parts(placement))
         assert calibrated == pytest.approx([b * r for b, r in zip(base, ratios)], rel=1e-9)
 

@@ -1,9 +1,9 @@
-"""How detector baselines follow the devices over a re-partition (synapse.failover.carry_over)."""
+"""How detector baselines follow the devices over a re-partition (synapse.detection.rebase)."""
 from __future__ import annotations
 
 import pytest
 
-from synapse.failover.carry_over import carry_over
+from synapse.detection import carry_over
 
 
 def test_each_rank_maps_to_its_devices_old_rank_with_the_predicted_change_as_scale():

@@ -18,9 +18,13 @@ import torch
 from omegaconf import OmegaConf
 
 from synapse import checkpoint as ckpt
-from synapse.engine.device import rng_state, set_rng_state
-from synapse.engine.optim import load_optimizer_state_by_name, optimizer_state_by_name
-from synapse.engine.trainer import resolve_resume
+from synapse.engine import (
+    load_optimizer_state_by_name,
+    optimizer_state_by_name,
+    resolve_resume,
+    rng_state,
+    set_rng_state,
+)
 from synapse.models import build_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

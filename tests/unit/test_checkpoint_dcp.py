@@ -22,13 +22,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.conftest import repo_env
 from synapse import checkpoint as ckpt
 from synapse.checkpoint import dcp_store
-from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
-from synapse.engine.optim import optimizer_state_by_name
-from synapse.engine.staging import HostBufferStager
-from synapse.monitor.injection import FaultInjector
+from synapse.engine import Checkpointer, HeldState, HostBufferStager, SingleShard, optimizer_state_by_name
+from synapse.injection import FaultInjector
+from tests.conftest import repo_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,7 +201,7 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     import torch
     from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
-    from synapse.monitor.injection import FaultInjector
+    from synapse.injection.injector import FaultInjector
 
     root, ready = Path(sys.argv[1]), Path(sys.argv[2])
     model = torch.nn.Linear(1000, 1000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from synapse.control import ControlRecordError, FileControlChannel, StopAck, StopRequest
-from synapse.planner.placement import Placement
+from synapse.partitioning import Placement
 
 
 def request(mode: str = "live") -> StopRequest:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from synapse.planner.cost_calibration import Calibration, calibration_error
-from synapse.planner.cost_specs import CostModelError
+from synapse.calibration import Calibration, calibration_error
+from synapse.partitioning import CostModelError
 
 
 def test_calibration_fit_recovers_known_scale_and_overhead():

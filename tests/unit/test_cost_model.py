@@ -8,9 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from synapse.planner.cost_model import CostModel
-from synapse.planner.cost_specs import CostModelError, DeviceSpec, Schedule, StepSpec
-from synapse.planner.profile import BlockProfile, ModelProfile
+from synapse.partitioning import BlockProfile, CostModel, CostModelError, DeviceSpec, ModelProfile, Schedule, StepSpec
 
 KB = 1024
 

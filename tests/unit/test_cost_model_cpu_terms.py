@@ -10,12 +10,19 @@ import re
 import numpy as np
 import pytest
 
-from synapse.launch import planning
-from synapse.planner.cost_calibration import TermCalibration
-from synapse.planner.cost_model import MESSAGES_PER_MICROBATCH, CostModel
-from synapse.planner.cost_specs import CostModelError, DeviceSpec, StepSpec, cpu_contention
-from synapse.planner.partitioner import plan_with_cost_model
-from synapse.planner.profile import BlockProfile, ModelProfile
+from synapse import planning
+from synapse.calibration import TermCalibration
+from synapse.partitioning import (
+    MESSAGES_PER_MICROBATCH,
+    BlockProfile,
+    CostModel,
+    CostModelError,
+    DeviceSpec,
+    ModelProfile,
+    StepSpec,
+    cpu_contention,
+    plan_with_cost_model,
+)
 
 KB = 1024
 

@@ -24,12 +24,14 @@ from synapse.data import (
     check_imagenet100_root,
     dataset_info,
     dataset_names,
+    derive_seed,
+    digits_split_indices,
     epoch_batches,
     imagenet100_synsets,
     iterate_batches,
+    seeded_generator,
+    translate,
 )
-from synapse.data.digits import digits_split_indices, translate
-from synapse.data.seeding import derive_seed, seeded_generator
 
 SHARED_SYNSETS = Path(__file__).resolve().parents[1] / "data" / "imagenet100.txt"
 PACKAGE_SYNSETS = Path(__file__).resolve().parents[2] / "synapse" / "data" / "imagenet100.txt"

@@ -18,22 +18,28 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from synapse.data import DataError, ImageNet100, ResumableSampler, SyntheticImages, imagenet100_synsets
-from synapse.data.crops import (
+from synapse.data import (
     CROP_ATTEMPTS,
+    IMAGENET_MEAN,
     VALIDATION_DRAW,
     CropDraw,
+    DataError,
+    ImageNet100,
+    ResumableSampler,
+    SyntheticImages,
     crop_box,
+    decode_cpu,
+    device_decodable,
     draw_train_crop,
+    imagenet100_synsets,
+    jpeg_frame,
     normalize_uint8,
+    read_bytes,
     resized_crop,
     resized_crops,
+    seeded_generator,
 )
-from synapse.data.imagenet100 import IMAGENET_MEAN
-from synapse.data.jpeg import decode_cpu, device_decodable, jpeg_frame, read_bytes
-from synapse.data.seeding import seeded_generator
-from synapse.engine.batches import BadSampleLog, DataWarning, train_batches
-from synapse.engine.prefetch import DevicePrefetcher
+from synapse.engine import BadSampleLog, DataWarning, DevicePrefetcher, train_batches
 
 SIZE = 16  # output image size of the small trees
 
@@ -499,7 +505,7 @@ def test_batched_resampler_matches_the_uint8_kernel_within_one_level():
 
 
 def test_eval_labels_only_reads_no_image(tmp_path):
-    from synapse.engine.batches import eval_batches
+    from synapse.engine import eval_batches
 
     root = make_tree(tmp_path)
     val = ImageNet100(root, "val", image_size=SIZE)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 import random
-from statistics import median
 from dataclasses import dataclass, replace
+from statistics import median
 
 import pytest
 
-from synapse.monitor.detector import (
+from synapse.detection import (
     COMM,
     COMPUTE,
     RECOVERY,
@@ -28,10 +28,12 @@ from synapse.monitor.detector import (
     DetectorConfigError,
     DetectorInputError,
     SlowdownDetector,
+    StepTiming,
+    TimingRecordError,
+    change_index,
+    own_comm_per_step,
+    read_step_timings,
 )
-from synapse.monitor.onset import change_index
-from synapse.monitor.timing import StepTiming, TimingRecordError, read_step_timings
-from synapse.monitor.waiting import own_comm_per_step
 
 CONFIG = DetectorConfig()  # the defaults are what the tests exercise
 ONSET = 300

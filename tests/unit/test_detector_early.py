@@ -11,9 +11,15 @@ import pytest
 from omegaconf import OmegaConf
 from test_detector import Slow, feed, stream, summary
 
-from synapse.monitor.baseline import net_compute_ratios, prior_checked
-from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, SlowdownDetector
-from synapse.monitor.timing import StepTiming
+from synapse.detection import (
+    COMPUTE,
+    SLOWDOWN,
+    DetectorConfig,
+    SlowdownDetector,
+    StepTiming,
+    net_compute_ratios,
+    prior_checked,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STREAMS = DATA / "fault_free_streams"

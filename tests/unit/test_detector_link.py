@@ -12,10 +12,16 @@ from dataclasses import replace
 import pytest
 from test_detector import Slow, feed, summary
 
-from synapse.monitor.detector import COMM, COMPUTE, SLOWDOWN, SlowdownDetector
-from synapse.monitor.fault_spec import FaultSpec, InjectionError
-from synapse.monitor.link import peer_checked_send
-from synapse.monitor.timing import StepTiming, link_send_seconds
+from synapse.detection import (
+    COMM,
+    COMPUTE,
+    SLOWDOWN,
+    SlowdownDetector,
+    StepTiming,
+    link_send_seconds,
+    peer_checked_send,
+)
+from synapse.injection import FaultSpec, InjectionError
 
 
 def link_stream(num_ranks: int, num_steps: int, seed: int, *, link_slow=(), compute_slow=(),

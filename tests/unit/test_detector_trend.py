@@ -1,5 +1,5 @@
 """Issue #15: a device that degrades gradually is seen as it crosses the threshold (the detector's
-trend reading, synapse/monitor/trend.py), without a false detection on any recorded real stream.
+trend reading, synapse/detection/window.py), without a false detection on any recorded real stream.
 
 The recorded streams (tests/data/fault_streams, see its index.json) are real runs: a ramp on an
 H200 and on 3 CPU ranks of an idle 16-core host, and a CPU rank whose speed shifted by itself.
@@ -14,8 +14,17 @@ import pytest
 from test_detector import feed, stream, summary
 from test_detector_early import FAULT_INDEX, FAULT_STREAMS, GPU_ALONE, recorded
 
-from synapse.monitor.detector import COMPUTE, RECOVERY, SLOWDOWN, DetectorConfig, SlowdownDetector
-from synapse.monitor.trend import current_level, projected_level, projection_sd_factor, slope
+from synapse.detection import (
+    COMPUTE,
+    RECOVERY,
+    SLOWDOWN,
+    DetectorConfig,
+    SlowdownDetector,
+    current_level,
+    projected_level,
+    projection_sd_factor,
+    slope,
+)
 
 RAMP_START, RAMP_STEPS, RAMP_TO = 30, 50, 4.0  # the shipped slow_ramp member
 
@@ -132,7 +141,7 @@ def test_a_cpu_rank_that_slowed_by_itself_is_found_once_and_nothing_before_it():
     that host a lone process on a pinned core drifts 0.65-1.07x by itself, experiments/results/
     h200/cpu_wander), so it is reported; the steps before it are a fault-free regression stream
     of their own. Found at 515 by the peer threshold alone, 532 now that the rank must also clear
-    its own 500 steps of wander against its peers (5 sd, `synapse.monitor.wander`): a 1.3x shift
+    its own 500 steps of wander against its peers (5 sd, `synapse.detection.wander`): a 1.3x shift
     is within it, and is reported once it has lasted."""
     name = "cpu3_idle_host_rank1_shift_at_507"
     events = feed(detector_for(name), recorded(name, FAULT_STREAMS))

@@ -1,4 +1,4 @@
-"""A rank must be further above its peers than its own wander (synapse.monitor.wander): the
+"""A rank must be further above its peers than its own wander (synapse.detection.wander): the
 pure helper, its place in the detector, and six real 500-step streams of 3 CPU ranks whose
 speed wanders with no fault (tests/data/wandering_host_streams, see its index.json)."""
 from __future__ import annotations
@@ -15,10 +15,21 @@ import pytest
 from test_detector import Slow, feed, stream, summary
 from test_detector_early import FAULT_INDEX, FAULT_STREAMS, GPU_ALONE, recorded
 
-from synapse.monitor.baseline import MEDIAN_SD_FACTOR, robust_sd
-from synapse.monitor.detector import COMPUTE, SLOWDOWN, DetectorConfig, DetectorInputError, SlowdownDetector
-from synapse.monitor.timing import StepTiming
-from synapse.monitor.wander import DELAY_WINDOWS, FLOOR_CAP, MIN_BLOCKS, PRIOR_FACTOR, PeerWander
+from synapse.detection import (
+    COMPUTE,
+    DELAY_WINDOWS,
+    FLOOR_CAP,
+    MEDIAN_SD_FACTOR,
+    MIN_BLOCKS,
+    PRIOR_FACTOR,
+    SLOWDOWN,
+    DetectorConfig,
+    DetectorInputError,
+    PeerWander,
+    SlowdownDetector,
+    StepTiming,
+    robust_sd,
+)
 
 WANDERING = Path(__file__).resolve().parents[1] / "data" / "wandering_host_streams"
 WANDERING_INDEX = json.loads((WANDERING / "index.json").read_text())

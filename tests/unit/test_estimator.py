@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from synapse.planner.estimator import (
+from synapse.calibration import (
     COMM,
     COMPUTE,
     AlphaBetaEstimator,

@@ -1,4 +1,4 @@
-"""Unit tests for synapse.planner.eta and synapse.planner.options: the options built, ETA arithmetic."""
+"""Unit tests for synapse.decision.eta and synapse.decision.eta: the options built, ETA arithmetic."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,8 @@ import math
 
 import pytest
 
-from synapse.planner.eta import build_options
-from synapse.planner.options import EtaModelError, Option, OptionKind, RunningPartition
-from synapse.planner.placement import PartitionError, Placement
+from synapse.decision import EtaModelError, Option, OptionKind, RunningPartition, build_options
+from synapse.partitioning import PartitionError, Placement
 
 # --------------------------------------------------------------------------- analytic planner
 # Stage r costs alpha_r * (teacher blocks * T + student blocks * S); a step costs the slowest

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import synapse.config  # noqa: F401  (registers the schema)
 from synapse.conf import CONF_DIR
 from synapse.config import ConfigError, validate
-from synapse.engine.teacher import teacher_weights
+from synapse.engine import teacher_weights
 from tests.conftest import as_written
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -130,7 +130,7 @@ def test_kd_on_imagenet100_asks_for_the_data_and_never_trains_a_vit_large_teache
 
 
 def test_the_cpu_batch_slowdown_sweep_is_16_jobs_through_submitit_with_seeds_as_repeats(tmp_path):
-    from synapse.analysis.sweep import scenario_labels
+    from synapse.analysis import scenario_labels
 
     cfg = compose_experiment("batch_slowdown_sweep_cpu", tmp_path, hydra=True)
     assert cfg.hydra.launcher._target_.endswith("submitit_launcher.LocalLauncher"), "local_sequential"

@@ -8,17 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from synapse.failover.controller import FailoverController
-from synapse.monitor.detector import DetectorConfig, SlowdownDetector
-from synapse.planner.block_calibration import BlockCalibration, measurements
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.decision import NoViableOptionError
-from synapse.planner.options import OptionKind
-from synapse.planner.placement import Placement
-from synapse.planner.policy_registry import make_policy
-from synapse.planner.profile import load_profile_csv
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
-from synapse.planner.stage_planner import DeviceFacts, StagePlanner
+from synapse.calibration import BlockCalibration, measurements
+from synapse.decision import NoViableOptionError, OptionKind, RestartCost, RestartCostModel, make_policy
+from synapse.detection import DetectorConfig, SlowdownDetector
+from synapse.failover import FailoverController
+from synapse.partitioning import DeviceFacts, Placement, StagePlanner, StepSpec, load_profile_csv
 
 SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 KEEP, REPLAN, DEGRADE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE
@@ -354,8 +348,8 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     controller = make_controller(planner, events=events)
     stage = start(controller)
     profile_s = planner.per_step_compute_s(*controller._partition_of(stage))
-    truth = planner.calibrated(BlockCalibration.neutral(planner.teacher, planner.student).observe(
-        measurements(stage, profile_s, [profile_s[0], 2 * profile_s[1], profile_s[2]])))
+    truth = BlockCalibration.neutral(planner.teacher, planner.student).observe(
+        measurements(stage, profile_s, [profile_s[0], 2 * profile_s[1], profile_s[2]])).calibrated(planner)
     timings = Timings(truth, seed=11)
     while not any(e["event"] == "block_calibration" for e in events):
         assert timings.feed(controller, stage, {}, 1) == [] and timings.step < 60
@@ -430,7 +424,7 @@ def test_a_device_the_first_plan_was_made_slow_for_stays_slow_and_its_blocks_sta
 
 
 def test_the_run_controller_knows_the_slowdowns_the_first_plan_was_made_for(planner, make_config, tmp_path):
-    from synapse.failover.run import build_controller
+    from synapse.failover import build_controller
     first = Placement((0, 1, 2), (10, 10, 10), (19, 19, 19))
     planned = build_controller(make_config("partition.alphas=[1,1,3]"), planner, tmp_path, print, first=first)
     assert planned.prior_alphas == {0: 1.0, 1: 1.0, 2: 3.0}

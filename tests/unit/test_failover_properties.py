@@ -23,16 +23,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from synapse.failover.controller import FailoverController
-from synapse.monitor.detector import SlowdownDetector
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.decision import NoViableOptionError
-from synapse.planner.options import OptionKind
-from synapse.planner.placement import Placement
-from synapse.planner.policy_registry import POLICY_NAMES, make_policy
-from synapse.planner.profile import load_profile_csv
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
-from synapse.planner.stage_planner import StagePlanner
+from synapse.decision import POLICY_NAMES, NoViableOptionError, OptionKind, RestartCost, RestartCostModel, make_policy
+from synapse.detection import SlowdownDetector
+from synapse.failover import FailoverController
+from synapse.partitioning import Placement, StagePlanner, StepSpec, load_profile_csv
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 DEVICES, TOTAL, CHECKPOINT_EVERY = (0, 1, 2), 160, 10

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from synapse.monitor.fault_spec import PHASES, parse_faults
-from tests.dist.fault_sequences import (
-    KINDS,
-    STEPS,
-    hydra_list,
-    injection_faults,
-    sequences,
-)
+from synapse.injection import PHASES, parse_faults
+from tests.dist.fault_sequences import KINDS, STEPS, hydra_list, injection_faults, sequences
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

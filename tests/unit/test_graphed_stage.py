@@ -14,9 +14,7 @@ import pytest
 import torch
 
 from synapse.models import build_model, model_blocks, run_blocks
-from synapse.pipeline.graphs import StageGraphs, slots_for
-from synapse.pipeline.stage import FusedStage
-from synapse.pipeline.wire import to_wire
+from synapse.pipeline import FusedStage, StageGraphs, slots_for, to_wire
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -165,8 +163,8 @@ def test_pipeline_runtime_with_graphs_learns_what_it_learns_eagerly(tmp_path):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from synapse.engine.compute import ComputeSetup
-    from synapse.pipeline.runtime import PipelineRuntime
+    from synapse.engine import ComputeSetup
+    from synapse.pipeline import PipelineRuntime
 
     torch.backends.cudnn.benchmark = True
     setup = ComputeSetup(torch.device("cuda", 0), torch.bfloat16, True)

@@ -13,13 +13,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from synapse.monitor.events import read_events
-from synapse.monitor.health import (HEALTH_FILE, HealthConfigError, HealthMonitor, HealthSettings,
-                                    NullHealthMonitor, build_health_monitor)
-from synapse.monitor.heartbeat import Heartbeat
-from synapse.monitor.liveness import LivenessTracker, pid_alive
-from synapse.monitor.nvml import NullNvml, cuda_to_nvml_index, decode_clock_reasons, open_nvml
-from synapse.monitor.probe import CudaProbe
+from synapse.health import (
+    HEALTH_FILE,
+    CudaProbe,
+    HealthConfigError,
+    HealthMonitor,
+    HealthSettings,
+    Heartbeat,
+    LivenessTracker,
+    NullHealthMonitor,
+    NullNvml,
+    build_health_monitor,
+    cuda_to_nvml_index,
+    decode_clock_reasons,
+    open_nvml,
+    pid_alive,
+)
+from synapse.rundir import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -267,7 +277,7 @@ def test_a_gpu_that_cannot_compute_is_a_hard_probe_failure(tmp_path):
 # ------------------------------------------------------------------ real heartbeating processes
 WORKER = textwrap.dedent("""
     import sys, threading, time
-    from synapse.monitor.heartbeat import Heartbeat
+    from synapse.health.liveness import Heartbeat
     heartbeat = Heartbeat(sys.argv[1], int(sys.argv[2]), "cpu")
     frozen = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), frozen.set()), daemon=True).start()

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse.monitor.health import HealthMonitor, HealthSettings
-from synapse.monitor.heartbeat import heartbeat_path
+from synapse.health import HealthMonitor, HealthSettings, heartbeat_path
 
 SETTINGS = HealthSettings(nvml=False, probe=False, period_s=0.1, hang_timeout_s=1.0)
 

@@ -14,11 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from synapse.monitor.background_load import BackgroundLoad, LoadTarget, cpu_core_for_rank
-from synapse.monitor.events import EventLog, EventLogError, read_events
-from synapse.monitor.injection import (CUDA_ERROR_MESSAGE, FaultInjector, FaultSpec, InjectedFault, InjectionError,
-                                       fired_fault_indices, parse_faults)
-from synapse.monitor.slowdown import DeviceDelay, TaskBaseline, split_extra
+from synapse.injection import (
+    CUDA_ERROR_MESSAGE,
+    BackgroundLoad,
+    DeviceDelay,
+    FaultInjector,
+    FaultSpec,
+    InjectedFault,
+    InjectionError,
+    LoadTarget,
+    TaskBaseline,
+    cpu_core_for_rank,
+    fired_fault_indices,
+    parse_faults,
+    split_extra,
+)
+from synapse.rundir import EventLog, EventLogError, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -454,7 +465,7 @@ def test_concurrent_writers_never_interleave_lines(tmp_path):
     path = tmp_path / "events.jsonl"
     writer = textwrap.dedent(f"""
         import sys
-        from synapse.monitor.events import EventLog
+        from synapse.rundir.events import EventLog
         log = EventLog({str(path)!r})
         for i in range(300):
             log.append("tick", writer=int(sys.argv[1]), i=i, padding="x" * 2000)
@@ -520,7 +531,7 @@ def test_background_load_burns_the_pinned_core_only_after_go_and_stops():
 
 WORKER = textwrap.dedent("""
     import os, sys, time
-    from synapse.monitor.injection import build_fault_injector
+    from synapse.injection.injector import build_fault_injector
     injector = build_fault_injector(
         [{"kind": "background_load", "rank": 1, "start": 2, "end": 3}], rank=1, world_size=2,
         run_dir=sys.argv[1], device="cpu", local_rank=1)
@@ -570,7 +581,7 @@ def test_a_load_dies_with_its_sigkilled_worker(tmp_path):
 
 KILL_OR_HANG = textwrap.dedent("""
     import sys
-    from synapse.monitor.injection import build_fault_injector
+    from synapse.injection.injector import build_fault_injector
     injector = build_fault_injector([{"kind": sys.argv[2], "rank": 0, "step": 2, "phase": "backward"}],
                                     rank=0, world_size=1, run_dir=sys.argv[1])
     for step in (1, 2, 3):

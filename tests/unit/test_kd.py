@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from synapse.engine.step import training_loss
+from synapse.engine import training_loss
 from synapse.kd import KD_MODES, KDLossParams, kd_loss, logits_kd, soft_target_kd
 
 STUDENT = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]

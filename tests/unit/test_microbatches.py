@@ -5,10 +5,17 @@ import math
 
 import pytest
 
-from synapse.planner.cost_specs import DeviceSpec, StepSpec
-from synapse.planner.microbatches import MicrobatchChoiceError, candidate_counts, choose_microbatches
-from synapse.planner.profile import BlockProfile, ModelProfile
-from synapse.planner.stage_planner import DeviceFacts, StagePlanner
+from synapse.partitioning import (
+    BlockProfile,
+    DeviceFacts,
+    DeviceSpec,
+    MicrobatchChoiceError,
+    ModelProfile,
+    StagePlanner,
+    StepSpec,
+    candidate_counts,
+    choose_microbatches,
+)
 
 BATCH = 128
 

@@ -313,7 +313,7 @@ def test_load_weights_refuses_missing_and_non_weight_files(tmp_path):
 def test_fused_stage_hands_on_dense_tensors_when_a_block_ends_in_a_view():
     # timm's PatchEmbed ends in flatten().transpose(): a cut right after it hands on a strided view,
     # which gloo's and NCCL's sends refuse ("input tensor has to be contiguous").
-    from synapse.pipeline.stage import FusedStage
+    from synapse.pipeline import FusedStage
     vit = build_model("vit_micro", 10, 3, 32)
     first_vit_block = model_blocks(vit)[0]
     assert not first_vit_block(torch.randn(2, 3, 32, 32)).is_contiguous()

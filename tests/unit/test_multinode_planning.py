@@ -6,13 +6,17 @@ import math
 
 import pytest
 
-from synapse.planner.cost_specs import StepSpec
-from synapse.planner.eta import build_options
-from synapse.planner.options import OptionKind, RunningPartition
-from synapse.planner.placement import Placement
-from synapse.planner.profile import BlockProfile, ModelProfile
-from synapse.planner.stage_planner import DeviceFacts, StagePlanner
-from synapse.planner.topology import NodeTopology, TopologyError
+from synapse.decision import OptionKind, RunningPartition, build_options
+from synapse.partitioning import (
+    BlockProfile,
+    DeviceFacts,
+    ModelProfile,
+    NodeTopology,
+    Placement,
+    StagePlanner,
+    StepSpec,
+    TopologyError,
+)
 
 COSTS = {OptionKind.KEEP: 0.0, OptionKind.REPLAN: 40.0, OptionKind.DEGRADE: 45.0, OptionKind.REPLACE: 50.0}
 ALPHAS = {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0}

@@ -7,9 +7,18 @@ import time
 
 import pytest
 
-from synapse.failover.node_channel import (ExitOrder, LaunchOrder, NodeChannel, NodeChannelError, NodeHello,
-                                           NodeReport, NodeSetupError, StopOrder, Welcome)
-from synapse.launch.elastic import free_port
+from synapse.failover import (
+    ExitOrder,
+    LaunchOrder,
+    NodeChannel,
+    NodeChannelError,
+    NodeHello,
+    NodeReport,
+    NodeSetupError,
+    StopOrder,
+    Welcome,
+)
+from synapse.launch import free_port
 
 
 @pytest.fixture
@@ -70,7 +79,7 @@ def test_ranks_follow_node_rank_whatever_order_torch_gave_the_nodes():
     from torch.distributed import HashStore
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    from synapse.launch.rendezvous import NODE_RANK_KEY, node_ordered_rank
+    from synapse.launch import NODE_RANK_KEY, node_ordered_rank
 
     store = HashStore()
     store.set_timeout(timedelta(seconds=2))
@@ -86,9 +95,15 @@ def test_ranks_follow_node_rank_whatever_order_torch_gave_the_nodes():
 def test_stop_requests_cross_nodes_through_the_deciders_store():
     from omegaconf import OmegaConf
 
-    from synapse.control import (ControlRecordError, StopAck, StopRequest, StoreControlChannel, control_endpoint,
-                                 open_channel)
-    from synapse.planner.placement import Placement
+    from synapse.control import (
+        ControlRecordError,
+        StopAck,
+        StopRequest,
+        StoreControlChannel,
+        control_endpoint,
+        open_channel,
+    )
+    from synapse.partitioning import Placement
 
     endpoint = f"127.0.0.1:{free_port()}"
     decider = NodeChannel.host(endpoint, timeout_s=10)  # the decider's store (served while referenced)

@@ -11,10 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synapse.planner.cost_model import CostModel
-from synapse.planner.cost_specs import DeviceSpec, StepSpec
-from synapse.planner.partitioner import PlanError, even_partition, plan_partition, plan_with_cost_model
-from synapse.planner.profile import BlockProfile, ModelProfile, load_profile_csv
+from synapse.partitioning import (
+    BlockProfile,
+    CostModel,
+    DeviceSpec,
+    ModelProfile,
+    PlanError,
+    StepSpec,
+    even_partition,
+    load_profile_csv,
+    plan_partition,
+    plan_with_cost_model,
+)
 
 SHARED = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
 GIB = 1 << 30

@@ -10,8 +10,7 @@ import copy
 import torch
 
 from synapse.models import build_model, model_blocks
-from synapse.pipeline.stage import FusedStage
-from synapse.pipeline.wire import from_wire, to_wire
+from synapse.pipeline import FusedStage, from_wire, to_wire
 
 
 def test_a_channels_last_activation_travels_as_its_nhwc_view_without_a_copy():

@@ -7,14 +7,28 @@ import math
 
 import pytest
 
-from synapse.planner.decision import DecisionContext, NoViableOptionError, PolicyConfigError, PolicyError
-from synapse.planner.eta import build_options
-from synapse.planner.eta_policy import EtaPolicy, EtaPolicyConfig
-from synapse.planner.options import Option, OptionKind, RunningPartition
-from synapse.planner.placement import Placement
-from synapse.planner.policy import DegradePolicy, KeepPolicy, ReplanPolicy, SkiRentalConfig, SkiRentalPolicy
-from synapse.planner.policy_registry import POLICY_NAMES, make_policy
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
+from synapse.decision import (
+    POLICY_NAMES,
+    DecisionContext,
+    DegradePolicy,
+    EtaPolicy,
+    EtaPolicyConfig,
+    KeepPolicy,
+    NoViableOptionError,
+    Option,
+    OptionKind,
+    PolicyConfigError,
+    PolicyError,
+    ReplanPolicy,
+    RestartCost,
+    RestartCostModel,
+    RunningPartition,
+    SkiRentalConfig,
+    SkiRentalPolicy,
+    build_options,
+    make_policy,
+)
+from synapse.partitioning import Placement
 
 KEEP, REPLAN, DEGRADE, REPLACE = OptionKind.KEEP, OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE
 DEVICES = (0, 1, 2, 3)

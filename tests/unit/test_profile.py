@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from synapse.planner.profile import (
+from synapse.partitioning import (
     PROFILE_COLUMNS,
     SHARED_PROFILE_MICRO_BATCH,
     BlockProfile,

@@ -14,14 +14,30 @@ import pytest
 import torch
 
 from synapse.models import ModelError, build_model, count_parameters, model_blocks
-from synapse.planner.profile import load_profile_csv
-from synapse.profiling import (ProfileRequest, ProfilerError, cache_key, cached_profile_path, details_path,
-                               device_name, get_or_profile, load_result, measurement_count, profile_for_config,
-                               profile_model, resolve_device, resolve_precision, save_result)
-from synapse.profiling import measure
-from synapse.profiling.context import ComputeSetup, MeasureContext
-from synapse.profiling.measure import MarkTimer, SavedTensorBytes, storage_keys
-from synapse.profiling.sweeps import timed_sweep
+from synapse.partitioning import load_profile_csv
+from synapse.profiling import (
+    ComputeSetup,
+    MarkTimer,
+    MeasureContext,
+    ProfileRequest,
+    ProfilerError,
+    SavedTensorBytes,
+    cache_key,
+    cached_profile_path,
+    details_path,
+    device_name,
+    get_or_profile,
+    load_result,
+    measure,
+    measurement_count,
+    profile_for_config,
+    profile_model,
+    resolve_device,
+    resolve_precision,
+    save_result,
+    storage_keys,
+    timed_sweep,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_STUDENT_CSV = REPO_ROOT.parent / "shared" / "data" / "synapse_profiles" / "snet_resnet152.csv"

@@ -11,12 +11,11 @@ import sys
 import pytest
 
 from synapse.config import ConfigError, validate
-from synapse.engine.progress import Milestones, Progress, format_seconds, progress_text
-from synapse.engine.console_bar import CLEAR_LINE, ConsoleBar, lines_above
-from synapse.failover.progress import RunProgress
-from synapse.launch.worker_logs import failed_rank_tail, last_lines, rank_log_files
-from synapse.planner.placement import Placement
-from synapse.records import JsonlWriter
+from synapse.engine import CLEAR_LINE, ConsoleBar, Milestones, Progress, format_seconds, lines_above, progress_text
+from synapse.failover import RunProgress
+from synapse.launch import failed_rank_tail, last_lines, rank_log_files
+from synapse.partitioning import Placement
+from synapse.rundir import JsonlWriter
 
 
 def test_milestones_fire_once_per_quarter_even_when_steps_jump():

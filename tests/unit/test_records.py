@@ -1,4 +1,4 @@
-"""The one JSONL writer, reader and tailing reader (synapse.records), and the record readers built on it."""
+"""The one JSONL writer, reader and tailing reader (synapse.rundir.records), and the record readers built on it."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from synapse.analysis import RecordFileError as AnalysisRecordError
-from synapse.analysis.files import read_jsonl as analysis_read_jsonl
-from synapse.monitor.events import EventLogError, read_events
-from synapse.monitor.timing import TimingRecordError, read_step_timings
-from synapse.records import JsonlTail, JsonlWriter, RecordFileError, read_jsonl
+from synapse.analysis import read_jsonl as analysis_read_jsonl
+from synapse.detection import TimingRecordError, read_step_timings
+from synapse.rundir import EventLogError, JsonlTail, JsonlWriter, RecordFileError, read_events, read_jsonl
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
 

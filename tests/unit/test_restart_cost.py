@@ -1,4 +1,4 @@
-"""Unit tests for synapse.planner.restart_cost: restart costs by component, and the model that learns them."""
+"""Unit tests for synapse.decision.restart_cost: restart costs by component, and the model that learns them."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from synapse.planner.options import EtaModelError, OptionKind
-from synapse.planner.restart_cost import RestartCost, RestartCostModel
+from synapse.decision import EtaModelError, OptionKind, RestartCost, RestartCostModel
 
 # --------------------------------------------------------------------------- RestartCost
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from synapse.pipeline.clock import StageClock, reads_timing_late
+from synapse.pipeline import StageClock, reads_timing_late
 
 CPU = torch.device("cpu")
 

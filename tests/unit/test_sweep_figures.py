@@ -8,10 +8,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from synapse.analysis import NoDataError, plot_regret, plot_sweep, policy_regret
-from synapse.analysis.figures_predictions import PER_ROW, shown_decisions
-from synapse.analysis.report_sweep import job_log_lines
-from synapse.analysis.sweep import describe_faults, scenario_labels
+from synapse.analysis import (
+    PER_ROW,
+    NoDataError,
+    describe_faults,
+    job_log_lines,
+    plot_regret,
+    plot_sweep,
+    policy_regret,
+    scenario_labels,
+    shown_decisions,
+)
 
 INTERMITTENT = "slow_compute r1@30 x3 intermittent 10 on/10 off"
 

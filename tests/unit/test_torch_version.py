@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.config import ConfigError
-from synapse.config.torch_version import (OLDEST_SUPPORTED, UnsupportedTorchError, require_supported_torch,
-                                          torch_version)
+from synapse.config import OLDEST_SUPPORTED, ConfigError, UnsupportedTorchError, require_supported_torch, torch_version
 
 
 @pytest.mark.parametrize("version, parsed", [("2.14.1+cu130", (2, 14)), ("2.11.0", (2, 11)),

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from synapse.app import run
 from synapse.config import ConfigError, validate
-from synapse.records import JsonlWriter, read_jsonl
+from synapse.rundir import JsonlWriter, read_jsonl
 from synapse.trackers import CsvTracker, TrackedWriter, open_tracker
 
 SHORT = ("trainer.max_steps=4", "data.batch_size=32", "checkpoint.at_epoch_end=false", "report=false")

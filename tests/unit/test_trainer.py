@@ -15,12 +15,17 @@ import torch
 from torch import nn
 
 from synapse import checkpoint as ckpt
-from synapse.engine import checkpointer as checkpointer_module
-from synapse.engine.compute import ComputeSetup
-from synapse.engine.optim import build_scheduler, lr_factor
-from synapse.engine.step import NonFiniteLossError, SingleDeviceStep, checks_loss_late
-from synapse.kd import KDLossParams
 from synapse.app import run
+from synapse.engine import (
+    ComputeSetup,
+    NonFiniteLossError,
+    SingleDeviceStep,
+    build_scheduler,
+    checks_loss_late,
+    lr_factor,
+)
+from synapse.engine import checkpointer as checkpointer_module
+from synapse.kd import KDLossParams
 from synapse.models import ModelError, build_model, load_weights
 
 # Digits at 16x16 (cheap), augmentation on (the default) and student dropout: both draw random

@@ -1,0 +1,29 @@
+"""Deciding: every option open to the run (KEEP, REPLAN, DEGRADE, REPLACE) priced by its
+estimated time to completion, what a restart costs, and the policies that choose. Pure: no torch.
+"""
+from synapse.decision.eta import EtaModelError, Option, OptionKind, RunningPartition, build_options
+from synapse.decision.policies import (
+    POLICY_NAMES,
+    POLICY_SETTINGS,
+    Decision,
+    DecisionContext,
+    DegradePolicy,
+    EtaPolicy,
+    EtaPolicyConfig,
+    KeepPolicy,
+    NoViableOptionError,
+    Policy,
+    PolicyConfigError,
+    PolicyError,
+    ReplanPolicy,
+    SkiRentalConfig,
+    SkiRentalPolicy,
+    make_policy,
+)
+from synapse.decision.restart_cost import RESTART_COMPONENTS, RestartCost, RestartCostModel
+
+__all__ = ["Decision", "DecisionContext", "DegradePolicy", "EtaModelError", "EtaPolicy", "EtaPolicyConfig",
+           "KeepPolicy", "NoViableOptionError", "Option", "OptionKind", "POLICY_NAMES", "POLICY_SETTINGS", "Policy",
+           "PolicyConfigError", "PolicyError", "RESTART_COMPONENTS", "ReplanPolicy", "RestartCost",
+           "RestartCostModel", "RunningPartition", "SkiRentalConfig", "SkiRentalPolicy", "build_options",
+           "make_policy"]

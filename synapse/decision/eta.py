@@ -1,0 +1,296 @@
+"""The ETA model: what the run could do next (``build_options``), each option priced in seconds
+of wall time.
+
+* ``OptionKind``       KEEP, REPLAN, DEGRADE, REPLACE.
+* ``RunningPartition`` the placement running now, measured: what KEEP keeps and what puts
+                       the planner's predictions on the measured scale (``calibration``).
+* ``Option``           one option: its placement, predicted step time and restart cost, and
+                       ``eta_s(remaining_steps) = restart_cost_s + remaining_steps * predicted_step_s``.
+* ``EtaModelError`` and the checks every part of the ETA model applies to its numbers.
+
+    ETA(option) = restart_cost_s + remaining_steps * predicted_step_s
+
+Options (``OptionKind``):
+
+* KEEP    carry on as is; predicted step = the *measured* current step, no restart.
+* REPLAN  same devices, partition re-planned for the current alphas/betas.
+* DEGRADE the failed or slowest device dropped, K-1 devices, re-planned.
+* REPLACE the bad device swapped for a spare (only when spares exist), re-planned.
+
+Calibration: the planner's cost model is never exact. Its compute per block is
+corrected where it matters for the cuts, per block, by the measured stages
+(``synapse.calibration.blocks``: the caller's ``plan_fn`` and prediction
+come from the calibrated planner). What that leaves (framework overhead,
+communication and waiting it does not model, ...) is one residual factor: KEEP
+is measured, the others are predicted, so comparing them raw would compare two
+different scales. We therefore ask the caller for the (calibrated) planner's
+prediction of the partition that is running *now* (under the current
+alphas/betas) and multiply every re-planned prediction by ``measured_step_s /
+predicted_step_s`` of that partition. It is not the block factors again: the
+prediction it divides by already holds them, so with a model that is right it
+is 1. This assumes the remaining error is a common factor across partitions of
+the same models, which is the best a single measurement can tell us.
+
+Everything here is pure: numbers and dataclasses in, numbers and dataclasses
+out. The partitioner enters as an injected ``plan_fn``; what a restart costs is
+``synapse.decision.restart_cost``'s.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from synapse.partitioning import Placement
+
+DeviceId = int
+
+
+class EtaModelError(ValueError):
+    """Bad input to the ETA model (the message names the value and the fix)."""
+
+
+class OptionKind(str, Enum):
+    KEEP = "keep"
+    REPLAN = "replan"
+    DEGRADE = "degrade"
+    REPLACE = "replace"
+
+    @classmethod
+    def parse(cls, value: OptionKind | str) -> OptionKind:
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(k.value for k in cls)
+            raise EtaModelError(f"unknown option kind {value!r}; valid kinds: {valid}") from None
+
+
+RESTARTING_KINDS = (OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE)
+
+
+def check_seconds(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise EtaModelError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_positive(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise EtaModelError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_steps(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise EtaModelError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunningPartition:
+    """The placement running now, measured: what KEEP keeps and what calibrates the planner.
+
+    ``predicted_step_s`` is the planner's cost model evaluated on *this*
+    placement under the current alphas/betas (not the prediction made when it
+    was planned); ``measured_step_s`` is the step time actually measured.
+    """
+
+    placement: Placement
+    measured_step_s: float
+    predicted_step_s: float
+
+    def __post_init__(self) -> None:
+        _check_placement(self.placement, "running partition")
+        check_positive("measured_step_s", self.measured_step_s)
+        check_positive("predicted_step_s", self.predicted_step_s)
+
+    @property
+    def devices(self) -> tuple[DeviceId, ...]:
+        return self.placement.devices
+
+    @property
+    def calibration(self) -> float:
+        """Factor that puts the planner's predictions on the measured scale (the residual of a
+        block-calibrated planner; see ``synapse.decision.eta``)."""
+        return self.measured_step_s / self.predicted_step_s
+
+
+def _check_placement(placement: Placement, what: str) -> None:
+    """What a placement must be to be priced here (``Placement`` checks the counts themselves)."""
+    if not isinstance(placement, Placement):
+        raise EtaModelError(f"{what}: needs a Placement, got {type(placement).__name__}")
+    if len(set(placement.devices)) != len(placement.devices):
+        raise EtaModelError(f"{what}: devices {placement.devices} contain duplicates")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One thing the run could do next: where it would run, and its predicted wall-time cost."""
+
+    kind: OptionKind
+    placement: Placement
+    predicted_step_s: float
+    restart_cost_s: float
+    inputs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OptionKind.parse(self.kind))
+        _check_placement(self.placement, f"{self.kind.value} option")
+        check_positive("predicted_step_s", self.predicted_step_s)
+        check_seconds("restart_cost_s", self.restart_cost_s)
+        if self.kind is OptionKind.KEEP and self.restart_cost_s != 0:
+            raise EtaModelError(f"KEEP does not restart, so its restart_cost_s must be 0, got {self.restart_cost_s}")
+
+    @property
+    def devices(self) -> tuple[DeviceId, ...]:
+        return self.placement.devices
+
+    @property
+    def teacher_counts(self) -> tuple[int, ...]:
+        return self.placement.teacher_counts
+
+    @property
+    def student_counts(self) -> tuple[int, ...]:
+        return self.placement.student_counts
+
+    def eta_s(self, remaining_steps: int) -> float:
+        """Seconds of wall time to finish the run if this option is taken now."""
+        check_steps("remaining_steps", remaining_steps)
+        return self.restart_cost_s + remaining_steps * self.predicted_step_s
+
+    def to_dict(self, remaining_steps: int | None = None) -> dict[str, Any]:
+        record = {
+            "kind": self.kind.value,
+            "devices": list(self.devices),
+            "teacher_counts": list(self.teacher_counts),
+            "student_counts": list(self.student_counts),
+            "predicted_step_s": self.predicted_step_s,
+            "restart_cost_s": self.restart_cost_s,
+            "inputs": dict(self.inputs),
+        }
+        if remaining_steps is not None:
+            record["eta_s"] = self.eta_s(remaining_steps)
+        return record
+
+
+# plan_fn(device_ids, alphas aligned with device_ids, betas as given)
+#   -> (teacher_counts, student_counts, predicted_step_s)
+PlanFn = Callable[
+    [tuple[DeviceId, ...], tuple[float, ...], Any],
+    tuple[Sequence[int], Sequence[int], float],
+]
+
+# A device that has never run (a spare) is assumed to run at nominal speed.
+SPARE_DEFAULT_ALPHA = 1.0
+
+
+def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
+                  bad_device: DeviceId | None, plan_fn: PlanFn, restart_costs: Mapping[OptionKind, float],
+                  spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = ()) -> list[Option]:
+    """All options open to the run now: KEEP, REPLAN, DEGRADE (K > 1), REPLACE (spares).
+
+    ``alphas`` maps device id -> slowdown factor (1.0 = nominal); it must cover
+    the running devices, spares missing from it are assumed nominal.
+    ``betas`` is passed through to ``plan_fn`` untouched: its shape belongs to
+    the partitioner. ``bad_device`` is the failed or slowest device (None: the
+    device with the largest alpha). Re-planned step predictions are multiplied
+    by ``current.calibration`` (see module docstring). ``lost_devices``: devices gone with the bad
+    one (a node lost with all its devices): DEGRADE drops them too, and no REPLACE is offered.
+    """
+    running_alphas = {d: _alpha_of(alphas, d, required=True) for d in current.devices}
+    bad = _resolve_bad_device(current.devices, running_alphas, bad_device)
+    spares = _check_spares(spare_devices, current.devices)
+    options = [_keep_option(current)]
+    candidates: list[tuple[OptionKind, tuple[DeviceId, ...], dict[str, Any]]] = [
+        (OptionKind.REPLAN, current.devices, {})
+    ]
+    survivors = tuple(d for d in current.devices if d != bad and d not in lost_devices)
+    if survivors:
+        dropped = {"dropped_devices": [d for d in current.devices if d not in survivors]} if lost_devices else {}
+        candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, **dropped}))
+    if spares and not lost_devices:
+        spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
+        swapped = tuple(spare if d == bad else d for d in current.devices)
+        candidates.append((OptionKind.REPLACE, swapped, {"replaced_device": bad, "spare_device": spare}))
+    for kind, devices, extra in candidates:
+        restart_s = _restart_seconds(restart_costs, kind)
+        options.append(_replanned_option(kind, devices, current, alphas, betas, plan_fn, restart_s, extra))
+    return options
+
+
+def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:
+    if device not in alphas:
+        if required:
+            raise EtaModelError(f"alphas has no entry for running device {device!r}; got alphas for {sorted(alphas)}")
+        return SPARE_DEFAULT_ALPHA
+    return check_positive(f"alpha of device {device!r}", alphas[device])
+
+
+def _resolve_bad_device(devices: tuple[DeviceId, ...], alphas: Mapping[DeviceId, float],
+                        bad_device: DeviceId | None) -> DeviceId:
+    if bad_device is None:
+        return max(devices, key=lambda d: alphas[d])  # ties: the first listed
+    if bad_device not in devices:
+        raise EtaModelError(f"bad_device {bad_device!r} is not one of the running devices {devices}")
+    return bad_device
+
+
+def _check_spares(spares: Sequence[DeviceId], running: tuple[DeviceId, ...]) -> tuple[DeviceId, ...]:
+    spares = tuple(spares)
+    overlap = sorted(set(spares) & set(running))
+    if overlap:
+        raise EtaModelError(f"spare devices {overlap} are already running {running}; spares must be idle devices")
+    if len(set(spares)) != len(spares):
+        raise EtaModelError(f"spare_devices {spares} contain duplicates")
+    return spares
+
+
+def _restart_seconds(restart_costs: Mapping[OptionKind, float], kind: OptionKind) -> float:
+    if kind not in restart_costs:
+        raise EtaModelError(f"restart_costs has no entry for {kind.value!r}; pass RestartCostModel.costs_by_kind()")
+    return check_seconds(f"restart cost of {kind.value}", restart_costs[kind])
+
+
+def _keep_option(current: RunningPartition) -> Option:
+    return Option(
+        kind=OptionKind.KEEP,
+        placement=current.placement,
+        predicted_step_s=current.measured_step_s,
+        restart_cost_s=0.0,
+        inputs={"measured_step_s": current.measured_step_s, "planner_step_s": current.predicted_step_s},
+    )
+
+
+def _replanned_option(kind: OptionKind, devices: tuple[DeviceId, ...], current: RunningPartition,
+                      alphas: Mapping[DeviceId, float], betas: Any, plan_fn: PlanFn, restart_s: float,
+                      extra: dict[str, Any]) -> Option:
+    device_alphas = tuple(_alpha_of(alphas, d, required=False) for d in devices)
+    teacher, student, planner_step_s = plan_fn(devices, device_alphas, betas)
+    teacher, student = tuple(teacher), tuple(student)
+    _check_plan_output(kind, devices, teacher, student, planner_step_s, current)
+    return Option(
+        kind=kind,
+        placement=Placement(devices, teacher, student),
+        predicted_step_s=planner_step_s * current.calibration,
+        restart_cost_s=restart_s,
+        inputs={"alphas": list(device_alphas), "planner_step_s": planner_step_s,
+                "calibration": current.calibration, **extra},
+    )
+
+
+def _check_plan_output(kind: OptionKind, devices: tuple, teacher: tuple, student: tuple, step_s: float,
+                       current: RunningPartition) -> None:
+    what = f"plan_fn for {kind.value} on devices {devices}"
+    if len(teacher) != len(devices) or len(student) != len(devices):
+        raise EtaModelError(f"{what}: {len(devices)} devices but {len(teacher)} teacher counts {teacher} and "
+                            f"{len(student)} student counts {student}; need one count per device")
+    check_positive(f"{what}: predicted step", step_s)
+    running = current.placement
+    if sum(teacher) != sum(running.teacher_counts) or sum(student) != sum(running.student_counts):
+        raise EtaModelError(
+            f"{what} placed {sum(teacher)} teacher / {sum(student)} student blocks, but the running "
+            f"partition has {sum(running.teacher_counts)} / {sum(running.student_counts)}; "
+            "a re-plan must place every block exactly once"
+        )

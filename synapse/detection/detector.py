@@ -1,0 +1,687 @@
+"""Per-rank slowdown detector: which rank got slower, at compute or at communication.
+
+Pure: one `StepTiming` per optimizer step in, `Detection` events out.
+
+1. Warm-up: the first ``warmup_steps`` records are ignored (compilation, allocator
+   and autotuner warm-up); again after `load_state_dict` and `rebase` (a new process).
+2. Baseline: the next ``baseline_window`` records give each rank a robust first
+   baseline (medians), so a slowdown from step ~15 on is seen. Two things keep a
+   device that is slow *from the start* from becoming its own normal: the plan's
+   expected per-rank compute (`set_expected`, the cost model's prediction for the
+   running partition) judged against the rank's peers (`synapse.detection.baseline`:
+   ``prior_threshold`` times its peers' measured/expected ratio = slow from the
+   start; a rank without peers, ``alone_threshold`` times the plan), and later
+   quiet steps (no compute slowdown anywhere, this rank's step below ``threshold``)
+   refining each compute baseline as the median of the last ``refine_window`` such
+   steps.
+3. Evaluation, every later step, on medians over the last ``window`` steps (a
+   single-step spike cannot move a median). A rank's per-step compute ratio is net of
+   what its peers' compute fell more than ``threshold - 1`` below theirs (time that
+   moved between ranks' clocks is not a slower device). A (rank, kind) is *in excess*
+   when its ratio to the baseline is >= ``threshold``, beyond its own noise (`NOISE_Z`
+   sd of a window median, sd from its baseline samples) and, step by step, it is
+   >= ``peer_threshold`` times the median ratio of the other ranks (window median;
+   skipped for K = 1 or ``peer_threshold=None``: a slowdown that hits every rank
+   alike does not change the best partition), and further above its peers than its own
+   wander against them has been (``peer_wander_z``, `synapse.detection.wander`: CPU ranks on
+   a virtual machine change speed by themselves). Compute is also read as where the window
+   stands now (``trend``: `synapse.detection.window`), so a gradual slowdown is seen as it
+   crosses the threshold; that reading must clear the rank's own noise too, and counts only
+   once the window median is halfway (a burst of a few slow steps is not a slowdown).
+4. ``sustain`` evaluations in a row in excess: ``Detection(event='slowdown')``.
+   While active, ``window`` evaluations in a row below `DetectorConfig.recover_below`
+   (halfway between 1 and ``threshold``): ``event='recovery'``. Recovery is
+   cautious on purpose: a false one would make the controller forget a real slowdown.
+
+Communication (who is blamed for it): records with ``send_s`` carry each rank's own send
+work apart from its waiting and are judged on it (`synapse.detection.link`); waiting, however
+long, is never blamed. Older records are judged by the waiting rule (`synapse.detection.waiting`).
+
+Onset: at an event, the start of the run of recent steps whose per-step excess is
+past the midpoint between the level before and now. ``latency_s`` runs from the
+start of the onset step to the end of the detecting one.
+
+State: a restarted launch goes on from the detector state saved with the checkpoint, so a
+device that is still slow is still reported instead of being learnt as normal. The format
+(`STATE_VERSION`) is read back by a later process, possibly of a later version of this code:
+its writer and its reader (`detector_state`, `load_detector_state`) stand side by side so that
+they cannot drift apart.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from itertools import islice
+from statistics import median
+from typing import Any
+
+from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, robust_sd
+from synapse.detection.link import LinkBaseline
+from synapse.detection.timing import StepTiming
+from synapse.detection.waiting import COMM_BASELINE_FIELDS, CommBaseline, peer_ratios
+from synapse.detection.wander import PeerWander
+from synapse.detection.window import current_level, onset_index
+
+COMPUTE, COMM = "compute", "comm"
+KINDS = (COMPUTE, COMM)
+SLOWDOWN, RECOVERY = "slowdown", "recovery"
+
+
+class DetectorConfigError(ValueError):
+    """A detector setting is out of range (the message names it and the fix)."""
+
+
+class DetectorInputError(ValueError):
+    """A record, state dict or rebase argument does not fit the detector's state."""
+
+
+def _check_number(name: str, value: Any, minimum: float, *, integer: bool = False,
+                  strict: bool = False, hint: str = "") -> None:
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value == minimum):
+        what = "an integer" if integer else "a finite number"
+        raise DetectorConfigError(f"{name}={value!r} must be {what} {'>' if strict else '>='} {minimum}{hint}")
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Settings of `SlowdownDetector` (roles: see the module docstring)."""
+
+    warmup_steps: int = 10
+    baseline_window: int = 15
+    refine_window: int = 200
+    compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
+    comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
+    prior_threshold: float | None = 4.0
+    # A rank with no peers (K = 1): learnt compute this many times the plan's = slow from the start.
+    # Off by default: on CPU the plan's absolute error is large (the demo's K = 1 stage measured
+    # 1.58x its profile, no fault); trainer=gpu sets it (synapse/detection/baseline.py says why).
+    alone_threshold: float | None = None
+    window: int = 10
+    threshold: float = 1.25
+    peer_threshold: float | None = 1.15
+    # A rank must also be further above its peers than its own wander has been: this many sd of
+    # its window median's ratio to its peers over its calm steps (`synapse.detection.wander`;
+    # CPU ranks drift). None: peer_threshold alone.
+    peer_wander_z: float | None = 5.0
+    sustain: int = 3
+    # Also judge compute on where the window stands now (its Theil-Sen projection to the latest
+    # step, `synapse.detection.window`), so a device degrading gradually is seen as it crosses the
+    # threshold, not half a window later. False: the window median alone.
+    trend: bool = True
+    min_comm_s: float = 0.005
+    wait_explain_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_number("warmup_steps", self.warmup_steps, 0, integer=True)
+        for name in ("baseline_window", "comm_baseline_window", "window", "sustain"):
+            _check_number(name, getattr(self, name), 1, integer=True)
+        _check_number("refine_window", self.refine_window, 0, integer=True, hint=" (0: never refine)")
+        _check_number("compute_noise_z", self.compute_noise_z, 0.0, hint=" (e.g. 5; 0: no noise floor)")
+        if self.prior_threshold is not None:
+            _check_number("prior_threshold", self.prior_threshold, 1.0, strict=True,
+                          hint=" (e.g. 4.0: 4x its peers against the plan; None: no prior)")
+        if self.alone_threshold is not None:
+            _check_number("alone_threshold", self.alone_threshold, 1.0, strict=True,
+                          hint=" (e.g. 1.5: a lone device 1.5x the plan; None: no check)")
+        _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
+        if self.peer_threshold is not None:
+            _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
+        if self.peer_wander_z is not None:
+            _check_number("peer_wander_z", self.peer_wander_z, 0.0, hint=" (e.g. 3; None: peer_threshold alone)")
+        if not isinstance(self.trend, bool):
+            raise DetectorConfigError(f"trend={self.trend!r} must be true or false")
+        if self.trend and self.window < 2:
+            raise DetectorConfigError(f"window={self.window} is too short for trend=true (a line needs >= 2 "
+                                      "steps); raise window or set trend=false")
+        _check_number("min_comm_s", self.min_comm_s, 0.0, hint=" seconds (e.g. 0.005)")
+        _check_number("wait_explain_factor", self.wait_explain_factor, 0.0, hint=" (e.g. 2.0; 0 disables)")
+
+    @property
+    def recover_below(self) -> float:
+        return 1.0 + (self.threshold - 1.0) / 2.0
+
+    @property
+    def history_len(self) -> int:
+        """Steps kept for evaluation and onset estimation."""
+        return 4 * self.window + self.sustain
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A slowdown, or the recovery from one, of one rank's compute or comm."""
+
+    rank: int
+    kind: str  # COMPUTE or COMM
+    event: str  # SLOWDOWN or RECOVERY
+    ratio: float  # windowed ratio to the baseline when the event fired
+    onset_step: int  # first step of the sustained change (estimated)
+    detected_step: int
+    latency_steps: int
+    latency_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Detection:
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise DetectorInputError(f"detection record lacks {missing}; required keys: {names}")
+        return cls(**{name: data[name] for name in names})
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise DetectorInputError(f"kind={kind!r}; use one of {KINDS}")
+    return kind
+
+
+def check_next_step(timing: StepTiming, last_step: int | None, num_ranks: int | None) -> None:
+    """``timing`` may follow ``last_step`` of a detector tracking ``num_ranks`` (None: none yet)."""
+    if not isinstance(timing, StepTiming):
+        raise DetectorInputError(f"update() takes a StepTiming, got {type(timing).__name__}")
+    if last_step is not None and timing.step <= last_step:
+        raise DetectorInputError(
+            f"step {timing.step} arrived after step {last_step}; records must come in "
+            "increasing step order (after a restart, load the detector state saved with the checkpoint)")
+    if num_ranks is not None and timing.num_ranks != num_ranks:
+        raise DetectorInputError(
+            f"step {timing.step} has {timing.num_ranks} ranks but the detector tracks "
+            f"{num_ranks}; after a re-partition call rebase(..., previous_rank=...)")
+
+
+def check_rebase(old_ranks: int, previous_rank: Sequence[int] | None, compute_scale: Sequence[float],
+                 comm_scale: Sequence[float] | None, relearn: Sequence[int], fresh: Sequence[int]
+                 ) -> tuple[list[int], list[float], list[float] | None, tuple[int, ...], tuple[int, ...]]:
+    """`SlowdownDetector.rebase`'s arguments, checked: (mapping, compute_scale, comm_scale, relearn, fresh)."""
+    mapping = _check_mapping(previous_rank, old_ranks)
+    new = len(mapping)
+    return (mapping, _check_scales("compute_scale", compute_scale, new),
+            None if comm_scale is None else _check_scales("comm_scale", comm_scale, new),
+            _check_relearn(relearn, new), _check_relearn(fresh, new, "fresh"))
+
+
+def _check_mapping(previous_rank: Sequence[int] | None, old_ranks: int) -> list[int]:
+    if previous_rank is None:
+        return list(range(old_ranks))
+    mapping = list(previous_rank)
+    valid = all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < old_ranks for r in mapping)
+    if not mapping or not valid or len(set(mapping)) != len(mapping):
+        raise DetectorInputError(
+            f"previous_rank={mapping!r} must give each new rank a distinct old rank in 0..{old_ranks - 1}")
+    return mapping
+
+
+def _check_scales(name: str, scales: Sequence[float], num_ranks: int) -> list[float]:
+    values = list(scales)
+    if len(values) != num_ranks:
+        raise DetectorInputError(f"{name} has {len(values)} entries; give one per new rank ({num_ranks})")
+    for rank, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise DetectorInputError(f"{name}[{rank}]={value!r} must be a finite number > 0 (new / old predicted time)")
+    return [float(v) for v in values]
+
+
+def _check_relearn(ranks: Sequence[int], num_ranks: int, name: str = "relearn") -> tuple[int, ...]:
+    ranks = tuple(ranks)
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_ranks for r in ranks):
+        raise DetectorInputError(f"{name}={list(ranks)!r} must list new ranks in 0..{num_ranks - 1}")
+    return ranks
+
+
+STATE_VERSION = 1
+
+
+@dataclass
+class HistoryEntry:
+    """One step as the detector remembers it."""
+
+    step: int
+    start_time: float
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    step_s: float = 0.0
+    send_s: tuple[float, ...] | None = None  # own send seconds per rank (None: not measured)
+    signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
+
+
+@dataclass
+class Tracker:
+    """One (kind, rank)'s progress towards a slowdown or a recovery."""
+
+    above: int = 0  # evaluations in a row in excess (while inactive)
+    below: int = 0  # evaluations in a row cleared (while active)
+    active: Detection | None = None
+
+
+def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Sequence[int], carried: Mapping[str, bool],
+                     relearn: Sequence[int], fresh: Sequence[int]) -> tuple[dict[tuple[str, int], Tracker], list[Detection]]:
+    """Active slowdowns over a re-partition (new rank i was old rank ``mapping[i]``): each follows
+    its device where that kind's baseline was ``carried``, unless the device is gone, the new rank
+    is ``fresh`` (another device) or re-learns its compute. Returns (trackers, dropped detections)."""
+    kept_trackers, dropped = {}, []
+    for (kind, old_rank), tracker in sorted(trackers.items()):
+        if tracker.active is None:
+            continue
+        new_rank = mapping.index(old_rank) if old_rank in mapping else None
+        kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
+        if kept and carried[kind]:
+            kept_trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
+        else:
+            dropped.append(tracker.active)
+    return kept_trackers, dropped
+
+
+def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseline: Sequence[float] | None,
+                 comm_baseline: CommBaseline | None, learning: Sequence[tuple[Sequence[float], Sequence[float]]],
+                 compute_samples: Sequence[Sequence[float]], comm_own_samples: Sequence[Sequence[float]],
+                 peer_wander: Sequence[Sequence[float]], compute_pending: Mapping[int, Sequence[float]],
+                 history: Sequence[HistoryEntry], link: dict[str, Any],
+                 trackers: Mapping[tuple[str, int], Tracker]) -> dict[str, Any]:
+    """JSON-friendly: baselines, partial baseline samples, history, counters."""
+    return {
+        "version": STATE_VERSION,
+        "num_ranks": num_ranks,
+        "last_step": last_step,
+        "compute_baseline": None if compute_baseline is None else list(compute_baseline),
+        "comm_baseline": None if comm_baseline is None else asdict(comm_baseline),
+        "learning": [[list(c), list(m)] for c, m in learning],
+        "compute_samples": [list(s) for s in compute_samples],
+        "compute_pending": {str(rank): list(seen) for rank, seen in compute_pending.items()},
+        "comm_own_samples": [list(s) for s in comm_own_samples],
+        "peer_wander": [list(s) for s in peer_wander],
+        "history": [[e.step, e.start_time, list(e.compute_s), list(e.comm_s)]
+                    + ([list(e.send_s)] if e.send_s is not None else []) for e in history],
+        "link": link,
+        "trackers": [
+            {"kind": kind, "rank": rank, "above": t.above, "below": t.below,
+             "active": None if t.active is None else t.active.to_dict()}
+            for (kind, rank), t in sorted(trackers.items())
+        ],
+    }
+
+
+def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
+    """(num_ranks, last_step, compute baseline, comm baseline, learning, history, trackers) of an
+    `encode_state` dict; KeyError, TypeError, ValueError or IndexError when it is not one."""
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"version {state['version']!r}, expected {STATE_VERSION}")
+    num_ranks, width = state["num_ranks"], state["num_ranks"] or 0
+
+    def per_rank(values: Sequence[float], what: str) -> list[float]:
+        if len(values) != width:
+            raise ValueError(f"{what} has {len(values)} ranks, num_ranks is {num_ranks}")
+        return [float(v) for v in values]
+
+    compute = None if state["compute_baseline"] is None else per_rank(state["compute_baseline"], "compute_baseline")
+    comm = state["comm_baseline"]
+    if comm is not None:
+        comm = CommBaseline(*(per_rank(comm[k], f"comm_baseline.{k}") for k in COMM_BASELINE_FIELDS))
+    learning = [(tuple(per_rank(c, "learning")), tuple(per_rank(m, "learning"))) for c, m in state["learning"]]
+    history = deque((HistoryEntry(int(step), float(start), tuple(per_rank(c, "history")),
+                                  tuple(per_rank(m, "history")),
+                                  send_s=tuple(per_rank(rest[0], "history")) if rest else None)
+                     for step, start, c, m, *rest in state["history"]), maxlen=history_len)
+    trackers = {}
+    for item in state["trackers"]:
+        kind, rank = _check_kind(item["kind"]), int(item["rank"])
+        if not 0 <= rank < width:
+            raise ValueError(f"tracker rank {rank} is outside 0..{width - 1}")
+        active = None if item["active"] is None else Detection.from_dict(item["active"])
+        trackers[(kind, rank)] = Tracker(int(item["above"]), int(item["below"]), active)
+    return num_ranks, state["last_step"], compute, comm, learning, history, trackers
+
+
+def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> tuple:
+    """(compute samples, compute pending, comm own samples, peer wander) of an `encode_state` dict,
+    each per rank; a state saved before one existed has none of it. ValueError when malformed."""
+    compute = [deque(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
+    pending = {int(rank): [float(x) for x in seen] for rank, seen in state.get("compute_pending", {}).items()}
+    comm_own = [deque(map(float, s), maxlen=keep) for s in state.get("comm_own_samples", [])]
+    wander = state.get("peer_wander") or [[] for _ in range(num_ranks or 0)]
+    if len(wander) != (num_ranks or 0):
+        raise ValueError(f"peer_wander has {len(wander)} ranks, num_ranks is {num_ranks}")
+    return compute, pending, comm_own, [[float(x) for x in steps] for steps in wander]
+
+
+NOISE_Z = 5.0  # own comm excess must exceed this many sd of its window median
+_TINY_S = 1e-9  # a zero baseline must not divide by zero
+
+
+class SlowdownDetector:
+    """Feed `update` one `StepTiming` per step; it returns that step's events."""
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config if config is not None else DetectorConfig()
+        self._num_ranks: int | None = None
+        self._last_step: int | None = None
+        self._steps_since_start = 0
+        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold,
+                                        self.config.alone_threshold)
+        self._comm_baseline: CommBaseline | None = None
+        self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
+        self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
+        self._history: deque[HistoryEntry] = deque(maxlen=self.config.history_len)
+        self._trackers: dict[tuple[str, int], Tracker] = {}
+        self._latest_ratios: dict[str, tuple[float, ...]] = {}
+        cfg = self.config
+        self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
+        self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
+
+    @property
+    def _link_mode(self) -> bool:
+        """Whether comm is judged on own send time (the records carry it and its baseline is known)."""
+        return self._link.ready and bool(self._history) and self._history[-1].send_s is not None
+
+    @property
+    def prior_replaced(self) -> tuple[int, ...]:
+        """Ranks whose compute baseline came from their peers (slow from the start)."""
+        return self._compute.replaced
+
+    @property
+    def num_ranks(self) -> int | None:
+        return self._num_ranks
+
+    @property
+    def active(self) -> tuple[Detection, ...]:
+        """Slowdowns detected and not yet recovered, by rank then kind."""
+        found = [t.active for t in self._trackers.values() if t.active is not None]
+        return tuple(sorted(found, key=lambda d: (d.rank, KINDS.index(d.kind))))
+
+    @property
+    def latest_ratios(self) -> dict[str, tuple[float, ...]]:
+        """Per kind, each rank's ratio at the last evaluation (empty before any)."""
+        return dict(self._latest_ratios)
+
+    def baseline(self, kind: str) -> tuple[float, ...] | None:
+        """Per-rank baseline seconds of `kind`; None while it is being learnt."""
+        if _check_kind(kind) == COMPUTE:
+            return None if self._compute.values is None else tuple(self._compute.values)
+        return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
+
+    def set_expected(self, compute_s: Sequence[float]) -> None:
+        """The plan's per-step compute seconds of each rank at nominal speed (the cost model's
+        prediction for the running partition), before the first step of a launch. When the
+        baseline is learnt, a rank ``prior_threshold`` times slower than its peers relative to
+        this is slow from the start (`synapse.detection.baseline`)."""
+        values = _check_scales("expected compute_s", compute_s, len(compute_s))
+        if self._num_ranks is not None and len(values) != self._num_ranks:
+            raise DetectorInputError(f"expected compute_s has {len(values)} ranks, the detector tracks "
+                                     f"{self._num_ranks}; call set_expected after rebase()")
+        self._compute.expected = values
+
+    # ------------------------------------------------------------------ update
+    def update(self, timing: StepTiming) -> list[Detection]:
+        self._accept(timing)
+        self._steps_since_start += 1
+        if self._steps_since_start <= self.config.warmup_steps:
+            return []
+        self._learn_baselines(timing)
+        if self._compute.pending and self._compute.learn_pending(timing.compute_s, self.config.baseline_window):
+            self._forget_compute_signals()  # the cached ratios were against the placeholder
+        if timing.send_s is not None:
+            self._link.learn(timing.send_s)
+        self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
+                                    timing.step_seconds, timing.send_s))
+        if self._compute.values is None or len(self._history) < self.config.window:
+            return []
+        return self._evaluate(timing)
+
+    def _accept(self, timing: StepTiming) -> None:
+        check_next_step(timing, self._last_step, self._num_ranks)
+        self._num_ranks, self._last_step = timing.num_ranks, timing.step
+
+    def _learn_baselines(self, timing: StepTiming) -> None:
+        if self._compute.values is not None and self._comm_baseline is not None:
+            return
+        self._learning.append((timing.compute_s, timing.comm_s))
+        if len(self._learning) < self.config.baseline_window:
+            return
+        compute_steps, comm_steps = zip(*self._learning)
+        compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
+        if self._compute.values is None:
+            self._compute.learn(compute_median, compute_steps)
+            self._wander.reset(len(compute_median))
+        if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
+            self._comm_baseline, own = CommBaseline.learned(compute_steps, comm_steps, compute_median)
+            self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
+        if self._comm_baseline is not None:
+            self._learning = []
+
+    # -------------------------------------------------------------- evaluation
+    def _signal(self, entry: HistoryEntry, name: str) -> list[float]:
+        signals = entry.signals
+        if name in signals:
+            return signals[name]
+        if name.startswith("link"):
+            excess = self._link.excess(entry.send_s)
+            ratios = self._link.ratios(excess)
+            signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
+        elif name.startswith(COMPUTE):
+            # a rank still re-learning its baseline is not judged (ratio 1)
+            raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
+                   for r, (c, b) in enumerate(zip(entry.compute_s, self._compute.values))]
+            ratios = net_compute_ratios(raw, self._compute.values, self._margin)
+            signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
+        else:
+            beyond_comm, beyond_step = self._comm_baseline.beyond_peers(entry.compute_s, entry.comm_s)
+            ratios = [1.0 + max(0.0, min(a, b)) / self._denominator(COMM, r)
+                      for r, (a, b) in enumerate(zip(beyond_comm, beyond_step))]
+            signals.update(comm_beyond_comm=beyond_comm, comm_beyond_step=beyond_step,
+                           comm_ratio=ratios, comm_peer=peer_ratios(ratios))
+        return signals[name]
+
+    def _evaluate(self, timing: StepTiming) -> list[Detection]:
+        recent = list(islice(self._history, len(self._history) - self.config.window, None))
+
+        def window_median(name: str, reading=median) -> list[float]:
+            return [reading(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
+
+        ratios = window_median("compute_ratio")
+        cfg = self.config
+        floor, trend_floors = self._compute.noise_floors(cfg.window, cfg.compute_noise_z)
+        beyond_noise = [ratio >= floor for ratio in ratios]
+        trend = None
+        if cfg.trend:  # a device degrading gradually: where its ratio stands now, not half a window ago
+            levels = window_median("compute_ratio", current_level)
+            # ... and only once the window median is halfway there: a burst of a few slow steps
+            # (on an H200, an asynchronous checkpoint write slowed the next 5 steps 1.25-1.5x) is not
+            trend = (levels, window_median("compute_peer", current_level),
+                     [level >= least and ratio >= cfg.recover_below
+                      for level, least, ratio in zip(levels, trend_floors, ratios)])
+        peer_floors = self._wander.floors(cfg.peer_threshold) if cfg.peer_threshold and cfg.peer_wander_z else None
+        events = self._judge(COMPUTE, ratios, window_median("compute_peer"), beyond_noise, timing, trend, peer_floors)
+        self._wander.observe(self._signal(self._history[-1], "compute_ratio"), self._calm_ranks())
+        self._refine(ratios)
+        if self._link_mode:
+            own = window_median("link_excess")
+            above_floor = [x >= self._link.floor(r, self.config.window, NOISE_Z) for r, x in enumerate(own)]
+            return events + self._judge(COMM, self._link.ratios(own), window_median("link_peer"), above_floor, timing)
+        if self._comm_baseline is None:
+            return events
+        slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
+                if ratio >= self.config.threshold]
+        comm_ratios, above_floor = self._comm_baseline.own_ratios(
+            window_median("comm_beyond_comm"), window_median("comm_beyond_step"),
+            cfg.wait_explain_factor * max(slow, default=0.0), cfg.window, cfg.min_comm_s, NOISE_Z)
+        return events + self._judge(COMM, comm_ratios, window_median("comm_peer"), above_floor, timing)
+
+    def _calm_ranks(self) -> list[int]:
+        """Ranks judged on compute that are neither in excess nor slow now."""
+        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(self._num_ranks)]
+        return [rank for rank, t in enumerate(trackers)
+                if rank not in self._compute.pending and t.above == 0 and t.active is None]
+
+    def _refine(self, net_ratios: Sequence[float]) -> None:
+        """Healthy steps refine each rank's compute baseline (the median of the last refine_window)."""
+        if not self.config.refine_window or not self._compute.samples:
+            return
+        latest = self._history[-1]
+        step_ratios = self._signal(latest, "compute_raw")
+        # Only quiet steps: while any rank is slow, the others' compute is disturbed too (on GPUs,
+        # time moves between ranks' clocks), and learning that would move their baselines.
+        if any(t.active is not None or t.above > 0 for t in self._trackers.values()):
+            return
+        if self._link_mode:
+            quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio")) if ratio < self.config.recover_below]
+            self._link.refine(latest.send_s, quiet)
+            for entry in self._history:
+                for name in ("link_excess", "link_ratio", "link_peer"):
+                    entry.signals.pop(name, None)
+        if self._comm_own and self._comm_baseline is not None:  # a better estimate of comm's noise
+            own = self._signal(latest, "comm_beyond_comm")
+            for rank, samples in enumerate(self._comm_own):
+                samples.append(own[rank])
+                self._comm_baseline.spread_s[rank] = robust_sd(samples)
+        quiet = [rank for rank in range(len(self._compute.samples)) if rank not in self._compute.pending
+                 and not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
+        if self._compute.refine(latest.compute_s, quiet):  # cached per-step compute signals were relative to the old baseline
+            self._forget_compute_signals()
+
+    def _forget_compute_signals(self) -> None:
+        for entry in self._history:
+            for name in ("compute_raw", "compute_ratio", "compute_peer"):
+                entry.signals.pop(name, None)
+
+    def _denominator(self, kind: str, rank: int) -> float:
+        if kind == COMM and self._link_mode:
+            return self._link.denominator(rank)
+        if kind == COMM:
+            return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
+        return max(self._compute.values[rank], _TINY_S)
+
+    @property
+    def _margin(self) -> float:
+        """A peer's compute this far below its baseline moved to another rank's clock (not noise)."""
+        return self.config.threshold - 1.0
+
+    def _judge(self, kind: str, ratios: list[float], peers: list[float], above_floor: list[bool],
+               timing: StepTiming, trend: tuple[list[float], list[float], list[bool]] | None = None,
+               peer_floors: list[float] | None = None) -> list[Detection]:
+        """``trend``: the same three per rank read as where the window stands now (`current_level`);
+        either reading in excess counts. Recovery is judged on the window median alone.
+        ``peer_floors``: per rank, the ratio to its peers beyond its own wander (default: peer_threshold)."""
+        self._latest_ratios[kind] = tuple(ratios)
+        cfg, events = self.config, []
+        skip_peers = cfg.peer_threshold is None or len(ratios) == 1
+
+        def excess(ratio: float, peer: float, beyond_noise: bool, least_peer: float) -> bool:
+            return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= least_peer)
+
+        for rank, ratio in enumerate(ratios):
+            least_peer = cfg.peer_threshold if peer_floors is None else peer_floors[rank]
+            in_excess = excess(ratio, peers[rank], above_floor[rank], least_peer)
+            if trend is not None and excess(*(reading[rank] for reading in trend), least_peer):
+                in_excess, ratio = True, max(ratio, trend[0][rank])
+            # comm below its noise floor is no own comm excess; compute below its floor is a
+            # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
+            cleared = ratios[rank] < cfg.recover_below or (kind == COMM and not above_floor[rank])
+            event = self._advance(kind, rank, ratio, in_excess, cleared, timing)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _advance(self, kind: str, rank: int, ratio: float, in_excess: bool, cleared: bool,
+                 timing: StepTiming) -> Detection | None:
+        tracker = self._trackers.setdefault((kind, rank), Tracker())
+        if tracker.active is None:
+            tracker.above = tracker.above + 1 if in_excess else 0
+            if tracker.above < self.config.sustain:
+                return None
+            tracker.above, tracker.below = 0, 0
+            tracker.active = self._event(kind, rank, SLOWDOWN, ratio, timing, level_before=0.0)
+            return tracker.active
+        tracker.below = tracker.below + 1 if cleared else 0
+        if tracker.below < max(self.config.sustain, self.config.window):
+            return None
+        slowed_excess = (tracker.active.ratio - 1.0) * self._denominator(kind, rank)
+        tracker.above, tracker.below, tracker.active = 0, 0, None
+        return self._event(kind, rank, RECOVERY, ratio, timing, level_before=slowed_excess)
+
+    def _event(self, kind: str, rank: int, event: str, ratio: float, timing: StepTiming,
+               level_before: float) -> Detection:
+        if kind == COMPUTE:
+            series = [e.compute_s[rank] - self._compute.values[rank] for e in self._history]
+        elif self._link_mode:
+            series = [self._signal(e, "link_excess")[rank] if e.send_s is not None else 0.0 for e in self._history]
+        else:
+            series = [min(self._signal(e, "comm_beyond_comm")[rank], self._signal(e, "comm_beyond_step")[rank])
+                      for e in self._history]
+        cut = (level_before + (ratio - 1.0) * self._denominator(kind, rank)) / 2.0
+        onset = self._history[onset_index(series, cut, rising=event == SLOWDOWN)]
+        return Detection(rank=rank, kind=kind, event=event, ratio=ratio, onset_step=onset.step,
+                         detected_step=timing.step, latency_steps=timing.step - onset.step,
+                         latency_s=timing.wall_time - onset.start_time)
+
+    # -------------------------------------------------------- restart support
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-friendly: baselines, partial baseline samples, history, counters."""
+        return encode_state(num_ranks=self._num_ranks, last_step=self._last_step,
+                            compute_baseline=self._compute.values, comm_baseline=self._comm_baseline,
+                            learning=self._learning, compute_samples=self._compute.samples,
+                            compute_pending=self._compute.pending,
+                            comm_own_samples=self._comm_own, peer_wander=self._wander.state_dict(),
+                            history=self._history, link=self._link.state_dict(), trackers=self._trackers)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`. The next ``warmup_steps`` records are the restarted
+        process's warm-up and are ignored; baselines and active slowdowns carry on,
+        so a device that is still slow is still reported, not learnt as normal."""
+        try:
+            restored = parse_state(state, self.config.history_len)
+            samples = parse_samples(state, restored[0], self.config.refine_window)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise DetectorInputError(f"not a detector state_dict() of version {STATE_VERSION}: {error}") from None
+        (self._num_ranks, self._last_step, self._compute.values, self._comm_baseline, self._learning,
+         self._history, self._trackers) = restored
+        self._compute.samples, self._compute.pending, self._comm_own, wander = samples
+        self._wander.load_state_dict(wander)
+        self._link.load_state_dict(state.get("link"))
+        self._latest_ratios, self._steps_since_start = {}, 0
+
+    def rewind(self, step: int) -> None:
+        """A restart resumed from a checkpoint at ``step``: the steps after it will come again."""
+        if self._last_step is not None and step < self._last_step:
+            self._last_step = step
+
+    def rebase(self, compute_scale: Sequence[float], comm_scale: Sequence[float] | None = None,
+               previous_rank: Sequence[int] | None = None, relearn: Sequence[int] = (),
+               fresh: Sequence[int] = ()) -> list[Detection]:
+        """Carry the baselines over a re-partition; re-learning would learn a slow device as normal.
+
+        New rank i's baseline is ``old baseline[previous_rank[i]] * scale[i]`` (the cost model's
+        new / old time of device i's stage at nominal speed); ``previous_rank`` (default: the same
+        K ranks) maps new ranks to old ones when a device was dropped. ``comm_scale=None``
+        re-learns comm (mostly waiting, which a cost model predicts poorly). Active slowdowns
+        follow their device; returns those dropped. History is cleared, warm-up starts again.
+        ``relearn``: new ranks whose compute baseline is learnt again, as at the start, where the
+        scale is not to be trusted (`synapse.detection.rebase`); their compute slowdowns drop.
+        ``fresh``: new ranks on another device (a spare): none of the old rank's slowdowns follow.
+        """
+        if self._num_ranks is None:
+            raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
+        mapping, compute_scale, comm_scale, relearn, fresh = check_rebase(
+            self._num_ranks, previous_rank, compute_scale, comm_scale, relearn, fresh)
+        carried = {COMPUTE: self._compute.values is not None}
+        comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
+        # A device keeps its link over a re-partition: own send baselines carry over unscaled, and
+        # with them the comm slowdowns they found.
+        carried[COMM] = comm_carried or (carried[COMPUTE] and self._link.ready)
+        self._link.carried(mapping)
+        trackers, dropped = carried_trackers(self._trackers, mapping, carried, relearn, fresh)
+        if carried[COMPUTE]:
+            self._compute.carried(mapping, compute_scale, relearn)
+            self._wander.carried(mapping, fresh)
+        self._compute.expected = None  # the plan of the new partition comes with set_expected
+        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
+        self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+                          for old, s in zip(mapping, comm_scale)] if comm_carried and self._comm_own else []
+        self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
+        self._latest_ratios, self._steps_since_start = {}, 0
+        self._history.clear()
+        return dropped

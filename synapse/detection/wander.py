@@ -1,0 +1,92 @@
+"""How far each rank's compute wanders against its peers' while nothing is wrong.
+
+Pure, a part of the slowdown detector (`synapse.detection.detector`). The detector asks a slow
+rank to be ``peer_threshold`` (1.15) times its peers, as a window median. On GPUs a rank's
+window medians barely move; CPU ranks drift. On the H200 host's 16 idle cores (KVM vCPUs), a
+lone process repeating fixed work on a pinned core ran 0.65-1.07x its median over 10-iteration
+windows (experiments/cpu_noise_probe.py), and in 6 fault-free runs of 3 one-thread ranks (500
+steps each) a rank's 10-step median against its peers' spread with sd 0.06-0.18 and reached
+1.6x: the peer threshold alone reported 25 slowdowns in those 3,000 steps
+(experiments/results/h200/cpu_wander). A slower device is a change beyond what the rank has
+been seen to do, so the peer check asks for more than the rank's own wander:
+
+    floor = 1 + z * sd,  sd = robust sd of the medians of consecutive ``window``-step blocks
+                              of the rank's per-step ratio to its calm peers, over its calm steps,
+
+z = ``peer_wander_z`` (5, as the detector's other noise floors). Until ``MIN_BLOCKS`` blocks are
+seen, sd is ``PRIOR_FACTOR`` times what independent steps would give a window median (the
+recorded blocks spread 1.3-2.6x that). The floor is at least ``peer_threshold`` and at most
+``FLOOR_CAP``: a 2x slowdown is found on the most wandering host too. The price: on a host
+whose ranks wander like that one's, a slowdown below ~1.6x is reported late or not at all (a
+real 1.3x shift: 25 steps after it, against 8), as it cannot be told from the host's own drift.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from statistics import median
+
+from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
+
+MIN_BLOCKS = 4  # blocks of window steps before their spread is trusted over the prior
+PRIOR_FACTOR = 2.0  # until then: this times the independent-steps sd of a window median
+FLOOR_CAP = 1.6  # a rank this far above its peers is reported on any host (a 2x fault must show)
+DELAY_WINDOWS = 2  # windows of calm steps that must follow a step before it counts
+_TINY = 1e-9
+
+
+class PeerWander:
+    """Per rank: its per-step compute ratio to its calm peers over its last ``keep`` calm steps."""
+
+    def __init__(self, window: int, keep: int, z: float) -> None:
+        self.window, self.keep, self.z = window, keep, z
+        self.history: list[deque[float]] = []
+        # A rank's steps wait here DELAY_WINDOWS windows before they count: the first steps of a
+        # slowdown come before it is in excess, and must not teach the rank that it wanders so far.
+        self.waiting: list[deque[float]] = []
+
+    def reset(self, num_ranks: int) -> None:
+        self.history = [deque(maxlen=self.keep) for _ in range(num_ranks)]
+        self.waiting = [deque() for _ in range(num_ranks)]
+
+    def observe(self, ratios: Sequence[float], calm: Sequence[int]) -> None:
+        """One step's per-rank compute ratios (to each rank's baseline). A rank in ``calm`` (not in
+        excess, not slow) waits to count its ratio over the median of its calm peers'; any other
+        rank drops its waiting steps (they may have been its slowdown's start)."""
+        for rank in range(len(self.history)):
+            peers = [ratios[p] for p in calm if p != rank]
+            if rank not in calm:
+                self.waiting[rank].clear()
+            elif peers:
+                self.waiting[rank].append(ratios[rank] / max(median(peers), _TINY))
+                if len(self.waiting[rank]) > DELAY_WINDOWS * self.window:
+                    self.history[rank].append(self.waiting[rank].popleft())
+
+    def spread(self, rank: int) -> float | None:
+        """The sd of a window median of this rank's peer ratio when nothing is wrong (None: no steps yet)."""
+        seen = list(self.history[rank])
+        if len(seen) < 4:
+            return None
+        blocks = [median(seen[i:i + self.window]) for i in range(0, len(seen) - self.window + 1, self.window)]
+        if len(blocks) >= MIN_BLOCKS:
+            return robust_sd(blocks)
+        return PRIOR_FACTOR * MEDIAN_SD_FACTOR * robust_sd(seen) / math.sqrt(self.window)
+
+    def floors(self, least: float) -> list[float]:
+        """Per rank, the smallest window median over its peers that is beyond its wander (>= ``least``)."""
+        spreads = [self.spread(rank) for rank in range(len(self.history))]
+        return [least if sd is None else max(least, min(FLOOR_CAP, 1.0 + self.z * sd)) for sd in spreads]
+
+    def carried(self, mapping: Sequence[int], fresh: Sequence[int]) -> None:
+        """Over a re-partition: new rank i keeps old rank ``mapping[i]``'s steps, unless it is ``fresh``."""
+        self.history = [deque(() if new in fresh else self.history[old], maxlen=self.keep)
+                        for new, old in enumerate(mapping)] if self.history else []
+        self.waiting = [deque() for _ in self.history]
+
+    def state_dict(self) -> list[list[float]]:
+        return [list(h) for h in self.history]
+
+    def load_state_dict(self, state: Sequence[Sequence[float]]) -> None:
+        self.history = [deque(map(float, h), maxlen=self.keep) for h in state]
+        self.waiting = [deque() for _ in self.history]

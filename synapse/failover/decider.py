@@ -1,0 +1,283 @@
+"""The decider's side of a run across nodes: meet the agents, launch each stage on every node
+that holds some of its devices, watch the agents, and turn what each node saw into one failure.
+
+Node 0's supervisor is the decider: it owns the controller, the stage history and the composed
+stage configs, exactly as on one node; its ``launch`` is a ``NodeDecider`` instead of
+``launch_pipeline``. A stage's placement lists run-wide device ids (``partitioning/topology.py``);
+each node gets the stage config with its own local devices and its place among the stage's
+nodes, and starts its workers with the same elastic launcher. The decider hosts the run's store
+(``node_channel.py``): every stage's workers rendezvous there under a run id of their own.
+
+How a stage across nodes ends:
+* every node's workers finished (or stopped on a request): the last rank's summary.
+* a worker failed: each node reports what its own elastic agent and health monitor saw; the
+  failure a node reports about one of its *own* ranks is the root cause (the others only lost a
+  peer). The decider tears down the rest at once, so no node waits for a collective timeout.
+* a node's agent stopped beating for ``failover.node_timeout_s``: the node is lost, and every
+  rank it ran is dropped with it (``WorkerFailure.lost_ranks``: DEGRADE of all its devices).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from synapse.config import resolve_devices, run_topology
+from synapse.failover.agent import run_agent
+from synapse.failover.node_channel import (
+    POLL_S,
+    ExitOrder,
+    LaunchOrder,
+    NodeChannel,
+    NodeReport,
+    NodeSetupError,
+    StopOrder,
+    Welcome,
+)
+from synapse.health import kill_live_workers, read_heartbeats
+from synapse.launch import WorkerFailure, launch_pipeline
+from synapse.partitioning import NodeTopology
+from synapse.rundir import EventLog, events_path
+
+
+def run_across_nodes(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+                     run_as_decider: Callable[[NodeDecider], dict[str, Any]]) -> dict[str, Any]:
+    """Node 0: host the run's store, meet the agents, run the stages as the decider, and release the
+    agents at the end (with the error, if any). Every other node: serve as an agent."""
+    if cfg.trainer.node_rank > 0:
+        return run_agent(cfg, run_dir, log)
+    decider = NodeDecider(cfg, run_dir, log)
+    error: BaseException | None = None
+    try:
+        decider.meet_agents(resolve_devices(cfg.trainer))
+        return run_as_decider(decider)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        decider.close(error)
+
+
+def stage_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
+                        node: int | None = None) -> dict[str, Any]:
+    """What makes a stage's config one node's: its local devices and its place among the stage's
+    nodes (default: the first node of the stage, whose config the supervisor saves)."""
+    if topology.nodes == 1:
+        return {"trainer.devices": list(devices)}
+    nodes = topology.nodes_of(devices)
+    node = nodes[0] if node is None else node
+    if len(nodes) == 1:  # the stage runs on one node: a one-node launch there (its own loopback rendezvous)
+        return {"trainer.devices": topology.local_devices_of(node, devices), "trainer.node_devices": None,
+                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None}
+    return {"trainer.node_devices": [topology.local_devices_of(n, devices) for n in nodes], "trainer.nodes": len(nodes),
+            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint}
+
+
+class NodeDecider:
+    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one stage on all of them."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print):
+        trainer = cfg.trainer
+        self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
+        self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
+        self.node_timeout_s = float(cfg.failover.node_timeout_s)
+        self.rdzv_base = trainer.rdzv_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
+        self.channel = NodeChannel.host(self.endpoint, self.timeout_s)
+        self.lost: set[int] = set()
+        self.events = EventLog(events_path(self.run_dir), source="decider")
+
+    # ------------------------------------------------------------------ meeting the agents
+    def meet_agents(self, local_devices: Sequence[int]) -> None:
+        """Wait (``trainer.rdzv_timeout_s``) for every other node's hello; refuse a mismatch on both sides."""
+        expected = set(range(1, self.topology.nodes))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            hellos = self.channel.hellos()
+            problems = {n: self._mismatch(h, local_devices) for n, h in hellos.items()}
+            problems = {n: p for n, p in problems.items() if p}
+            if problems or expected <= set(hellos) or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S * 4)
+        for node in hellos:
+            self.channel.welcome(node, Welcome(problems.get(node)))
+        if problems:
+            raise NodeSetupError("; ".join(f"node_rank {n}: {p}" for n, p in sorted(problems.items())))
+        missing = sorted(expected - set(hellos))
+        if missing:
+            raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after trainer.rdzv_timeout_s="
+                                 f"{self.timeout_s:g} s: trainer.nodes={self.topology.nodes} nodes were expected (this "
+                                 f"is node_rank 0) and node(s) {missing} did not join. Fix: start python train.py on "
+                                 f"every node with the same trainer.rdzv_endpoint and trainer.nodes (node_rank "
+                                 f"1..{self.topology.nodes - 1}), within the timeout, or raise trainer.rdzv_timeout_s")
+        self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})")
+
+    def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:
+        if hello.nodes != self.topology.nodes:
+            return (f"it has trainer.nodes={hello.nodes}, node 0 has trainer.nodes={self.topology.nodes}. Fix: the "
+                    f"same trainer.nodes on every node")
+        if list(hello.devices) != list(local_devices):
+            return (f"it has trainer.devices={hello.devices}, node 0 has {list(local_devices)}. Fix: the same "
+                    f"trainer.devices on every node")
+        return None
+
+    def close(self, error: BaseException | None = None) -> None:
+        """The run is over: tell every agent still there, so it exits (with the error, if any)."""
+        message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
+        for node in range(1, self.topology.nodes):
+            if node not in self.lost:
+                self.channel.order(node, ExitOrder(message))
+        time.sleep(2 * POLL_S + 0.5)  # the agents read it before this process (the store's server) exits
+
+    # ------------------------------------------------------------------ one stage on all its nodes
+    def __call__(self, stage_cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
+                 resume: str | None, attempt: str = "0", log: Callable[[str], None] = print, stage: int = 0
+                 ) -> dict[str, Any]:
+        devices = [int(d) for d in partition["devices"]]
+        self.topology.check_node_ordered(devices)
+        nodes = self.topology.nodes_of(devices)
+        multi = len(nodes) > 1
+        configs = {n: self.node_config(stage_cfg, devices, n, stage) for n in nodes}
+        for node in [n for n in nodes if n != 0]:
+            self.channel.order(node, LaunchOrder(stage, OmegaConf.to_yaml(configs[node], resolve=True), partition,
+                                                 resume, teacher_weights, store_hosted=multi))
+        watch = StageWatch(self, stage, [n for n in nodes if n != 0], time.time())
+        watch.start()
+        local: dict[str, Any] | BaseException = {}
+        try:
+            if 0 in nodes:
+                try:
+                    local = launch_pipeline(configs[0], run_dir, teacher_weights, partition, resume, attempt=attempt,
+                                            log=log, stage=stage, store_hosted=multi)
+                except Exception as exc:  # noqa: BLE001  (judged with the other nodes' reports below)
+                    local = exc
+                    watch.trouble(f"node 0's workers ended: {type(exc).__name__}")
+            watch.wait_done(local_failed=isinstance(local, Exception))
+        finally:
+            watch.stop()
+        return self._outcome(devices, nodes, local, watch)
+
+    def node_config(self, stage_cfg: DictConfig, devices: Sequence[int], node: int, stage: int) -> DictConfig:
+        cfg = OmegaConf.merge(stage_cfg, {})
+        settings = {**stage_node_settings(self.topology, devices, self.endpoint, node),
+                    "trainer.rdzv_id": f"{self.rdzv_base}-stage{stage}"}  # one rendezvous per stage, every node
+        for key, value in settings.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        return cfg
+
+    def _outcome(self, devices: list[int], nodes: list[int], local, watch: StageWatch) -> dict[str, Any]:
+        ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
+        if watch.lost:
+            node = min(watch.lost)
+            ranks = ranks_of[node]
+            raise WorkerFailure(f"node {node} was lost: its agent did not beat for failover.node_timeout_s="
+                                f"{self.node_timeout_s:g} s; its ranks {ranks} (devices "
+                                f"{[devices[r] for r in ranks]}) leave the run", ranks[0], "node_lost",
+                                device_failure=True, lost_ranks=tuple(ranks))
+        reports = dict(watch.reports)
+        if 0 in nodes:
+            reports[0] = local_report(local, stage=watch.stage, stopped=watch.stopped_local)
+        failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
+        if not failures:
+            return next((r.summary for r in reports.values() if r.summary), {})
+        # The root cause: a device failure a node saw on one of its own ranks, then any device failure.
+        def rank(item) -> tuple:
+            node, report = item
+            own = report.rank is not None and report.rank in ranks_of[node]
+            return (not report.device_failure, not own, node)
+        node, root = min(failures, key=rank)
+        if isinstance(local, Exception) and node == 0 and not isinstance(local, WorkerFailure):
+            raise local
+        raise WorkerFailure(f"node {node}: {root.message}", root.rank, root.cause or root.outcome,
+                            device_failure=root.device_failure)
+
+
+def local_report(local, stage: int, stopped: bool) -> NodeReport:
+    """Node 0's own launch as a report, like the agents'."""
+    if isinstance(local, WorkerFailure):
+        if stopped:  # torn down by the decider because another node failed: a consequence
+            return NodeReport(0, stage, "stopped")
+        return NodeReport(0, stage, "failed", rank=local.rank, cause=local.cause, message=str(local)[:4000],
+                          device_failure=local.device_failure)
+    if isinstance(local, BaseException):
+        return NodeReport(0, stage, "error", cause=type(local).__name__, message=str(local)[:4000])
+    return NodeReport(0, stage, "finished", summary=local or {})
+
+
+class StageWatch:
+    """While a stage runs (its own thread): the remote nodes' beats and reports; on the first trouble
+    it tears down node 0's workers and tells the other nodes to stop."""
+
+    def __init__(self, decider: NodeDecider, stage: int, remote: list[int], started: float):
+        self.decider, self.stage, self.remote, self.started = decider, stage, remote, started
+        self.reports: dict[int, NodeReport] = {}
+        self.lost: set[int] = set()
+        self.stopped_local = False
+        self._troubled = threading.Event()
+        self._done = threading.Event()
+        self._halt = threading.Event()
+        self._last_beat = {n: (decider.channel.beats(n), time.monotonic()) for n in remote}
+        self._thread = threading.Thread(target=self._run, name="synapse-stage-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=5)
+
+    def wait_done(self, local_failed: bool) -> None:
+        """Until every remote node reported or was found lost (node 0's launch is over by now). After a
+        failure on node 0, a node still running is told to stop after ``node_timeout_s``."""
+        grace = time.monotonic() + self.decider.node_timeout_s
+        while not self._done.is_set():
+            if local_failed and time.monotonic() > grace and not self._troubled.is_set():
+                # node 0 ended but a node neither reported nor was lost: stop it rather than wait
+                self.trouble("node 0's workers ended and the others did not")
+            self._done.wait(POLL_S * 4)
+
+    def trouble(self, reason: str) -> None:
+        if self._troubled.is_set():
+            return
+        self._troubled.set()
+        for node in self.remote:
+            if node not in self.reports and node not in self.lost:
+                self.decider.channel.order(node, StopOrder(self.stage, reason))
+
+    def _run(self) -> None:
+        while not self._halt.is_set() and not self._done.is_set():
+            self._poll()
+            if set(self.remote) <= set(self.reports) | self.lost:
+                self._done.set()
+            self._halt.wait(POLL_S * 2)
+
+    def _poll(self) -> None:
+        channel, now = self.decider.channel, time.monotonic()
+        for node in self.remote:
+            if node in self.reports or node in self.lost:
+                continue
+            report = channel.report_of(self.stage, node)
+            if report is not None:
+                self.reports[node] = report
+                if report.outcome not in ("finished", "stopped"):
+                    self._tear_down_local(f"node {node} reported {report.outcome}: {report.cause}")
+                continue
+            beats, since = self._last_beat[node]
+            current = channel.beats(node)
+            if current != beats:
+                self._last_beat[node] = (current, now)
+            elif now - since > self.decider.node_timeout_s:
+                self.lost.add(node)
+                self.decider.lost.add(node)
+                self.decider.events.append("node_lost", hard=True, node=node, stage=self.stage,
+                                           silent_s=round(now - since, 2))
+                self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")
+                self._tear_down_local(f"node {node} was lost")
+
+    def _tear_down_local(self, reason: str) -> None:
+        if not self._troubled.is_set():
+            self.stopped_local = bool(kill_live_workers(read_heartbeats(self.decider.run_dir), since=self.started))
+        self.trouble(reason)

@@ -1,0 +1,260 @@
+"""Restart stages as composed Hydra configs: ``<run_dir>/stages/<n>/``.
+
+A run is a sequence of stages; each is one launch of the K workers on one set of devices
+with one partition. Stage 0 is what the user asked for; stage n > 0 is composed with Hydra's
+compose API from the user's overrides plus the stage's own (devices, partition, resume path,
+the faults still to come), so that every stage is an ordinary config:
+
+    stages/<n>/config.yaml     the composed config (resolved)
+    stages/<n>/overrides.yaml  the override list that composes it (rerun: python train.py <those>)
+    stages/<n>/stage.json      why the stage exists, its devices and partition, start/end
+
+Overrides are merged by key (a later ``trainer.devices=...`` replaces an earlier one), so the
+list stays a valid command line however many stages came before.
+
+What goes into stage n's config (`stage_settings`) is a function of plain inputs alone (the
+run's config, the user's overrides, the stage's devices, partition and resume checkpoint, and
+which faults already fired): a stage saved under ``stages/<n>/`` must compose again to exactly
+what ran.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from synapse.conf import CONF_DIR
+from synapse.config import run_topology, validate
+from synapse.failover.decider import stage_node_settings
+from synapse.injection import faults_for_stage, fired_fault_indices
+from synapse.partitioning import Placement
+
+STAGES_DIR = "stages"
+
+
+class StageError(RuntimeError):
+    """A stage record that cannot be read or a stage config that cannot be composed."""
+
+
+# ---------------------------------------------------------------- override strings
+def override_key(override: str) -> str:
+    """``trainer.devices`` of ``trainer.devices=[0,2]`` (also for ``+key=...`` and ``~key``)."""
+    key = override.split("=", 1)[0]
+    return key.lstrip("+~")
+
+
+def merge_overrides(base: Sequence[str], later: Sequence[str]) -> list[str]:
+    """``base`` then ``later``; a key set in ``later`` removes its earlier settings (and those of
+    its sub-keys: a new ``injection.faults`` replaces every earlier ``injection.faults.*``)."""
+    replaced = {override_key(o) for o in later}
+    kept = [o for o in base if not any(override_key(o) == k or override_key(o).startswith(k + ".")
+                                       for k in replaced)]
+    return [*kept, *later]
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar: lists, dicts, numbers, booleans, null, quoted strings."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise StageError(f"{value!r} cannot be written as a Hydra override")
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    raise StageError(f"cannot write {type(value).__name__} {value!r} as a Hydra override")
+
+
+def setting(key: str, value: Any) -> str:
+    return f"{key}={hydra_value(value)}"
+
+
+# ---------------------------------------------------------------- composing
+def compose_stage_config(overrides: Sequence[str]) -> DictConfig:
+    """The config ``python train.py <overrides>`` would run (``run_dir`` must be among them)."""
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside @hydra.main: its search path is conf/
+            return compose(config_name="config", overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stage"):
+            return compose(config_name="config", overrides=list(overrides))
+    except Exception as exc:  # Hydra raises several types; all mean the same thing here
+        raise StageError(f"cannot compose a stage config from overrides {list(overrides)}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- records
+@dataclass
+class StageSpec:
+    """Where and how one stage runs, and why it exists."""
+
+    index: int
+    placement: Placement
+    reason: str  # "start", "replan", "degrade", "replace", "failure: ..."
+    resume: str | None = None
+    start_step: int = 0
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    end_step: int | None = None
+    outcome: str | None = None  # finished | stopped | failed
+
+    @property
+    def devices(self) -> list[int]:
+        return list(self.placement.devices)
+
+    @property
+    def teacher_counts(self) -> list[int]:
+        return list(self.placement.teacher_counts)
+
+    @property
+    def student_counts(self) -> list[int]:
+        return list(self.placement.student_counts)
+
+    @property
+    def partition(self) -> dict[str, list[int]]:
+        """What the workers are launched with (``Placement.to_dict``)."""
+        return self.placement.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        """stage.json's form: the placement's lists at the top level, beside the stage's facts."""
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
+        return {**record, "devices": self.devices, "teacher_counts": self.teacher_counts,
+                "student_counts": self.student_counts}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageSpec:
+        data = dict(data)
+        placement = Placement(tuple(data.pop("devices")), tuple(data.pop("teacher_counts")),
+                              tuple(data.pop("student_counts")))
+        return cls(placement=placement, **data)
+
+
+def stage_dir(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / STAGES_DIR / str(index)
+
+
+def write_stage(run_dir: Path, spec: StageSpec, cfg: DictConfig | None = None,
+                overrides: Sequence[str] | None = None) -> Path:
+    """Write (or update) ``stages/<n>/``: stage.json always, the config and overrides when given."""
+    folder = stage_dir(run_dir, spec.index)
+    folder.mkdir(parents=True, exist_ok=True)
+    if cfg is not None:
+        (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if overrides is not None:
+        (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
+    tmp = folder / "stage.json.tmp"
+    tmp.write_text(json.dumps(spec.to_dict(), indent=1))
+    tmp.replace(folder / "stage.json")
+    return folder
+
+
+def read_stages(run_dir: Path) -> list[StageSpec]:
+    """Every recorded stage, in order (empty for a run that has none)."""
+    root = Path(run_dir) / STAGES_DIR
+    if not root.is_dir():
+        return []
+    specs = []
+    for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
+        try:
+            specs.append(StageSpec.from_dict(json.loads((folder / "stage.json").read_text())))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise StageError(f"stage record {folder / 'stage.json'} is unreadable ({exc}); "
+                             f"remove {folder} to restart that stage from the last checkpoint") from exc
+    return specs
+
+
+def read_stage_overrides(run_dir: Path, index: int) -> list[str]:
+    path = stage_dir(run_dir, index) / "overrides.yaml"
+    overrides = yaml.safe_load(path.read_text())
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise StageError(f"{path} must hold a list of override strings")
+    return overrides
+
+
+def pin_checkpoint(source: Path, target: Path) -> Path:
+    """Keep the checkpoint a stage resumes from, whatever pruning does later: hard links (free),
+    or a copy where links are impossible. The stage's config points at the pinned copy."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for file in Path(source).iterdir():
+        try:
+            os.link(file, target / file.name)
+        except OSError:
+            shutil.copy2(file, target / file.name)
+    return target
+
+
+def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
+    """The command-line overrides of this run: given, or Hydra's (inside ``@hydra.main``); None if unknown."""
+    if explicit is not None:
+        return list(explicit)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not inside a Hydra run
+        return None
+
+
+# The run's event log so far (read only for stages after the first: which faults already fired).
+WorkerEvents = Callable[[], list[dict[str, Any]]]
+
+
+def stage_settings(cfg: DictConfig, run_dir: Path, spec: StageSpec, worker_events: WorkerEvents) -> dict[str, Any]:
+    """What makes this stage this stage, on top of the user's config (key -> value)."""
+    settings: dict[str, Any] = {"run_dir": str(run_dir), "cache_dir": cfg.cache_dir,
+                                # chosen once (pipeline.microbatches=auto): every stage keeps it
+                                "pipeline.microbatches": cfg.pipeline.microbatches}
+    if spec.index == 0:
+        return settings
+    faults = OmegaConf.to_container(cfg.injection.faults, resolve=True)
+    fired = fired_fault_indices(worker_events())
+    topology = run_topology(cfg.trainer)  # run-wide device ids across nodes (partitioning/topology.py)
+    return {**settings, **stage_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
+            "trainer.strategy": "pipeline",
+            "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
+            "partition.student": spec.student_counts, "partition.alphas": None,
+            "injection.faults": faults_for_stage(faults, topology.devices, spec.devices, fired),
+            # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
+            "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
+            "resume": spec.resume}
+
+
+def stage_overrides(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: StageSpec,
+                    worker_events: WorkerEvents) -> list[str]:
+    """The override list that composes this stage: the user's, then the stage's own."""
+    stage = [setting(key, value) for key, value in stage_settings(cfg, run_dir, spec, worker_events).items()]
+    return merge_overrides(user_overrides or [], stage)
+
+
+def compose_stage(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: StageSpec,
+                  worker_events: WorkerEvents) -> tuple[DictConfig, list[str]]:
+    """The stage's validated config and the overrides that compose it."""
+    overrides = stage_overrides(cfg, run_dir, user_overrides, spec, worker_events)
+    if user_overrides is None:
+        # Called with a config but not the overrides that made it (a program, not train.py):
+        # the stage is the same config with the stage's settings merged in.
+        stage_cfg = OmegaConf.merge(cfg, {})
+        for key, value in stage_settings(cfg, run_dir, spec, worker_events).items():
+            OmegaConf.update(stage_cfg, key, value, merge=False)
+    else:
+        stage_cfg = compose_stage_config(overrides)
+    validate(stage_cfg)
+    return stage_cfg, overrides

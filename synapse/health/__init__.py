@@ -1,0 +1,27 @@
+"""The supervisor's health monitor: is every worker alive and making progress (heartbeats,
+liveness), is every GPU healthy (NVML, a CUDA context probe).
+"""
+from synapse.health.liveness import (
+    FINISHED_PHASE,
+    Heartbeat,
+    LivenessTracker,
+    heartbeat_path,
+    kill_live_workers,
+    pid_alive,
+    read_heartbeats,
+)
+from synapse.health.monitor import (
+    HEALTH_FILE,
+    HealthConfigError,
+    HealthMonitor,
+    HealthSettings,
+    NullHealthMonitor,
+    build_health_monitor,
+)
+from synapse.health.nvml import NullNvml, cuda_to_nvml_index, decode_clock_reasons, open_nvml
+from synapse.health.probe import CudaProbe
+
+__all__ = ["CudaProbe", "FINISHED_PHASE", "HEALTH_FILE", "HealthConfigError", "HealthMonitor", "HealthSettings",
+           "Heartbeat", "LivenessTracker", "NullHealthMonitor", "NullNvml", "build_health_monitor",
+           "cuda_to_nvml_index", "decode_clock_reasons", "heartbeat_path", "kill_live_workers", "open_nvml",
+           "pid_alive", "read_heartbeats"]

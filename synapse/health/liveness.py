@@ -1,0 +1,226 @@
+"""Who is dead, who is hung: judged from the workers' heartbeat files, with no collective.
+
+A rank is *dead* when the pid in its heartbeat is gone (or a zombie not yet reaped), and
+*hung* when its pid is alive but its progress, the (step, phase) pair of its heartbeat, has
+not changed for ``hang_timeout_s``. A heartbeat with phase ``finished`` is a rank that
+ended normally: its pid going away is not a death. Heartbeats written before ``since``
+(an earlier launch of the same run) are ignored.
+
+Only processes this supervisor started are judged or signalled: a heartbeat file is plain data
+in the run directory, and a pid planted there (a hostile or stale file naming an unrelated
+process) must never be hung-reported or killed. "Started here" is checked through the parent
+links in /proc (the workers are children of the fork server, a child of the supervisor).
+
+Each problem is reported once: ``rank_dead`` once per pid, ``rank_hung`` once per
+(pid, step, phase), so a rank that recovers and hangs again later is reported again.
+
+The records: each worker says who it is (pid) and how far it got (step), atomically:
+``<run_dir>/live/rank_<r>.json`` is rewritten (temp file + rename) at start-up and after
+every step, so the supervisor's watchdog can tell a dead process (pid gone) from a hung one
+(pid alive, step not advancing) without any collective.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+FINISHED_PHASE = "finished"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie is not: it has exited, unreaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs (not Linux): os.kill said it exists
+    return state not in ("Z", "X")
+
+
+def is_own_process(pid: int, ancestor: int | None = None) -> bool:
+    """Whether ``pid`` is ``ancestor`` (default: this process) or one of its descendants.
+
+    Read from /proc's parent links; False where they cannot be read (the process is gone, or no
+    procfs), so a pid whose origin cannot be proven is never treated as ours."""
+    ancestor = os.getpid() if ancestor is None else ancestor
+    for _ in range(64):  # deeper than any process tree this program builds
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
+def signal_own_process(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid`` only if it is a descendant of this process; True if sent.
+
+    A pidfd pins the process while its parentage is checked, so a pid reused in between gets
+    nothing (the signal goes to the exited process and fails)."""
+    if pid == os.getpid():
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): check, then signal
+        fd = None
+    try:
+        if not is_own_process(pid):
+            return False
+        if fd is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(fd, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@dataclass
+class _RankProgress:
+    pid: int
+    step: int
+    phase: str
+    since: float  # wall time at which this (step, phase) was first written
+
+
+class LivenessTracker:
+    """Turns successive heartbeat snapshots into per-rank status and new events."""
+
+    def __init__(self, hang_timeout_s: float, since: float | None = None,
+                 is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True):
+        """``is_ours``: whether a pid was started by this supervisor, asked when a pid is first seen; a
+        pid that was not (a planted or stale heartbeat: someone else's process, or one already gone
+        when first seen) is reported as ``not ours`` and never judged hung or dead."""
+        if hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
+        self.hang_timeout_s = hang_timeout_s
+        self.since = since
+        self._is_alive, self._is_ours = is_alive, is_ours
+        self._trusted: set[int] = set()
+        self._progress: dict[int, _RankProgress] = {}
+        self._reported: set[tuple] = set()
+
+    def update(self, beats: Mapping[int, Mapping[str, Any]], now: float | None = None
+               ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+        """(status per rank, events new since the last update) for one heartbeat snapshot."""
+        now = time.time() if now is None else now
+        status, events = {}, []
+        for rank, beat in sorted(beats.items()):
+            if self.since is not None and beat.get("time", 0.0) < self.since:
+                continue  # left by an earlier launch
+            progress = self._track(rank, beat, now)
+            rank_status, event = self._judge(rank, progress, now)
+            status[rank] = rank_status
+            if event is not None:
+                events.append(event)
+        return status, events
+
+    def _track(self, rank: int, beat: Mapping[str, Any], now: float) -> _RankProgress:
+        pid, step, phase = int(beat["pid"]), int(beat["step"]), str(beat.get("phase", ""))
+        last = self._progress.get(rank)
+        if last is None or (last.pid, last.step, last.phase) != (pid, step, phase):
+            written = float(beat.get("time", now))
+            last = self._progress[rank] = _RankProgress(pid, step, phase, min(written, now))
+        return last
+
+    def _judge(self, rank: int, p: _RankProgress, now: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        stalled = now - p.since
+        status = {"pid": p.pid, "step": p.step, "phase": p.phase, "stalled_s": round(stalled, 3)}
+        if p.phase == FINISHED_PHASE:
+            return {**status, "state": "finished"}, None
+        alive = self._is_alive(p.pid)
+        if p.pid not in self._trusted:  # judged once per pid: a live process this supervisor started
+            if not self._is_ours(p.pid):
+                # Alive and someone else's, or already gone and never seen as ours (a planted or stale
+                # file): neither killed nor reported, so it cannot tear a healthy launch down.
+                return {**status, "state": "not ours"}, None
+            self._trusted.add(p.pid)
+        if not alive:
+            return {**status, "state": "dead"}, self._once(("dead", p.pid), {
+                "event": "rank_dead", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase})
+        if stalled >= self.hang_timeout_s:
+            return {**status, "state": "hung"}, self._once(("hung", p.pid, p.step, p.phase), {
+                "event": "rank_hung", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase,
+                "stalled_s": round(stalled, 3), "hang_timeout_s": self.hang_timeout_s})
+        return {**status, "state": "alive"}, None
+
+    def _once(self, key: tuple, event: dict[str, Any]) -> dict[str, Any] | None:
+        if key in self._reported:
+            return None
+        self._reported.add(key)
+        return event
+
+
+def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | None = None,
+                      signum: int = 9) -> list[int]:
+    """Send ``signum`` (default SIGKILL) to every live worker pid of these heartbeats (written at or
+    after ``since``) that this process started; the elastic agent then sees its workers fail and
+    the launch ends at once. The supervisor's teardown after a hard failure; returns the pids
+    signalled. A pid of another origin is left alone, whatever the file says."""
+    signalled = []
+    for beat in beats.values():
+        pid = int(beat["pid"])
+        if (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) and signal_own_process(pid, signum):
+            signalled.append(pid)
+    return signalled
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "live" / f"rank_{rank}.json"
+
+
+class Heartbeat:
+    def __init__(self, run_dir: Path, rank: int, device: str):
+        self.path = heartbeat_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank, self.device = rank, device
+        self.beat(step=0, phase="starting")
+
+    def beat(self, step: int, phase: str = "training") -> None:
+        record = {"rank": self.rank, "pid": os.getpid(), "device": self.device, "step": step, "phase": phase,
+                  "time": time.time()}
+        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+
+
+def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
+    beats = {}
+    for path in sorted((Path(run_dir) / "live").glob("rank_*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # being replaced right now: the next read sees it
+        if is_heartbeat(record):  # anything else (damaged, or planted) is not a worker's: ignored
+            beats[record["rank"]] = record
+    return beats
+
+
+def is_heartbeat(record: Any) -> bool:
+    """Whether ``record`` has the shape ``Heartbeat.beat`` writes (the fields the monitor reads)."""
+    def whole(value: Any, minimum: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+    return (isinstance(record, dict) and whole(record.get("rank"), 0) and whole(record.get("pid"), 1)
+            and whole(record.get("step"), 0) and isinstance(record.get("phase", ""), str)
+            and isinstance(record.get("time", 0.0), (int, float)) and not isinstance(record.get("time"), bool))

@@ -1,0 +1,127 @@
+"""The planner on device *ids*: the one object that plans the first placement and prices and plans
+every re-plan, so both are made by the same cost model.
+
+``DeviceFacts`` says what is known of every device (name, memory, link bandwidth, how many
+ranks share its cores); ``StagePlanner`` adds the two block profiles and the step's shape, and
+given device ids and their current alphas/betas predicts a placement's per-stage and step times
+and plans a new one (the ``plan_fn`` of ``synapse.decision.eta.build_options``). Pure: built by
+``synapse.planning.build_stage_planner`` from a config and measured profiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
+from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model
+from synapse.partitioning.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the planner knows of every device besides its current speed."""
+
+    device_name: Callable[[int], str] = "cpu:{}".format
+    memory_bytes: Callable[[int], float] = lambda device: math.inf
+    link_bandwidth_bytes_per_s: float = math.inf
+    contention: float = 1.0  # >= 1: ranks of one node sharing its cores (see cost_model.cpu_contention)
+    link_latency_s: float = 0.0  # per message (see cost_model.DeviceSpec)
+    # Across nodes (partitioning/topology.py): which node a device is on, and the price of a stage
+    # boundary whose two sides are on different nodes (charged to the sending stage, like every link).
+    node_of: Callable[[int], int] = lambda device: 0
+    cross_node_bandwidth_bytes_per_s: float = math.inf
+    cross_node_latency_s: float = 0.0
+
+    def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
+              betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
+        """DeviceSpecs in pipeline order; alphas by device id (or aligned with ``devices``), missing: 1.0."""
+        if alphas is None or isinstance(alphas, Mapping):
+            by_stage = [float((alphas or {}).get(d, 1.0)) for d in devices]
+        else:  # aligned with the stages (a node's device id can repeat across nodes)
+            by_stage = [float(a) for a in alphas]
+        betas = betas or {}
+        return [DeviceSpec(self.device_name(d), alpha=alpha, beta=float(betas.get(d, 1.0)),
+                           memory_bytes=self.memory_bytes(d), contention=self.contention,
+                           **self._link_to_next(devices, stage))
+                for stage, (d, alpha) in enumerate(zip(devices, by_stage))]
+
+    def _link_to_next(self, devices: Sequence[int], stage: int) -> dict[str, float]:
+        """The link stage ``stage`` sends over: the node's own, or the slower one between nodes."""
+        crosses = stage + 1 < len(devices) and self.node_of(devices[stage]) != self.node_of(devices[stage + 1])
+        if crosses:
+            return {"link_bandwidth_bytes_per_s": min(self.link_bandwidth_bytes_per_s,
+                                                      self.cross_node_bandwidth_bytes_per_s),
+                    "link_latency_s": max(self.link_latency_s, self.cross_node_latency_s)}
+        return {"link_bandwidth_bytes_per_s": self.link_bandwidth_bytes_per_s, "link_latency_s": self.link_latency_s}
+
+    def node_boundaries(self, devices: Sequence[int]) -> list[int]:
+        """The stages whose link to the next stage crosses nodes."""
+        return [r for r in range(len(devices) - 1) if self.node_of(devices[r]) != self.node_of(devices[r + 1])]
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the plan cache is per planner
+class StagePlanner:
+    teacher: ModelProfile
+    student: ModelProfile
+    step: StepSpec
+    facts: DeviceFacts = DeviceFacts()
+
+    def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
+              betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
+        return self.facts.specs(devices, alphas, betas)
+
+    def with_profiles(self, teacher: ModelProfile, student: ModelProfile) -> StagePlanner:
+        """The same planner on other block profiles (a new plan cache): `BlockCalibration.calibrated`
+        gives it the run's measured corrections, so its cuts, and not only its step times, follow them."""
+        return dataclasses.replace(self, teacher=teacher, student=student)
+
+    def full_plan(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
+                  betas: Mapping[int, float] | None = None) -> PartitionPlan:
+        """The best placement on ``devices`` with every prediction of the cost model (the first plan)."""
+        return plan_with_cost_model(self.cost_model(devices, alphas, betas))
+
+    def cost_model(self, devices: Sequence[int], alphas=None, betas=None) -> CostModel:
+        return CostModel(self.teacher, self.student, self.specs(devices, alphas, betas), self.step)
+
+    def predict(self, devices: Sequence[int], teacher_counts: Sequence[int], student_counts: Sequence[int],
+                alphas=None, betas=None) -> PlanCost:
+        """Per micro-batch stage times and the step time of a given partition."""
+        return self.cost_model(devices, alphas, betas).evaluate(teacher_counts, student_counts)
+
+    def per_step_compute_s(self, devices: Sequence[int], teacher_counts: Sequence[int],
+                           student_counts: Sequence[int]) -> list[float]:
+        """Each rank's compute in one optimizer step at nominal speed (M micro-batches)."""
+        cost = self.predict(devices, teacher_counts, student_counts)
+        return [self.step.microbatches * c for c in cost.stage_compute_s]
+
+    def per_step_comm_s(self, devices: Sequence[int], teacher_counts: Sequence[int],
+                        student_counts: Sequence[int]) -> list[float]:
+        cost = self.predict(devices, teacher_counts, student_counts)
+        return [self.step.microbatches * c for c in cost.stage_comm_s]
+
+    def per_step_transfer_s(self, devices: Sequence[int], teacher_counts: Sequence[int],
+                            student_counts: Sequence[int]) -> list[float]:
+        """Each rank's link time in one step for the bytes it carries alone (no per-message latency):
+        what beta scales, and what the estimator measures a link's own send excess against."""
+        bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
+        return bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
+
+    def plan(self, devices: Sequence[int], alphas: Sequence[float], betas=None
+             ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+        """``plan_fn`` of ``build_options``: the best partition of ``devices`` and its step time.
+
+        Factors are rounded to 1% first: estimates move a little every step, and a plan for
+        alphas 1% apart is the same plan, so it is computed once and reused (the controller
+        may ask every step, and a K=8 plan of a 57-block student takes tens of ms)."""
+        alphas = tuple(round(float(a), 2) for a in alphas)
+        betas = tuple(sorted((d, round(float(b), 2)) for d, b in (betas or {}).items()))
+        return self._plan_cached(tuple(devices), alphas, betas)
+
+    @functools.lru_cache(maxsize=256)
+    def _plan_cached(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple
+                     ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+        plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))
+        return plan.teacher_counts, plan.student_counts, plan.step_time_s

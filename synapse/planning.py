@@ -1,0 +1,254 @@
+"""A run's first plan, from its config: the placement it asks for (even or manual cuts, checked
+against the models' block counts before any worker starts), or with ``partition=auto`` the
+planned one: profile the models (or reuse cached profiles), plan for the configured devices,
+record the plan, and afterwards compare it with what the run measured.
+
+The planner itself is pure (``synapse.partitioning``); this module is the glue that feeds it
+measured profiles and device facts, and writes ``plan.json`` and ``plan_vs_measured.json``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig
+
+from synapse.config import resolve_accelerator, resolve_devices, run_topology
+from synapse.engine import default_threads
+from synapse.models import count_blocks
+from synapse.partitioning import (
+    OPTIMIZER_STATE_MULTIPLIERS,
+    DeviceFacts,
+    DeviceSpec,
+    PartitionError,
+    PartitionPlan,
+    Placement,
+    StagePlanner,
+    StepSpec,
+    candidate_counts,
+    choose_microbatches,
+    cpu_contention,
+    even_counts,
+    load_profile_csv,
+)
+from synapse.profiling import profile_for_config
+from synapse.rundir import read_jsonl
+
+# Bytes of optimizer state per parameter byte (cost model's memory term).
+OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
+
+
+def profile_device(cfg: DictConfig) -> str:
+    """Where profiles are measured: the run's first device."""
+    if resolve_accelerator(cfg.trainer) == "cuda":
+        return f"cuda:{resolve_devices(cfg.trainer)[0]}"
+    return "cpu"
+
+
+def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
+    """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
+    micro-batches (measured once, then cached)."""
+    micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
+    return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
+                              profile_device(cfg), info.num_classes, info.in_chans, info.image_size, cfg.cache_dir,
+                              warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log,
+                              launch=profile_launch(cfg))
+
+
+def profile_launch(cfg: DictConfig) -> str:
+    """Blocks are profiled as the stages will run them: replayed CUDA graphs on a GPU with
+    pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included)."""
+    return "graphed" if resolve_accelerator(cfg.trainer) == "cuda" and cfg.pipeline.cuda_graphs else "eager"
+
+
+# gloo between two CPU processes over loopback, measured by experiments/bench_gloo_p2p.py
+# (experiments/results/planner_cpu.md): the price of a CPU pipeline's links. A link must have a
+# price for its slowdown (beta, measured from each rank's own send time) to move the cuts.
+GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
+
+
+def device_facts(cfg: DictConfig) -> DeviceFacts:
+    """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
+    gbps = cfg.partition.link_bandwidth_gbps
+    node_gbps = cfg.partition.get("node_link_bandwidth_gbps")
+    topology = run_topology(cfg.trainer)
+    if resolve_accelerator(cfg.trainer) == "cuda":
+        bandwidth = gbps * 1e9 if gbps else math.inf
+        nodes = {"node_of": topology.node_of,
+                 "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
+        # Run-wide device ids (partitioning/topology.py): a device is named and sized by its node's local id.
+        return DeviceFacts(lambda d: f"cuda:{topology.local_id(d)}", lambda d: _gpu_memory(topology.local_id(d)),
+                           bandwidth, **nodes)
+    bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
+    nodes = {"node_of": topology.node_of,
+             "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
+    return DeviceFacts(lambda d: f"cpu:{topology.local_id(d)}", lambda device: math.inf, bandwidth,
+                       cpu_rank_contention(cfg.trainer), GLOO_LOOPBACK_LATENCY_S, **nodes)
+
+
+def _gpu_memory(device: int) -> float:
+    import torch
+
+    return float(torch.cuda.get_device_properties(device).total_memory)
+
+
+def build_stage_planner(cfg: DictConfig, info, log: Callable[[str], None] = print) -> StagePlanner:
+    """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
+    controller are made by it, so they are priced by the same cost model."""
+    return planner_for_profiles(cfg, profile_models(cfg, info, log))
+
+
+def planner_for_profiles(cfg: DictConfig, paths, microbatches: int | None = None) -> StagePlanner:
+    step = StepSpec(microbatches or cfg.pipeline.microbatches, cfg.pipeline.schedule,
+                    optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
+    return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step, device_facts(cfg))
+
+
+def choose_microbatches_for(cfg: DictConfig, info, devices: list[int], run_dir: Path,
+                            log: Callable[[str], None] = print) -> int:
+    """pipeline.microbatches=auto: price every candidate count with profiles measured at its
+    micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``)."""
+    candidates = candidate_counts(cfg.data.batch_size, len(devices))
+    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, m), m),
+                                 candidates, devices, configured_alphas(cfg, len(devices)))
+    record = {"candidates": list(candidates), "chosen": choice.microbatches,
+              "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
+              "not_possible": {str(m): why for m, why in choice.reasons.items()}}
+    (run_dir / "microbatches.json").write_text(json.dumps(record, indent=1))
+    table = ", ".join(f"M={m}: {t * 1e3:.1f} ms" if math.isfinite(t) else f"M={m}: does not fit"
+                      for m, t in choice.step_time_by_count.items())
+    log(f"pipeline.microbatches=auto: {choice.microbatches} micro-batches of "
+        f"{cfg.data.batch_size // choice.microbatches} (predicted step {table})")
+    return choice.microbatches
+
+
+def configured_alphas(cfg: DictConfig, num_stages: int) -> list[float]:
+    alphas = list(cfg.partition.alphas) if cfg.partition.alphas else [1.0] * num_stages
+    if len(alphas) != num_stages:
+        raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_stages} devices; give one per device")
+    return [float(a) for a in alphas]
+
+
+def device_specs(cfg: DictConfig, num_stages: int) -> list[DeviceSpec]:
+    """The planner's view of stages 0..K-1 at the configured alphas (what partition=auto plans on)."""
+    devices = run_topology(cfg.trainer).devices  # run-wide ids, node 0's first
+    stages = devices if len(devices) == num_stages else list(range(num_stages))
+    return device_facts(cfg).specs(stages, configured_alphas(cfg, num_stages))
+
+
+def cpu_rank_contention(trainer: DictConfig) -> float:
+    """How much slower each CPU rank computes because this node's ranks share its cores.
+
+    The ranks of one node run trainer.threads intra-op threads each (default: the cores
+    shared out, at least 1), on the cores this process may use.
+    """
+    local_ranks = len(resolve_devices(trainer))
+    threads = trainer.threads or default_threads(local_ranks)
+    return cpu_contention(local_ranks, threads, _available_cores())
+
+
+def _available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_partition(cfg: DictConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
+                   log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
+    """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
+    plan = planner.full_plan(devices, configured_alphas(cfg, len(devices)))
+    record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": planner.teacher.source,
+                                                               "student": planner.student.source}}
+    (run_dir / "plan.json").write_text(json.dumps(record, indent=1))
+    log(f"partition=auto: predicted step {plan.step_time_s * 1e3:.1f} ms, per-stage "
+        f"{[round(t * 1e3, 2) for t in plan.stage_times_s]} ms per micro-batch")
+    return Placement(tuple(devices), plan.teacher_counts, plan.student_counts), plan
+
+
+def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any] | None:
+    """Predicted (uncalibrated) vs measured per-stage compute, non-compute and step time, after warm-up.
+
+    Per step and stage: compute is what the rank's clock counts (blocks, loss, optimizer);
+    the rest of its wall time ("comm": P2P, schedule overhead, waiting) is compared with
+    M * (predicted overhead + communication).
+    """
+    plan_file, perf_file = run_dir / "plan.json", run_dir / "performance.jsonl"
+    if not plan_file.exists() or not perf_file.exists():
+        return None
+    plan = json.loads(plan_file.read_text())["plan"]
+    measured = measured_step_summary(perf_file, warmup_steps)
+    if measured is None:
+        return None
+    m = plan["microbatches"]
+    overhead = plan.get("stage_overhead_s") or [0.0] * len(plan["stage_comm_s"])
+    result = {
+        "steps_compared": measured["steps"],
+        "predicted_step_s": plan["step_time_s"],
+        "measured_step_s": measured["step_s"],
+        "predicted_stage_compute_s": [m * t for t in plan["stage_compute_s"]],
+        "measured_stage_compute_s": measured["stage_compute_s"],
+        "predicted_stage_noncompute_s": [m * (o + c) for o, c in zip(overhead, plan["stage_comm_s"])],
+        "measured_stage_noncompute_s": measured["stage_comm_s"],
+    }
+    result["step_error"] = result["predicted_step_s"] / result["measured_step_s"] - 1.0
+    (run_dir / "plan_vs_measured.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def measured_step_summary(perf_file: Path, warmup_steps: int = 3) -> dict[str, Any] | None:
+    """Medians over the steps after warm-up: step time, and per rank compute, comm and each clock part."""
+    # The plan is stage 0's: after a failover restart the partition (and K) differ.
+    records = [r for r in read_jsonl(perf_file) if r.get("stage", 0) == 0][warmup_steps:]
+    if not records:
+        return None
+    median = statistics.median
+    ranks = range(len(records[0]["compute_s"]))
+    parts = sorted(records[0].get("ranks", [{}])[0])
+    return {
+        "steps": len(records),
+        "step_s": median(r["step_seconds"] for r in records),
+        "stage_compute_s": [median(r["compute_s"][k] for r in records) for k in ranks],
+        "stage_comm_s": [median(r["comm_s"][k] for r in records) for k in ranks],
+        "stage_parts_s": [{p: median(r["ranks"][k][p] for r in records) for p in parts} for k in ranks],
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value == float("inf"):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def even_placement(teacher_blocks: int, student_blocks: int, devices: Sequence[int]) -> Placement:
+    return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)), even_counts(student_blocks, len(devices)))
+
+
+def placement_for_config(cfg, devices: Sequence[int], info) -> Placement:
+    """The placement the config asks for (even or manual) on ``devices``, checked against the block counts."""
+    num_stages = len(devices)
+    teacher_blocks = count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+    student_blocks = count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
+    if cfg.partition.mode == "manual":
+        if len(cfg.partition.teacher) != num_stages or len(cfg.partition.student) != num_stages:
+            raise PartitionError(f"the partition has {len(cfg.partition.teacher)} stages for {num_stages} devices; "
+                                 f"give one block count per device")
+        partition = Placement(tuple(devices), tuple(cfg.partition.teacher), tuple(cfg.partition.student))
+    elif cfg.partition.mode == "even":
+        for name, blocks in (("teacher", teacher_blocks), ("student", student_blocks)):
+            if num_stages > blocks:
+                raise PartitionError(f"{num_stages} stages but the {name} {cfg[name].name} has only {blocks} blocks; "
+                                     f"use at most {blocks} devices or a deeper model")
+        partition = even_placement(teacher_blocks, student_blocks, devices)
+    else:
+        raise PartitionError(f"partition.mode={cfg.partition.mode!r} is planned by synapse.planning; "
+                             f"use even, manual or auto")
+    partition.check_block_counts(teacher_blocks, student_blocks)
+    return partition
