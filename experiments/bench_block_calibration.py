@@ -41,8 +41,8 @@ def run(run_dir: Path, partition: tuple[list[int], list[int]] | None, epochs: in
 
 def measured_stages(run_dir: Path) -> tuple[Placement, list[float]]:
     """The run's placement (it ran one) and each rank's median compute per step after the warm-up."""
-    stage = json.loads((run_dir / "stages" / "0" / "stage.json").read_text())
-    placement = Placement(stage["devices"], stage["teacher_counts"], stage["student_counts"])
+    segment = json.loads((run_dir / "segments" / "0" / "segment.json").read_text())
+    placement = Placement(segment["devices"], segment["teacher_counts"], segment["student_counts"])
     records = [r for r in read_jsonl(run_dir / "performance.jsonl") if r["step"] > WARMUP_STEPS]
     return placement, [statistics.median(r["compute_s"][rank] for r in records) for rank in range(placement.num_stages)]
 

@@ -77,9 +77,9 @@ def lost_work(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         raise TrainRunError(f"{run_dir}: no restart; the kill did not happen")
     restart = summary["restarts"][0]
     first = next(e for e in read_jsonl(run_dir / "failover_events.jsonl")
-                 if e.get("event") == "first_step_after_restart" and e["stage"] == restart["stage"])
+                 if e.get("event") == "first_step_after_restart" and e["segment"] == restart["segment"])
     redone = [r["step_seconds"] for r in read_jsonl(run_dir / "performance.jsonl")
-              if r.get("stage", 0) == 0 and restart["resume_step"] < r["step"] <= restart["trigger_step"]]
+              if r.get("segment", 0) == 0 and restart["resume_step"] < r["step"] <= restart["trigger_step"]]
     return {"resume_step": restart["resume_step"], "trigger_step": restart["trigger_step"],
             "redo_steps": first["redo_steps"], "redo_s": sum(redone), "recovery_s": restart["recovery_s"],
             "restart_action": restart["action"]}

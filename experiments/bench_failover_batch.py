@@ -90,8 +90,8 @@ def run_record(summary: dict[str, Any]) -> dict[str, Any]:
         "time_lost_s": summary["time_lost_s"],
         "decisions": [{k: d[k] for k in ("step", "action", "reason")} for d in summary["decisions"]],
         "restarts": [{k: r.get(k) for k in ("action", "trigger", "mode", "recovery_s")} for r in summary["restarts"]],
-        "stages": len(summary["stages"]),
-        "devices_at_end": summary["stages"][-1]["devices"],
+        "segments": len(summary["segments"]),
+        "devices_at_end": summary["segments"][-1]["devices"],
         "student_top1": (summary.get("final_eval") or {}).get("student_top1"),
     }
 

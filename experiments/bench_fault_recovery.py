@@ -12,7 +12,7 @@ Each case is one ``train.py`` pipeline run with one event at a fixed step:
 * ``cuda_error``: rank 1 raises a CUDA "illegal memory access" at the start of a step.
 
 From experiment_summary.json: the restart's action, trigger, recovery_s (trigger to the end
-of the first step on the new stage) and its measured components; from failover_events.jsonl:
+of the first step on the new segment) and its measured components; from failover_events.jsonl:
 how long the failure took to be noticed (fault injected -> trigger) and how many finished
 steps were redone (checkpoint.every bounds them).
 
@@ -85,7 +85,7 @@ def recovery_record(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     if not summary["restarts"]:
         raise TrainRunError(f"{run_dir}: the run finished without a restart; the fault or drill did not act")
     restart = summary["restarts"][0]
-    first = next(e for e in read_events(run_dir, "first_step_after_restart") if e["stage"] == restart["stage"])
+    first = next(e for e in read_events(run_dir, "first_step_after_restart") if e["segment"] == restart["segment"])
     injected = read_events(run_dir, "fault_injected")
     record = {"action": restart["action"], "trigger": restart["trigger"], "mode": restart.get("mode", "restart"),
               "cause": restart.get("cause"), "recovery_s": restart["recovery_s"], "components": restart["components"],

@@ -81,7 +81,7 @@ def median_only_first_detection(run_dir: Path) -> dict | None:
     detector = SlowdownDetector(DetectorConfig(**{**settings, "trend": False}))
     records = [r for r in read_jsonl(run_dir / "performance.jsonl") if "step_seconds" in r]
     for record in records:
-        if record.get("stage", 0) != records[0].get("stage", 0):
+        if record.get("segment", 0) != records[0].get("segment", 0):
             return None
         for event in detector.update(StepTiming.from_dict(record)):
             if event.event == "slowdown":
@@ -90,7 +90,7 @@ def median_only_first_detection(run_dir: Path) -> dict | None:
 
 
 def training_span_s(run_dir: Path) -> float:
-    """Seconds from the start of the run's first step to the end of its last (all stages)."""
+    """Seconds from the start of the run's first step to the end of its last (all segments)."""
     steps = [r for r in read_jsonl(run_dir / "performance.jsonl") if "step_seconds" in r]
     return steps[-1]["time"] - (steps[0]["time"] - steps[0]["step_seconds"])
 

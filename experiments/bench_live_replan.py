@@ -33,7 +33,7 @@ def run(mode: str, run_dir: Path, args) -> dict:
     [restart] = summary["restarts"]
     return {"mode": mode, "recovery_s": restart["recovery_s"], "downtime_s": restart["downtime_s"],
             "components": restart["components"],
-            "wall_time_s": summary["wall_time_s"], "stages": [s["student_counts"] for s in summary["stages"]],
+            "wall_time_s": summary["wall_time_s"], "segments": [s["student_counts"] for s in summary["segments"]],
             "moved_blocks": moved[0]["moved_blocks"] if moved else None,
             "moved_bytes": moved[0]["moved_bytes"] if moved else None}
 

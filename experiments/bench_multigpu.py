@@ -61,7 +61,7 @@ def devices(ids: list[int]) -> str:
 
 
 def step_stats(run_dir: Path, k: int, warmup: int, batch: int) -> dict:
-    perf = [r for r in read_jsonl(run_dir / "performance.jsonl") if r.get("stage", 0) == 0][warmup:]
+    perf = [r for r in read_jsonl(run_dir / "performance.jsonl") if r.get("segment", 0) == 0][warmup:]
     if perf:
         walls = [r["step_seconds"] for r in perf]
         bubble = statistics.median(1 - sum(r["compute_s"]) / (k * r["step_seconds"]) for r in perf)
@@ -133,8 +133,8 @@ def failover_summary(run_dir: Path) -> dict:
             "decisions": summary["decisions"], "time_lost_s": summary["time_lost_s"],
             "restarts": [{k: r[k] for k in ("action", "mode", "trigger", "cause", "recovery_s", "downtime_s",
                                             "components", "trigger_step", "resume_step")} for r in summary["restarts"]],
-            "stages": [{k: s[k] for k in ("devices", "teacher_counts", "student_counts", "start_step", "end_step",
-                                          "outcome")} for s in summary["stages"]]}
+            "segments": [{k: s[k] for k in ("devices", "teacher_counts", "student_counts", "start_step", "end_step",
+                                          "outcome")} for s in summary["segments"]]}
 
 
 def part_kill(out: Path, gpus: list[int], batch: int, log: Path, steps: int = 120) -> dict:

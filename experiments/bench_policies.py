@@ -40,8 +40,8 @@ def run_policy(policy: str, run_dir: Path, factor: float, start: int) -> dict:
             "decisions": [{k: d[k] for k in ("step", "action", "reason", "eta_s")} for d in summary["decisions"]],
             "restarts": [{k: r[k] for k in ("action", "trigger", "recovery_s", "components")}
                          for r in summary["restarts"]],
-            "stages": [{k: s[k] for k in ("devices", "teacher_counts", "student_counts", "start_step", "end_step")}
-                       for s in summary["stages"]],
+            "segments": [{k: s[k] for k in ("devices", "teacher_counts", "student_counts", "start_step", "end_step")}
+                       for s in summary["segments"]],
             "time_lost_s": summary["time_lost_s"]}
 
 

@@ -11,7 +11,7 @@ The same 4 CPU ranks of the same job, micro models, even split, checkpoint.every
   step 6: DEGRADE to node 0's 2 ranks once node 1 has been silent for failover.node_timeout_s=3.
 
 recovery_s comes from each run's experiment_summary.json (the supervisor measures it from the
-moment it learnt of the failure to the end of the first step on the new stage), with its measured
+moment it learnt of the failure to the end of the first step on the new segment), with its measured
 parts; failure_to_step_s starts at the failure itself: the kill's ``fault_injected`` event, or for a
 lost node its last beat (the ``node_lost`` event's time less ``silent_s``), so it includes the time
 to notice (for node_lost, failover.node_timeout_s). ``--recompute DIR`` rebuilds the table from the

@@ -45,7 +45,7 @@ def run_once(policy: str, run_dir: Path) -> dict:
                                      and link[0]["detected_step"] - FAULT["start"] <= 10),
             "decisions": [{k: d.get(k) for k in ("step", "action", "reason")} for d in summary["decisions"]],
             "partitions": [{"from_step": s["start_step"], "teacher": s["teacher_counts"],
-                            "student": s["student_counts"]} for s in summary["stages"]],
+                            "student": s["student_counts"]} for s in summary["segments"]],
             "median_step_s_46_100": statistics.median(steps[s] for s in range(first, last + 1) if s in steps),
             "controller_errors": len(read_events(run_dir, "controller_error"))}
 

@@ -43,7 +43,7 @@ from synapse.rundir import DiskFullError, disk_full_error, hold_run_dir, is_disk
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
     """Run ``cfg``. ``overrides`` are the command-line overrides that composed it (inside
-    ``@hydra.main`` they are read from Hydra); restart stages are composed from them."""
+    ``@hydra.main`` they are read from Hydra); later segments' configs are composed from them."""
     validate(cfg)
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
@@ -53,7 +53,7 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
             if isinstance(exc, (DiskFullError, CheckpointWriteError)) or not (
                     is_disk_full(exc) or getattr(exc, "cause", None) == DISK_FULL):
                 raise
-            # Whatever write hit the full disk last (a record, a stage file), the user hears ENOSPC.
+            # Whatever write hit the full disk last (a record, a segment file), the user hears ENOSPC.
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 

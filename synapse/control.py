@@ -11,7 +11,7 @@ Transport: ``FileControlChannel`` (``<run_dir>/control/``, written atomically by
 half-written request is never seen) serves every process that sees the run directory. Across
 nodes (failover with ``trainer.nodes > 1``) ``StoreControlChannel`` carries the same records
 over the job's own network: two keys in the store node 0 serves at ``trainer.rdzv_endpoint``.
-``open_channel`` picks the one a stage uses, the same on the supervisor's side and the workers'.
+``open_channel`` picks the one a segment uses, the same on the supervisor's side and the workers'.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ class StopRequest:
     id: str  # unique per decision: a live re-partition already applied is not applied twice
     action: str  # the decision: replan, degrade, replace, drill ...
     step: int  # the step the decision was made at
-    stage: int  # the run's stage it was made in
+    segment: int  # the run's segment it was made in
     mode: str  # "live": re-partition the running workers; "restart": stop, checkpoint, exit
-    placement: Placement  # where the next stage runs
+    placement: Placement  # where the next segment runs
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,13 +51,13 @@ class StopRequest:
         return self.mode == "live"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "action": self.action, "step": self.step, "stage": self.stage, "mode": self.mode,
+        return {"id": self.id, "action": self.action, "step": self.step, "segment": self.segment, "mode": self.mode,
                 "placement": self.placement.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StopRequest:
         try:
-            return cls(str(data["id"]), str(data["action"]), int(data["step"]), int(data["stage"]),
+            return cls(str(data["id"]), str(data["action"]), int(data["step"]), int(data["segment"]),
                        str(data["mode"]), Placement.from_dict(data["placement"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ControlRecordError(f"not a stop request ({type(exc).__name__}: {exc}): {dict(data)!r}") from None
@@ -185,7 +185,7 @@ class StoreControlChannel:
 
 
 def control_endpoint(cfg: Any) -> str | None:
-    """Where a stage's stop requests travel: the decider's store across nodes (failover on), else files."""
+    """Where a segment's stop requests travel: the decider's store across nodes (failover on), else files."""
     trainer = cfg.trainer
     return trainer.rdzv_endpoint if cfg.failover.enabled and trainer.nodes > 1 and trainer.rdzv_endpoint else None
 

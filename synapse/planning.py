@@ -199,8 +199,8 @@ def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any
 
 def measured_step_summary(perf_file: Path, warmup_steps: int = 3) -> dict[str, Any] | None:
     """Medians over the steps after warm-up: step time, and per rank compute, comm and each clock part."""
-    # The plan is stage 0's: after a failover restart the partition (and K) differ.
-    records = [r for r in read_jsonl(perf_file) if r.get("stage", 0) == 0][warmup_steps:]
+    # The plan is segment 0's: after a failover restart the partition (and K) differ.
+    records = [r for r in read_jsonl(perf_file) if r.get("segment", 0) == 0][warmup_steps:]
     if not records:
         return None
     median = statistics.median

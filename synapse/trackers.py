@@ -2,7 +2,7 @@
 
 The JSONL records stay the source of truth (``synapse.rundir.records``); a tracker receives the same
 records and writes what a person compares across runs: per training step the loss, learning rate,
-step time and images/s; per evaluation the accuracies; failover decisions and stage changes as
+step time and images/s; per evaluation the accuracies; failover decisions and segment changes as
 text markers at their step. TensorBoard event files go to ``<run_dir>/tensorboard/<role>``
 (each writing process its own folder: the last pipeline rank writes the training scalars, the
 supervisor the failover markers), CSV files to ``<run_dir>/csv/<role>_<kind>.csv``.

@@ -33,7 +33,7 @@ for e in events:
     if e["event"] in ("slowdown_detected", "recovery_detected", "fault_injected", "block_calibration"):
         if e["event"] == "block_calibration":
             e = {"event": "block_calibration", **{k: round(v, 4) if isinstance(v, float) else v
-                                                   for k, v in e["stages"][0].items()}}
+                                                   for k, v in e["segments"][0].items()}}
         print("  " + e["event"] + ": " + ", ".join(f"{k}={e[k]}" for k in
               ("kind", "rank", "ratio", "onset_step", "detected_step", "latency_steps", "start",
                "profile_s", "measured_s", "slowdown") if k in e))

@@ -21,5 +21,5 @@ timeout 500 python3 train.py hydra.run.dir="$RUN" trainer=gpu trainer.strategy=p
     "injection.faults=[{kind:background_load,rank:0,start:120,workers:2,matrix_size:8192}]" injection.name=gpu_bgload \
     monitor.period_s=1 trainer.progress=false report=false > "$OUT/kd_bgload.txt" 2>&1
 echo "train exit $?" >> "$OUT/kd_bgload.txt"
-rm -rf "$RUN/checkpoints" "$RUN/teacher_training" "$RUN/stages"/*/resume
+rm -rf "$RUN/checkpoints" "$RUN/teacher_training" "$RUN/segments"/*/resume
 tar -czf "$OUT/kd_bgload.tgz" -C "$OUT" kd_bgload && rm -rf "$RUN"

@@ -27,10 +27,10 @@ from synapse.analysis.markers import timeline_markers
 from synapse.analysis.report import job_log_lines, write_report
 from synapse.analysis.style import NoDataError, save_figure
 from synapse.analysis.sweep import describe_faults, load_sweep, override_value, scenario_labels
-from synapse.analysis.tables import DECISION_COLUMNS, RANK_TIMING_COLUMNS, RESTART_COLUMNS, STAGE_COLUMNS
+from synapse.analysis.tables import DECISION_COLUMNS, RANK_TIMING_COLUMNS, RESTART_COLUMNS, SEGMENT_COLUMNS
 
 __all__ = ["AnalysisError", "DECISION_COLUMNS", "NoDataError", "PER_ROW", "RANK_TIMING_COLUMNS", "RESTART_COLUMNS",
-           "RecordFileError", "Run", "RunDirError", "STAGE_COLUMNS", "SWEEP_METRICS", "SweepDirError", "cell",
+           "RecordFileError", "Run", "RunDirError", "SEGMENT_COLUMNS", "SWEEP_METRICS", "SweepDirError", "cell",
            "decision_outcomes", "describe_faults", "job_log_lines", "latest_run_dir", "latest_sweep_dir", "load_run",
            "load_runs", "load_sweep", "markdown_table", "option_etas", "override_value", "plot_decision_etas",
            "plot_plan_vs_measured", "plot_rank_heatmap", "plot_regret", "plot_sweep", "plot_timeline",

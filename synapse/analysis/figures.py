@@ -2,7 +2,7 @@
 
 Every function returns a ``matplotlib.figure.Figure`` (save it with ``style.save_figure``).
 Lines and patches carry a ``gid`` naming what they show (``step_time``, ``throughput``, the
-marker kinds of ``markers``, ``stage_boundary``), so a figure can be checked, not just looked at.
+marker kinds of ``markers``, ``segment_boundary``), so a figure can be checked, not just looked at.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from synapse.analysis import markers as mk
 from synapse.analysis.load import Run
 from synapse.analysis.style import MARKER_COLORS, NoDataError, new_figure, themed
 
-STAGE_COLORS = ("#264653", "#2a9d8f", "#8c6d31", "#6d597a", "#e76f51", "#3a86ff")
+SEGMENT_COLORS = ("#264653", "#2a9d8f", "#8c6d31", "#6d597a", "#e76f51", "#3a86ff")
 MARKER_NAMES = {
     mk.FAULT_ONSET: "fault injected", mk.FAULT_CLEARED: "fault cleared", mk.DETECTION: "slowdown detected",
     mk.RECOVERY: "slowdown recovered", mk.KEEP: "KEEP decision (logged)", mk.DECISION: "decision to act",
@@ -32,12 +32,12 @@ X_AXES = {"step": ("step", "end_step", "optimizer step"),
 SMOOTH_STEPS = 5
 
 
-def stage_label(run: Run, stage: int) -> str:
-    row = run.stages[run.stages["stage"] == stage]
+def segment_label(run: Run, segment: int) -> str:
+    row = run.segments[run.segments["segment"] == segment]
     if row.empty:
-        return f"stage {stage}"
+        return f"segment {segment}"
     devices = ",".join(str(d) for d in row["devices"].iloc[0])
-    return f"stage {stage}: devices {devices} ({row['reason'].iloc[0]})"
+    return f"segment {segment}: devices {devices} ({row['reason'].iloc[0]})"
 
 
 def plot_timeline(run: Run, x: str = "step", show_checkpoints: bool = True) -> Figure:
@@ -67,10 +67,10 @@ def plot_timeline(run: Run, x: str = "step", show_checkpoints: bool = True) -> F
 
 
 def _plot_series(run: Run, ax_time: Axes, ax_rate: Axes, column: str) -> None:
-    """Per stage: the raw values (thin) and their rolling median (labelled)."""
-    for stage, group in run.steps.groupby("stage", sort=True):
-        color = STAGE_COLORS[int(stage) % len(STAGE_COLORS)]
-        label = stage_label(run, int(stage))
+    """Per segment: the raw values (thin) and their rolling median (labelled)."""
+    for segment, group in run.steps.groupby("segment", sort=True):
+        color = SEGMENT_COLORS[int(segment) % len(SEGMENT_COLORS)]
+        label = segment_label(run, int(segment))
         for ax, value, gid in ((ax_time, "step_s", "step_time"), (ax_rate, "images_per_s", "throughput")):
             ax.plot(group[column], group[value], color=color, lw=0.8, alpha=0.35, gid=f"{gid}_raw")
             smooth = group[value].rolling(SMOOTH_STEPS, center=True, min_periods=1).median()
@@ -136,7 +136,7 @@ def _legend_handle(kind: str) -> Line2D:
 
 def plot_rank_heatmap(run: Run, part: str = "compute", by: str = "rank") -> Figure:
     """Seconds of ``part`` (compute, comm, wall, teacher_fwd, ...) per step for each rank (or
-    device, ``by="device"``): a slow device shows as a hot row; stage boundaries as white lines."""
+    device, ``by="device"``): a slow device shows as a hot row; segment boundaries as white lines."""
     if by not in ("rank", "device"):
         raise ValueError(f"by={by!r}: the heatmap's rows are 'rank' or 'device'")
     timings = run.rank_timings
@@ -152,10 +152,10 @@ def plot_rank_heatmap(run: Run, part: str = "compute", by: str = "rank") -> Figu
         sns.heatmap(grid, ax=ax, cmap="rocket_r", robust=True, xticklabels=_tick_every(grid.columns),
                     yticklabels=[f"{by} {int(r)}" for r in grid.index],
                     cbar_kws={"label": f"{part} per step (s)", "pad": 0.01})
-        _stage_boundaries(ax, run, list(grid.columns))
+        _segment_boundaries(ax, run, list(grid.columns))
         ax.grid(False)
-        ax.set_facecolor("#e8e8e8")  # cells of a rank that a stage did not have
-        ax.set(xlabel="optimizer step (white lines: a new stage; grey: not in that stage)", ylabel="",
+        ax.set_facecolor("#e8e8e8")  # cells of a rank that a segment did not have
+        ax.set(xlabel="optimizer step (white lines: a new segment; grey: not in that segment)", ylabel="",
                title=f"{run.name}: {part} seconds per step on each {by} (colour clipped to the 2-98th percentile)")
         ax.tick_params(axis="y", rotation=0)
         ax.tick_params(axis="x", rotation=0)
@@ -166,9 +166,9 @@ def _tick_every(steps: Sequence[int], target: int = 25) -> int:
     return max(1, len(steps) // target)
 
 
-def _stage_boundaries(ax: Axes, run: Run, steps: list[int]) -> None:
-    """A white line before the first step of each stage after the first (heatmap x = column index)."""
-    firsts = run.steps.groupby("stage")["step"].min().sort_index()
+def _segment_boundaries(ax: Axes, run: Run, steps: list[int]) -> None:
+    """A white line before the first step of each segment after the first (heatmap x = column index)."""
+    firsts = run.steps.groupby("segment")["step"].min().sort_index()
     for step in firsts.iloc[1:]:
         if step in steps:
-            ax.axvline(steps.index(step), color="white", lw=2.5, gid="stage_boundary")
+            ax.axvline(steps.index(step), color="white", lw=2.5, gid="segment_boundary")

@@ -96,7 +96,7 @@ def _plot_realised(ax, run: Run, positions: dict[int, int]) -> None:
 
 def plot_plan_vs_measured(run: Run) -> Figure:
     """Left: per pipeline stage, the planner's compute and non-compute seconds per step against the
-    measured medians. Right: the measured step time of every step of the planned stage against the
+    measured medians. Right: the measured step time of every step of the planned segment against the
     predicted step time (plan_vs_measured.json, written by partition=auto runs)."""
     plan = run.plan
     if plan.empty:
@@ -124,7 +124,7 @@ def _stage_bars(ax, plan: pd.DataFrame) -> None:
 
 
 def _step_series(ax, run: Run) -> None:
-    planned = run.steps[run.steps["stage"] == 0]
+    planned = run.steps[run.steps["segment"] == 0]
     ax.plot(planned["step"], planned["step_s"], color="#4c72b0", lw=1.0, gid="measured_step", label="measured step")
     predicted, measured = run.plan_step.get("predicted_step_s"), run.plan_step.get("measured_step_s")
     if predicted is not None:
@@ -136,7 +136,7 @@ def _step_series(ax, run: Run) -> None:
     faults = markers[(markers["kind"] == FAULT_ONSET) & (markers["step"] <= planned["step"].max())]
     draw_markers(ax, faults)  # measured steps after a fault are not what the plan was made for
     error = run.plan_step.get("step_error")
-    title = "step time of the planned stage (stage 0)"
+    title = "step time of the planned segment (segment 0)"
     ax.set(xlabel="optimizer step", ylabel="step time (s)",
            title=title + (f": prediction {error:+.0%}" if error is not None else ""))
     ax.set_ylim(bottom=0)

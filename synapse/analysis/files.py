@@ -22,7 +22,7 @@ RUN_SUMMARY_FILE = "summary.json"
 PLAN_FILE = "plan.json"
 PLAN_VS_MEASURED_FILE = "plan_vs_measured.json"
 CONFIG_FILE = "config.yaml"
-STAGES_DIR = "stages"
+SEGMENTS_DIR = "segments"
 HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
 MULTIRUN_FILE = "multirun.yaml"
 

@@ -29,7 +29,7 @@ class Run:
         student_fwd, student_bwd, loss, optimizer, compute, comm, wall).
     events: every failover event (fault, detection, decision, checkpoint, restart, health).
     decisions: one row per logged decision x option, with the option's predicted ETA.
-    stages, restarts, evals: one row per stage, restart, evaluation.
+    segments, restarts, evals: one row per segment, restart, evaluation.
     plan: per pipeline stage, the planner's prediction vs the measurement (partition=auto).
     step_clock: the end time of every step record, redone steps' first runs included.
     """
@@ -39,7 +39,7 @@ class Run:
     rank_timings: pd.DataFrame
     events: pd.DataFrame
     decisions: pd.DataFrame
-    stages: pd.DataFrame
+    segments: pd.DataFrame
     restarts: pd.DataFrame
     evals: pd.DataFrame
     plan: pd.DataFrame
@@ -72,7 +72,7 @@ class Run:
         """The experiment's wall time: from experiment_summary.json, else first to last step."""
         if "wall_time_s" in self.summary:
             return float(self.summary["wall_time_s"])
-        if "wall_time_s" in self.run_summary and len(self.stages) <= 1:
+        if "wall_time_s" in self.run_summary and len(self.segments) <= 1:
             return float(self.run_summary["wall_time_s"])
         return self.end_time - self.start_time
 
@@ -94,15 +94,15 @@ def load_run(path: str | Path) -> Run:
     events = files.read_jsonl(path / files.EVENTS_FILE)
     summary = files.read_json(path / files.EXPERIMENT_SUMMARY_FILE)
     comparison = files.read_json(path / files.PLAN_VS_MEASURED_FILE)
-    stages = tables.stages_frame(summary.get("stages") or _stage_records(path))
+    segments = tables.segments_frame(summary.get("segments") or _segment_records(path))
     run = Run(
         path=path,
-        steps=_with_stages(tables.steps_frame(performance, metrics), stages),
+        steps=_with_segments(tables.steps_frame(performance, metrics), segments),
         rank_timings=tables.rank_timings_frame(performance, metrics),
         events=tables.events_frame(events),
         decisions=tables.decisions_frame([e for e in events if e.get("event") == "decision"],
                                          summary.get("decisions") or ()),
-        stages=stages,
+        segments=segments,
         restarts=tables.restarts_frame(summary.get("restarts") or (),
                                        [e for e in events if e.get("event") == "first_step_after_restart"]),
         evals=tables.evals_frame(metrics),
@@ -123,33 +123,33 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
     return [load_run(p) for p in paths]
 
 
-def _stage_records(path: Path) -> list[dict[str, Any]]:
-    """stages/<n>/stage.json, for a run whose experiment summary is missing (killed supervisor)."""
-    root = path / files.STAGES_DIR
+def _segment_records(path: Path) -> list[dict[str, Any]]:
+    """segments/<n>/segment.json, for a run whose experiment summary is missing (killed supervisor)."""
+    root = path / files.SEGMENTS_DIR
     if not root.is_dir():
         return []
     folders = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    return [record for record in (files.read_json(f / "stage.json") for f in folders) if record]
+    return [record for record in (files.read_json(f / "segment.json") for f in folders) if record]
 
 
-def _with_stages(steps: pd.DataFrame, stages: pd.DataFrame) -> pd.DataFrame:
-    """Fill the stage of steps whose record lacks it: the stage whose step range holds the step."""
-    missing = steps["stage"].isna()
+def _with_segments(steps: pd.DataFrame, segments: pd.DataFrame) -> pd.DataFrame:
+    """Fill the segment of steps whose record lacks it: the segment whose step range holds the step."""
+    missing = steps["segment"].isna()
     if missing.any():
-        steps.loc[missing, "stage"] = [stage_of_step(int(s), stages) for s in steps.loc[missing, "step"]]
-    steps["stage"] = steps["stage"].astype(int)
+        steps.loc[missing, "segment"] = [segment_of_step(int(s), segments) for s in steps.loc[missing, "step"]]
+    steps["segment"] = steps["segment"].astype(int)
     return steps
 
 
-def stage_of_step(step: int, stages: pd.DataFrame) -> int:
-    """Stage n runs steps start_step+1 .. end_step; a run without stage records is stage 0."""
-    started = stages[stages["start_step"].astype(float) < step]
-    return int(started["stage"].iloc[-1]) if len(started) else 0
+def segment_of_step(step: int, segments: pd.DataFrame) -> int:
+    """Segment n runs steps start_step+1 .. end_step; a run without segment records is segment 0."""
+    started = segments[segments["start_step"].astype(float) < step]
+    return int(started["segment"].iloc[-1]) if len(started) else 0
 
 
 def _start_time(run: Run) -> float:
-    """The earliest moment the run's records know of: the first stage's start, first event, first step."""
-    candidates = [run.stages["started_at"].min(), run.events["time"].min()]
+    """The earliest moment the run's records know of: the first segment's start, first event, first step."""
+    candidates = [run.segments["started_at"].min(), run.events["time"].min()]
     if len(run.steps):
         first = run.steps.iloc[0]
         candidates.append(first["time"] - (first["step_s"] if pd.notna(first["step_s"]) else 0.0))

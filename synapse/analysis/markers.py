@@ -1,7 +1,7 @@
 """What happened when: the moments a timeline marks, from a run's events and restarts.
 
 One row per marker: its ``kind`` (below), the step and time where it starts and ends (a
-restart spans from its trigger to the first step on the new stage; the others are points),
+restart spans from its trigger to the first step on the new segment; the others are points),
 and a short label a person can read on the plot.
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _restart_marker(restart: Mapping[str, Any]) -> dict[str, Any]:
     start = restart.get("trigger_time")
     known = isinstance(recovery, (int, float)) and not math.isnan(recovery)
     how = restart.get("action") if restart.get("mode") in (None, "restart") else f"{restart.get('action')}, live"
-    label = f"restart -> stage {restart.get('stage')} ({how}" + (
+    label = f"restart -> segment {restart.get('segment')} ({how}" + (
         f", {recovery:.1f} s)" if known else ")")
     return {"kind": RESTART, "step": restart.get("trigger_step"), "end_step": restart.get("first_step"),
             "time": start, "end_time": start + recovery if known and start is not None else start, "label": label,

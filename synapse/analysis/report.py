@@ -96,11 +96,11 @@ def run_markdown(run: Run, figures: FigureSet) -> str:
         f"# Run report: {run.name}",
         f"`{run.path}` — written {time.strftime('%Y-%m-%d %H:%M:%S')} by `python -m synapse.analysis report`",
         "## Summary", key_value_table(run_facts(run)),
-        "## Stages", markdown_table(run.stages, {"stage": "stage", "reason": "why", "devices": "devices",
+        "## Segments", markdown_table(run.segments, {"segment": "segment", "reason": "why", "devices": "devices",
                                                  "teacher_counts": "teacher blocks", "student_counts": "student blocks",
                                                  "start_step": "from step", "end_step": "to step",
                                                  "wall_s": "wall (s)", "outcome": "outcome"},
-                                   empty="_One launch without stage records (a run without failover)._"),
+                                   empty="_One launch without segment records (a run without failover)._"),
         "## Decisions", _decisions_markdown(run),
         "## Block calibration", _calibration_markdown(run),
         "## Restarts", _restarts_markdown(run),
@@ -122,7 +122,7 @@ def run_facts(run: Run) -> dict[str, object]:
         "student / teacher": f"{(config.get('student') or {}).get('name')} / {(config.get('teacher') or {}).get('name')}",
         "wall time (s)": run.wall_time_s,
         "steps": f"{summary.get('steps', len(steps))} of {summary.get('total_steps', run.run_summary.get('total_steps', '?'))}",
-        "stages": max(1, len(run.stages)),
+        "segments": max(1, len(run.segments)),
         "restarts": len(run.restarts),
         "decisions logged (acting)": f"{run.decisions['decision'].nunique()} ({len(summary.get('decisions') or [])})",
         "median step time (s)": float(steps["step_s"].median()) if len(steps) else math.nan,
@@ -164,11 +164,11 @@ def _calibration_markdown(run: Run) -> str:
 def _restarts_markdown(run: Run) -> str:
     if run.restarts.empty:
         return "_No restart._"
-    headers = {"stage": "into stage", "action": "action", "mode": "mode", "trigger": "trigger", "cause": "cause",
+    headers = {"segment": "into segment", "action": "action", "mode": "mode", "trigger": "trigger", "cause": "cause",
                "trigger_step": "at step", "resume_step": "resumed from", "redo_steps": "redone steps",
                "recovery_s": "recovery (s)", "downtime_s": "downtime (s)"}
     headers.update({c: c.removesuffix("_s").replace("_", " ") + " (s)" for c in RESTART_COMPONENTS})
-    note = ("Recovery: from the decision (or failure) to the end of the first step on the new stage. Downtime: "
+    note = ("Recovery: from the decision (or failure) to the end of the first step on the new segment. Downtime: "
             "from the last step on the old partition to the first on the new, less one healthy step.")
     return note + "\n\n" + markdown_table(run.restarts, headers)
 
@@ -195,7 +195,7 @@ def _counterfactual_markdown(run: Run) -> str:
 
 JOB_HEADERS = {"job": "job", "status": "status", "batch_size": "batch", "policy": "policy", "seed": "seed",
                "slowdown": "slowdown",
-               "scenario": "scenario", "wall_time_s": "wall (s)", "steps": "steps", "stages": "stages",
+               "scenario": "scenario", "wall_time_s": "wall (s)", "steps": "steps", "segments": "segments",
                "restarts": "restarts", "decisions": "acting decisions", "time_lost_s": "time lost (s)",
                "recovery_s": "recovery (s)", "final_top1": "top-1 (%)"}
 REGRET_HEADERS = {"scenario": "scenario", "policy": "policy", "jobs": "jobs", "value": "mean wall (s)",
@@ -252,7 +252,7 @@ def write_sweep_report(path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
         markdown_table(regret, REGRET_HEADERS),
         "## Figures", figures.markdown(),
         "## Logs", ("Each job's folder, its log (`train.log`), its console as the launcher kept it, and every "
-                    "pipeline rank's output (`logs/launch_<stage>/`). Per-job reports: "
+                    "pipeline rank's output (`logs/launch_<segment>/`). Per-job reports: "
                     "`python -m synapse.analysis report <sweep>/<job>`."),
         "\n".join(job_log_lines(Path(path), sweep)),
     ]

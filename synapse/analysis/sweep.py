@@ -27,7 +27,7 @@ POLICY_KEYS = ("policy",)  # override keys (and their sub-keys) that choose the 
 REPEAT_KEYS = ("seed",)  # override keys that repeat a scenario (same experiment, other random draws)
 JOB_COLUMNS = ["job", "path", "status", "batch_size", "policy", "seed", "injection", "slowdown", "scenario",
                "wall_time_s",
-               "steps", "total_steps", "stages", "restarts", "decisions", "decisions_logged", "time_lost_s",
+               "steps", "total_steps", "segments", "restarts", "decisions", "decisions_logged", "time_lost_s",
                "slow_steps_s", "restart_downtime_s", "recovery_s", "final_top1", "images_per_s"]
 
 
@@ -127,7 +127,7 @@ def run_outcome(run: Run) -> dict[str, Any]:
         "injection": _get(config, "injection", "name"),
         "slowdown": describe_faults(_get(config, "injection", "faults") or []),
         "wall_time_s": run.wall_time_s, "steps": steps, "total_steps": total,
-        "stages": max(1, len(run.stages)), "restarts": len(run.restarts),
+        "segments": max(1, len(run.segments)), "restarts": len(run.restarts),
         "decisions": len(summary.get("decisions") or []),
         "decisions_logged": int(run.decisions["decision"].nunique()),
         "time_lost_s": lost.get("total_s", 0.0 if run.has_failover else math.nan),

@@ -12,16 +12,16 @@ from typing import Any
 
 import pandas as pd
 
-STEP_COLUMNS = ["step", "stage", "num_devices", "devices", "step_s", "images_per_s", "loss", "lr", "epoch", "time",
+STEP_COLUMNS = ["step", "segment", "num_devices", "devices", "step_s", "images_per_s", "loss", "lr", "epoch", "time",
                 "max_compute_s", "max_comm_s", "attempts"]
-RANK_TIMING_COLUMNS = ["step", "stage", "rank", "device", "part", "seconds"]
+RANK_TIMING_COLUMNS = ["step", "segment", "rank", "device", "part", "seconds"]
 EVENT_COLUMNS = ["time", "event", "source", "step", "rank", "device"]
 DECISION_COLUMNS = ["decision", "time", "step", "action", "reason", "cause", "remaining_steps", "option", "devices",
                     "predicted_step_s", "restart_cost_s", "eta_s", "chosen", "baseline_step_s", "measured_step_s"]
-STAGE_COLUMNS = ["stage", "reason", "devices", "num_devices", "teacher_counts", "student_counts", "start_step",
+SEGMENT_COLUMNS = ["segment", "reason", "devices", "num_devices", "teacher_counts", "student_counts", "start_step",
                  "end_step", "started_at", "ended_at", "wall_s", "outcome", "resume"]
 RESTART_COMPONENTS = ["checkpoint_save_s", "teardown_s", "launch_s", "checkpoint_load_s", "warmup_s"]
-RESTART_COLUMNS = ["stage", "action", "mode", "trigger", "cause", "trigger_time", "trigger_step", "resume_step",
+RESTART_COLUMNS = ["segment", "action", "mode", "trigger", "cause", "trigger_time", "trigger_step", "resume_step",
                    "relaunch_time", "last_step_time", "first_step", "redo_steps", "recovery_s", "downtime_s",
                    *RESTART_COMPONENTS]
 EVAL_COLUMNS = ["step", "epoch", "student_top1", "student_top5", "teacher_top1", "teacher_top5", "time"]
@@ -70,7 +70,7 @@ def steps_frame(performance: Sequence[Mapping[str, Any]], metrics: Sequence[Mapp
         compute = p.get("compute_s") or m.get("compute_s") or []
         devices = p.get("devices")
         rows.append({
-            "step": step, "stage": p.get("stage", NAN),
+            "step": step, "segment": p.get("segment", NAN),
             "num_devices": len(devices) if devices else (len(compute) or NAN),
             "devices": tuple(devices) if devices else None,
             "step_s": p.get("step_seconds", m.get("step_time_s", NAN)),
@@ -103,7 +103,7 @@ def rank_timings_frame(performance: Sequence[Mapping[str, Any]],
             {"compute": c, **({"comm": comm[r]} if r < len(comm) else {})} for r, c in enumerate(compute)]
         for rank, parts in enumerate(parts_per_rank):
             for part, seconds in parts.items():
-                rows.append({"step": step, "stage": record.get("stage", 0), "rank": rank,
+                rows.append({"step": step, "segment": record.get("segment", 0), "rank": rank,
                              "device": devices[rank] if rank < len(devices) else NAN, "part": part,
                              "seconds": seconds})
     return frame(rows, RANK_TIMING_COLUMNS)
@@ -153,25 +153,25 @@ def _number(value: Any) -> float:
     return NAN if value is None else float(value)
 
 
-def stages_frame(stages: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+def segments_frame(segments: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
-    for s in stages:
+    for s in segments:
         started, ended = s.get("started_at"), s.get("ended_at")
         wall = s.get("wall_s", ended - started if started is not None and ended is not None else NAN)
-        rows.append({"stage": s.get("index"), "reason": s.get("reason"), "devices": tuple(s.get("devices") or ()),
+        rows.append({"segment": s.get("index"), "reason": s.get("reason"), "devices": tuple(s.get("devices") or ()),
                      "num_devices": len(s.get("devices") or ()), "teacher_counts": tuple(s.get("teacher_counts") or ()),
                      "student_counts": tuple(s.get("student_counts") or ()), "start_step": s.get("start_step", NAN),
                      "end_step": _number(s.get("end_step")), "started_at": _number(started),
                      "ended_at": _number(ended), "wall_s": wall, "outcome": s.get("outcome"),
                      "resume": s.get("resume")})
-    return frame(rows, STAGE_COLUMNS)
+    return frame(rows, SEGMENT_COLUMNS)
 
 
 def restarts_frame(restarts: Sequence[Mapping[str, Any]],
                    after_restart_events: Sequence[Mapping[str, Any]] = ()) -> pd.DataFrame:
     """One row per restart with its recovery time split into parts (one column per part).
 
-    recovery_s: trigger (decision or failure) to the end of the first step on the new stage;
+    recovery_s: trigger (decision or failure) to the end of the first step on the new segment;
     downtime_s: last step on the old partition to the first on the new, less one healthy step;
     mode: "restart" (stop, checkpoint, relaunch) or "live" (re-partitioned without stopping).
     experiment_summary.json has the full record; without it the supervisor's
@@ -179,7 +179,7 @@ def restarts_frame(restarts: Sequence[Mapping[str, Any]],
     rows = []
     for r in restarts:
         trigger_step, resume_step = r.get("trigger_step", NAN), r.get("resume_step", NAN)
-        rows.append({**{k: r.get(k) for k in ("stage", "action", "mode", "trigger", "cause", "trigger_time",
+        rows.append({**{k: r.get(k) for k in ("segment", "action", "mode", "trigger", "cause", "trigger_time",
                                                "trigger_step", "resume_step", "relaunch_time", "last_step_time",
                                                "first_step")},
                      "redo_steps": max(0, trigger_step - resume_step) if _is_number(trigger_step, resume_step) else NAN,
@@ -187,7 +187,7 @@ def restarts_frame(restarts: Sequence[Mapping[str, Any]],
                      **_components(r.get("components"))})
     if not restarts:
         for e in after_restart_events:
-            rows.append({"stage": e.get("stage"), "action": e.get("action"), "mode": e.get("mode"),
+            rows.append({"segment": e.get("segment"), "action": e.get("action"), "mode": e.get("mode"),
                          "first_step": e.get("step"), "redo_steps": e.get("redo_steps", NAN),
                          "recovery_s": _number(e.get("recovery_s")), "downtime_s": _number(e.get("downtime_s")),
                          **_components(e.get("components"))})

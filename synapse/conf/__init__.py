@@ -1,5 +1,5 @@
 """Synapse's Hydra config groups, shipped inside the package (``pkg://synapse.conf``), so that an
-installed Synapse composes its own stage configs without a source checkout beside it.
+installed Synapse composes its own segment configs without a source checkout beside it.
 """
 from pathlib import Path
 

@@ -19,7 +19,7 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
     """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
     accelerator = resolve_accelerator(trainer)
     devices = trainer.devices
-    if trainer.get("node_devices"):  # a failover stage across nodes: this node's own devices
+    if trainer.get("node_devices"):  # a failover segment across nodes: this node's own devices
         devices = trainer.node_devices[trainer.node_rank]
     if isinstance(devices, (list, tuple, ListConfig)):
         ids = [int(d) for d in devices]

@@ -114,7 +114,7 @@ class TrainerConfig:
     strategy: str = "auto"
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
-    # The devices of each node when they differ (a failover stage after a device or node was dropped,
+    # The devices of each node when they differ (a failover segment after a device or node was dropped,
     # composed by the supervisor); None: trainer.devices on every node.
     node_devices: Optional[list[list[int]]] = None
     rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)

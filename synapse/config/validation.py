@@ -351,7 +351,7 @@ def _validate_trainer(trainer: DictConfig) -> None:
     if trainer.node_devices is not None and (len(trainer.node_devices) != trainer.nodes
                                              or not all(len(d) for d in trainer.node_devices)):
         fail("trainer.node_devices", f"{trainer.node_devices} must list the devices of each of trainer.nodes="
-              f"{trainer.nodes} nodes, none empty", "leave it unset (null): the supervisor sets it for failover stages")
+              f"{trainer.nodes} nodes, none empty", "leave it unset (null): the supervisor sets it for failover segments")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
     if trainer.strategy == "single" and num_stages(trainer) > 1:

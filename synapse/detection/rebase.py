@@ -2,7 +2,7 @@
 
 A device found slow keeps its compute baseline, scaled by the cost model's predicted new / old
 compute of its stage: learning it again would make its slowdown its new normal. Every other
-device learns its baseline again from the new stage's first steps, as at the start of a run
+device learns its baseline again from the new segment's first steps, as at the start of a run
 (with the same check against its peers and the plan). A scaled baseline is only as good as the
 cost model's ratio between two stages, and that ratio misses what the block profiles do not
 hold (dispatching each part, the loss): on CPU ranks a healthy device that a re-plan gave a

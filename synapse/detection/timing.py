@@ -1,7 +1,7 @@
 """One optimizer step's per-rank timings: what the detector and estimator read of performance.jsonl.
 
 The last pipeline rank writes one record per optimizer step (one JSON object per line, see
-``PipelineRunner.write_performance_record``): ``step``, ``stage``, ``devices``, ``total_steps``,
+``PipelineRunner.write_performance_record``): ``step``, ``segment``, ``devices``, ``total_steps``,
 ``step_seconds``, ``compute_s``, ``comm_s``, ``send_s``, ``ranks`` (each rank's clock parts),
 ``images_per_s`` and ``time`` (added by the writer). ``StepTiming`` is the part of it the
 slowdown detector and the alpha/beta estimator use; both are pure and never see a process group.

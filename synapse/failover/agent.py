@@ -1,7 +1,7 @@
 """The agent: what ``python train.py`` runs on every node but node 0 of a multi-node failover run.
 
 It owns no decision. It says hello to the decider (node 0), then follows its orders: launch
-this node's workers of stage n with the config the decider composed, tear them down, exit.
+this node's workers of segment n with the config the decider composed, tear them down, exit.
 It reports how each launch ended (the failed rank and cause, from this node's own elastic
 agent and health monitor) and beats, so the decider can tell a lost node from a slow one.
 
@@ -63,8 +63,8 @@ class Agent:
         # the beating thread has its own connection: a main thread blocked in a launch never delays a beat
         self._beats = NodeChannel.connect(endpoint, node, timeout_s)
         self.decider_lost = threading.Event()
-        self.stop_stage: int | None = None  # a StopOrder for this stage arrived
-        self.launch: tuple[int, float] | None = None  # (stage, started) while workers run
+        self.stop_segment: int | None = None  # a StopOrder for this segment arrived
+        self.launch: tuple[int, float] | None = None  # (segment, started) while workers run
         self.orders_seen = 0
 
     def serve(self) -> dict[str, Any]:
@@ -100,20 +100,20 @@ class Agent:
 
     def _run_launch(self, order: LaunchOrder) -> dict[str, Any] | None:
         cfg = OmegaConf.create(order.cfg_yaml)
-        self.stop_stage, self.launch = None, (order.stage, time.time())
-        self.log(f"agent: node {self.node}: stage {order.stage} on local devices {list(resolve_devices(cfg.trainer))}")
-        report = NodeReport(self.node, order.stage, "finished")
+        self.stop_segment, self.launch = None, (order.segment, time.time())
+        self.log(f"agent: node {self.node}: segment {order.segment} on local devices {list(resolve_devices(cfg.trainer))}")
+        report = NodeReport(self.node, order.segment, "finished")
         try:
             summary = launch_pipeline(cfg, self.run_dir, order.teacher_weights, order.partition, order.resume,
-                                      attempt=f"{order.stage}_node{self.node}", log=self.log, stage=order.stage,
+                                      attempt=f"{order.segment}_node{self.node}", log=self.log, segment=order.segment,
                                       store_hosted=order.store_hosted)
-            report = NodeReport(self.node, order.stage, "finished", summary=summary or {})
+            report = NodeReport(self.node, order.segment, "finished", summary=summary or {})
         except WorkerFailure as exc:  # "stopped": torn down on the decider's order, a consequence
-            outcome = "stopped" if self.stop_stage == order.stage else "failed"
-            report = NodeReport(self.node, order.stage, outcome, rank=exc.rank, cause=exc.cause,
+            outcome = "stopped" if self.stop_segment == order.segment else "failed"
+            report = NodeReport(self.node, order.segment, outcome, rank=exc.rank, cause=exc.cause,
                                 message=str(exc)[:4000], device_failure=exc.device_failure)
         except Exception as exc:  # noqa: BLE001  (the rendezvous or the launch itself failed: the decider decides)
-            report = NodeReport(self.node, order.stage, "error", cause=type(exc).__name__, message=str(exc)[:4000])
+            report = NodeReport(self.node, order.segment, "error", cause=type(exc).__name__, message=str(exc)[:4000])
         finally:
             self.launch = None
         try:
@@ -144,14 +144,14 @@ class Agent:
         seq = self.orders_seen
         while (order := self._beats.next_order(self.node, seq, timeout_s=0)) is not None:
             seq += 1
-            if isinstance(order, StopOrder) and order.stage == launch[0] and self.stop_stage != launch[0]:
-                self.stop_stage = launch[0]
+            if isinstance(order, StopOrder) and order.segment == launch[0] and self.stop_segment != launch[0]:
+                self.stop_segment = launch[0]
                 self._tear_down(order.reason)
 
     def _tear_down(self, reason: str) -> None:
         launch = self.launch
         if launch is not None:
-            self.log(f"agent: node {self.node}: tearing down stage {launch[0]}: {reason}")
+            self.log(f"agent: node {self.node}: tearing down segment {launch[0]}: {reason}")
             kill_live_workers(read_heartbeats(self.run_dir), since=launch[1])
 
 

@@ -19,7 +19,7 @@ restarts) and is fed one ``performance.jsonl`` record per optimizer step. Per re
    the block factors, is logged.
 
 A non-KEEP decision is returned to the supervisor, which stops the workers at a step
-boundary and restarts them; ``begin_stage`` then carries the detector's baselines over to
+boundary and restarts them; ``begin_segment`` then carries the detector's baselines over to
 the new partition (scaled by the cost model, so a slow device is not re-learnt as normal).
 Episode bookkeeping (detections in a row, time lost, actions taken) is what the stateless
 policies need; it survives restarts with the controller and is saved in ``state_dict``.
@@ -89,7 +89,7 @@ class FailoverController:
     decide_every: int = 1
     log_event: Callable[..., Any] = lambda event, **fields: None
     say: Callable[[str], None] = lambda line: None  # one line for the person watching the console
-    stage: Placement | None = None
+    placement: Placement | None = None  # the running segment's
     episode: Episode = field(default_factory=Episode)
     last_action_step: int | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -128,41 +128,41 @@ class FailoverController:
         measured = self.calibration.observe(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
         if not measured:
             return
-        old_compute, partition = self._nominal[0], self._partition_of(self.stage)
+        old_compute, partition = self._nominal[0], self._partition_of(self.placement)
         self._nominal = (self.priced.per_step_compute_s(*partition), self.priced.per_step_comm_s(*partition),
                          self.priced.per_step_transfer_s(*partition))
-        self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.stage.devices, self._nominal[0],
+        self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.placement.devices, self._nominal[0],
                                                                              old_compute) if old > 0 and new > 0})
         self.log_event("block_calibration", step=timing.step, stages=self.calibration.describe(measured),
                        factors=self.calibration.factors.to_dict())
 
-    # ---------------------------------------------------------------- stages
-    def begin_stage(self, stage: Placement, start_step: int | None = None) -> None:
+    # ---------------------------------------------------------------- segments
+    def begin_segment(self, placement: Placement, start_step: int | None = None) -> None:
         """A new launch from ``start_step``: carry the detector over from the previous partition."""
         if start_step is not None:
             self.rewind(start_step)
-        previous, self.stage = self.stage, stage
-        self.spare_devices = tuple(d for d in self.spare_devices if d not in stage.devices)
+        previous, self.placement = self.placement, placement
+        self.spare_devices = tuple(d for d in self.spare_devices if d not in placement.devices)
         self._recent.clear()
         planner = self.priced
-        self._nominal = (planner.per_step_compute_s(*self._partition_of(stage)),
-                         planner.per_step_comm_s(*self._partition_of(stage)),
-                         planner.per_step_transfer_s(*self._partition_of(stage)))
+        self._nominal = (planner.per_step_compute_s(*self._partition_of(placement)),
+                         planner.per_step_comm_s(*self._partition_of(placement)),
+                         planner.per_step_transfer_s(*self._partition_of(placement)))
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
-            self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])
+            self.calibration.begin(placement, [self.alphas()[d] for d in placement.devices])
             return
         slow = {d.rank for d in self.detector.active if d.kind == COMPUTE}
         carried = carry_over(previous.devices, planner.per_step_compute_s(*self._partition_of(previous)),
-                             stage.devices, self._nominal[0], slow_old_ranks=slow)
+                             placement.devices, self._nominal[0], slow_old_ranks=slow)
         dropped = self.detector.rebase(carried.compute_scale, None, previous_rank=carried.previous_rank,
                                        relearn=carried.relearn, fresh=carried.fresh)
-        if carried.relearn:  # the log says who is blind for the first steps of the new stage
+        if carried.relearn:  # the log says who is blind for the first steps of the new segment
             self.log_event("baselines_relearnt", ranks=carried.relearn,
-                           devices=[stage.devices[r] for r in carried.relearn])
+                           devices=[placement.devices[r] for r in carried.relearn])
         self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
-        ratio = (planner.predict(*self._partition_of(stage)).step_time_s
+        ratio = (planner.predict(*self._partition_of(placement)).step_time_s
                  / planner.predict(*self._partition_of(previous)).step_time_s)
         self._rescale_healthy(ratio)
         if not self.detector.active:  # its device is gone: the episode is over
@@ -171,7 +171,7 @@ class FailoverController:
             self.log_event("slowdown_dropped", rank=detection.rank, device=previous.devices[detection.rank],
                            reason="device left the pipeline or baseline re-learnt")
         self.estimator.load_state_dict(self.estimator.state_dict())  # new processes: warm up again
-        self.calibration.begin(stage, [self.alphas()[d] for d in stage.devices])  # alphas known before it runs
+        self.calibration.begin(placement, [self.alphas()[d] for d in placement.devices])  # alphas known before it runs
 
     def rewind(self, step: int) -> None:
         """A launch resumes from a checkpoint at ``step``: the steps after it come again.
@@ -214,7 +214,7 @@ class FailoverController:
             if detection.kind == COMPUTE and detection.rank in self.detector.prior_replaced:
                 self._assume_reference(detection.rank)
             if detection.kind == COMPUTE and timing.step > detection.onset_step:  # the estimator reads the new level
-                self.estimator.mark_shift(self.stage.devices[detection.rank], timing.step - detection.onset_step)
+                self.estimator.mark_shift(self.placement.devices[detection.rank], timing.step - detection.onset_step)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
@@ -248,10 +248,10 @@ class FailoverController:
         expected = self._nominal[0][rank]
         reference = self.detector.baseline(COMPUTE)[rank] / expected if expected > 0 else None
         if reference is not None and self.estimator.assume_compute_reference(reference):
-            self.log_event("estimator_reference", rank=rank, device=self.stage.devices[rank],
+            self.log_event("estimator_reference", rank=rank, device=self.placement.devices[rank],
                            reference=reference, reason="slow from the start (detector's plan check)")
             # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
-            partition = self._partition_of(self.stage)
+            partition = self._partition_of(self.placement)
             self._rescale_healthy(self.priced.predict(*partition).step_time_s
                                   / self.priced.predict(*partition, self.alphas(), self.betas()).step_time_s)
 
@@ -271,8 +271,8 @@ class FailoverController:
         return statistics.median(s for _, s in self._recent)
 
     @staticmethod
-    def _partition_of(stage: Placement) -> tuple:
-        return stage.devices, stage.teacher_counts, stage.student_counts
+    def _partition_of(placement: Placement) -> tuple:
+        return placement.devices, placement.teacher_counts, placement.student_counts
 
     def _update_estimator(self, timing: StepTiming, link_s: list[float] | None) -> None:
         """Beta (comm) is measured on each link's own send time when the records carry it: the
@@ -280,14 +280,14 @@ class FailoverController:
         Older records only have comm = step - compute, waiting included."""
         compute, comm, transfer = self._nominal
         own = link_s is not None and len(link_s) == timing.num_ranks
-        self.estimator.update(devices=self.stage.devices, measured_compute_s=timing.compute_s,
+        self.estimator.update(devices=self.placement.devices, measured_compute_s=timing.compute_s,
                               measured_comm_s=link_s if own else timing.comm_s, predicted_compute_s=compute,
                               predicted_comm_s=transfer if own else comm, comm_is_transfer=own)
 
     def _log_detection(self, detection: Detection, timing: StepTiming) -> None:
         event = "slowdown_detected" if detection.event == SLOWDOWN else "slowdown_recovered"
         fields = {k: v for k, v in detection.to_dict().items() if k != "event"}
-        device = self.stage.devices[detection.rank]
+        device = self.placement.devices[detection.rank]
         self.log_event(event, **fields, device=device, step=timing.step)
         what = "slower" if detection.event == SLOWDOWN else "back to normal"
         what_part = "link (its own sends)" if detection.kind == COMM else detection.kind
@@ -300,33 +300,33 @@ class FailoverController:
         """Each device's slowdown: the estimator's once it has a reference, the planned one
         (``prior_alphas``, 1.0 when none) before that and for devices it never measured."""
         known = self.estimator.alphas() if self.estimator.ready else {}
-        return {d: known.get(d, self.prior_alphas.get(d, 1.0)) for d in (*self.stage.devices, *self.spare_devices)}
+        return {d: known.get(d, self.prior_alphas.get(d, 1.0)) for d in (*self.placement.devices, *self.spare_devices)}
 
     def betas(self) -> dict[int, float]:
         # Betas stand on their own reference: a link's healthy level is known after 15 measured steps,
         # before the compute reference (30), and a slow link must be priced as soon as it is blamed.
         known = self.estimator.betas() if self.estimator.reference(COMM) is not None else {}
-        return {d: known.get(d, 1.0) for d in (*self.stage.devices, *self.spare_devices)}
+        return {d: known.get(d, 1.0) for d in (*self.placement.devices, *self.spare_devices)}
 
     def _options(self, bad_device: int | None, measured_step_s: float | None = None, lost: Sequence[int] = ()):
-        stage, alphas, betas = self.stage, self.alphas(), self.betas()
-        predicted = self.priced.predict(stage.devices, stage.teacher_counts, stage.student_counts,
+        placement, alphas, betas = self.placement, self.alphas(), self.betas()
+        predicted = self.priced.predict(placement.devices, placement.teacher_counts, placement.student_counts,
                                         alphas, betas).step_time_s
-        current = RunningPartition(stage, measured_step_s or predicted, predicted)
+        current = RunningPartition(placement, measured_step_s or predicted, predicted)
         return build_options(current, alphas, betas, bad_device, self.priced.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 
     def _slowest_device(self) -> int | None:
         """The device of the strongest active slowdown (compute first: it is the device's own)."""
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
-        return self.stage.devices[active[0].rank] if active else None
+        return self.placement.devices[active[0].rank] if active else None
 
     def _estimated_factor(self) -> float | None:
         """The estimator's alpha (compute) or beta (comm) of the device the detector blames most."""
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
         if not active or self.estimator.reference(active[0].kind) is None:
             return None
-        device = self.stage.devices[active[0].rank]
+        device = self.placement.devices[active[0].rank]
         return (self.alphas() if active[0].kind == COMPUTE else self.betas())[device]
 
     def decide(self, step: int, total_steps: int) -> Decision:
@@ -408,7 +408,7 @@ class FailoverController:
                 "restart_costs": self.restart_costs.state_dict(), "episode": vars(self.episode).copy(),
                 "last_action_step": self.last_action_step, "healthy_steps_s": list(self._healthy),
                 "decisions": self.decisions, "drills": self.drills, "time_lost_total_s": self.time_lost_total_s,
-                "stage": None if self.stage is None else vars(self.stage).copy(),
+                "placement": None if self.placement is None else vars(self.placement).copy(),
                 "block_calibration": None if self._calibration is None else self.calibration.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -423,7 +423,7 @@ class FailoverController:
         self.time_lost_total_s = float(state["time_lost_total_s"])
         if state.get("block_calibration") is not None:  # states saved before calibration have none
             self.calibration.load_state_dict(state["block_calibration"])
-        if state["stage"] is not None:
-            self.stage = None  # begin_stage sets it (and this stage's predictions) without a rebase
-            self.begin_stage(Placement(*(tuple(state["stage"][k]) for k in ("devices", "teacher_counts",
+        if state["placement"] is not None:
+            self.placement = None  # begin_segment sets it (and this segment's predictions) without a rebase
+            self.begin_segment(Placement(*(tuple(state["placement"][k]) for k in ("devices", "teacher_counts",
                                                                                 "student_counts"))))

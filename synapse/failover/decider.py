@@ -1,14 +1,14 @@
-"""The decider's side of a run across nodes: meet the agents, launch each stage on every node
+"""The decider's side of a run across nodes: meet the agents, launch each segment on every node
 that holds some of its devices, watch the agents, and turn what each node saw into one failure.
 
-Node 0's supervisor is the decider: it owns the controller, the stage history and the composed
-stage configs, exactly as on one node; its ``launch`` is a ``NodeDecider`` instead of
-``launch_pipeline``. A stage's placement lists run-wide device ids (``partitioning/topology.py``);
-each node gets the stage config with its own local devices and its place among the stage's
+Node 0's supervisor is the decider: it owns the controller, the segment history and the composed
+segment configs, exactly as on one node; its ``launch`` is a ``NodeDecider`` instead of
+``launch_pipeline``. A segment's placement lists run-wide device ids (``partitioning/topology.py``);
+each node gets the segment config with its own local devices and its place among the segment's
 nodes, and starts its workers with the same elastic launcher. The decider hosts the run's store
-(``node_channel.py``): every stage's workers rendezvous there under a run id of their own.
+(``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
 
-How a stage across nodes ends:
+How a segment across nodes ends:
 * every node's workers finished (or stopped on a request): the last rank's summary.
 * a worker failed: each node reports what its own elastic agent and health monitor saw; the
   failure a node reports about one of its *own* ranks is the root cause (the others only lost a
@@ -46,7 +46,7 @@ from synapse.rundir import EventLog, events_path
 
 def run_across_nodes(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
                      run_as_decider: Callable[[NodeDecider], dict[str, Any]]) -> dict[str, Any]:
-    """Node 0: host the run's store, meet the agents, run the stages as the decider, and release the
+    """Node 0: host the run's store, meet the agents, run the segments as the decider, and release the
     agents at the end (with the error, if any). Every other node: serve as an agent."""
     if cfg.trainer.node_rank > 0:
         return run_agent(cfg, run_dir, log)
@@ -62,15 +62,15 @@ def run_across_nodes(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         decider.close(error)
 
 
-def stage_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
+def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
                         node: int | None = None) -> dict[str, Any]:
-    """What makes a stage's config one node's: its local devices and its place among the stage's
-    nodes (default: the first node of the stage, whose config the supervisor saves)."""
+    """What makes a segment's config one node's: its local devices and its place among the segment's
+    nodes (default: the first node of the segment, whose config the supervisor saves)."""
     if topology.nodes == 1:
         return {"trainer.devices": list(devices)}
     nodes = topology.nodes_of(devices)
     node = nodes[0] if node is None else node
-    if len(nodes) == 1:  # the stage runs on one node: a one-node launch there (its own loopback rendezvous)
+    if len(nodes) == 1:  # the segment runs on one node: a one-node launch there (its own loopback rendezvous)
         return {"trainer.devices": topology.local_devices_of(node, devices), "trainer.node_devices": None,
                 "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None}
     return {"trainer.node_devices": [topology.local_devices_of(n, devices) for n in nodes], "trainer.nodes": len(nodes),
@@ -78,7 +78,7 @@ def stage_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint
 
 
 class NodeDecider:
-    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one stage on all of them."""
+    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one segment on all of them."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print):
         trainer = cfg.trainer
@@ -132,26 +132,26 @@ class NodeDecider:
                 self.channel.order(node, ExitOrder(message))
         time.sleep(2 * POLL_S + 0.5)  # the agents read it before this process (the store's server) exits
 
-    # ------------------------------------------------------------------ one stage on all its nodes
-    def __call__(self, stage_cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
-                 resume: str | None, attempt: str = "0", log: Callable[[str], None] = print, stage: int = 0
+    # ------------------------------------------------------------------ one segment on all its nodes
+    def __call__(self, segment_cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
+                 resume: str | None, attempt: str = "0", log: Callable[[str], None] = print, segment: int = 0
                  ) -> dict[str, Any]:
         devices = [int(d) for d in partition["devices"]]
         self.topology.check_node_ordered(devices)
         nodes = self.topology.nodes_of(devices)
         multi = len(nodes) > 1
-        configs = {n: self.node_config(stage_cfg, devices, n, stage) for n in nodes}
+        configs = {n: self.node_config(segment_cfg, devices, n, segment) for n in nodes}
         for node in [n for n in nodes if n != 0]:
-            self.channel.order(node, LaunchOrder(stage, OmegaConf.to_yaml(configs[node], resolve=True), partition,
+            self.channel.order(node, LaunchOrder(segment, OmegaConf.to_yaml(configs[node], resolve=True), partition,
                                                  resume, teacher_weights, store_hosted=multi))
-        watch = StageWatch(self, stage, [n for n in nodes if n != 0], time.time())
+        watch = RemoteNodesWatch(self, segment, [n for n in nodes if n != 0], time.time())
         watch.start()
         local: dict[str, Any] | BaseException = {}
         try:
             if 0 in nodes:
                 try:
                     local = launch_pipeline(configs[0], run_dir, teacher_weights, partition, resume, attempt=attempt,
-                                            log=log, stage=stage, store_hosted=multi)
+                                            log=log, segment=segment, store_hosted=multi)
                 except Exception as exc:  # noqa: BLE001  (judged with the other nodes' reports below)
                     local = exc
                     watch.trouble(f"node 0's workers ended: {type(exc).__name__}")
@@ -160,15 +160,15 @@ class NodeDecider:
             watch.stop()
         return self._outcome(devices, nodes, local, watch)
 
-    def node_config(self, stage_cfg: DictConfig, devices: Sequence[int], node: int, stage: int) -> DictConfig:
-        cfg = OmegaConf.merge(stage_cfg, {})
-        settings = {**stage_node_settings(self.topology, devices, self.endpoint, node),
-                    "trainer.rdzv_id": f"{self.rdzv_base}-stage{stage}"}  # one rendezvous per stage, every node
+    def node_config(self, segment_cfg: DictConfig, devices: Sequence[int], node: int, segment: int) -> DictConfig:
+        cfg = OmegaConf.merge(segment_cfg, {})
+        settings = {**segment_node_settings(self.topology, devices, self.endpoint, node),
+                    "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}"}  # one rendezvous per segment, every node
         for key, value in settings.items():
             OmegaConf.update(cfg, key, value, merge=False)
         return cfg
 
-    def _outcome(self, devices: list[int], nodes: list[int], local, watch: StageWatch) -> dict[str, Any]:
+    def _outcome(self, devices: list[int], nodes: list[int], local, watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
         if watch.lost:
             node = min(watch.lost)
@@ -179,7 +179,7 @@ class NodeDecider:
                                 device_failure=True, lost_ranks=tuple(ranks))
         reports = dict(watch.reports)
         if 0 in nodes:
-            reports[0] = local_report(local, stage=watch.stage, stopped=watch.stopped_local)
+            reports[0] = local_report(local, segment=watch.segment, stopped=watch.stopped_local)
         failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
         if not failures:
             return next((r.summary for r in reports.values() if r.summary), {})
@@ -195,24 +195,24 @@ class NodeDecider:
                             device_failure=root.device_failure)
 
 
-def local_report(local, stage: int, stopped: bool) -> NodeReport:
+def local_report(local, segment: int, stopped: bool) -> NodeReport:
     """Node 0's own launch as a report, like the agents'."""
     if isinstance(local, WorkerFailure):
         if stopped:  # torn down by the decider because another node failed: a consequence
-            return NodeReport(0, stage, "stopped")
-        return NodeReport(0, stage, "failed", rank=local.rank, cause=local.cause, message=str(local)[:4000],
+            return NodeReport(0, segment, "stopped")
+        return NodeReport(0, segment, "failed", rank=local.rank, cause=local.cause, message=str(local)[:4000],
                           device_failure=local.device_failure)
     if isinstance(local, BaseException):
-        return NodeReport(0, stage, "error", cause=type(local).__name__, message=str(local)[:4000])
-    return NodeReport(0, stage, "finished", summary=local or {})
+        return NodeReport(0, segment, "error", cause=type(local).__name__, message=str(local)[:4000])
+    return NodeReport(0, segment, "finished", summary=local or {})
 
 
-class StageWatch:
-    """While a stage runs (its own thread): the remote nodes' beats and reports; on the first trouble
+class RemoteNodesWatch:
+    """While a segment runs (its own thread): the remote nodes' beats and reports; on the first trouble
     it tears down node 0's workers and tells the other nodes to stop."""
 
-    def __init__(self, decider: NodeDecider, stage: int, remote: list[int], started: float):
-        self.decider, self.stage, self.remote, self.started = decider, stage, remote, started
+    def __init__(self, decider: NodeDecider, segment: int, remote: list[int], started: float):
+        self.decider, self.segment, self.remote, self.started = decider, segment, remote, started
         self.reports: dict[int, NodeReport] = {}
         self.lost: set[int] = set()
         self.stopped_local = False
@@ -220,7 +220,7 @@ class StageWatch:
         self._done = threading.Event()
         self._halt = threading.Event()
         self._last_beat = {n: (decider.channel.beats(n), time.monotonic()) for n in remote}
-        self._thread = threading.Thread(target=self._run, name="synapse-stage-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="synapse-segment-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -245,7 +245,7 @@ class StageWatch:
         self._troubled.set()
         for node in self.remote:
             if node not in self.reports and node not in self.lost:
-                self.decider.channel.order(node, StopOrder(self.stage, reason))
+                self.decider.channel.order(node, StopOrder(self.segment, reason))
 
     def _run(self) -> None:
         while not self._halt.is_set() and not self._done.is_set():
@@ -259,7 +259,7 @@ class StageWatch:
         for node in self.remote:
             if node in self.reports or node in self.lost:
                 continue
-            report = channel.report_of(self.stage, node)
+            report = channel.report_of(self.segment, node)
             if report is not None:
                 self.reports[node] = report
                 if report.outcome not in ("finished", "stopped"):
@@ -272,7 +272,7 @@ class StageWatch:
             elif now - since > self.decider.node_timeout_s:
                 self.lost.add(node)
                 self.decider.lost.add(node)
-                self.decider.events.append("node_lost", hard=True, node=node, stage=self.stage,
+                self.decider.events.append("node_lost", hard=True, node=node, segment=self.segment,
                                            silent_s=round(now - since, 2))
                 self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")
                 self._tear_down_local(f"node {node} was lost")

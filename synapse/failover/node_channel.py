@@ -1,14 +1,14 @@
 """The channel between the decider (node 0's supervisor) and the agents of the other nodes.
 
 It runs over the network the job already has: a ``TCPStore`` that the decider hosts at
-``trainer.rdzv_endpoint`` for the whole run (the workers' c10d rendezvous of every stage uses the
-same store, under a run id per stage). Every message is one typed record, JSON under its own key:
+``trainer.rdzv_endpoint`` for the whole run (the workers' c10d rendezvous of every segment uses the
+same store, under a run id per segment). Every message is one typed record, JSON under its own key:
 
 * ``NodeHello``  agent -> decider, once: who I am (node_rank, nodes, devices); answered by a
   ``Welcome`` (ok, or the mismatch that stops both sides).
-* ``LaunchOrder`` decider -> agent: start your workers of stage n with this config;
-  ``StopOrder``: tear your stage's workers down now; ``ExitOrder``: the run is over.
-* ``NodeReport`` agent -> decider: how its workers of stage n ended (finished, failed with the
+* ``LaunchOrder`` decider -> agent: start your workers of segment n with this config;
+  ``StopOrder``: tear your segment's workers down now; ``ExitOrder``: the run is over.
+* ``NodeReport`` agent -> decider: how its workers of segment n ended (finished, failed with the
   rank and cause, or an error).
 * beats: each agent adds 1 to its counter every ``BEAT_S``; the decider judges liveness by its
   own clock (no clock is compared across machines).
@@ -60,18 +60,18 @@ class Welcome:
 
 @dataclass(frozen=True)
 class LaunchOrder:
-    stage: int
-    cfg_yaml: str  # this node's config of the stage (its devices, its node_rank in the stage)
+    segment: int
+    cfg_yaml: str  # this node's config of the segment (its devices, its node_rank in the segment)
     partition: dict[str, Any]
     resume: Optional[str]
     teacher_weights: str
-    store_hosted: bool  # the stage's rendezvous uses the decider's store
+    store_hosted: bool  # the segment's rendezvous uses the decider's store
     kind: str = "launch"
 
 
 @dataclass(frozen=True)
 class StopOrder:
-    stage: int
+    segment: int
     reason: str
     kind: str = "stop"
 
@@ -85,7 +85,7 @@ class ExitOrder:
 @dataclass(frozen=True)
 class NodeReport:
     node_rank: int
-    stage: int
+    segment: int
     outcome: str  # finished | failed (a worker failed) | error (the launch itself failed)
     summary: dict[str, Any] = field(default_factory=dict)
     rank: Optional[int] = None  # the failed rank (run-wide), when known
@@ -208,10 +208,10 @@ class NodeChannel:
 
     # ------------------------------------------------------------------ reports and beats
     def report(self, report: NodeReport) -> None:
-        self._set(self._key("report", report.stage, report.node_rank), _encode(report))
+        self._set(self._key("report", report.segment, report.node_rank), _encode(report))
 
-    def report_of(self, stage: int, node_rank: int) -> NodeReport | None:
-        text = self._get(self._key("report", stage, node_rank))
+    def report_of(self, segment: int, node_rank: int) -> NodeReport | None:
+        text = self._get(self._key("report", segment, node_rank))
         return None if text is None else _decode(NodeReport, text)
 
     def beat(self, node_rank: int) -> int:

@@ -4,7 +4,7 @@ Pipeline workers draw no bar of their own (each would be another process writing
 terminal); the last rank appends a record per step to ``metrics.jsonl`` (loss, images/s, and
 each evaluation) and ``performance.jsonl`` (the schedule's length). ``RunProgress`` tails both
 and shows steps, loss, images/s, the last validation top-1, the time left and the running
-stage with its partition.
+segment with its partition.
 
 On a terminal it is one line at the bottom that redraws in place: every other line written
 meanwhile (the supervisor's log, the workers' lines torch's agent copies to the console, warnings)
@@ -32,17 +32,17 @@ from synapse.rundir import JsonlTail, RecordFileError
 class RunProgress(threading.Thread):
     """Tails the run's records and draws the bar (terminal) or logs a plain line per quarter (elsewhere).
 
-    ``stage``: the running stage's index and placement (the supervisor's newest stage), or None
-    where no supervisor knows it (the stage number then comes from the records)."""
+    ``segment``: the running segment's index and placement (the supervisor's newest segment), or None
+    where no supervisor knows it (the segment number then comes from the records)."""
 
     def __init__(self, run_dir: Path, log: Callable[[str], None], bar: ConsoleBar | None,
-                 stage: Callable[[], tuple[int, Placement] | None] = lambda: None, period_s: float = 0.2):
+                 segment: Callable[[], tuple[int, Placement] | None] = lambda: None, period_s: float = 0.2):
         super().__init__(name="synapse-progress", daemon=True)
-        self.bar, self.log, self.stage, self.period_s = bar, log, stage, period_s
+        self.bar, self.log, self.segment, self.period_s = bar, log, segment, period_s
         self._metrics = JsonlTail(Path(run_dir) / "metrics.jsonl")
         self._performance = JsonlTail(Path(run_dir) / "performance.jsonl")
         self._rate = StepRate()
-        self.step, self.total, self.record_stage = 0, 0, None
+        self.step, self.total, self.record_segment = 0, 0, None
         self.loss: float | None = None
         self.images_per_s: float | None = None
         self.val_top1: float | None = None
@@ -65,7 +65,7 @@ class RunProgress(threading.Thread):
     def _poll(self) -> None:
         for record in self._performance.read_new():
             self.total = int(record.get("total_steps") or self.total)
-            self.record_stage = record.get("stage", self.record_stage)
+            self.record_segment = record.get("segment", self.record_segment)
         moved = False
         for record in self._metrics.read_new():
             moved |= self._take(record)
@@ -90,14 +90,14 @@ class RunProgress(threading.Thread):
 
     def text(self) -> str:
         return progress_text(self.step, self.total, loss=self.loss, images_per_s=self.images_per_s,
-                             eta_s=self.eta_s(), val_top1=self.val_top1, prefix=self._stage_text())
+                             eta_s=self.eta_s(), val_top1=self.val_top1, prefix=self._segment_text())
 
-    def _stage_text(self) -> str:
-        known = self.stage()
+    def _segment_text(self) -> str:
+        known = self.segment()
         if known is None:
-            return "" if self.record_stage is None else f"stage {self.record_stage}"
+            return "" if self.record_segment is None else f"segment {self.record_segment}"
         index, placement = known
-        return (f"stage {index} on {list(placement.devices)}: teacher {list(placement.teacher_counts)} / "
+        return (f"segment {index} on {list(placement.devices)}: teacher {list(placement.teacher_counts)} / "
                 f"student {list(placement.student_counts)}")
 
     def _report(self) -> None:
@@ -134,7 +134,7 @@ def agent_logs_to_run_log() -> Iterator[None]:
 
 @contextlib.contextmanager
 def supervised_console(run_dir: Path, log: Callable[[str], None], enabled: bool = True,
-                       stage: Callable[[], tuple[int, Placement] | None] = lambda: None,
+                       segment: Callable[[], tuple[int, Placement] | None] = lambda: None,
                        stream: TextIO | None = None) -> Iterator[RunProgress | None]:
     """The console while workers run: torch's agent logs to the run's log file only
     (``agent_logs_to_run_log``), and the run's progress: a bar when both stdout and stderr are a
@@ -147,7 +147,7 @@ def supervised_console(run_dir: Path, log: Callable[[str], None], enabled: bool 
     stream = stream or sys.stderr
     terminal = is_terminal(stream) and is_terminal(sys.stdout) and os.environ.get("TERM") != "dumb"
     bar = ConsoleBar(stream) if terminal else None
-    progress = RunProgress(run_dir, log, bar, stage)
+    progress = RunProgress(run_dir, log, bar, segment)
     progress.start()
     try:
         with agent_logs_to_run_log(), lines_above(bar) if bar is not None else contextlib.nullcontext():

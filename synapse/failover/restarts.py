@@ -2,7 +2,7 @@
 
 Apart from the supervisor's loop because a restart is a record (the experiment summary lists
 them, the restart-cost model learns from their parts) and measuring it is arithmetic on the
-events the workers wrote, not part of running stages.
+events the workers wrote, not part of running segments.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from synapse.decision import Decision
 class Restart:
     """One restart: why, when, and what it cost (filled in as its pieces are seen)."""
 
-    stage: int  # the stage it starts
+    segment: int  # the segment it starts
     action: str
     trigger_time: float  # decision, or failure detection
     trigger_step: int
@@ -37,10 +37,10 @@ class Restart:
     def measure(self, first_record: dict[str, Any], events: Sequence[dict[str, Any]], ended_at: float | None,
                 baseline_step_s: float) -> None:
         """Split the restart's wall time into its parts, from the events the workers wrote
-        (``ended_at``: when the stage before it ended, the supervisor's own fact)."""
+        (``ended_at``: when the segment before it ended, the supervisor's own fact)."""
         saved = [e for e in events if e["event"] == "checkpoint_saved" and e.get("for_stop")
-                 and e.get("stage") == self.stage - 1]
-        ready = [e for e in events if e["event"] == "stage_ready" and e.get("stage") == self.stage]
+                 and e.get("segment") == self.segment - 1]
+        ready = [e for e in events if e["event"] == "launch_ready" and e.get("segment") == self.segment]
         first_end = float(first_record["time"])
         parts = {}
         if saved:

@@ -13,9 +13,9 @@ from synapse.config import resolve_accelerator, resolve_devices
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
 from synapse.detection import DetectorConfig, SlowdownDetector
 from synapse.failover.controller import FailoverController
-from synapse.failover.launches import StageSpec, read_stages, user_overrides
+from synapse.failover.segments import Segment, read_segments, user_overrides
 from synapse.failover.summary import SUMMARY_FILE
-from synapse.failover.supervisor import STATE_FILE, Supervisor, first_stage
+from synapse.failover.supervisor import STATE_FILE, Supervisor, first_segment
 from synapse.launch import launch_pipeline
 from synapse.partitioning import Placement, StagePlanner
 from synapse.planning import configured_alphas
@@ -79,35 +79,35 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
                       teacher_weights: str, resume: str | None, overrides: Sequence[str] | None,
                       log: Callable[[str], None] = print, launch: Callable[..., dict] = launch_pipeline
                       ) -> dict[str, Any]:
-    """The supervisor's stage loop; ``planner`` is the run's one planner (it made the first plan);
-    ``launch`` runs one stage (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
+    """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
+    ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     controller = build_controller(cfg, planner, run_dir, log, first=partition)
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"), launch=launch)
-    history = read_stages(run_dir) if cfg.resume is not None else []
+    history = read_segments(run_dir) if cfg.resume is not None else []
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0
     if not history:  # a fresh run, or one resumed by path into a new directory: its record starts at `start`
-        spec = first_stage(partition, resume)
+        spec = first_segment(partition, resume)
         spec.start_step = start
         return supervisor.run(spec)
     supervisor.earlier_restarts = earlier_restarts(run_dir, log)
     if not same_command(partition, history[0]):  # resumed with other devices or another partition
-        supervisor.stages = history
-        log(f"failover: resuming at step {start} as stage {len(history)} on the configured devices "
+        supervisor.segments = history
+        log(f"failover: resuming at step {start} as segment {len(history)} on the configured devices "
             f"{resolve_devices(cfg.trainer)}")
-        spec = first_stage(partition, resume)
+        spec = first_segment(partition, resume)
         spec.index, spec.reason, spec.start_step = len(history), "resume", start
         return supervisor.run(spec)
-    # The supervisor itself was restarted (resume=auto): continue the stage history on the
-    # devices and partition the last stage ran on, with what the controller had learnt.
+    # The supervisor itself was restarted (resume=auto): continue the segment history on the
+    # devices and partition the last segment ran on, with what the controller had learnt.
     state = run_dir / STATE_FILE
     if state.is_file():
         load_controller_state(controller, state)
     last = history[-1]
-    supervisor.stages = history
-    log(f"failover: continuing after stage {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
+    supervisor.segments = history
+    log(f"failover: continuing after segment {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")
-    return supervisor.run(StageSpec(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
+    return supervisor.run(Segment(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
                                     start_step=start), compose=True)
 
 
@@ -127,7 +127,7 @@ class ControllerStateError(ValueError):
 
 
 def load_controller_state(controller: FailoverController, path: Path) -> None:
-    """What the controller had learnt (baselines, restart costs), saved after every stage."""
+    """What the controller had learnt (baselines, restart costs), saved after every segment."""
     try:
         controller.load_state_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -138,6 +138,6 @@ def load_controller_state(controller: FailoverController, path: Path) -> None:
             f"again") from exc
 
 
-def same_command(partition: Placement, first: StageSpec) -> bool:
-    """Whether this run asks for what the run's first stage ran: then a resume continues its history."""
+def same_command(partition: Placement, first: Segment) -> bool:
+    """Whether this run asks for what the run's first segment ran: then a resume continues its history."""
     return partition == first.placement

@@ -1,8 +1,8 @@
 """``experiment_summary.json``: the whole run in one file, for people and for synapse.analysis.
 
-Total wall time and steps; each stage's devices, partition, steps and outcome; every
+Total wall time and steps; each segment's devices, partition, steps and outcome; every
 decision that acted, with each option's predicted ETA; per restart the recovery time
-(trigger to first step on the new stage) and its measured parts; time lost to each
+(trigger to first step on the new segment) and its measured parts; time lost to each
 slowdown episode; the final accuracy.
 
 `failover_story`: the few lines a person reads at the end of a run: what happened, what it
@@ -19,13 +19,13 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig
 
 from synapse.failover.controller import FailoverController
-from synapse.failover.launches import StageSpec
+from synapse.failover.segments import Segment
 
 SUMMARY_FILE = "experiment_summary.json"
 
 
 def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: FailoverController,
-                             stages: Sequence[StageSpec], restarts: Sequence[Any], started_at: float,
+                             segments: Sequence[Segment], restarts: Sequence[Any], started_at: float,
                              last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """``restarts``: the supervisor's ``Restart`` records (dataclasses); ``earlier_restarts``: those an
     earlier supervisor of a resumed run recorded (its summary's), kept first."""
@@ -37,14 +37,14 @@ def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: Failove
         "wall_time_s": time.time() - started_at,
         "steps": last.get("steps"),
         "total_steps": last.get("total_steps"),
-        "stages": [{**s.to_dict(), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
-                   for s in stages],
+        "segments": [{**s.to_dict(), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
+                   for s in segments],
         "decisions": [_decision_view(d) for d in controller.decisions],
         "restarts": restart_views,
         "time_lost_s": _time_lost(controller, restarts, earlier_restarts),
         "restart_cost_estimate_s": controller.restart_costs.estimate().to_dict(),
         "final_eval": last.get("final_eval") or {},
-        "images_per_s_last_stage": last.get("images_per_s"),
+        "images_per_s_last_segment": last.get("images_per_s"),
     }
     (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=float))
     return {**last, "experiment": summary}
@@ -72,25 +72,25 @@ def failover_story(experiment: dict[str, Any], run_dir: Path) -> list[str]:
     if not experiment:
         return []
     lines = [f"failover ({experiment['policy']} policy, injection {experiment['injection']}): "
-             f"{len(experiment['stages'])} stage(s), {experiment['wall_time_s']:.1f} s in all"]
-    for stage in experiment["stages"]:
-        lines.append(f"  stage {stage['index']} ({stage['reason']}): devices {stage['devices']}, teacher "
-                     f"{stage['teacher_counts']} / student {stage['student_counts']} blocks, steps "
-                     f"{stage['start_step']}..{stage['end_step']}, {stage['outcome']}")
+             f"{len(experiment['segments'])} segment(s), {experiment['wall_time_s']:.1f} s in all"]
+    for segment in experiment["segments"]:
+        lines.append(f"  segment {segment['index']} ({segment['reason']}): devices {segment['devices']}, teacher "
+                     f"{segment['teacher_counts']} / student {segment['student_counts']} blocks, steps "
+                     f"{segment['start_step']}..{segment['end_step']}, {segment['outcome']}")
     for decision in experiment["decisions"]:
         etas = ", ".join(f"{kind.upper()} {eta:.1f} s" for kind, eta in decision["eta_s"].items())
         lines.append(f"  step {decision['step']}: {decision['action'].upper()} ({decision['reason']}); "
                      f"predicted time to finish: {etas}")
     for restart in experiment["restarts"]:
         if restart["recovery_s"] is not None:
-            lines.append(f"  {restart['mode']} {restart['action']} into stage {restart['stage']}: "
+            lines.append(f"  {restart['mode']} {restart['action']} into segment {restart['segment']}: "
                          f"{restart['recovery_s']:.1f} s from the {restart['trigger']} to the first step on the "
                          f"new partition, {restart['downtime_s'] or 0.0:.1f} s of it without useful steps")
     lost = experiment["time_lost_s"]
     lines.append(f"  time lost: {lost['slow_steps_s']:.1f} s to slow steps, {lost['restart_downtime_s']:.1f} s "
                  f"to restarts")
     lines.append(f"  records: {run_dir / 'failover_events.jsonl'}, {run_dir / 'performance.jsonl'}, "
-                 f"{run_dir / 'experiment_summary.json'}, stage configs in {run_dir / 'stages'}")
+                 f"{run_dir / 'experiment_summary.json'}, segment configs in {run_dir / 'segments'}")
     return lines
 
 

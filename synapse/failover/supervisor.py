@@ -1,16 +1,16 @@
-"""The supervisor: run the pipeline stage by stage until the schedule is done.
+"""The supervisor: run the pipeline segment by segment until the schedule is done.
 
-One stage = one launch of the workers on one device set with one partition. During a launch
-a ``StageWatcher`` feeds the step timings to the ``FailoverController``; a non-KEEP decision
+One segment = one launch of the workers on one device set with one partition. During a launch
+a ``LaunchWatcher`` feeds the step timings to the ``FailoverController``; a non-KEEP decision
 makes every rank stop after the same step, checkpoint and exit. A device failure (rank
 killed, hung, CUDA error) ends the launch through the elastic agent and the health monitor;
-the controller then picks a survivor option. Either way the next stage's config is composed
+the controller then picks a survivor option. Either way the next segment's config is composed
 with Hydra from the user's overrides plus the new devices, partition, resume checkpoint and
-the faults still to come, saved under ``stages/<n>/``, and launched.
+the faults still to come, saved under ``segments/<n>/``, and launched.
 
 What each restart cost (checkpoint save, teardown, launch, checkpoint load, warm-up) is
 measured from the event log (`restarts.py`) and fed back to the restart-cost model, so later
-decisions use this run's own restarts. What goes into a stage's config is `stage_config.py`.
+decisions use this run's own restarts. What goes into a segment's config is `segments.py`'s to say.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from synapse import checkpoint as ckpt
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from synapse.decision import Decision, NoViableOptionError
 from synapse.failover.controller import FailoverController
-from synapse.failover.launches import StageSpec, compose_stage, pin_checkpoint, stage_overrides, write_stage
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
+from synapse.failover.segments import Segment, compose_segment, pin_checkpoint, segment_overrides, write_segment
 from synapse.failover.summary import write_experiment_summary
-from synapse.failover.watch import StageWatcher
+from synapse.failover.watch import LaunchWatcher
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
 from synapse.partitioning import Placement
 from synapse.rundir import EventLog, EventLogError, JsonlTail, events_path
@@ -49,11 +49,11 @@ class FailoverError(RuntimeError):
 class Supervisor:
     cfg: DictConfig
     run_dir: Path
-    overrides: list[str] | None  # None: unknown (stage configs are then merged, not composed)
+    overrides: list[str] | None  # None: unknown (segment configs are then merged, not composed)
     controller: FailoverController
     teacher_weights: str
     log: Callable[[str], None] = print
-    stages: list[StageSpec] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     interrupt: InterruptToStop | None = field(default=None, repr=False)  # set while run() runs
@@ -61,7 +61,7 @@ class Supervisor:
 
     tracker: Tracker = field(default_factory=NullTracker)  # failover markers for logger=tensorboard|csv
     launch: Callable[..., dict] = launch_pipeline  # across nodes: a failover.multinode.NodeDecider
-    control: ControlChannel | None = None  # the running stage's (files, or across nodes the decider's store)
+    control: ControlChannel | None = None  # the running segment's (files, or across nodes the decider's store)
     _event_tail: JsonlTail | None = None
     _events_seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -71,44 +71,44 @@ class Supervisor:
 
     def worker_events(self) -> list[dict[str, Any]]:
         """Every event of the run's log so far, read incrementally (workers and the health monitor
-        report there: faults fired, checkpoints saved, stages ready, live re-partitions, dead ranks)."""
+        report there: faults fired, checkpoints saved, segments ready, live re-partitions, dead ranks)."""
         if self._event_tail is None:
             self._event_tail = JsonlTail(events_path(self.run_dir), from_start=True, error=EventLogError)
         self._events_seen.extend(self._event_tail.read_new())
         return self._events_seen
 
     # ---------------------------------------------------------------- the loop
-    def run(self, first: StageSpec, compose: bool = False) -> dict[str, Any]:
-        """Run from ``first`` to the end; ``compose``: build even the first stage's config from overrides.
+    def run(self, first: Segment, compose: bool = False) -> dict[str, Any]:
+        """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides.
         A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
-                supervised_console(self.run_dir, self.log, self.cfg.trainer.progress, self._running_stage):
-            return self._run_stages(first, compose)
+                supervised_console(self.run_dir, self.log, self.cfg.trainer.progress, self._running_segment):
+            return self._run_segments(first, compose)
 
-    def _running_stage(self) -> tuple[int, Placement] | None:
-        """What the progress bar shows as the stage (read from its thread: the newest stage started)."""
-        return (self.stages[-1].index, self.stages[-1].placement) if self.stages else None
+    def _running_segment(self) -> tuple[int, Placement] | None:
+        """What the progress bar shows as the segment (read from its thread: the newest segment started)."""
+        return (self.segments[-1].index, self.segments[-1].placement) if self.segments else None
 
     def _stop_on_interrupt(self, signal_name: str) -> None:
         """First SIGINT/SIGTERM (signal handler, main thread): every rank stops after its step in flight."""
         self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (again to abort "
                  f"now)")
-        spec = self.stages[-1]  # a stop, not a decision: the placement stays the running one
+        spec = self.segments[-1]  # a stop, not a decision: the placement stays the running one
         control = self.control or FileControlChannel(self.run_dir)
         control.send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})", spec.start_step, spec.index, "restart",
                                  spec.placement))
 
-    def _run_stages(self, first: StageSpec, compose: bool) -> dict[str, Any]:
+    def _run_segments(self, first: Segment, compose: bool) -> dict[str, Any]:
         spec, restart = first, None
-        stage_cfg, overrides = self._compose(spec) if compose else (
-            self.cfg, stage_overrides(self.cfg, self.run_dir, self.overrides, spec, self.worker_events))
+        segment_cfg, overrides = self._compose(spec) if compose else (
+            self.cfg, segment_overrides(self.cfg, self.run_dir, self.overrides, spec, self.worker_events))
         while True:
-            self.stages.append(spec)
-            write_stage(self.run_dir, spec, stage_cfg, overrides)
-            self._mark_stage(spec)
-            summary, watcher, failure = self._launch(spec, stage_cfg, restart)
-            current = self.stages[-1]  # a live re-partition may have started later stages in this launch
-            self._finish_stage(current, watcher, failure, summary, restart)
+            self.segments.append(spec)
+            write_segment(self.run_dir, spec, segment_cfg, overrides)
+            self._mark_segment(spec)
+            summary, watcher, failure = self._launch(spec, segment_cfg, restart)
+            current = self.segments[-1]  # a live re-partition may have started later segments in this launch
+            self._finish_segment(current, watcher, failure, summary, restart)
             if failure is None and not (summary or {}).get("stopped_on_request"):
                 break
             if summary and summary["steps"] >= summary["total_steps"]:
@@ -116,15 +116,15 @@ class Supervisor:
             if self.interrupt.requested:
                 return self._end_interrupted(current, summary)
             restart = self._plan_restart(current, watcher, failure)
-            spec = self._next_stage(current, restart)
-            stage_cfg, overrides = self._compose(spec)
+            spec = self._next_segment(current, restart)
+            segment_cfg, overrides = self._compose(spec)
         self.tracker.close()
         return self._write_summary(summary)
 
-    def _mark_stage(self, spec: StageSpec) -> None:
+    def _mark_segment(self, spec: Segment) -> None:
         placement = spec.placement
-        self.tracker.marker(spec.start_step, "failover/stage",
-                            f"stage {spec.index} ({spec.reason}) from step {spec.start_step}: devices "
+        self.tracker.marker(spec.start_step, "failover/segment",
+                            f"segment {spec.index} ({spec.reason}) from step {spec.start_step}: devices "
                             f"{list(placement.devices)}, teacher {list(placement.teacher_counts)} / student "
                             f"{list(placement.student_counts)} blocks")
 
@@ -139,76 +139,76 @@ class Supervisor:
         return self.cfg.failover.replan_mode == "live"
 
     def _write_summary(self, summary: dict | None) -> dict[str, Any]:
-        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.stages, self.restarts,
+        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.segments, self.restarts,
                                         self.started_at, summary or {}, earlier_restarts=self.earlier_restarts)
 
-    def _end_interrupted(self, spec: StageSpec, summary: dict | None) -> dict[str, Any]:
+    def _end_interrupted(self, spec: Segment, summary: dict | None) -> dict[str, Any]:
         self._write_summary(summary)
         saved = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints")
         at = f"a checkpoint of step {saved.step} is in {saved.path}" if saved else "no checkpoint was written"
-        raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: stage {spec.index} stopped after step "
+        raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: segment {spec.index} stopped after step "
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
-    def _launch(self, spec: StageSpec, stage_cfg: DictConfig, restart: Restart | None):
-        self.control = open_channel(self.run_dir, control_endpoint(stage_cfg), stage_cfg.trainer.rdzv_timeout_s)
+    def _launch(self, spec: Segment, segment_cfg: DictConfig, restart: Restart | None):
+        self.control = open_channel(self.run_dir, control_endpoint(segment_cfg), segment_cfg.trainer.rdzv_timeout_s)
         self.control.clear()
-        if self.interrupt is not None and self.interrupt.requested:  # it came while the stage was being set up
+        if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
             self._stop_on_interrupt(self.interrupt.signal_name)
-        self.controller.begin_stage(spec.placement, start_step=spec.start_step)
-        watcher = StageWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
-                               live_replan=self.live_replan, on_live_stage=self._on_live_stage,
+        self.controller.begin_segment(spec.placement, start_step=spec.start_step)
+        watcher = LaunchWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
+                               live_replan=self.live_replan, on_live_segment=self._on_live_segment,
                                control=self.control)
         if restart is not None:
             restart.relaunch_time = time.time()
-            self.events.append("relaunch", stage=spec.index, devices=spec.devices, partition=spec.partition,
+            self.events.append("relaunch", segment=spec.index, devices=spec.devices, partition=spec.partition,
                                resume=spec.resume)
         watcher.start()
         summary, failure = None, None
         try:
-            summary = self.launch(stage_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
-                                      attempt=str(spec.index), log=self.log, stage=spec.index)
+            summary = self.launch(segment_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
+                                      attempt=str(spec.index), log=self.log, segment=spec.index)
         except WorkerFailure as exc:
             self._show_failed_rank(spec, exc)
             if not exc.device_failure:  # an error in the code: a restart would fail the same way
                 watcher.stop()
-                self._end_stage_in_error(watcher, exc)
+                self._end_segment_in_error(watcher, exc)
                 raise
             failure = exc
         finally:
             watcher.stop()
         if watcher.error is not None:
             error = FailoverError(
-                f"the failover controller failed during stage {self.stages[-1].index} at step "
+                f"the failover controller failed during segment {self.segments[-1].index} at step "
                 f"{watcher.error_step}: {type(watcher.error).__name__}: {watcher.error}; the "
                 f"workers stopped with a checkpoint at the next step. Fix: continue with resume=auto (report the "
                 f"error if it recurs; failover.enabled=false runs without the controller)")
-            self._end_stage_in_error(watcher, error)
+            self._end_segment_in_error(watcher, error)
             raise error from watcher.error
         return summary, watcher, failure
 
-    def _show_failed_rank(self, spec: StageSpec, failure: WorkerFailure) -> None:
+    def _show_failed_rank(self, spec: Segment, failure: WorkerFailure) -> None:
         """The failed rank's last lines, unless they were on the console already (trainer.local_ranks_filter)."""
         shown = self.cfg.trainer.local_ranks_filter
         if failure.rank is not None and shown is not None and failure.rank not in shown:
             tail = failed_rank_tail(self.run_dir / "logs" / f"launch_{spec.index}", failure.rank)
             self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
 
-    def _on_live_stage(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
-        """The workers re-partitioned without stopping (watcher thread): record the new stage."""
-        old = self.stages[-1]
+    def _on_live_segment(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
+        """The workers re-partitioned without stopping (watcher thread): record the new segment."""
+        old = self.segments[-1]
         old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
-        write_stage(self.run_dir, old)
+        write_segment(self.run_dir, old)
         chosen = decision.chosen
-        spec = StageSpec(old.index + 1, chosen.placement, reason="replan (live)", start_step=old.end_step)
-        self.stages.append(spec)
-        stage_cfg, overrides = self._compose(spec)
-        write_stage(self.run_dir, spec, stage_cfg, overrides)
+        spec = Segment(old.index + 1, chosen.placement, reason="replan (live)", start_step=old.end_step)
+        self.segments.append(spec)
+        segment_cfg, overrides = self._compose(spec)
+        write_segment(self.run_dir, spec, segment_cfg, overrides)
         self._mark_decision(decision)
-        self._mark_stage(spec)
-        self.controller.begin_stage(spec.placement)
-        live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("stage") == spec.index]
+        self._mark_segment(spec)
+        self.controller.begin_segment(spec.placement)
+        live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("segment") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
-        restart = Restart(stage=spec.index, action="replan", trigger_time=self.controller.decided_at(decision) or time.time(),
+        restart = Restart(segment=spec.index, action="replan", trigger_time=self.controller.decided_at(decision) or time.time(),
                           trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
                           decision=decision, trigger="decision", mode="live", last_step_time=last_old["time"])
         warm = float(first_record["step_seconds"]) - self.controller.baseline_step_s
@@ -218,12 +218,12 @@ class Supervisor:
         restart.downtime_s = restart.downtime(first_record, self.controller.baseline_step_s)
         self.restarts.append(restart)
         self.controller.restart_costs.observe("live", restart.components)
-        self.events.append("first_step_after_restart", stage=spec.index, step=restart.first_step, action="replan",
+        self.events.append("first_step_after_restart", segment=spec.index, step=restart.first_step, action="replan",
                            mode="live", recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
                            components=restart.components, redo_steps=0,
                            moved_blocks=live[-1]["moved_blocks"] if live else None)
 
-    def _finish_stage(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None,
+    def _finish_segment(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure | None,
                       summary: dict | None, restart: Restart | None) -> None:
         spec.ended_at = time.time()
         spec.end_step = (watcher.last_record or {}).get("step", spec.start_step)
@@ -231,29 +231,29 @@ class Supervisor:
         interrupted = self.interrupt is not None and self.interrupt.requested
         spec.outcome = "failed" if failure else (("interrupted" if interrupted else "stopped") if stopped
                                                  else "finished")
-        write_stage(self.run_dir, spec)
-        self.events.append("stage_ended", stage=spec.index, outcome=spec.outcome, step=spec.end_step,
+        write_segment(self.run_dir, spec)
+        self.events.append("segment_ended", segment=spec.index, outcome=spec.outcome, step=spec.end_step,
                            **({"cause": failure.cause, "rank": failure.rank} if failure else {}))
         if restart is not None and watcher.first_record is not None:
             self._measure_restart(restart, watcher.first_record)
         self._save_state()
 
-    def _end_stage_in_error(self, watcher: StageWatcher, error: Exception) -> None:
-        """The stage's record says how it ended even when the run cannot go on."""
-        spec = self.stages[-1]
+    def _end_segment_in_error(self, watcher: LaunchWatcher, error: Exception) -> None:
+        """The segment's record says how it ended even when the run cannot go on."""
+        spec = self.segments[-1]
         spec.ended_at = time.time()
         spec.end_step = (watcher.last_record or {}).get("step", spec.start_step)
         spec.outcome = "error"
-        write_stage(self.run_dir, spec)
-        self.events.append("stage_ended", stage=spec.index, outcome="error", step=spec.end_step,
+        write_segment(self.run_dir, spec)
+        self.events.append("segment_ended", segment=spec.index, outcome="error", step=spec.end_step,
                            cause=str(error)[:2000], rank=getattr(error, "rank", None))
         self._save_state()
 
     # ---------------------------------------------------------------- deciding the restart
-    def _plan_restart(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure | None) -> Restart:
+    def _plan_restart(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure | None) -> Restart:
         # A live REPLAN moves blocks between running workers: it restarts nothing, so it does not count.
         if sum(r.mode != "live" for r in self.restarts) >= self.cfg.failover.max_restarts:
-            raise FailoverError(f"stage {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
+            raise FailoverError(f"segment {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
                                 f"{self.cfg.failover.max_restarts} restarts are spent; checkpoints are in "
                                 f"{self.run_dir / 'checkpoints'}. Fix: raise failover.max_restarts and rerun with "
                                 f"resume=auto")
@@ -266,7 +266,7 @@ class Supervisor:
         if failure is None and watcher.pending_live is not None:  # the workers refused the live path
             cause += "; the live re-partition failed, so the workers checkpointed for a restart instead"
         resume = self._resume_checkpoint()
-        restart = Restart(stage=spec.index + 1, action=decision.action.value, trigger_time=trigger,
+        restart = Restart(segment=spec.index + 1, action=decision.action.value, trigger_time=trigger,
                           trigger_step=spec.end_step, resume_step=resume.step if resume else 0,
                           cause=cause, decision=decision,
                           resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
@@ -275,7 +275,7 @@ class Supervisor:
         self._mark_decision(decision)
         return restart
 
-    def _decide_on_failure(self, spec: StageSpec, watcher: StageWatcher, failure: WorkerFailure,
+    def _decide_on_failure(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure,
                            total: int) -> tuple[Decision, float]:
         if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
             raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}")
@@ -299,38 +299,38 @@ class Supervisor:
 
         ref = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints", on_skip=skipped)
         if ref is None:  # nothing was saved, so nothing is lost by starting over on the survivors
-            self.log("failover: no checkpoint yet; the next stage starts from step 0 (set checkpoint.every=N to "
+            self.log("failover: no checkpoint yet; the next segment starts from step 0 (set checkpoint.every=N to "
                      "lose at most N steps to a failure)")
         return ref
 
-    def _next_stage(self, spec: StageSpec, restart: Restart) -> StageSpec:
+    def _next_segment(self, spec: Segment, restart: Restart) -> Segment:
         chosen = restart.decision.chosen
         pinned = None if restart.resume_path is None else pin_checkpoint(
-            restart.resume_path, self.run_dir / "stages" / str(restart.stage) / "resume")
-        self.log(f"failover: stage {restart.stage} on devices {list(chosen.devices)}, teacher blocks "
+            restart.resume_path, self.run_dir / "segments" / str(restart.segment) / "resume")
+        self.log(f"failover: segment {restart.segment} on devices {list(chosen.devices)}, teacher blocks "
                  f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
                  f"{restart.resume_step}")
-        return StageSpec(restart.stage, chosen.placement, reason=restart.action, resume=pinned and str(pinned),
+        return Segment(restart.segment, chosen.placement, reason=restart.action, resume=pinned and str(pinned),
                          start_step=restart.resume_step)
 
-    # ---------------------------------------------------------------- stage configs
-    def _compose(self, spec: StageSpec) -> tuple[DictConfig, list[str]]:
-        return compose_stage(self.cfg, self.run_dir, self.overrides, spec, self.worker_events)
+    # ---------------------------------------------------------------- segment configs
+    def _compose(self, spec: Segment) -> tuple[DictConfig, list[str]]:
+        return compose_segment(self.cfg, self.run_dir, self.overrides, spec, self.worker_events)
 
     # ---------------------------------------------------------------- measurements
     def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:
         """Measure the restart's parts from the events the workers wrote, and learn its cost from them."""
-        events = self.worker_events()  # what the workers reported; the stage's end is the supervisor's own fact
-        ended_at = next((s.ended_at for s in self.stages if s.index == restart.stage - 1), None)
+        events = self.worker_events()  # what the workers reported; the segment's end is the supervisor's own fact
+        ended_at = next((s.ended_at for s in self.segments if s.index == restart.segment - 1), None)
         restart.measure(first_record, events, ended_at, self.controller.baseline_step_s)
         self.controller.restart_costs.observe("restart", restart.components)
-        self.events.append("first_step_after_restart", stage=restart.stage, step=restart.first_step,
+        self.events.append("first_step_after_restart", segment=restart.segment, step=restart.first_step,
                            action=restart.action, recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
                            components=restart.components,
                            redo_steps=max(0, restart.trigger_step - restart.resume_step))
 
     def _total_steps_hint(self) -> int:
-        return max((s.end_step or 0) for s in self.stages)
+        return max((s.end_step or 0) for s in self.segments)
 
     def _save_state(self) -> None:
         path = self.run_dir / STATE_FILE
@@ -340,5 +340,5 @@ class Supervisor:
         os.replace(tmp, path)
 
 
-def first_stage(placement: Placement, resume: str | None) -> StageSpec:
-    return StageSpec(0, placement, reason="start", resume=resume)
+def first_segment(placement: Placement, resume: str | None) -> Segment:
+    return Segment(0, placement, reason="start", resume=resume)

@@ -1,7 +1,7 @@
 """The supervisor's eyes during a launch: tail performance.jsonl and let the controller decide.
 
 A thread reads the records the last rank appends (one per step, flushed per line), feeds
-those of the running stage to the controller, and on the first non-KEEP decision sends the
+those of the running segment to the controller, and on the first non-KEEP decision sends the
 stop request (``synapse.control``) every rank acts on after its next step. Reading a file keeps the
 workers' hot path free of anything the controller does (planning takes milliseconds,
 a worker must not wait for it).
@@ -22,15 +22,15 @@ from synapse.partitioning import Placement
 from synapse.rundir import EventLog, JsonlTail, events_path
 
 
-class StageWatcher(threading.Thread):
-    def __init__(self, run_dir: Path, stage: int, controller: FailoverController, *, period_s: float = 0.05,
+class LaunchWatcher(threading.Thread):
+    def __init__(self, run_dir: Path, segment: int, controller: FailoverController, *, period_s: float = 0.05,
                  log: Callable[[str], None] = print, live_replan: bool = False,
-                 on_live_stage: Callable[[Decision, dict[str, Any]], None] | None = None,
+                 on_live_segment: Callable[[Decision, dict[str, Any]], None] | None = None,
                  control: ControlChannel | None = None):
-        """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_stage``
-        is called with the decision and the first record of the stage it started."""
-        super().__init__(name=f"synapse-watch-{stage}", daemon=True)
-        self.run_dir, self.stage, self.controller = Path(run_dir), stage, controller
+        """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_segment``
+        is called with the decision and the first record of the segment it started."""
+        super().__init__(name=f"synapse-watch-{segment}", daemon=True)
+        self.run_dir, self.segment, self.controller = Path(run_dir), segment, controller
         self.period_s, self.log = period_s, log
         self.decision: Decision | None = None
         self.decided_at: float | None = None
@@ -38,10 +38,10 @@ class StageWatcher(threading.Thread):
         self.last_record: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.error_step: int | None = None  # the step whose record the controller failed on
-        self.live_replan, self.on_live_stage = live_replan, on_live_stage
+        self.live_replan, self.on_live_segment = live_replan, on_live_segment
         self.pending_live: Decision | None = None
         self._done = threading.Event()
-        self.control = control or FileControlChannel(self.run_dir)  # the stage's (control.open_channel)
+        self.control = control or FileControlChannel(self.run_dir)  # the segment's (control.open_channel)
         # records already in the file belong to earlier launches (or an earlier run in this dir)
         self._records = JsonlTail(self.run_dir / "performance.jsonl")
 
@@ -62,7 +62,7 @@ class StageWatcher(threading.Thread):
                 self._fail_safe(exc)
 
     def _fail_safe(self, exc: BaseException) -> None:
-        """The controller broke mid-stage: without it no slowdown or failure would be acted on, so
+        """The controller broke mid-segment: without it no slowdown or failure would be acted on, so
         say so now (console and event log) and have every rank stop after its next step with a
         checkpoint, instead of training on unprotected until the launch ends."""
         step = self.error_step = (self.last_record or {}).get("step")
@@ -70,19 +70,19 @@ class StageWatcher(threading.Thread):
                  f"go on, so the workers stop after the next step with a checkpoint (continue with resume=auto)")
         with contextlib.suppress(Exception):  # the event is a record of the failure, never a second one
             EventLog(events_path(self.run_dir), source="supervisor").append(
-                "controller_failed", stage=self.stage, step=step, error=f"{type(exc).__name__}: {exc}"[:2000])
+                "controller_failed", segment=self.segment, step=step, error=f"{type(exc).__name__}: {exc}"[:2000])
         # The placement stays the running one: a stop, not a decision.
-        self.control.send(StopRequest(uuid.uuid4().hex, "controller_failed", int(step or 0), self.stage, "restart",
-                                      self.controller.stage))
+        self.control.send(StopRequest(uuid.uuid4().hex, "controller_failed", int(step or 0), self.segment, "restart",
+                                      self.controller.placement))
 
     def _poll(self) -> None:
         for record in self._records.read_new():
-            stage = record.get("stage", -1)
-            if stage < self.stage:
+            segment = record.get("segment", -1)
+            if segment < self.segment:
                 continue  # an earlier launch's lines
-            if stage > self.stage:  # the workers re-partitioned live: a new stage began
-                self.on_live_stage(self.pending_live, record, self.last_record)
-                self.stage, self.decision, self.pending_live = stage, None, None
+            if segment > self.segment:  # the workers re-partitioned live: a new segment began
+                self.on_live_segment(self.pending_live, record, self.last_record)
+                self.segment, self.decision, self.pending_live = segment, None, None
             self.first_record = self.first_record or record
             self.last_record = record
             if self.decision is not None or self.error is not None:
@@ -100,7 +100,7 @@ class StageWatcher(threading.Thread):
         self.decision, self.decided_at = decision, time.time()
         live = self.live_replan and decision.action is OptionKind.REPLAN
         chosen = decision.chosen
-        self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.stage,
+        self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.segment,
                                       "live" if live else "restart",
                                       Placement(chosen.devices, chosen.teacher_counts, chosen.student_counts)))
         if live:

@@ -14,11 +14,11 @@ from synapse.injection.spec import (
     PHASES,
     FaultSpec,
     InjectionError,
-    faults_for_stage,
+    faults_for_segment,
     instant_fault_steps,
     parse_faults,
 )
 
 __all__ = ["BackgroundLoad", "CUDA_ERROR_MESSAGE", "DeviceDelay", "FaultInjector", "FaultSpec", "InjectedFault",
            "InjectionError", "LoadTarget", "PHASES", "TaskBaseline", "build_fault_injector", "cpu_core_for_rank",
-           "faults_for_stage", "fired_fault_indices", "instant_fault_steps", "parse_faults", "split_extra"]
+           "faults_for_segment", "fired_fault_indices", "instant_fault_steps", "parse_faults", "split_extra"]

@@ -224,7 +224,7 @@ def build_fault_injector(faults: Sequence[Mapping[str, Any]] | None, rank: int, 
 
 def fired_fault_indices(events: Iterable[Mapping[str, Any]]) -> set[int]:
     """Indices (in injection.faults) of the faults that an event log says were injected: a restarted
-    stage can leave those out so that a kill at step s does not fire again after a resume before s."""
+    segment can leave those out so that a kill at step s does not fire again after a resume before s."""
     return {int(e["fault_index"]) for e in events if e.get("event") == "fault_injected" and "fault_index" in e}
 
 

@@ -26,7 +26,7 @@ intermittent: on for ``on_steps`` steps, off for ``off_steps``, repeating from `
 
 Steps are 1-based optimizer steps, like the metrics records. Everything here is pure.
 
-Which faults a later launch still injects, and on which of its ranks (`faults_for_stage`): a fault in ``injection.faults`` names a rank of the run as the user started it; what it
+Which faults a later launch still injects, and on which of its ranks (`faults_for_segment`): a fault in ``injection.faults`` names a rank of the run as the user started it; what it
 models is a *device* (that rank's device) misbehaving. After a restart the devices may be
 renumbered (DEGRADE drops one, REPLACE swaps one), so each fault follows its device to the
 rank that now runs it, and disappears with the device. An instant fault (kill, hang, ...)
@@ -54,7 +54,7 @@ SPAN_PHASES = {"slow_compute": ("forward", "backward"), "slow_comm": ("send",), 
 # Instant kinds that act in fewer phases than PHASES (nan_loss corrupts a forward's output).
 INSTANT_PHASES = {"nan_loss": ("forward",)}
 
-# fault_id: the fault's index in the user's list, kept when a restarted stage renumbers ranks or
+# fault_id: the fault's index in the user's list, kept when a restarted segment renumbers ranks or
 # leaves fired faults out (events and "fired once" are keyed by it).
 _COMMON_KEYS = ("kind", "rank", "phase", "fault_id")
 _KEYS = {
@@ -302,7 +302,7 @@ def fault_id(fault: Mapping[str, Any], position: int) -> int:
     return int(position if given is None else given)
 
 
-def faults_for_stage(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
+def faults_for_segment(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
                      stage_devices: Sequence[int], fired: set[int]) -> list[dict[str, Any]]:
     """The faults of a stage on ``stage_devices``: ranks remapped, each tagged with its ``fault_id``.
 
@@ -324,6 +324,6 @@ def faults_for_stage(faults: Sequence[Mapping[str, Any]], first_devices: Sequenc
 
 def dropped_faults(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
                    stage_devices: Sequence[int], fired: set[int]) -> list[int]:
-    """Ids of the faults ``faults_for_stage`` leaves out (fired, or their device dropped)."""
-    kept = {f["fault_id"] for f in faults_for_stage(faults, first_devices, stage_devices, fired)}
+    """Ids of the faults ``faults_for_segment`` leaves out (fired, or their device dropped)."""
+    kept = {f["fault_id"] for f in faults_for_segment(faults, first_devices, stage_devices, fired)}
     return [fault_id(f, i) for i, f in enumerate(faults) if fault_id(f, i) not in kept]

@@ -108,7 +108,7 @@ def worker_logs_spec(log_dir: Path, shown_ranks) -> DefaultLogsSpecs:
 
 def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
                     resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
-                    stage: int = 0, store_hosted: bool = False) -> dict[str, Any]:
+                    segment: int = 0, store_hosted: bool = False) -> dict[str, Any]:
     """Run the pipeline to the end of this launch; return the summary of the last rank.
     ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by a
     multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
@@ -116,7 +116,7 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
     for tries_left in reversed(range(PORT_ATTEMPTS)):
         config = launch_config(cfg, run_dir, attempt, store_hosted)
         try:
-            return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, stage)
+            return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, segment)
         except RendezvousError as exc:
             if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
@@ -146,7 +146,7 @@ class TearDown:
 
 def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_weights: str,
                  partition: dict[str, list[int]], resume: str | None, attempt: str, log: Callable[[str], None],
-                 stage: int) -> dict[str, Any]:
+                 segment: int) -> dict[str, Any]:
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     log_dir = run_dir / "logs" / f"launch_{attempt}"
     failure_dir = log_dir / "failures"
@@ -163,7 +163,7 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
     try:
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
             results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
-                                                          resume, str(failure_dir), stage)
+                                                          resume, str(failure_dir), segment)
     except ChildFailedError as exc:
         raise judged(exc.failures) from exc
     except (ValueError, EOFError, pickle.UnpicklingError) as exc:

@@ -2,7 +2,7 @@
 
 A terminal's Ctrl-C reaches the whole process group: the workers ignore SIGINT (pipeline/
 worker.py), so only the supervisor hears it, and it asks every rank, through the usual stop
-request, to stop after the step in flight and write a checkpoint. The stage record then ends at
+request, to stop after the step in flight and write a checkpoint. The segment's record then ends at
 that step and ``resume=auto`` continues from it. A second SIGINT/SIGTERM aborts at once: torch's
 agent tears the workers down (the checkpoint of the step before is what remains).
 

@@ -151,7 +151,7 @@ def _deaths_the_monitor_missed(hard: list[dict], reaped: Mapping[int, ProcessFai
     The monitor judges only pids it saw alive (liveness: one first seen gone is "not ours"), so a
     rank killed within a monitor period of its first heartbeat is never reported dead, while the
     peers the agent then terminates without a word are. Found by a drawn sequence (eta; rank 1
-    SIGKILLed at the start of step 1 on a loaded machine): device 0 was dropped, the next stage ran
+    SIGKILLed at the start of step 1 on a loaded machine): device 0 was dropped, the next segment ran
     on the killed device 1."""
     named = {_rank_of_event(e, beats) for e in hard}
     missed = [rank for rank, f in reaped.items()

@@ -92,7 +92,7 @@ class PipelineRunner:
     control: ControlChannel
     performance: JsonlWriter
     total_steps: int
-    stage: int = 0  # which stage of the run this is (stages/<n>/); a live re-partition starts the next
+    segment: int = 0  # which segment of the run this is (segments/<n>/); a live re-partition starts the next
     log: Callable[[str], None] = print
     stop_requested: bool = False
     live_request: StopRequest | None = None  # a live REPLAN to apply after this step
@@ -153,7 +153,7 @@ class PipelineRunner:
 
     def finish_steps(self) -> None:
         """Record the step the clock has not reported yet (on CUDA, the last one before the loop
-        ended or the stage changed): one more gather, which every rank reaches at the same step."""
+        ended or the segment changed): one more gather, which every rank reaches at the same step."""
         if not self.runtime.clock.read_late:
             return
         gathered: list[Any] = [None] * self.world_size
@@ -192,7 +192,7 @@ class PipelineRunner:
         timings = [{part: seconds for part, seconds in t.items() if part != "step"} for t in timings]
         wall = max(t["wall"] for t in timings)
         self.performance.write({
-            "step": step, "stage": self.stage, "devices": list(self.partition.devices),
+            "step": step, "segment": self.segment, "devices": list(self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
             "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
@@ -238,7 +238,7 @@ class PipelineRunner:
             return False
         module, owned, optimizer, scheduler = built
         self.blocks.release(self.rank, self.partition, new)
-        self.finish_steps()  # the old stage's last step is recorded as the old stage's
+        self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
                                        self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
@@ -248,12 +248,12 @@ class PipelineRunner:
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.owned = owned  # the new runtime holds the new optimizer and scheduler
-        self.partition, self.stage = new, self.stage + 1
+        self.partition, self.segment = new, self.segment + 1
         sent_bytes = sum(payload_size_bytes(payload) for payload in outgoing.values())
         totals: list[Any] = [None] * self.world_size
         dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes))
         if self.rank == 0:
-            self.events.append("live_replan", stage=self.stage, step=self.step, partition=new.to_dict(),
+            self.events.append("live_replan", segment=self.segment, step=self.step, partition=new.to_dict(),
                                seconds=max(t for t, _ in totals), moved_blocks=len(moves),
                                moved_bytes=sum(b for _, b in totals))
         self.log(f"live re-partition at step {self.step}: {len(moves)} student blocks moved, now teacher "
@@ -277,7 +277,7 @@ class PipelineRunner:
         if not failed:
             return result
         if self.rank == 0:
-            self.events.append("live_replan_failed", stage=self.stage, step=self.step, partition=new.to_dict(),
+            self.events.append("live_replan_failed", segment=self.segment, step=self.step, partition=new.to_dict(),
                                phase=doing, errors={str(r): e for r, e in failed.items()}, fallback="restart")
         self.log(f"live re-partition at step {self.step} failed on rank(s) {sorted(failed)} while {doing} "
                  f"({next(iter(failed.values()))}); falling back to a checkpoint and restart")
@@ -355,7 +355,7 @@ class PipelineEvaluation:
 
 def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           stage: int = 0) -> Trainer:
+                           segment: int = 0) -> Trainer:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
@@ -379,7 +379,7 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                             Heartbeat(run_dir, rank, str(setup.device)), events,
                             open_channel(run_dir, control_endpoint(cfg), cfg.trainer.rdzv_timeout_s),
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
-                            stage=stage, log=log,
+                            segment=segment, log=log,
                             control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
 
     def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
@@ -389,7 +389,7 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                                 ProcessGroupShards(runner), injector, on_saved=saved,
                                 mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
                                 device=setup.device,
-                                save_context=lambda: {"stage": runner.stage, "for_stop": runner.stop_requested})
+                                save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
     return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
                    parts.total_steps, parts.num_epochs, injector, events, log=log,

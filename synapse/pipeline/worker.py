@@ -32,12 +32,12 @@ from synapse.rundir import hold_as_worker
 
 @record
 def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                resume: str | None, failure_dir: str, stage: int = 0) -> dict[str, Any] | None:
+                resume: str | None, failure_dir: str, segment: int = 0) -> dict[str, Any] | None:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the supervisor's to handle
         die_with_the_supervisor()
         hold_as_worker(Path(run_dir), OmegaConf.create(cfg_yaml).trainer.node_rank)
-        return _train_stage(cfg_yaml, run_dir, teacher_weights, partition, resume, stage)
+        return _train_launch(cfg_yaml, run_dir, teacher_weights, partition, resume, segment)
     except BaseException as exc:
         # The elastic agent may tear this rank down before it reports; a file per failing
         # rank, with a precise time, lets the supervisor name the root cause.
@@ -102,8 +102,8 @@ def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
         path.unlink(missing_ok=True)
 
 
-def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                 resume: str | None, stage: int) -> dict[str, Any] | None:
+def _train_launch(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
+                 resume: str | None, segment: int) -> dict[str, Any] | None:
     started = time.time()
     cfg = OmegaConf.create(cfg_yaml)
     cfg.trainer.progress = False  # the process that launched the workers draws the run's one bar from its records
@@ -118,15 +118,15 @@ def _train_stage(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: d
     log = _worker_logger()
     trainer = None
     try:
-        stage_partition = Placement.from_dict(partition)
-        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, stage_partition, teacher_weights, setup, log,
-                                         stage=stage)
+        placement = Placement.from_dict(partition)
+        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, placement, teacher_weights, setup, log,
+                                         segment=segment)
         built = time.time()
         if resume:
             trainer.load_checkpoint(Path(resume))
         dist.barrier()  # "ready" means every rank is ready
         if rank == 0:  # the supervisor splits a restart's cost into launch, load and warm-up with this
-            trainer.events.append("stage_ready", stage=stage, step=trainer.step, process_started=started,
+            trainer.events.append("launch_ready", segment=segment, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
         summary = trainer.fit()
         trainer.runner.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death

@@ -76,10 +76,10 @@ def events_named(run, name: str):
 def test_loaders_on_a_real_failover_run(run):
     steps = run.steps
     assert list(steps["step"]) == list(range(1, STEPS + 1)) and set(steps["attempts"]) == {1}
-    first_stage1 = steps[steps["stage"] == 1]["step"].min()
-    assert steps[steps["stage"] == 0]["step"].max() < first_stage1
-    assert set(steps[steps["stage"] == 0]["num_devices"]) == {3} and set(steps[steps["stage"] == 1]["num_devices"]) == {2}
-    ranks = run.rank_timings.groupby("stage")["rank"].nunique()
+    first_segment1 = steps[steps["segment"] == 1]["step"].min()
+    assert steps[steps["segment"] == 0]["step"].max() < first_segment1
+    assert set(steps[steps["segment"] == 0]["num_devices"]) == {3} and set(steps[steps["segment"] == 1]["num_devices"]) == {2}
+    ranks = run.rank_timings.groupby("segment")["rank"].nunique()
     assert ranks.to_dict() == {0: 3, 1: 2}
     assert {"teacher_fwd", "student_bwd", "compute", "comm"} <= set(run.rank_timings["part"])
     assert {"fault_injected", "slowdown_detected", "decision", "checkpoint_saved", "first_step_after_restart"} <= set(
@@ -89,7 +89,7 @@ def test_loaders_on_a_real_failover_run(run):
     assert set(run.decisions["option"]) >= {"keep", "replan", "degrade"}
     restart = run.restarts.iloc[0]
     assert len(run.restarts) == 1 and restart["action"] == "degrade" and restart["recovery_s"] > restart["launch_s"] > 0
-    assert list(run.stages["reason"]) == ["start", "degrade"] and run.stages["devices"].iloc[1] == (0, 1)
+    assert list(run.segments["reason"]) == ["start", "degrade"] and run.segments["devices"].iloc[1] == (0, 1)
     assert run.evals["step"].iloc[-1] == STEPS and run.summary["steps"] == STEPS
     assert len(run.plan) == 3 and run.plan_step["predicted_step_s"] > 0 and run.plan["measured_compute_s"].gt(0).all()
 
@@ -98,7 +98,7 @@ def test_the_timeline_marks_fault_detection_decisions_checkpoints_and_the_restar
     fig = plot_timeline(run)
     ax_time, ax_rate = fig.axes[:2]
     lines = gids(ax_time.lines)
-    assert lines["step_time"] == 2 and gids(ax_rate.lines)["throughput"] == 2  # one per stage
+    assert lines["step_time"] == 2 and gids(ax_rate.lines)["throughput"] == 2  # one per segment
     assert lines["fault_onset"] == len(events_named(run, "fault_injected")) == 1
     assert lines["detection"] == len(events_named(run, "slowdown_detected")) >= 1
     decisions = events_named(run, "decision")
@@ -107,8 +107,8 @@ def test_the_timeline_marks_fault_detection_decisions_checkpoints_and_the_restar
     assert lines["checkpoint"] == events_named(run, "checkpoint_saved")["step"].nunique() >= 2
     assert gids(ax_time.patches)["restart"] == 1
     legend = [t.get_text() for t in ax_time.get_legend().get_texts()]
-    assert any(t.startswith("stage 0: devices 0,1,2 (start)") for t in legend)
-    assert any(t.startswith("stage 1: devices 0,1 (degrade)") for t in legend)
+    assert any(t.startswith("segment 0: devices 0,1,2 (start)") for t in legend)
+    assert any(t.startswith("segment 1: devices 0,1 (degrade)") for t in legend)
     assert "fault injected" in [t.get_text() for t in ax_rate.get_legend().get_texts()]
     written = [t.get_text() for t in ax_time.texts]
     assert "DEGRADE" in written and any(t.startswith("restart ") for t in written)
@@ -123,13 +123,13 @@ def test_over_wall_time_the_restart_spans_its_recovery(run):
     assert ax.get_xlabel() == "" and "time since the run started" in plot_timeline(run, x="time").axes[1].get_xlabel()
 
 
-def test_the_rank_heatmap_has_a_cell_per_rank_and_step_and_a_stage_boundary(run):
+def test_the_rank_heatmap_has_a_cell_per_rank_and_step_and_a_segment_boundary(run):
     fig = plot_rank_heatmap(run)
     ax = fig.axes[0]
     cells = np.ma.asarray(ax.collections[0].get_array())
     assert cells.size == 3 * STEPS
-    assert cells.reshape(3, STEPS)[2].mask.sum() == (run.steps["stage"] == 1).sum()  # rank 2 left at the restart
-    assert gids(ax.lines)["stage_boundary"] == 1
+    assert cells.reshape(3, STEPS)[2].mask.sum() == (run.steps["segment"] == 1).sum()  # rank 2 left at the restart
+    assert gids(ax.lines)["segment_boundary"] == 1
     assert fig.axes[1].get_ylabel() == "compute per step (s)"
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
 

@@ -40,7 +40,7 @@ def test_profile_mode_writes_both_profiles_to_the_cache(tmp_path):
 
 def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_path, teacher_file):
     # Two CPU ranks, batch 16: candidates 2, 4 and 8 micro-batches, each priced with profiles measured
-    # at its own micro-batch size; a forced restart shows the next stage keeps the chosen count. The run
+    # at its own micro-batch size; a forced restart shows the next segment keeps the chosen count. The run
     # goes on well past the drill: a stop that lands after the last step restarts nothing (a 6-step run raced).
     cfg = compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "partition=auto",
                                     "pipeline.microbatches=auto", "trainer.max_steps=12",
@@ -52,8 +52,8 @@ def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_
     times = {int(m): t for m, t in choice["predicted_step_s"].items()}
     assert choice["chosen"] == min(times, key=times.get)
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["microbatches"] == choice["chosen"]
-    for stage in (0, 1):
-        composed = yaml.safe_load((tmp_path / "stages" / str(stage) / "config.yaml").read_text())
+    for segment in (0, 1):
+        composed = yaml.safe_load((tmp_path / "segments" / str(segment) / "config.yaml").read_text())
         assert composed["pipeline"]["microbatches"] == choice["chosen"]
     profiles = {p.name for p in (tmp_path / "cache" / "profiles").glob("*student*.csv")}
     assert {f"mb{16 // m}" for m in (2, 4, 8)} <= {part for name in profiles for part in name.split("_")}

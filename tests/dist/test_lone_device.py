@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from synapse.app import run
-from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import compose_segment_config, read_segments
 from synapse.rundir import read_events
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
@@ -24,13 +24,13 @@ def run_alone(run_dir, teacher_file, *extra: str) -> dict:
     overrides = [*BASE_OVERRIDES, f"trainer.max_steps={STEPS}", f"run_dir={run_dir}", f"cache_dir={run_dir}/cache",
                  f"teacher.checkpoint={teacher_file}", "trainer.devices=1", "trainer.strategy=pipeline",
                  "trainer.spare_devices=[1]", *extra]
-    return run(compose_stage_config(overrides), log=lambda m: None, overrides=overrides)
+    return run(compose_segment_config(overrides), log=lambda m: None, overrides=overrides)
 
 
 def test_a_lone_device_slow_from_the_start_is_replaced_by_the_spare(tmp_path, teacher_file):
     summary = run_alone(tmp_path / "slow", teacher_file, *SLOW_FROM_THE_START)
-    stages = read_stages(tmp_path / "slow")
-    assert [(s.reason, list(s.devices), s.outcome) for s in stages] == [
+    segments = read_segments(tmp_path / "slow")
+    assert [(s.reason, list(s.devices), s.outcome) for s in segments] == [
         ("start", [0], "stopped"), ("replace", [1], "finished")]
     events = read_events(tmp_path / "slow" / "failover_events.jsonl")
     detected = [e for e in events if e["event"] == "slowdown_detected"]
@@ -39,6 +39,6 @@ def test_a_lone_device_slow_from_the_start_is_replaced_by_the_spare(tmp_path, te
     assert [e["device"] for e in events if e["event"] == "slowdown_dropped"] == [0]
     decisions = summary["experiment"]["decisions"]
     assert [d["action"] for d in decisions if d["action"] != "keep"] == ["replace"], decisions
-    assert summary["experiment"]["steps"] == STEPS and stages[1].start_step <= 35
+    assert summary["experiment"]["steps"] == STEPS and segments[1].start_step <= 35
     run_alone(tmp_path / "uninterrupted", teacher_file, "failover.enabled=false")
     assert_identical_states(final_student_state(tmp_path / "slow"), final_student_state(tmp_path / "uninterrupted"))

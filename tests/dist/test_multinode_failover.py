@@ -1,6 +1,6 @@
 """Failover across nodes: two launchers on one machine act as 2 nodes x 2 CPU ranks.
 
-Node 0's train.py is the decider (controller, stage history, composed stage configs) and node
+Node 0's train.py is the decider (controller, segment history, composed segment configs) and node
 1's is an agent that starts and stops its workers on the decider's orders over the run's store.
 A rank killed on node 1 and a lost node 1 both end in a DEGRADE whose run learns exactly what
 one device learns; bad multi-node input fails fast with a message naming the fix.
@@ -17,7 +17,7 @@ import pytest
 
 from synapse.app import run
 from synapse.config import ConfigError, validate
-from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import free_port
 from synapse.rundir import read_events
 from synapse.rundir import read_jsonl
@@ -68,13 +68,13 @@ def test_a_rank_killed_on_node_1_degrades_across_both_nodes_and_learns_exactly(t
     outputs = finish(nodes)
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-3000:]
-    stages = read_stages(run_dir)
-    assert [(s.reason, s.outcome) for s in stages] == [("start", "failed"), ("degrade", "finished")]
-    assert stages[0].devices == [0, 1, 2, 3] and stages[1].devices == [0, 1, 3], \
-        "run-wide device 2 (node 1's first) leaves; node 1's other device stays, so the stage spans both nodes"
-    assert stages[1].end_step == STEPS
+    segments = read_segments(run_dir)
+    assert [(s.reason, s.outcome) for s in segments] == [("start", "failed"), ("degrade", "finished")]
+    assert segments[0].devices == [0, 1, 2, 3] and segments[1].devices == [0, 1, 3], \
+        "run-wide device 2 (node 1's first) leaves; node 1's other device stays, so the segment spans both nodes"
+    assert segments[1].end_step == STEPS
     assert_identical_states(final_student_state(run_dir), reference)
-    assert "stage 1 on local devices [1]" in outputs[1], "node 1's agent ran its surviving device"
+    assert "segment 1 on local devices [1]" in outputs[1], "node 1's agent ran its surviving device"
 
 
 def test_node_1s_agent_killed_degrades_to_node_0_and_learns_exactly(tmp_path, teacher_file, reference):
@@ -88,9 +88,9 @@ def test_node_1s_agent_killed_degrades_to_node_0_and_learns_exactly(tmp_path, te
     output = finish([node0])[0]
     node1.communicate()
     assert node0.returncode == 0, output[-3000:]
-    stages = read_stages(run_dir)
-    assert [s.outcome for s in stages] == ["failed", "finished"]
-    assert stages[1].devices == [0, 1], "every device of the lost node leaves with it"
+    segments = read_segments(run_dir)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    assert segments[1].devices == [0, 1], "every device of the lost node leaves with it"
     assert_identical_states(final_student_state(run_dir), reference)
     [lost] = read_events(run_dir / "failover_events.jsonl", "node_lost")
     assert lost["node"] == 1 and lost["hard"]
@@ -118,7 +118,7 @@ def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exac
                                  "resume=auto", "report=false", "logger=none"]),
         log=lambda m: None)
     assert_identical_states(final_student_state(run_dir), reference)
-    assert read_stages(run_dir)[-1].devices == [0, 1] and read_stages(run_dir)[-1].outcome == "finished"
+    assert read_segments(run_dir)[-1].devices == [0, 1] and read_segments(run_dir)[-1].outcome == "finished"
 
 
 def test_an_unreachable_decider_fails_a_node_within_its_timeout(tmp_path, teacher_file):
@@ -158,7 +158,7 @@ SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2
 
 
 def decisions_until_first_action(controller, records: list[dict]) -> list[tuple]:
-    """Feed stage 0's step records to ``controller``; every action it takes up to its first non-KEEP one."""
+    """Feed segment 0's step records to ``controller``; every action it takes up to its first non-KEEP one."""
     taken = []
     for record in records:
         decision = controller.observe(record)
@@ -187,14 +187,14 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     assert [e["rank"] for e in events if e["event"] == "fault_injected"] == [2], "the slowdown ran on node 1"
     logged = [(e["step"], e["action"], e["chosen"]["devices"], e["chosen"]["teacher_counts"],
                e["chosen"]["student_counts"]) for e in events if e["event"] == "decision" and e["action"] != "keep"]
-    records = [r for r in read_jsonl(two_nodes / "performance.jsonl") if r["stage"] == 0]
-    one_node = compose_stage_config([*BASE_OVERRIDES, f"run_dir={tmp_path / 'replay'}", f"cache_dir={tmp_path}/cache",
+    records = [r for r in read_jsonl(two_nodes / "performance.jsonl") if r["segment"] == 0]
+    one_node = compose_segment_config([*BASE_OVERRIDES, f"run_dir={tmp_path / 'replay'}", f"cache_dir={tmp_path}/cache",
                                      "trainer.devices=4", f"teacher.checkpoint={teacher_file}", *SLOWDOWN])
     (tmp_path / "replay").mkdir()
     info = dataset_info(one_node.data.name, **data_kwargs(one_node.data, one_node.seed))
     controller = build_controller(one_node, build_stage_planner(one_node, info, lambda m: None), tmp_path / "replay",
                                   lambda m: None)
-    controller.begin_stage(read_stages(two_nodes)[0].placement, start_step=0)
+    controller.begin_segment(read_segments(two_nodes)[0].placement, start_step=0)
     # When and what is decided must match; the cut may differ: the planner prices a node's CPU
     # contention from its own ranks (2 per node here, 4 on the one node), and links have a price.
     assert [d[:3] for d in decisions_until_first_action(controller, records)] == [d[:3] for d in logged[:1]]

@@ -6,13 +6,13 @@ slowdowns of 1.2-5x from any step, intermittent, ramps, slow links, and kills, h
 errors in any phase) on random ranks of a real 3-rank CPU run (gloo, the elastic launcher, the
 failover supervisor, real checkpoints), under every policy. Properties of every run:
 
-* it finishes (the supervisor returns, the last stage ends at the last step, all steps done);
-* no finished step is lost: a stage after a planned action starts where the one before ended, a
-  stage after a failure starts at the newest checkpoint committed before it;
+* it finishes (the supervisor returns, the last segment ends at the last step, all steps done);
+* no finished step is lost: a segment after a planned action starts where the one before ended, a
+  segment after a failure starts at the newest checkpoint committed before it;
 * the final student weights and optimizer state are bit-identical to the uninterrupted run;
 * the drawn faults were injected (the earliest one whose device was still in the pipeline at its
   step fired), so a run that ignored them cannot pass;
-* a stage that failed after a hard fault fired in it is followed by one without that fault's device.
+* a segment that failed after a hard fault fired in it is followed by one without that fault's device.
 
 Runs are as small as they can be (tiny models, 8 steps, checkpoints every 2, a detector that
 decides within a few steps, a 10-s hang watchdog). The default suite draws 2 sequences per policy
@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import (
 )
 
 from synapse.app import run
-from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import elastic, root_cause
 from synapse.rundir import read_events
 from synapse.health import HealthMonitor, HealthSettings
@@ -78,7 +78,7 @@ def overrides_for(run_dir: Path, teacher_file: Path, *extra: str, devices: int =
 
 
 def run_overrides(overrides: list[str]) -> dict:
-    return run(compose_stage_config(overrides), log=lambda message: None, overrides=overrides)
+    return run(compose_segment_config(overrides), log=lambda message: None, overrides=overrides)
 
 
 @pytest.fixture(scope="session")
@@ -92,18 +92,18 @@ def uninterrupted(tmp_path_factory, teacher_file):
 
 # ---------------------------------------------------------------- the properties
 def check_no_finished_step_lost(run_dir: Path) -> None:
-    stages = read_stages(run_dir)
+    segments = read_segments(run_dir)
     saved = read_events(run_dir / "failover_events.jsonl", "checkpoint_saved")
-    for before, after in pairwise(stages):
+    for before, after in pairwise(segments):
         if before.outcome == "failed":
-            committed = [e["step"] for e in saved if e.get("stage", 0) <= before.index]
+            committed = [e["step"] for e in saved if e.get("segment", 0) <= before.index]
             expected = max(committed, default=0)
-            assert after.start_step == expected, (f"stage {after.index} resumed at step {after.start_step}, "
-                                                  f"but step {expected} was checkpointed before stage "
+            assert after.start_step == expected, (f"segment {after.index} resumed at step {after.start_step}, "
+                                                  f"but step {expected} was checkpointed before segment "
                                                   f"{before.index} failed")
         else:
-            assert after.start_step == before.end_step, (f"stage {after.index} starts at {after.start_step} "
-                                                         f"but stage {before.index} ({before.outcome}) ended at "
+            assert after.start_step == before.end_step, (f"segment {after.index} starts at {after.start_step} "
+                                                         f"but segment {before.index} ({before.outcome}) ended at "
                                                          f"{before.end_step}")
 
 
@@ -116,9 +116,9 @@ def check_faults_fired(run_dir: Path, sequence: Sequence) -> None:
     detected device at once: found with a fault-free rank 0 flagged at step 4 (compute 10 -> 22 ms,
     ratio 1.60), dropped at step 5, its faults due at steps 6 and 7; that run ended bit-identical.
     Every other fault is counted: the earliest of them must have fired."""
-    stages = read_stages(run_dir)
+    segments = read_segments(run_dir)
     counted = [i for i, f in enumerate(sequence.faults)
-               if (f.phase != "repartition" or not f.hard) and not left_before(stages, f.rank, f.first_step)]
+               if (f.phase != "repartition" or not f.hard) and not left_before(segments, f.rank, f.first_step)]
     if not counted:
         return
     first = min(sequence.faults[i].first_step for i in counted)
@@ -127,34 +127,34 @@ def check_faults_fired(run_dir: Path, sequence: Sequence) -> None:
     assert fired & earliest, f"none of the earliest faults {sorted(earliest)} fired (fired: {sorted(fired)})"
 
 
-def left_before(stages, device: int, step: int) -> bool:
-    """Whether ``device`` was in none of the stages that ran ``step`` (a failed stage may have begun
-    the step after its last finished one); False if no stage ran it."""
-    def ran(stage) -> bool:
-        last = stage.end_step + (stage.outcome in ("failed", "error")) if stage.end_step is not None else step
-        return stage.start_step < step <= last
+def left_before(segments, device: int, step: int) -> bool:
+    """Whether ``device`` was in none of the segments that ran ``step`` (a failed segment may have begun
+    the step after its last finished one); False if no segment ran it."""
+    def ran(segment) -> bool:
+        last = segment.end_step + (segment.outcome in ("failed", "error")) if segment.end_step is not None else step
+        return segment.start_step < step <= last
 
-    running = [s for s in stages if ran(s)]
+    running = [s for s in segments if ran(s)]
     return bool(running) and all(device not in s.devices for s in running)
 
 
 def check_failed_device_dropped(run_dir: Path, sequence: Sequence) -> None:
-    """A stage that failed after a hard fault fired in it hands over to devices without that fault's
-    device (when two fired in one stage, without one of them: the first failure is the one blamed)."""
-    stages = read_stages(run_dir)
+    """A segment that failed after a hard fault fired in it hands over to devices without that fault's
+    device (when two fired in one segment, without one of them: the first failure is the one blamed)."""
+    segments = read_segments(run_dir)
     fired = [e for e in read_events(run_dir / "failover_events.jsonl", "fault_injected")
              if sequence.faults[e["fault_index"]].hard]
-    for stage, after in pairwise(stages):
-        if stage.outcome != "failed":
+    for segment, after in pairwise(segments):
+        if segment.outcome != "failed":
             continue
-        ended = stage.ended_at or after.started_at
-        devices = {sequence.faults[e["fault_index"]].rank for e in fired if stage.started_at <= e["time"] <= ended}
+        ended = segment.ended_at or after.started_at
+        devices = {sequence.faults[e["fault_index"]].rank for e in fired if segment.started_at <= e["time"] <= ended}
         evidence = [{k: e.get(k) for k in ("source", "event", "rank", "pid", "cause")}
                     for e in read_events(run_dir / "failover_events.jsonl")
-                    if (e["event"] == "stage_ended" and e.get("stage") == stage.index)
+                    if (e["event"] == "segment_ended" and e.get("segment") == segment.index)
                     or (e.get("source") == "health" and e.get("hard"))]
         assert not devices or devices - set(after.devices), (
-            f"stage {stage.index} failed after hard faults on device(s) {sorted(devices)}, but stage "
+            f"segment {segment.index} failed after hard faults on device(s) {sorted(devices)}, but segment "
             f"{after.index} still runs on {after.devices}; what the supervisor saw: {evidence}")
 
 
@@ -168,11 +168,11 @@ def check_sequence(sequence: Sequence, policy: str, run_dir: Path, teacher_file:
     note(f"policy={policy} run_dir={run_dir} overrides={[*sequence.overrides(), *late]}")
     summary = run_overrides(overrides_for(run_dir, teacher_file, *POLICIES[policy], *FAST_FAILOVER,
                                           *sequence.overrides(), *late))
-    stages = read_stages(run_dir)
+    segments = read_segments(run_dir)
     assert summary["experiment"]["steps"] == STEPS
     # A stop an action requested that lands after the last step ends the run as it is: nothing is
-    # left to relaunch (the supervisor's rule), so that stage reads "stopped" at the last step.
-    assert stages[-1].outcome in ("finished", "stopped") and stages[-1].end_step == STEPS, stages[-1]
+    # left to relaunch (the supervisor's rule), so that segment reads "stopped" at the last step.
+    assert segments[-1].outcome in ("finished", "stopped") and segments[-1].end_step == STEPS, segments[-1]
     check_no_finished_step_lost(run_dir)
     check_faults_fired(run_dir, sequence)
     check_failed_device_dropped(run_dir, sequence)
@@ -242,7 +242,7 @@ def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teac
     # send: a wait is marked after the injector's hook, so a rank hung in it read the wait before
     #   (now: posting_send until the hook returns);
     # step_start: nothing marked the new step, so the hung rank still read the last step's sync;
-    # step 1 (forward, step_start): the stages' first set-up runs the forward once and exchanges
+    # step 1 (forward, step_start): the segments' first set-up runs the forward once and exchanges
     #   metadata with no hook; a peer held there read step_start or forward (now: sync, then
     #   send_wait after any forward, which also covers 1F1B's warmup send wait);
     # checkpoint_write: already right (the checkpoint barrier marks sync); kept as a case.
@@ -254,7 +254,7 @@ def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teac
     (progress,) = boards
     assert progress[1]["phase"] not in WAIT_PHASES, progress
     assert progress[0]["phase"] in WAIT_PHASES and progress[2]["phase"] in WAIT_PHASES, progress
-    assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
+    assert [s.devices for s in read_segments(tmp_path)] == [[0, 1, 2], [0, 2]]
     assert_identical_states(final_student_state(tmp_path), uninterrupted)
 
 
@@ -299,7 +299,7 @@ def test_workers_the_teardown_killed_are_not_blamed_for_the_failure_that_caused_
 
 def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
     # Found by a drawn sequence (eta; rank 2 killed in the forward of step 3): device 0 was dropped
-    # and the next stage ran on the killed device 2. Rank 1 lost its peer and reported it, the
+    # and the next segment ran on the killed device 2. Rank 1 lost its peer and reported it, the
     # agent reaped rank 2 and terminated rank 0 (SIGTERM, no word either); the monitor's next pass
     # found all three gone at once, reported them in rank order, and rank 0 was blamed. Real
     # processes stand in for the workers, a real monitor pass and teardown see them die.
@@ -344,7 +344,7 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
 
 def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_signal(tmp_path):
     # Found by CI (eta; rank 1 SIGKILLed at the start of step 1, on a loaded machine): device 0 was
-    # dropped and the next stage ran on the killed device 1. Rank 1 died within one monitor period
+    # dropped and the next segment ran on the killed device 1. Rank 1 died within one monitor period
     # of its first heartbeat, so the monitor never knew its pid as its own and never reported it;
     # the agent reaped its SIGKILL and terminated rank 0 (SIGTERM, before its peer-loss error was
     # raised), and the monitor reported rank 0 dead, the only hard event left. Real processes and a

@@ -33,7 +33,7 @@ from synapse import checkpoint as ckpt
 from synapse.config import ConfigError, validate
 from synapse.rundir import read_jsonl
 from synapse.engine import NonFiniteLossError
-from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import elastic, root_cause
 from synapse.launch import RendezvousSetupError
 from synapse.launch import WorkerFailure
@@ -65,7 +65,7 @@ def overrides_for(run_dir: Path, teacher_file: Path, *extra: str, devices: int =
 
 
 def run_overrides(overrides: list[str]) -> dict:
-    return run(compose_stage_config(overrides), log=quiet, overrides=overrides)
+    return run(compose_segment_config(overrides), log=quiet, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +167,10 @@ def test_rank_killed_in_a_phase_resumes_on_the_survivors_and_loses_nothing(tmp_p
     summary = run_overrides(overrides_for(tmp_path, teacher_file,
                                           f"injection.faults=[{{kind:kill,rank:1,step:5,phase:{phase}}}]"))
     assert fired(tmp_path) == [("kill", 1, 5, phase)]
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "finished"]
-    assert stages[1].devices == [0, 2], "the killed rank's device leaves the pipeline"
-    assert stages[1].start_step == 4, "resume from the last checkpoint before the kill"
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    assert segments[1].devices == [0, 2], "the killed rank's device leaves the pipeline"
+    assert segments[1].start_step == 4, "resume from the last checkpoint before the kill"
     (restart,) = summary["experiment"]["restarts"]
     assert restart["trigger"] == "failure" and restart["action"] == "degrade"
     assert_identical_states(final_student_state(tmp_path), reference)
@@ -183,7 +183,7 @@ def test_a_killed_rank_takes_its_data_loader_workers_with_it(tmp_path, teacher_f
     # data set; the fixture above finds them by process group).
     run_overrides(overrides_for(tmp_path, teacher_file, "data.num_workers=2",
                                 "injection.faults=[{kind:kill,rank:0,step:5,phase:forward}]"))
-    assert [s.outcome for s in read_stages(tmp_path)] == ["failed", "finished"]
+    assert [s.outcome for s in read_segments(tmp_path)] == ["failed", "finished"]
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
@@ -193,11 +193,11 @@ def test_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_in_use(t
     run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:0,step:4,"
                                                         "phase:checkpoint_write}]"))
     assert fired(tmp_path) == [("kill", 0, 4, "checkpoint_write")]
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "finished"] and stages[1].devices == [1, 2]
-    assert stages[1].start_step == 2, "the half-written step 4 is not a checkpoint: step 2 is used"
-    assert ckpt.read_manifest(Path(stages[1].resume))["step"] == 2
-    saved_in_stage_0 = [e["step"] for e in events(tmp_path, "checkpoint_saved", stage=0)]
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"] and segments[1].devices == [1, 2]
+    assert segments[1].start_step == 2, "the half-written step 4 is not a checkpoint: step 2 is used"
+    assert ckpt.read_manifest(Path(segments[1].resume))["step"] == 2
+    saved_in_stage_0 = [e["step"] for e in events(tmp_path, "checkpoint_saved", segment=0)]
     assert saved_in_stage_0 == [2]
     root = tmp_path / "checkpoints"
     assert not list(root.glob("step_*.tmp-*")), "the torn save's directory was cleaned up"
@@ -219,11 +219,11 @@ def test_hung_rank_is_found_by_the_watchdog_and_its_device_dropped(tmp_path, tea
     assert hung and all(e["stalled_s"] >= hang_timeout for e in hung)
     assert hung[0]["time"] - hang["time"] < hang_timeout + 60, "detected by the watchdog, in bounded time"
     # All three ranks stall (the others wait on rank 1); the one blamed is the one that hung.
-    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    (ended,) = events(tmp_path, "segment_ended", segment=0)
     assert ended["cause"] == "rank_hung" and ended["rank"] == 1
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "finished"]
-    assert stages[1].devices == [0, 2] and stages[1].start_step == 4
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    assert segments[1].devices == [0, 2] and segments[1].start_step == 4
     assert not pid_alive(hang["pid"]), "the hung process was ended"
     assert_identical_states(final_student_state(tmp_path), reference)
 
@@ -251,7 +251,7 @@ def steps_done(run_dir: Path) -> int:
 
 @pytest.mark.timeout(300)
 @pytest.mark.long  # 30 s; the default suite keeps test_reliability_round2's supervisor kill (the workers die
-# with it, and the restarted supervisor continues the stage history from the last checkpoint, exactly)
+# with it, and the restarted supervisor continues the segment history from the last checkpoint, exactly)
 def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_checkpoint(tmp_path, teacher_file,
                                                                                       reference):
     run_dir = tmp_path / "run"
@@ -275,7 +275,7 @@ def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_chec
     assert not in_group(first.pid) and not any(pid_alive(p) for p in workers), "no worker survives its supervisor"
     killed_at = steps_done(run_dir)
     assert killed_at < STEPS, "the run was killed before its end"
-    (interrupted,) = read_stages(run_dir)
+    (interrupted,) = read_segments(run_dir)
     assert interrupted.outcome is None
 
     second = train_py(run_dir, [*args, "resume=auto"])
@@ -285,13 +285,13 @@ def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_chec
 
 
 def assert_restarted_supervisor_continued(run_dir: Path, killed_at: int) -> None:
-    """After ``resume=auto``: stage 1 continues the history, from a checkpoint no later than the kill."""
-    stages = read_stages(run_dir)
-    assert [s.index for s in stages] == [0, 1], "the stage history continues"
-    assert stages[1].reason == "supervisor_restart" and stages[1].outcome == "finished"
-    assert stages[1].devices == stages[0].devices == [0, 1, 2]
-    resumed = ckpt.read_manifest(Path(stages[1].resume))["step"]
-    assert stages[1].start_step == resumed and 2 <= resumed <= killed_at
+    """After ``resume=auto``: segment 1 continues the history, from a checkpoint no later than the kill."""
+    segments = read_segments(run_dir)
+    assert [s.index for s in segments] == [0, 1], "the segment history continues"
+    assert segments[1].reason == "supervisor_restart" and segments[1].outcome == "finished"
+    assert segments[1].devices == segments[0].devices == [0, 1, 2]
+    resumed = ckpt.read_manifest(Path(segments[1].resume))["step"]
+    assert segments[1].start_step == resumed and 2 <= resumed <= killed_at
 
 
 # ---------------------------------------------------------------- several faults
@@ -301,12 +301,12 @@ def assert_restarted_supervisor_continued(run_dir: Path, killed_at: int) -> None
 def test_two_faults_in_one_run_each_recovered(tmp_path, teacher_file, reference):
     summary = run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:2,step:3,"
                                           "phase:backward},{kind:cuda_error,rank:0,step:7,phase:forward}]"))
-    # Stage 1 runs devices [0, 1]; the CUDA-style error of device 0 fires there as its rank 0.
+    # Segment 1 runs devices [0, 1]; the CUDA-style error of device 0 fires there as its rank 0.
     assert fired(tmp_path) == [("kill", 2, 3, "backward"), ("cuda_error", 0, 7, "forward")]
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "failed", "finished"]
-    assert [s.devices for s in stages] == [[0, 1, 2], [0, 1], [1]]
-    assert [s.start_step for s in stages] == [0, 2, 6]
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "failed", "finished"]
+    assert [s.devices for s in segments] == [[0, 1, 2], [0, 1], [1]]
+    assert [s.start_step for s in segments] == [0, 2, 6]
     causes = [r["cause"] for r in summary["experiment"]["restarts"]]
     assert "CUDA error" in causes[1], causes
     assert_identical_states(final_student_state(tmp_path), reference)
@@ -314,18 +314,18 @@ def test_two_faults_in_one_run_each_recovered(tmp_path, teacher_file, reference)
 
 @pytest.mark.timeout(300)
 def test_fault_during_recovery_from_a_fault(tmp_path, teacher_file, reference):
-    # Rank 1 dies in step 6; the restarted stage redoes steps 5-6 from checkpoint 4, and device 2
-    # dies in step 6's optimizer step of that redo (stage 0 never got that far: rank 2 waited on rank 1).
+    # Rank 1 dies in step 6; the restarted segment redoes steps 5-6 from checkpoint 4, and device 2
+    # dies in step 6's optimizer step of that redo (segment 0 never got that far: rank 2 waited on rank 1).
     run_overrides(overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:6,phase:forward},"
                                                         "{kind:kill,rank:2,step:6,phase:optimizer}]"))
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "failed", "finished"]
-    assert [s.devices for s in stages] == [[0, 1, 2], [0, 2], [0]]
-    assert [s.start_step for s in stages] == [0, 4, 4], "both recoveries resume from checkpoint 4"
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "failed", "finished"]
+    assert [s.devices for s in segments] == [[0, 1, 2], [0, 2], [0]]
+    assert [s.start_step for s in segments] == [0, 4, 4], "both recoveries resume from checkpoint 4"
     first, second = events(tmp_path, "fault_injected")
-    (relaunch,) = events(tmp_path, "relaunch", stage=1)
-    assert first["time"] < relaunch["time"] < second["time"], "the second fault hit the recovering stage"
-    assert (second["rank"], second["phase"]) == (1, "optimizer")  # device 2 is rank 1 of stage 1
+    (relaunch,) = events(tmp_path, "relaunch", segment=1)
+    assert first["time"] < relaunch["time"] < second["time"], "the second fault hit the recovering segment"
+    assert (second["rank"], second["phase"]) == (1, "optimizer")  # device 2 is rank 1 of segment 1
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
@@ -358,8 +358,8 @@ def test_corrupted_latest_checkpoint_is_skipped_with_an_event_and_the_previous_u
     assert corrupted.is_set()
     (skipped,) = events(tmp_path, "checkpoint_skipped")
     assert skipped["step"] == 6 and "checksum mismatch" in skipped["error"] and skipped["source"] == "supervisor"
-    stages = read_stages(tmp_path)
-    assert [s.outcome for s in stages] == ["failed", "finished"] and stages[1].start_step == 4
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"] and segments[1].start_step == 4
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
@@ -408,7 +408,7 @@ def test_disk_full_while_checkpointing_is_a_clear_error_and_loses_nothing(tmp_pa
         assert "resume=auto" in message
         assert [r.step for r in ckpt.list_checkpoints(root)] == [2]
         ckpt.verify_checkpoint(root / ckpt.step_dir_name(2))  # untouched
-        assert len(read_stages(tmp_path)) == 1, "a full disk is not a device failure: no restart"
+        assert len(read_segments(tmp_path)) == 1, "a full disk is not a device failure: no restart"
         # Space is freed (the filesystem grows to two checkpoints and a bit): the run continues.
         subprocess.run(["mount", "-o", f"remount,size={int(2.3 * one)}", str(root)], check=True)
         run_overrides([*overrides, "resume=auto"])
@@ -471,9 +471,9 @@ def test_nan_loss_stops_the_run_naming_the_step_before_it_reaches_the_weights(tm
     assert "NonFiniteLossError: step 5: the loss is nan" in message and "trainer.nonfinite=skip" in message, message
     (report,) = events(tmp_path, "nonfinite_loss")
     assert (report["step"], report["loss"], report["action"]) == (5, "nan", "stopped")
-    (stage,) = read_stages(tmp_path)  # not a device failure: no restart, and the stage says how it ended
-    assert (stage.outcome, stage.end_step) == ("error", 4)
-    (ended,) = events(tmp_path, "stage_ended")
+    (segment,) = read_segments(tmp_path)  # not a device failure: no restart, and the segment says how it ended
+    assert (segment.outcome, segment.end_step) == ("error", 4)
+    (ended,) = events(tmp_path, "segment_ended")
     assert ended["outcome"] == "error" and "NonFiniteLossError" in ended["cause"]
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4]
     refs = ckpt.list_checkpoints(tmp_path / "checkpoints")
@@ -508,7 +508,7 @@ def test_a_late_loss_check_still_stops_before_any_checkpoint_holds_the_step(tmp_
 def test_a_late_loss_check_is_refused_with_skip(tmp_path, teacher_file):
     with pytest.raises(ConfigError, match="trainer.nonfinite_check: late cannot skip a step.*Fix: use "
                                           "trainer.nonfinite_check=auto"):
-        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite_check=late",
+        validate(compose_segment_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite_check=late",
                                                     "trainer.nonfinite=skip")))
 
 
@@ -532,7 +532,7 @@ def test_a_late_loss_check_stops_the_pipeline_before_any_checkpoint_holds_the_st
 def test_an_unknown_nonfinite_policy_is_refused_before_any_work(tmp_path, teacher_file):
     with pytest.raises(ConfigError, match=r"trainer.nonfinite: 'ignore' is not a valid choice. Fix: use one of "
                                           r"stop, skip"):
-        validate(compose_stage_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite=ignore")))
+        validate(compose_segment_config(overrides_for(tmp_path, teacher_file, "trainer.nonfinite=ignore")))
 
 
 @pytest.mark.timeout(240)
@@ -587,7 +587,7 @@ def test_a_picked_free_port_taken_before_use_is_picked_again(tmp_path, teacher_f
     lines: list[str] = []
     overrides = overrides_for(tmp_path, teacher_file, "trainer.max_steps=2", "failover.enabled=false", devices=2)
     with taken:
-        summary = run(compose_stage_config(overrides), log=lines.append, overrides=overrides)
+        summary = run(compose_segment_config(overrides), log=lines.append, overrides=overrides)
     assert summary["steps"] == 2
     assert any("was taken before the rendezvous could use it" in line for line in lines), lines
 
@@ -636,7 +636,7 @@ def test_a_rank_that_reported_its_error_is_not_blamed_for_dying_of_it(tmp_path):
     # exit, and the health monitor sees rank 0's pid gone before the agent ends the launch.
     cuda = getattr(torch, "AcceleratorError", RuntimeError)("CUDA error: an illegal memory access was encountered")
     lost = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242")
-    exc = launch_failure({2: raised(cuda, "[Stage 2] failed to run forward"), 0: raised(lost), 1: raised(lost)},
+    exc = launch_failure({2: raised(cuda, "[Segment 2] failed to run forward"), 0: raised(lost), 1: raised(lost)},
                          tmp_path)
     beats = {r: {"rank": r, "pid": 1000 + r, "time": 1.0} for r in range(3)}
     dead = [{"event": "rank_dead", "rank": 0, "pid": 1000, "step": 2, "hard": True}]

@@ -24,7 +24,7 @@ import pytest
 from synapse import checkpoint as ckpt
 from synapse.rundir import read_jsonl
 from synapse.failover import FailoverController
-from synapse.failover import compose_stage_config, read_stages
+from synapse.failover import compose_segment_config, read_segments
 from synapse.failover import FailoverError
 from synapse.app import run
 from synapse.health import read_heartbeats
@@ -142,9 +142,9 @@ def test_a_planted_heartbeat_pid_is_neither_killed_nor_blamed(tmp_path, teacher_
                                     "trainer.collective_timeout_s=900"))
         assert pid_alive(victim), "the supervisor killed a process it did not start"
     assert not [e for e in events(tmp_path, "rank_hung") if e["pid"] == victim], "a foreign pid was judged hung"
-    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    (ended,) = events(tmp_path, "segment_ended", segment=0)
     assert ended["cause"] == "rank_hung" and ended["rank"] == 1
-    assert [s.devices for s in read_stages(tmp_path)] == [[0, 1, 2], [0, 2]]
+    assert [s.devices for s in read_segments(tmp_path)] == [[0, 1, 2], [0, 2]]
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
@@ -175,8 +175,8 @@ def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teache
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
-    (interrupted,) = read_stages(run_dir)
-    assert interrupted.outcome is None  # the supervisor died before it could say how the stage ended
+    (interrupted,) = read_segments(run_dir)
+    assert interrupted.outcome is None  # the supervisor died before it could say how the segment ended
     second = train_py(run_dir, [*args, "resume=auto"])
     assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
     assert_restarted_supervisor_continued(run_dir, steps_when_killed)
@@ -209,7 +209,7 @@ def test_a_second_run_in_the_same_directory_is_refused_at_start(tmp_path, teache
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
-    assert [s.outcome for s in read_stages(run_dir)] == ["finished"]
+    assert [s.outcome for s in read_segments(run_dir)] == ["finished"]
     assert_identical_states(final_student_state(run_dir), reference)
 
 
@@ -242,7 +242,7 @@ def test_resume_is_refused_while_workers_of_an_earlier_run_hold_the_directory(tm
     assert not (tmp_path / "logs").exists(), "refused before anything started"
 
 
-# ---------------------------------------------------------------- the controller breaks mid-stage
+# ---------------------------------------------------------------- the controller breaks mid-segment
 @pytest.mark.timeout(240)
 def test_a_controller_error_stops_the_workers_at_once_with_a_checkpoint(tmp_path, teacher_file, reference,
                                                                           monkeypatch):
@@ -259,15 +259,15 @@ def test_a_controller_error_stops_the_workers_at_once_with_a_checkpoint(tmp_path
     lines: list[str] = []
     overrides = overrides_for(tmp_path, teacher_file, "policy=keep",
                               "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
-    with pytest.raises(FailoverError, match="controller failed during stage 0 at step 3: ZeroDivisionError"):
-        run(compose_stage_config(overrides), log=lines.append, overrides=overrides)
+    with pytest.raises(FailoverError, match="controller failed during segment 0 at step 3: ZeroDivisionError"):
+        run(compose_segment_config(overrides), log=lines.append, overrides=overrides)
     (failed,) = events(tmp_path, "controller_failed")
     assert failed["step"] == 3 and "injected controller bug" in failed["error"]
     assert any("the controller failed at step 3" in line for line in lines), lines
     trained = [r["step"] for r in read_jsonl(tmp_path / "performance.jsonl")]
     assert max(trained) < STEPS, f"the workers trained on unprotected to step {max(trained)}"
-    (stage,) = read_stages(tmp_path)
-    assert stage.outcome == "error" and stage.end_step == max(trained)
+    (segment,) = read_segments(tmp_path)
+    assert segment.outcome == "error" and segment.end_step == max(trained)
     stopped_at = [r.step for r in ckpt.list_checkpoints(tmp_path / "checkpoints")][-1]
     assert stopped_at == max(trained), "the stop wrote a checkpoint of the last step"
     monkeypatch.setattr(FailoverController, "observe", real_observe)
@@ -326,7 +326,7 @@ def test_disk_full_between_checkpoints_names_enospc_and_loses_nothing(tmp_path, 
 @pytest.mark.timeout(240)
 def test_a_corrupt_controller_state_is_named_with_its_path_and_fix(tmp_path, teacher_file, reference):
     overrides = overrides_for(tmp_path, teacher_file, "policy=keep")
-    run_overrides([*overrides, "trainer.stop_after=4"])  # a run interrupted at step 4, its stage history kept
+    run_overrides([*overrides, "trainer.stop_after=4"])  # a run interrupted at step 4, its segment history kept
     state = tmp_path / "failover" / "controller_state.json"
     assert state.is_file()
     state.write_text(state.read_text()[: len(state.read_text()) // 2])  # cut short (a crash mid-write, bit rot)
@@ -361,15 +361,15 @@ def test_an_interrupt_checkpoints_at_the_next_step_and_resumes(tmp_path, teacher
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
     log = (tmp_path / "run.train_py.log").read_text()
-    (stage,) = read_stages(run_dir)
-    assert stage.outcome == "interrupted" and stage.end_step is not None, (stage, log[-3000:])
-    assert 3 <= stage.end_step < STEPS
+    (segment,) = read_segments(run_dir)
+    assert segment.outcome == "interrupted" and segment.end_step is not None, (segment, log[-3000:])
+    assert 3 <= segment.end_step < STEPS
     saved = [r.step for r in ckpt.list_checkpoints(run_dir / "checkpoints")]
-    assert saved == [stage.end_step], "the interrupt wrote a checkpoint of the last finished step"
+    assert saved == [segment.end_step], "the interrupt wrote a checkpoint of the last finished step"
     assert f"interrupted by {signal.Signals(signum).name}" in log and "resume=auto" in log, log[-3000:]
     second = train_py(run_dir, [*args, "resume=auto"])
     assert second.wait(240) == 0, (tmp_path / "run.train_py.log").read_text()[-3000:]
-    assert read_stages(run_dir)[-1].start_step == stage.end_step
+    assert read_segments(run_dir)[-1].start_step == segment.end_step
     assert_identical_states(final_student_state(run_dir), reference)
 
 
@@ -402,16 +402,16 @@ def test_resume_by_path_into_a_new_directory_records_where_it_started(tmp_path, 
     run_overrides([*overrides_for(first, teacher_file, "policy=keep"), "trainer.stop_after=4"])
     step_4 = first / "checkpoints" / ckpt.step_dir_name(4)
     summary = run_overrides(overrides_for(second, teacher_file, "policy=keep", f"resume={step_4}"))
-    (stage,) = read_stages(second)
-    assert stage.start_step == 4 and stage.end_step == STEPS, stage
-    assert summary["experiment"]["stages"][0]["start_step"] == 4
+    (segment,) = read_segments(second)
+    assert segment.start_step == 4 and segment.end_step == STEPS, segment
+    assert summary["experiment"]["segments"][0]["start_step"] == 4
     assert_identical_states(final_student_state(second), reference)
 
 
 @pytest.mark.timeout(300)
 def test_a_resumed_supervisor_keeps_the_earlier_restarts_in_its_summary(tmp_path, teacher_file, reference):
     overrides = overrides_for(tmp_path, teacher_file, "injection.faults=[{kind:kill,rank:1,step:3,phase:forward}]")
-    # Each launch stops after 3 steps: stage 0 dies at step 3, stage 1 (from checkpoint 2) ends at step 5.
+    # Each launch stops after 3 steps: segment 0 dies at step 3, segment 1 (from checkpoint 2) ends at step 5.
     first = run_overrides([*overrides, "trainer.stop_after=3"])
     (restart,) = first["experiment"]["restarts"]
     assert restart["trigger"] == "failure"
@@ -434,8 +434,8 @@ def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_fil
                                 "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
                                 "trainer.collective_timeout_s=900"))
     assert [(e["rank"], e["phase"]) for e in events(tmp_path, "fault_injected")] == [(1, "repartition")]
-    (ended,) = events(tmp_path, "stage_ended", stage=0)
+    (ended,) = events(tmp_path, "segment_ended", segment=0)
     assert ended["cause"] == "rank_hung" and ended["rank"] == 1, ended
-    stages = read_stages(tmp_path)
-    assert stages[0].outcome == "failed" and stages[1].devices == [0, 2], [s.devices for s in stages]
+    segments = read_segments(tmp_path)
+    assert segments[0].outcome == "failed" and segments[1].devices == [0, 2], [s.devices for s in segments]
     assert_identical_states(final_student_state(tmp_path), reference)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from synapse.failover import read_stages
+from synapse.failover import read_segments
 from synapse.rundir import read_events
 from synapse.rundir import read_jsonl
 
@@ -49,11 +49,11 @@ def test_a_slow_link_is_blamed_on_its_rank_and_replan_moves_the_cut_exactly(tmp_
     assert ONSET <= first["detected_step"] <= ONSET + 10, first
     [decision] = [e for e in events if e["event"] == "decision" and e["action"] == "replan"][:1]
     assert decision["betas"]["1"] > 10.0, decision["betas"]  # the link's price entered the re-plan
-    stages = read_stages(faulty)
-    assert len(stages) >= 2 and stages[1].reason.startswith("replan")
-    moved = moved_blocks(stages[0], stages[1])
-    assert moved["teacher"] or moved["student"], f"the cut did not move: {stages[0]} -> {stages[1]}"
+    segments = read_segments(faulty)
+    assert len(segments) >= 2 and segments[1].reason.startswith("replan")
+    moved = moved_blocks(segments[0], segments[1])
+    assert moved["teacher"] or moved["student"], f"the cut did not move: {segments[0]} -> {segments[1]}"
     # Only rank 1's own send time carries the fault; the others merely waited for it.
     records = {r["step"]: r for r in read_jsonl(faulty / "performance.jsonl")}
-    slowed = [records[s]["send_s"] for s in range(ONSET, stages[1].start_step)]
+    slowed = [records[s]["send_s"] for s in range(ONSET, segments[1].start_step)]
     assert all(s[1] > 5 * max(s[0], s[2]) for s in slowed), slowed

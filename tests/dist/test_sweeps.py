@@ -3,7 +3,7 @@
 The two sweeps are real ``python train.py -m`` commands, each with two jobs of a tiny 3-rank
 CPU pipeline that differ in their schedule length and restart once (a drill). Each job must
 leave a run directory of its own under the sweep directory, with the configs of both its
-stages (pointing at that directory) and an experiment summary that reflects the swept value.
+segments (pointing at that directory) and an experiment summary that reflects the swept value.
 conf/hydra/launcher/local_sequential.yaml runs submitit's jobs strictly one after another:
 each job starts K workers, and two jobs at once would fight over the machine's cores or GPUs.
 """
@@ -28,7 +28,7 @@ from synapse.conf import CONF_DIR
 TINY = ("trainer=cpu", "trainer.devices=3", "trainer.threads=1", "partition=even", "teacher=resnet_micro",
         "student=resnet_micro", "teacher.auto_train_epochs=0", "trainer.progress=false", "data.batch_size=16",
         "report=false", "injection=none",
-        # a forced restart at step 3: stage 1's config is composed inside the sweep's job
+        # a forced restart at step 3: segment 1's config is composed inside the sweep's job
         "failover.drills=[{step:3,action:replan}]", "failover.replan_mode=restart")
 SWEPT_STEPS = (12, 16)  # trainer.max_steps of job 0 and job 1 (a drill at step 3 lands well before the end)
 
@@ -47,13 +47,13 @@ def check_jobs(sweep_dir: Path) -> list[tuple[float, float]]:
         job_dir = sweep_dir / str(job)
         summary = json.loads((job_dir / "experiment_summary.json").read_text())
         assert f"trainer.max_steps={steps}" in yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text())
-        stages = [yaml.safe_load((job_dir / "stages" / str(i) / "config.yaml").read_text()) for i in (0, 1)]
-        for index, stage in enumerate(stages):
-            assert stage["run_dir"] == str(job_dir), "run_dir must resolve to the job's own output dir"
-            assert stage["trainer"]["max_steps"] == steps, f"stage {index} lost the job's swept value"
-        assert stages[1]["resume"].startswith(str(job_dir / "stages" / "1")), stages[1]["resume"]
+        segments = [yaml.safe_load((job_dir / "segments" / str(i) / "config.yaml").read_text()) for i in (0, 1)]
+        for index, segment in enumerate(segments):
+            assert segment["run_dir"] == str(job_dir), "run_dir must resolve to the job's own output dir"
+            assert segment["trainer"]["max_steps"] == steps, f"segment {index} lost the job's swept value"
+        assert segments[1]["resume"].startswith(str(job_dir / "segments" / "1")), segments[1]["resume"]
         assert summary["steps"] == summary["total_steps"] == steps, "each job ran its own swept value"
-        assert [s["outcome"] for s in summary["stages"]] == ["stopped", "finished"]
+        assert [s["outcome"] for s in summary["segments"]] == ["stopped", "finished"]
         spans.append(((job_dir / ".hydra" / "config.yaml").stat().st_mtime,
                       (job_dir / "experiment_summary.json").stat().st_mtime))
     return spans

@@ -2,7 +2,7 @@
 
 The wheel must carry what a run needs at run time (the Hydra config groups, the restart-cost
 priors, the class list): a run launched from that environment, in a folder that is not the
-checkout, composes its stage configs from the installed package. The environment reuses this
+checkout, composes its segment configs from the installed package. The environment reuses this
 interpreter's site-packages for torch and the other dependencies (``--system-site-packages``),
 and the test checks that ``synapse`` itself is imported from the wheel, not from the checkout.
 """
@@ -53,7 +53,7 @@ def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed,
     assert {"restart_cost_cpu.json", "live_replan_cpu.json"} <= set(found["priors"])
 
 
-def test_the_installed_command_runs_a_failover_that_composes_a_stage_config(installed, tmp_path):
+def test_the_installed_command_runs_a_failover_that_composes_a_segment_config(installed, tmp_path):
     teacher = tmp_path / "teacher.pt"
     torch.manual_seed(1234)
     torch.save(build_model("resnet_micro", 10, 1, 32).state_dict(), teacher)
@@ -66,9 +66,9 @@ def test_the_installed_command_runs_a_failover_that_composes_a_stage_config(inst
                "failover.drills=[{step:3,action:degrade,device:1}]"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=420, env=CLEAN_ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    stage1 = run_dir / "stages" / "1"
-    composed = (stage1 / "config.yaml").read_text()
-    assert "devices:" in composed and json.loads((stage1 / "stage.json").read_text())["devices"] == [0]
+    segment1 = run_dir / "segments" / "1"
+    composed = (segment1 / "config.yaml").read_text()
+    assert "devices:" in composed and json.loads((segment1 / "segment.json").read_text())["devices"] == [0]
     summary = json.loads((run_dir / "experiment_summary.json").read_text())
     assert summary["steps"] == summary["total_steps"] == 20
-    assert [s["index"] for s in summary["stages"]] == [0, 1]
+    assert [s["index"] for s in summary["segments"]] == [0, 1]

@@ -1,7 +1,7 @@
 """synapse.analysis on hand-written run and sweep directories: loaders, markers, counterfactuals, tables.
 
 The records follow what the failover system writes (metrics.jsonl, performance.jsonl,
-failover_events.jsonl, experiment_summary.json, stages/<n>/stage.json, .hydra/overrides.yaml);
+failover_events.jsonl, experiment_summary.json, segments/<n>/segment.json, .hydra/overrides.yaml);
 tests/dist/test_analysis.py checks the same code on real runs.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from synapse.analysis import (
     DECISION_COLUMNS,
     RANK_TIMING_COLUMNS,
     RESTART_COLUMNS,
-    STAGE_COLUMNS,
+    SEGMENT_COLUMNS,
     NoDataError,
     RecordFileError,
     RunDirError,
@@ -54,9 +54,9 @@ def write_jsonl(path: Path, records: list[dict], torn_tail: str = "") -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + torn_tail)
 
 
-def perf(step: int, stage: int = 0, devices=(0, 1, 2), seconds: float = 0.1, time: float | None = None) -> dict:
+def perf(step: int, segment: int = 0, devices=(0, 1, 2), seconds: float = 0.1, time: float | None = None) -> dict:
     k = len(devices)
-    return {"step": step, "stage": stage, "devices": list(devices), "total_steps": 10, "step_seconds": seconds,
+    return {"step": step, "segment": segment, "devices": list(devices), "total_steps": 10, "step_seconds": seconds,
             "compute_s": [0.04 + 0.001 * r for r in range(k)], "comm_s": [0.02] * k,
             "ranks": [dict(PARTS) for _ in range(k)], "images_per_s": 16 / seconds,
             "time": T0 + step if time is None else time}
@@ -80,8 +80,8 @@ def decision(step: int, action: str, time: float, etas=(("keep", 9.0), ("replan"
             "options": options, "baseline_step_s": 0.1, "measured_step_s": 0.3}
 
 
-def summary(decisions=(), restarts=(), stages=None) -> dict:
-    stages = stages if stages is not None else [
+def summary(decisions=(), restarts=(), segments=None) -> dict:
+    segments = segments if segments is not None else [
         {"index": 0, "devices": [0, 1, 2], "teacher_counts": [1, 1, 1], "student_counts": [1, 1, 1], "reason": "start",
          "resume": None, "start_step": 0, "started_at": T0 - 1, "ended_at": T0 + 5.5, "end_step": 5,
          "outcome": "stopped", "wall_s": 6.5},
@@ -89,12 +89,12 @@ def summary(decisions=(), restarts=(), stages=None) -> dict:
          "resume": "r", "start_step": 5, "started_at": T0 + 6, "ended_at": T0 + 11, "end_step": 10,
          "outcome": "finished", "wall_s": 5.0}]
     return {"policy": "eta", "injection": "demo", "wall_time_s": 12.0, "steps": 10, "total_steps": 10,
-            "stages": stages, "decisions": list(decisions), "restarts": list(restarts),
+            "segments": segments, "decisions": list(decisions), "restarts": list(restarts),
             "time_lost_s": {"slow_steps_s": 0.5, "restart_downtime_s": 2.0, "total_s": 2.5},
             "final_eval": {"student_top1": 42.0}}
 
 
-RESTART = {"stage": 1, "action": "degrade", "trigger_time": T0 + 4.2, "trigger_step": 5, "resume_step": 3,
+RESTART = {"segment": 1, "action": "degrade", "trigger_time": T0 + 4.2, "trigger_step": 5, "resume_step": 3,
            "relaunch_time": T0 + 5.8, "components": {"checkpoint_save_s": 0.1, "launch_s": 1.5}, "recovery_s": 2.0,
            "first_step": 4, "cause": "degrade because", "trigger": "decision", "mode": "restart", "downtime_s": 1.9}
 
@@ -105,14 +105,14 @@ def failover_run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     first = [perf(s, time=T0 + s) for s in range(1, 6)]
-    redone = [perf(s, stage=1, devices=(0, 1), seconds=0.2, time=T0 + 6 + s) for s in range(4, 11)]
+    redone = [perf(s, segment=1, devices=(0, 1), seconds=0.2, time=T0 + 6 + s) for s in range(4, 11)]
     write_jsonl(run / "performance.jsonl", first + redone)
     metrics = [train(s, 1.0, T0 + s) for s in range(1, 6)] + [train(s, 0.5, T0 + 6 + s) for s in range(4, 11)]
     metrics += [{"kind": "eval", "step": 5, "student_top1": 10.0, "time": T0 + 5.1},
                 {"kind": "eval", "step": 10, "student_top1": 30.0, "time": T0 + 16.5}]
     write_jsonl(run / "metrics.jsonl", metrics, torn_tail='{"kind": "train", "st')
     events = [
-        {"time": T0 + 0.5, "source": "worker", "event": "stage_ready", "stage": 0, "step": 0},
+        {"time": T0 + 0.5, "source": "worker", "event": "launch_ready", "segment": 0, "step": 0},
         {"time": T0 + 2.0, "source": "injector", "event": "fault_injected", "kind": "slow_compute", "rank": 2,
          "step": 2, "factor": 4.0},
         {"time": T0 + 3.05, "source": "worker", "event": "checkpoint_saved", "step": 3, "for_stop": False},
@@ -136,7 +136,7 @@ def test_a_redone_step_keeps_its_later_record(failover_run):
     run = load_run(failover_run)
     steps = run.steps.set_index("step")
     assert list(steps.index) == list(range(1, 11))
-    assert steps.loc[3, "stage"] == 0 and steps.loc[4, "stage"] == 1 and steps.loc[5, "stage"] == 1
+    assert steps.loc[3, "segment"] == 0 and steps.loc[4, "segment"] == 1 and steps.loc[5, "segment"] == 1
     assert steps.loc[4, "loss"] == 0.5 and steps.loc[4, "step_s"] == 0.2 and steps.loc[4, "time"] == T0 + 10
     assert steps.loc[3, "loss"] == 1.0 and steps.loc[3, "num_devices"] == 3 and steps.loc[4, "num_devices"] == 2
     assert steps.loc[4, "devices"] == (0, 1)
@@ -149,7 +149,7 @@ def test_rank_timings_are_long_with_every_part_and_the_device_of_each_rank(failo
     assert len(timings) == (3 * 3 + 7 * 2) * len(PARTS)  # steps 1-3 on 3 ranks, 4-10 on 2
     compute = timings[(timings["part"] == "compute") & (timings["step"] == 2)]
     assert list(compute["rank"]) == [0, 1, 2] and list(compute["device"]) == [0, 1, 2]
-    assert set(timings[timings["step"] == 4]["stage"]) == {1}
+    assert set(timings[timings["step"] == 4]["segment"]) == {1}
 
 
 def test_decisions_are_one_row_per_decision_and_option_with_the_chosen_one_marked(failover_run):
@@ -163,7 +163,7 @@ def test_decisions_are_one_row_per_decision_and_option_with_the_chosen_one_marke
 
 def test_stages_restarts_evals_and_summary(failover_run):
     run = load_run(failover_run)
-    assert list(run.stages["stage"]) == [0, 1] and run.stages["devices"].iloc[1] == (0, 1)
+    assert list(run.segments["segment"]) == [0, 1] and run.segments["devices"].iloc[1] == (0, 1)
     r = run.restarts.iloc[0]
     assert (r["recovery_s"], r["redo_steps"], r["checkpoint_save_s"], r["mode"]) == (2.0, 2, 0.1, "restart")
     assert math.isnan(r["teardown_s"])  # a part the record lacks
@@ -190,9 +190,9 @@ def test_a_single_device_run_has_empty_failover_frames_with_their_columns(tmp_pa
     write_jsonl(tmp_path / "metrics.jsonl", [train(1, 1.0), train(2, 0.9), {"kind": "eval", "step": 2,
                                                                              "student_top1": 5.0}])
     run = load_run(tmp_path)
-    assert list(run.steps["step"]) == [1, 2] and set(run.steps["stage"]) == {0}
+    assert list(run.steps["step"]) == [1, 2] and set(run.steps["segment"]) == {0}
     assert run.steps["step_s"].tolist() == [0.1, 0.1]
-    for df, columns in ((run.decisions, DECISION_COLUMNS), (run.stages, STAGE_COLUMNS),
+    for df, columns in ((run.decisions, DECISION_COLUMNS), (run.segments, SEGMENT_COLUMNS),
                         (run.restarts, RESTART_COLUMNS), (run.rank_timings, RANK_TIMING_COLUMNS)):
         assert df.empty and set(columns) <= set(df.columns)
     assert run.events.empty and run.plan.empty and run.summary == {} and not run.has_failover
@@ -202,17 +202,17 @@ def test_a_single_device_run_has_empty_failover_frames_with_their_columns(tmp_pa
 def test_without_an_experiment_summary_stages_and_restarts_come_from_their_own_records(failover_run):
     (failover_run / "experiment_summary.json").unlink()
     for index, reason, start in ((0, "start", 0), (1, "degrade", 5)):
-        folder = failover_run / "stages" / str(index)
+        folder = failover_run / "segments" / str(index)
         folder.mkdir(parents=True)
-        (folder / "stage.json").write_text(json.dumps({"index": index, "devices": [0, 1], "reason": reason,
+        (folder / "segment.json").write_text(json.dumps({"index": index, "devices": [0, 1], "reason": reason,
                                                        "start_step": start, "started_at": T0 + start}))
     with (failover_run / "failover_events.jsonl").open("a") as f:
-        f.write(json.dumps({"time": T0 + 12, "event": "first_step_after_restart", "stage": 1, "step": 4,
+        f.write(json.dumps({"time": T0 + 12, "event": "first_step_after_restart", "segment": 1, "step": 4,
                             "action": "degrade", "recovery_s": 2.5, "components": {"launch_s": 1.0},
                             "redo_steps": 2}) + "\n")
     run = load_run(failover_run)
-    assert list(run.stages["reason"]) == ["start", "degrade"] and math.isnan(run.stages["wall_s"].iloc[0])
-    assert run.restarts[["stage", "first_step", "recovery_s", "launch_s", "redo_steps"]].iloc[0].tolist() == [
+    assert list(run.segments["reason"]) == ["start", "degrade"] and math.isnan(run.segments["wall_s"].iloc[0])
+    assert run.restarts[["segment", "first_step", "recovery_s", "launch_s", "redo_steps"]].iloc[0].tolist() == [
         1, 4, 2.5, 1.0, 2]
     assert run.wall_time_s == run.end_time - run.start_time
 
@@ -227,8 +227,8 @@ def test_decisions_fall_back_to_the_summary_when_the_event_log_is_missing(failov
 def test_steps_of_records_without_a_stage_take_it_from_the_stage_ranges(tmp_path):
     write_jsonl(tmp_path / "metrics.jsonl", [train(s, 1.0) for s in range(1, 11)])
     (tmp_path / "experiment_summary.json").write_text(json.dumps(summary()))
-    stages = load_run(tmp_path).steps.set_index("step")["stage"]
-    assert stages[5] == 0 and stages[6] == 1 and stages[10] == 1
+    segments = load_run(tmp_path).steps.set_index("step")["segment"]
+    assert segments[5] == 0 and segments[6] == 1 and segments[10] == 1
 
 
 @pytest.mark.parametrize("make, message", [
@@ -432,7 +432,7 @@ def test_the_report_shows_the_stages_measured_for_block_calibration(failover_run
     assert _calibration_markdown(load_run(failover_run)).startswith("_No stage was measured")
     measured = {"time": T0 + 2.5, "source": "controller", "event": "block_calibration", "step": 2,
                 "stages": [{"rank": 1, "device": 1, "profile_s": 0.02, "measured_s": 0.04, "slowdown": 1.0,
-                            "ratio": 2.0}], "factors": {"teacher": [2.0], "student": [2.0], "neutral": 2.0}}
+                          "ratio": 2.0}], "factors": {"teacher": [2.0], "student": [2.0], "neutral": 2.0}}
     events = failover_run / "failover_events.jsonl"
     events.write_text(events.read_text() + json.dumps(measured) + "\n")
     table = _calibration_markdown(load_run(failover_run)).splitlines()[-1]

@@ -28,9 +28,9 @@ def test_default_run_trains_a_teacher_then_distils_a_student_above_90_percent(tr
     student_top1, teacher_top1 = map(float, match.groups())
     assert student_top1 >= 90.0 and teacher_top1 >= 90.0
     assert (run_dir / "summary.json").is_file() and (run_dir / "metrics.jsonl").is_file()
-    # The demo's story: a slowdown detected, an ETA decision that acted, a second stage, a report.
+    # The demo's story: a slowdown detected, an ETA decision that acted, a second segment, a report.
     experiment = json.loads((run_dir / "experiment_summary.json").read_text())
-    assert experiment["policy"] == "eta" and len(experiment["stages"]) >= 2
+    assert experiment["policy"] == "eta" and len(experiment["segments"]) >= 2
     acted = [d for d in experiment["decisions"] if d["action"] != "keep"]
     assert acted and all(set(d["eta_s"]) >= {"keep", "replan", "degrade"} for d in acted)
     assert "slowdown_detected" in (run_dir / "failover_events.jsonl").read_text()

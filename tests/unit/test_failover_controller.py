@@ -37,9 +37,9 @@ def make_controller(planner, policy="eta", events=None, decide_every=1, detector
 
 def start(controller: FailoverController, devices=(0, 1, 2)) -> Placement:
     teacher, student, _ = controller.planner.plan(devices, [1.0] * len(devices))
-    stage = Placement(tuple(devices), tuple(teacher), tuple(student))
-    controller.begin_stage(stage)
-    return stage
+    placement = Placement(tuple(devices), tuple(teacher), tuple(student))
+    controller.begin_segment(placement)
+    return placement
 
 
 class Timings:
@@ -48,8 +48,8 @@ class Timings:
     def __init__(self, planner: StagePlanner, seed: int = 0):
         self.planner, self.rng, self.step, self.clock = planner, random.Random(seed), 0, 1000.0
 
-    def record(self, stage: Placement, alphas: dict[int, float]) -> dict:
-        cost = self.planner.predict(stage.devices, stage.teacher_counts, stage.student_counts, alphas)
+    def record(self, placement: Placement, alphas: dict[int, float]) -> dict:
+        cost = self.planner.predict(placement.devices, placement.teacher_counts, placement.student_counts, alphas)
         noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)  # noqa: E731
         m = self.planner.step.microbatches
         step_s = cost.step_time_s * noise()
@@ -57,12 +57,12 @@ class Timings:
         self.clock += step_s
         return {"step": self.step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,
                 "compute_s": [m * c * noise() for c in cost.stage_compute_s],
-                "comm_s": [0.001 * noise() for _ in stage.devices]}
+                "comm_s": [0.001 * noise() for _ in placement.devices]}
 
-    def feed(self, controller, stage, alphas, steps):
+    def feed(self, controller, placement, alphas, steps):
         """Feed up to ``steps`` records; stop at the first decision (the workers would stop there)."""
         for _ in range(steps):
-            decision = controller.observe(self.record(stage, alphas))
+            decision = controller.observe(self.record(placement, alphas))
             if decision is not None:
                 return [decision]
         return []
@@ -73,20 +73,20 @@ def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(pla
     partition never contains the failed device."""
     events = []
     controller = make_controller(planner, events=events)
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner)
-    assert timings.feed(controller, stage, {}, 100) == []  # healthy
-    assert timings.feed(controller, stage, {2: 1.1}, 100) == []  # mild: below the detector's threshold
-    acted = timings.feed(controller, stage, {2: 2.0}, 60)
+    assert timings.feed(controller, placement, {}, 100) == []  # healthy
+    assert timings.feed(controller, placement, {2: 1.1}, 100) == []  # mild: below the detector's threshold
+    acted = timings.feed(controller, placement, {2: 2.0}, 60)
     assert [d.action for d in acted] == [REPLAN], "a sustained 2x slowdown with 19,000 steps left must re-plan"
     replanned = acted[0].chosen
     work = lambda t, s: planner.per_step_compute_s((0, 1, 2), t, s)[2]  # noqa: E731  (nominal seconds)
-    assert work(replanned.teacher_counts, replanned.student_counts) < 0.8 * work(stage.teacher_counts,
-                                                                                 stage.student_counts)
+    assert work(replanned.teacher_counts, replanned.student_counts) < 0.8 * work(placement.teacher_counts,
+                                                                                 placement.student_counts)
     assert controller.alphas()[2] == pytest.approx(2.0, rel=0.2)
-    stage = Placement(replanned.devices, replanned.teacher_counts, replanned.student_counts)
-    controller.begin_stage(stage)
-    after = timings.feed(controller, stage, {2: 2.0}, 80)
+    placement = Placement(replanned.devices, replanned.teacher_counts, replanned.student_counts)
+    controller.begin_segment(placement)
+    after = timings.feed(controller, placement, {2: 2.0}, 80)
     assert all(d.action is not REPLAN for d in after), "re-planning the same devices again gains nothing"
     failed = controller.on_hard_failure(2, timings.step, TOTAL, "killed by SIGKILL")
     assert failed.action is DEGRADE and 2 not in failed.chosen.devices and failed.chosen.devices == (0, 1)
@@ -98,12 +98,12 @@ def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(pla
 
 def test_mild_slowdown_with_little_work_left_is_kept(planner):
     controller = make_controller(planner)
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=1)
-    timings.feed(controller, stage, {}, 100)
+    timings.feed(controller, placement, {}, 100)
     # 1.5x with the run nearly over: detected, but no restart pays for itself.
     for _ in range(60):
-        record = timings.record(stage, {1: 1.5})
+        record = timings.record(placement, {1: 1.5})
         record["total_steps"] = record["step"] + 30
         assert controller.observe(record) is None
     assert controller.detector.active and controller.episode.consecutive_detections > 3
@@ -112,20 +112,20 @@ def test_mild_slowdown_with_little_work_left_is_kept(planner):
 @pytest.mark.parametrize("policy, expected", [("keep", []), ("replan", [REPLAN]), ("degrade", [DEGRADE])])
 def test_baseline_policies_act_as_named(planner, policy, expected):
     controller = make_controller(planner, policy, decide_every=5)
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=2)
-    timings.feed(controller, stage, {}, 100)
-    assert [d.action for d in timings.feed(controller, stage, {0: 2.5}, 60)] == expected
+    timings.feed(controller, placement, {}, 100)
+    assert [d.action for d in timings.feed(controller, placement, {0: 2.5}, 60)] == expected
 
 
 def test_degrade_drops_the_slow_device_and_the_detector_forgets_it(planner):
     controller = make_controller(planner, "degrade")
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=3)
-    timings.feed(controller, stage, {}, 100)
-    [decision] = timings.feed(controller, stage, {1: 4.0}, 60)
+    timings.feed(controller, placement, {}, 100)
+    [decision] = timings.feed(controller, placement, {1: 4.0}, 60)
     assert decision.chosen.devices == (0, 2)
-    controller.begin_stage(Placement(decision.chosen.devices, decision.chosen.teacher_counts,
+    controller.begin_segment(Placement(decision.chosen.devices, decision.chosen.teacher_counts,
                                         decision.chosen.student_counts))
     assert not controller.detector.active and controller.episode.actions == 0
 
@@ -138,34 +138,34 @@ def test_a_lone_device_slow_from_the_start_is_replaced_by_the_spare_which_learns
     controller = make_controller(planner, events=events,
                                  detector=SlowdownDetector(DetectorConfig(alone_threshold=1.5)))
     controller.spare_devices = (1,)
-    stage = start(controller, devices=(0,))
-    [decision] = Timings(planner, seed=5).feed(controller, stage, {0: 3.0}, 60)
+    placement = start(controller, devices=(0,))
+    [decision] = Timings(planner, seed=5).feed(controller, placement, {0: 3.0}, 60)
     assert decision.action is OptionKind.REPLACE and decision.chosen.devices == (1,)
     assert decision.step <= 35, decision.step  # warm-up 10 + baseline 15 + sustain, then the first decision
     assert controller.alphas()[0] == pytest.approx(3.0, rel=0.15)
     assert [e["reference"] for e in events if e["event"] == "estimator_reference"] == [pytest.approx(1.0)]
-    healthy = planner.predict(stage.devices, stage.teacher_counts, stage.student_counts).step_time_s
+    healthy = planner.predict(placement.devices, placement.teacher_counts, placement.student_counts).step_time_s
     assert controller.baseline_step_s == pytest.approx(healthy, rel=0.15)  # not the slow steps seen so far
-    controller.begin_stage(Placement((1,), decision.chosen.teacher_counts, decision.chosen.student_counts))
+    controller.begin_segment(Placement((1,), decision.chosen.teacher_counts, decision.chosen.student_counts))
     assert not controller.detector.active
     assert [e["device"] for e in events if e["event"] == "slowdown_dropped"] == [0]
-    assert not Timings(planner, seed=6).feed(controller, controller.stage, {}, 80)  # the spare is healthy
+    assert not Timings(planner, seed=6).feed(controller, controller.placement, {}, 80)  # the spare is healthy
     assert not controller.detector.active
 
 
 def test_without_the_plan_check_a_lone_device_slow_from_the_start_is_its_own_normal(planner):
     controller = make_controller(planner, detector=SlowdownDetector(DetectorConfig(alone_threshold=None)))
     controller.spare_devices = (1,)
-    stage = start(controller, devices=(0,))
-    assert not Timings(planner, seed=5).feed(controller, stage, {0: 3.0}, 80)
+    placement = start(controller, devices=(0,))
+    assert not Timings(planner, seed=5).feed(controller, placement, {0: 3.0}, 80)
     assert not controller.detector.active and controller.alphas()[0] == pytest.approx(1.0, abs=0.1)
 
 
 def test_drill_forces_the_named_action_once(planner):
     controller = make_controller(planner)
     controller.drills = [{"step": 20, "action": "degrade", "device": 1}]
-    stage = start(controller)
-    decisions = Timings(planner, seed=4).feed(controller, stage, {}, 40)
+    placement = start(controller)
+    decisions = Timings(planner, seed=4).feed(controller, placement, {}, 40)
     assert [(d.action, d.step, d.chosen.devices) for d in decisions] == [(DEGRADE, 20, (0, 2))]
 
 
@@ -178,15 +178,15 @@ def test_hard_failure_with_one_device_left_is_a_clear_error(planner):
 
 def test_state_survives_a_json_round_trip(planner):
     controller = make_controller(planner)
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=5)
-    timings.feed(controller, stage, {}, 100)
-    timings.feed(controller, stage, {2: 3.0}, 20)
+    timings.feed(controller, placement, {}, 100)
+    timings.feed(controller, placement, {2: 3.0}, 20)
     state = json.loads(json.dumps(controller.state_dict(), default=float))
     restored = make_controller(planner)
     restored.load_state_dict(state)
     assert restored.detector.baseline("compute") == controller.detector.baseline("compute")
-    assert restored.stage == controller.stage and restored.episode == controller.episode
+    assert restored.placement == controller.placement and restored.episode == controller.episode
     assert restored.estimator.alphas() == pytest.approx(controller.estimator.alphas())
 
 
@@ -199,11 +199,11 @@ def test_a_cheap_live_replan_is_taken_for_a_slowdown_a_restart_would_not_pay_for
         controller = FailoverController(policy=make_policy("eta", min_saving_s=5.0), planner=planner,
                                         restart_costs=costs,
                                         detector=SlowdownDetector(DetectorConfig(baseline_window=30)))
-        stage = start(controller)
+        placement = start(controller)
         timings = Timings(planner, seed=6)
-        timings.feed(controller, stage, {}, 100)
+        timings.feed(controller, placement, {}, 100)
         for _ in range(60):
-            record = timings.record(stage, {1: 1.6})
+            record = timings.record(placement, {1: 1.6})
             record["total_steps"] = 560
             decision = controller.observe(record)
             if decision is not None:
@@ -222,16 +222,16 @@ def test_a_resume_before_the_last_action_rewinds_it_and_the_slowdown_is_still_de
     point, never negative (before: PolicyError "steps_since_last_action ... got -7")."""
     events = []
     controller = make_controller(planner, policy, events=events)
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=7)
-    timings.feed(controller, stage, {}, 100)
+    timings.feed(controller, placement, {}, 100)
     for _ in range(40):  # device 0 slow; the workers would stop at a decision, these records just go on
-        controller.observe(timings.record(stage, {0: 2.5}))
+        controller.observe(timings.record(placement, {0: 2.5}))
     assert controller.detector.active, "the slowdown must be detected before the failure"
     failed = controller.on_hard_failure(1, timings.step, TOTAL, "killed by SIGKILL")
     assert failed.action is DEGRADE and controller.last_action_step == 140
     degraded = Placement(failed.chosen.devices, failed.chosen.teacher_counts, failed.chosen.student_counts)
-    controller.begin_stage(degraded, start_step=132)
+    controller.begin_segment(degraded, start_step=132)
     assert controller.last_action_step == 132
     timings.step = 132
     for _ in range(30):
@@ -262,10 +262,10 @@ def test_a_failing_policy_is_logged_and_read_as_keep_and_a_hard_failure_still_de
     events = []
     controller = make_controller(planner, events=events)
     controller.policy = _BrokenPolicy()
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=8)
-    timings.feed(controller, stage, {}, 100)
-    assert timings.feed(controller, stage, {2: 3.0}, 60) == [], "a failing policy means KEEP"
+    timings.feed(controller, placement, {}, 100)
+    assert timings.feed(controller, placement, {2: 3.0}, 60) == [], "a failing policy means KEEP"
     errors = [e for e in events if e["event"] == "controller_error"]
     assert errors and "ZeroDivisionError: a bug in a policy" in errors[0]["error"] and errors[0]["where"] == "observe"
     assert controller.errors > len(errors) - 1
@@ -276,11 +276,11 @@ def test_a_failing_policy_is_logged_and_read_as_keep_and_a_hard_failure_still_de
 
 def test_the_policy_is_told_the_estimators_factor_of_the_blamed_device(planner):
     controller = make_controller(planner, "keep")
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=9)
-    timings.feed(controller, stage, {}, 100)
+    timings.feed(controller, placement, {}, 100)
     for _ in range(30):
-        controller.observe(timings.record(stage, {2: 2.0}))
+        controller.observe(timings.record(placement, {2: 2.0}))
     assert [d.rank for d in controller.detector.active] == [2]
     decision = controller.decide(timings.step, TOTAL)
     assert decision.inputs["estimated_factor"] == pytest.approx(2.0, rel=0.2)
@@ -302,16 +302,16 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
     # The default detector (baseline window 15): it blames the link at step ~36, before the estimator's
     # compute reference exists (step 40); the link's beta must already be priced then.
     controller.detector = SlowdownDetector()
-    stage = start(controller)
+    placement = start(controller)
     timings, slow_bytes_per_s, kb = Timings(planner, seed=3), 20e6, 1024.0
 
     def sends(step: int) -> list[dict]:
         slow = step >= 30
         parts = []
         for r in range(3):
-            fwd = (_boundary_kb(planner.teacher, stage.teacher_counts, r)
-                   + _boundary_kb(planner.student, stage.student_counts, r)) * kb if r < 2 else 0.0
-            bwd = _boundary_kb(planner.student, stage.student_counts, r - 1) * kb if r > 0 else 0.0
+            fwd = (_boundary_kb(planner.teacher, placement.teacher_counts, r)
+                   + _boundary_kb(planner.student, placement.student_counts, r)) * kb if r < 2 else 0.0
+            bwd = _boundary_kb(planner.student, placement.student_counts, r - 1) * kb if r > 0 else 0.0
             extra = (4 * (fwd + bwd) / slow_bytes_per_s) if slow and r == 1 else 0.0
             parts.append({"send_fwd": 3e-4 * timings.rng.uniform(0.8, 1.2) + extra * fwd / max(fwd + bwd, 1.0),
                           "send_bwd": 3e-4 * timings.rng.uniform(0.8, 1.2) + extra * bwd / max(fwd + bwd, 1.0)})
@@ -319,7 +319,7 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
 
     decision = None
     for _ in range(80):
-        record = timings.record(stage, {})
+        record = timings.record(placement, {})
         ranks = sends(record["step"])
         send = [p["send_fwd"] + p["send_bwd"] for p in ranks]
         record.update(ranks=ranks, send_s=send, step_seconds=record["step_seconds"] + send[1],
@@ -336,8 +336,8 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
     def link1_kb(teacher, student):
         return _boundary_kb(planner.teacher, teacher, 1) + 2 * _boundary_kb(planner.student, student, 1)
 
-    assert (new.teacher_counts, new.student_counts) != (stage.teacher_counts, stage.student_counts)
-    assert link1_kb(new.teacher_counts, new.student_counts) < link1_kb(stage.teacher_counts, stage.student_counts)
+    assert (new.teacher_counts, new.student_counts) != (placement.teacher_counts, placement.student_counts)
+    assert link1_kb(new.teacher_counts, new.student_counts) < link1_kb(placement.teacher_counts, placement.student_counts)
 
 
 def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_priced_with_it(planner):
@@ -346,32 +346,32 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     stays the device's, and the decision's options are cut and priced by the calibrated planner."""
     events = []
     controller = make_controller(planner, events=events)
-    stage = start(controller)
-    profile_s = planner.per_step_compute_s(*controller._partition_of(stage))
+    placement = start(controller)
+    profile_s = planner.per_step_compute_s(*controller._partition_of(placement))
     truth = BlockCalibration.neutral(planner.teacher, planner.student).observe(
-        measurements(stage, profile_s, [profile_s[0], 2 * profile_s[1], profile_s[2]])).calibrated(planner)
+        measurements(placement, profile_s, [profile_s[0], 2 * profile_s[1], profile_s[2]])).calibrated(planner)
     timings = Timings(truth, seed=11)
     while not any(e["event"] == "block_calibration" for e in events):
-        assert timings.feed(controller, stage, {}, 1) == [] and timings.step < 60
+        assert timings.feed(controller, placement, {}, 1) == [] and timings.step < 60
     calibrated = [e for e in events if e["event"] == "block_calibration"]
     assert len(calibrated) == 1 and [s["rank"] for s in calibrated[0]["stages"]] == [0, 1, 2]
     assert [s["ratio"] for s in calibrated[0]["stages"]] == pytest.approx([1.0, 2.0, 1.0], rel=0.05)
     # The estimator measured device 1 at 2x before (its reference came first); from now on it does not.
     assert controller.alphas()[1] == pytest.approx(1.0, abs=0.1), "a profile error is not a slow device"
-    assert timings.feed(controller, stage, {}, 30) == []
+    assert timings.feed(controller, placement, {}, 30) == []
     # What is left for eta's scalar is the residual (here noise), not the block factors counted again.
     replan = next(o for o in controller._options(None, controller.measured_step_s) if o.kind is REPLAN)
     assert replan.inputs["calibration"] == pytest.approx(1.0, abs=0.1)
-    uncalibrated = planner.predict(*controller._partition_of(stage)).step_time_s
+    uncalibrated = planner.predict(*controller._partition_of(placement)).step_time_s
     assert controller.measured_step_s / uncalibrated > 1.3
 
     # 2x: a clear REPLAN (at 3x, dropping the device ties with it, and the ETA picks either)
-    acted = timings.feed(controller, stage, {0: 2.0}, 80)
+    acted = timings.feed(controller, placement, {0: 2.0}, 80)
     assert [d.action for d in acted] == [REPLAN]
     assert controller.alphas()[0] == pytest.approx(2.0, rel=0.2)
     record = controller.decisions[-1]
     assert record["block_calibration"] == controller.calibration.factors.to_dict()
-    assert record["block_calibration"]["student"][stage.student_range(1).start] == pytest.approx(2.0, rel=0.05)
+    assert record["block_calibration"]["student"][placement.student_range(1).start] == pytest.approx(2.0, rel=0.05)
     alphas, betas = controller.alphas(), controller.betas()
     for option in record["options"][1:]:
         devices = tuple(option["devices"])
@@ -383,7 +383,7 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     # The re-planned placement, device 0 still 2x slow: the healthy ranks' new block ranges are measured
     # (what the first placement taught, re-grouped), device 0's are not (its 2x is not yet known well).
     replanned = acted[0].chosen.placement
-    controller.begin_stage(replanned)
+    controller.begin_segment(replanned)
     timings.feed(controller, replanned, {0: 2.0}, 60)
     second = [e for e in events if e["event"] == "block_calibration"][1:]
     truth_ratio = [t / p for t, p in zip(truth.per_step_compute_s(*controller._partition_of(replanned)),
@@ -409,13 +409,13 @@ def test_a_device_the_first_plan_was_made_slow_for_stays_slow_and_its_blocks_sta
     if planned_for:
         controller.prior_alphas = {2: 3.0}
     teacher, student, _ = planner.plan((0, 1, 2), [1.0, 1.0, 3.0])
-    stage = Placement((0, 1, 2), teacher, student)
-    controller.begin_stage(stage)
+    placement = Placement((0, 1, 2), teacher, student)
+    controller.begin_segment(placement)
     timings = Timings(planner, seed=12)
-    assert timings.feed(controller, stage, {2: 3.0}, 70) == []
+    assert timings.feed(controller, placement, {2: 3.0}, 70) == []
     ratios = {s["rank"]: s["ratio"] for e in events if e["event"] == "block_calibration" for s in e["stages"]}
     assert sorted(ratios) == [0, 1, 2]
-    blocks_of_2 = stage.student_range(2).start
+    blocks_of_2 = placement.student_range(2).start
     if planned_for:
         assert ratios[2] == pytest.approx(1.0, rel=0.1) and controller.alphas()[2] == pytest.approx(3.0, rel=0.15)
         assert controller.calibration.factors.student_factors[blocks_of_2] == pytest.approx(1.0, rel=0.1)
@@ -436,9 +436,9 @@ def test_the_first_replan_is_priced_on_the_detected_level_not_a_lagging_average(
     the level from the detector's onset on, so the first re-plan is made for a 3x device (it
     was made for ~1.6x, under-corrected, and a second re-plan followed)."""
     controller = make_controller(planner, "replan")
-    stage = start(controller)
+    placement = start(controller)
     timings = Timings(planner, seed=4)
-    assert timings.feed(controller, stage, {}, 29) == []
-    acted = timings.feed(controller, stage, {2: 3.0}, 40)
+    assert timings.feed(controller, placement, {}, 29) == []
+    acted = timings.feed(controller, placement, {2: 3.0}, 40)
     assert [d.action for d in acted] == [REPLAN]
     assert controller.alphas()[2] == pytest.approx(3.0, rel=0.15)

@@ -68,27 +68,27 @@ class Simulation:
             policy=make_policy(policy), planner=PLANNER, restart_costs=restart, detector=SlowdownDetector(),
             log_event=lambda event, **fields: self.events.append({"event": event, **fields}))
         teacher, student, _ = PLANNER.plan(DEVICES, [1.0] * 3)
-        self.stage = Placement(DEVICES, tuple(teacher), tuple(student))
-        self.controller.begin_stage(self.stage)
+        self.placement = Placement(DEVICES, tuple(teacher), tuple(student))
+        self.controller.begin_segment(self.placement)
         self.faults, self.rng, self.clock, self.killed = sequence, random.Random(seed), 1000.0, set()
 
     def record(self, step: int) -> dict:
-        alphas = {d: 1.0 for d in self.stage.devices}
+        alphas = {d: 1.0 for d in self.placement.devices}
         for fault in self.faults:
             if fault.device in alphas:
                 alphas[fault.device] *= fault.factor_at(step)
-        cost = PLANNER.predict(self.stage.devices, self.stage.teacher_counts, self.stage.student_counts, alphas)
+        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts, alphas)
         noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)
         step_s = cost.step_time_s * noise()
         self.clock += step_s
         return {"step": step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,
                 "compute_s": [4 * c * noise() for c in cost.stage_compute_s],
-                "comm_s": [0.001 * noise() for _ in self.stage.devices]}
+                "comm_s": [0.001 * noise() for _ in self.placement.devices]}
 
     def resume(self, placement: Placement, step: int) -> int:
         checkpoint = step - step % CHECKPOINT_EVERY
-        self.stage = placement
-        self.controller.begin_stage(placement, start_step=checkpoint)
+        self.placement = placement
+        self.controller.begin_segment(placement, start_step=checkpoint)
         return checkpoint
 
     def run(self) -> int:
@@ -97,13 +97,13 @@ class Simulation:
         while step < TOTAL:
             step += 1
             kill = next((f for f in self.faults if f.kind == "kill" and f.start == step
-                         and f.device in self.stage.devices and id(f) not in self.killed), None)
+                         and f.device in self.placement.devices and id(f) not in self.killed), None)
             if kill is not None:
                 self.killed.add(id(kill))
                 try:
                     decision = self.controller.on_hard_failure(kill.device, step - 1, TOTAL, "killed by SIGKILL")
                 except NoViableOptionError:
-                    assert len(self.stage.devices) == 1, "no option although devices survive"
+                    assert len(self.placement.devices) == 1, "no option although devices survive"
                     return step - 1
                 assert kill.device not in decision.chosen.devices
                 step = self.resume(decision.chosen.placement, step - 1)
@@ -113,8 +113,8 @@ class Simulation:
                 continue
             assert set(decision.chosen.devices) <= set(DEVICES)
             if decision.action is OptionKind.REPLAN:  # live: the workers carry on from the next step
-                self.stage = decision.chosen.placement
-                self.controller.begin_stage(self.stage)
+                self.placement = decision.chosen.placement
+                self.controller.begin_segment(self.placement)
             else:
                 step = self.resume(decision.chosen.placement, step)
         return step
@@ -126,19 +126,19 @@ def check(policy: str, sequence: list[Fault], seed: int) -> None:
     errors = [e for e in simulation.events if e["event"] == "controller_error"]
     assert not errors, errors[0]
     assert simulation.controller.errors == 0
-    assert last == TOTAL or len(simulation.stage.devices) == 1
+    assert last == TOTAL or len(simulation.placement.devices) == 1
     state = json.loads(json.dumps(simulation.controller.state_dict(), default=float))
     restored = FailoverController(policy=make_policy(policy), planner=PLANNER,
                                   restart_costs=simulation.controller.restart_costs)
     restored.load_state_dict(state)
-    assert restored.stage == simulation.controller.stage
+    assert restored.placement == simulation.controller.placement
 
 
 SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow], "derandomize": True}
 
 
 # The held-out cascade of the issue, under every policy: device 0 slow from step 30, device 1
-# killed at step 85, so the next stage resumes from step 80, behind the DEGRADE decided at 84.
+# killed at step 85, so the next placement resumes from step 80, behind the DEGRADE decided at 84.
 CASCADE = [Fault("slow", 0, 30, 3.0), Fault("kill", 1, 85)]
 
 

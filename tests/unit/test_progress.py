@@ -29,8 +29,8 @@ def test_milestones_fire_once_per_quarter_even_when_steps_jump():
 
 
 def test_progress_text_names_what_is_known():
-    assert progress_text(57, 264, loss=0.93944, images_per_s=1629.4, eta_s=83, val_top1=97.77, prefix="stage 1") == \
-        "stage 1 | step 57/264 (22%) | loss 0.9394 | 1,629 img/s | val 97.8% | ETA 1:23"
+    assert progress_text(57, 264, loss=0.93944, images_per_s=1629.4, eta_s=83, val_top1=97.77, prefix="segment 1") == \
+        "segment 1 | step 57/264 (22%) | loss 0.9394 | 1,629 img/s | val 97.8% | ETA 1:23"
     assert progress_text(3, 0) == "step 3"
     assert format_seconds(3725) == "1:02:05"
 
@@ -111,11 +111,11 @@ def test_single_process_bar_keeps_log_lines_above_it_and_gives_the_streams_back(
     assert "ETA" in out.splitlines()[-1], "two steps give a rate, so the time left"
 
 
-def _records(run_dir, steps, total, stage=0, start=1):
+def _records(run_dir, steps, total, segment=0, start=1):
     metrics, performance = JsonlWriter(run_dir / "metrics.jsonl"), JsonlWriter(run_dir / "performance.jsonl")
     for step in range(start, start + steps):
         metrics.write({"kind": "train", "step": step, "loss": 1.0, "images_per_s": 500.0, "time": 1000.0 + step})
-        performance.write({"step": step, "stage": stage, "total_steps": total})
+        performance.write({"step": step, "segment": segment, "total_steps": total})
         if step % 10 == 0:
             metrics.write({"kind": "eval", "step": step, "student_top1": 50.0 + step})
     metrics.close()
@@ -125,13 +125,13 @@ def _records(run_dir, steps, total, stage=0, start=1):
 def test_supervisor_progress_off_a_terminal_is_a_line_per_quarter_from_the_records(tmp_path):
     lines = []
     placement = Placement((0, 1, 2), (4, 4, 3), (5, 3, 3))
-    progress = RunProgress(tmp_path, lines.append, None, stage=lambda: (1, placement))
+    progress = RunProgress(tmp_path, lines.append, None, segment=lambda: (1, placement))
     for first, count in ((1, 5), (6, 5), (11, 12), (23, 11), (34, 7)):  # what each refresh finds
         _records(tmp_path, count, total=40, start=first)
         progress._poll()
     assert [line.split(" | ")[1] for line in lines] == ["step 10/40 (25%)", "step 22/40 (55%)", "step 33/40 (82%)",
                                                         "step 40/40 (100%)"]
-    assert lines[-1] == ("stage 1 on [0, 1, 2]: teacher [4, 4, 3] / student [5, 3, 3] | step 40/40 (100%) | "
+    assert lines[-1] == ("segment 1 on [0, 1, 2]: teacher [4, 4, 3] / student [5, 3, 3] | step 40/40 (100%) | "
                          "loss 1.0000 | 500 img/s | val 90.0% | ETA 0:00")
 
 
@@ -139,12 +139,12 @@ def test_supervisor_bar_on_a_terminal_redraws_one_line(tmp_path, terminal):
     stream, read = terminal
     bar = ConsoleBar(stream)
     progress = RunProgress(tmp_path, lambda line: pytest.fail(f"logged {line!r}"), bar)
-    _records(tmp_path, 20, total=40, stage=2)
+    _records(tmp_path, 20, total=40, segment=2)
     progress._poll()
     bar.close()
     out = read().replace("\r\n", "\n")
     assert out.count("\n") == 1, "one line on the screen"
-    assert out.endswith(CLEAR_LINE + "stage 2 | step 20/40 (50%) | loss 1.0000 | 500 img/s | val 70.0% | "
+    assert out.endswith(CLEAR_LINE + "segment 2 | step 20/40 (50%) | loss 1.0000 | 500 img/s | val 70.0% | "
                                      "ETA 0:20\n")
 
 

@@ -1,20 +1,22 @@
-"""Restart stages as composed Hydra configs: ``<run_dir>/stages/<n>/``.
+"""A run's segments as composed Hydra configs: ``<run_dir>/segments/<n>/``.
 
-A run is a sequence of stages; each is one launch of the K workers on one set of devices
-with one partition. Stage 0 is what the user asked for; stage n > 0 is composed with Hydra's
-compose API from the user's overrides plus the stage's own (devices, partition, resume path,
-the faults still to come), so that every stage is an ordinary config:
+A run is a sequence of segments; each runs one placement (devices and partition) from one step
+to another. A segment begins at the first launch of the workers, at every restart, and at every
+live re-partition (the workers keep running; the segment changes). Segment 0 is what the user
+asked for; segment n > 0 is composed with Hydra's compose API from the user's overrides plus the
+segment's own (devices, partition, resume path, the faults still to come), so that every
+segment is an ordinary config:
 
-    stages/<n>/config.yaml     the composed config (resolved)
-    stages/<n>/overrides.yaml  the override list that composes it (rerun: python train.py <those>)
-    stages/<n>/stage.json      why the stage exists, its devices and partition, start/end
+    segments/<n>/config.yaml     the composed config (resolved)
+    segments/<n>/overrides.yaml  the override list that composes it (rerun: python train.py <those>)
+    segments/<n>/segment.json    why the segment exists, its devices and partition, start/end
 
 Overrides are merged by key (a later ``trainer.devices=...`` replaces an earlier one), so the
-list stays a valid command line however many stages came before.
+list stays a valid command line however many segments came before.
 
-What goes into stage n's config (`stage_settings`) is a function of plain inputs alone (the
-run's config, the user's overrides, the stage's devices, partition and resume checkpoint, and
-which faults already fired): a stage saved under ``stages/<n>/`` must compose again to exactly
+What goes into segment n's config (`segment_settings`) is a function of plain inputs alone (the
+run's config, the user's overrides, the segment's devices, partition and resume checkpoint, and
+which faults already fired): a segment saved under ``segments/<n>/`` must compose again to exactly
 what ran.
 """
 from __future__ import annotations
@@ -35,15 +37,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from synapse.conf import CONF_DIR
 from synapse.config import run_topology, validate
-from synapse.failover.decider import stage_node_settings
-from synapse.injection import faults_for_stage, fired_fault_indices
+from synapse.failover.decider import segment_node_settings
+from synapse.injection import faults_for_segment, fired_fault_indices
 from synapse.partitioning import Placement
 
-STAGES_DIR = "stages"
+SEGMENTS_DIR = "segments"
 
 
-class StageError(RuntimeError):
-    """A stage record that cannot be read or a stage config that cannot be composed."""
+class SegmentRecordError(RuntimeError):
+    """A segment record that cannot be read or a segment config that cannot be composed."""
 
 
 # ---------------------------------------------------------------- override strings
@@ -72,7 +74,7 @@ def hydra_value(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise StageError(f"{value!r} cannot be written as a Hydra override")
+            raise SegmentRecordError(f"{value!r} cannot be written as a Hydra override")
         return repr(value)
     if isinstance(value, str):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -80,7 +82,7 @@ def hydra_value(value: Any) -> str:
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    raise StageError(f"cannot write {type(value).__name__} {value!r} as a Hydra override")
+    raise SegmentRecordError(f"cannot write {type(value).__name__} {value!r} as a Hydra override")
 
 
 def setting(key: str, value: Any) -> str:
@@ -88,21 +90,21 @@ def setting(key: str, value: Any) -> str:
 
 
 # ---------------------------------------------------------------- composing
-def compose_stage_config(overrides: Sequence[str]) -> DictConfig:
+def compose_segment_config(overrides: Sequence[str]) -> DictConfig:
     """The config ``python train.py <overrides>`` would run (``run_dir`` must be among them)."""
     try:
         if GlobalHydra.instance().is_initialized():  # inside @hydra.main: its search path is conf/
             return compose(config_name="config", overrides=list(overrides))
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stage"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="segment"):
             return compose(config_name="config", overrides=list(overrides))
     except Exception as exc:  # Hydra raises several types; all mean the same thing here
-        raise StageError(f"cannot compose a stage config from overrides {list(overrides)}: {exc}") from exc
+        raise SegmentRecordError(f"cannot compose a segment config from overrides {list(overrides)}: {exc}") from exc
 
 
 # ---------------------------------------------------------------- records
 @dataclass
-class StageSpec:
-    """Where and how one stage runs, and why it exists."""
+class Segment:
+    """Where and how one segment runs, and why it exists."""
 
     index: int
     placement: Placement
@@ -132,64 +134,64 @@ class StageSpec:
         return self.placement.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        """stage.json's form: the placement's lists at the top level, beside the stage's facts."""
+        """segment.json's form: the placement's lists at the top level, beside the segment's facts."""
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
         return {**record, "devices": self.devices, "teacher_counts": self.teacher_counts,
                 "student_counts": self.student_counts}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StageSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> Segment:
         data = dict(data)
         placement = Placement(tuple(data.pop("devices")), tuple(data.pop("teacher_counts")),
                               tuple(data.pop("student_counts")))
         return cls(placement=placement, **data)
 
 
-def stage_dir(run_dir: Path, index: int) -> Path:
-    return Path(run_dir) / STAGES_DIR / str(index)
+def segment_dir(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / SEGMENTS_DIR / str(index)
 
 
-def write_stage(run_dir: Path, spec: StageSpec, cfg: DictConfig | None = None,
+def write_segment(run_dir: Path, spec: Segment, cfg: DictConfig | None = None,
                 overrides: Sequence[str] | None = None) -> Path:
-    """Write (or update) ``stages/<n>/``: stage.json always, the config and overrides when given."""
-    folder = stage_dir(run_dir, spec.index)
+    """Write (or update) ``segments/<n>/``: segment.json always, the config and overrides when given."""
+    folder = segment_dir(run_dir, spec.index)
     folder.mkdir(parents=True, exist_ok=True)
     if cfg is not None:
         (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if overrides is not None:
         (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
-    tmp = folder / "stage.json.tmp"
+    tmp = folder / "segment.json.tmp"
     tmp.write_text(json.dumps(spec.to_dict(), indent=1))
-    tmp.replace(folder / "stage.json")
+    tmp.replace(folder / "segment.json")
     return folder
 
 
-def read_stages(run_dir: Path) -> list[StageSpec]:
-    """Every recorded stage, in order (empty for a run that has none)."""
-    root = Path(run_dir) / STAGES_DIR
+def read_segments(run_dir: Path) -> list[Segment]:
+    """Every recorded segment, in order (empty for a run that has none)."""
+    root = Path(run_dir) / SEGMENTS_DIR
     if not root.is_dir():
         return []
     specs = []
     for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
-            specs.append(StageSpec.from_dict(json.loads((folder / "stage.json").read_text())))
+            specs.append(Segment.from_dict(json.loads((folder / "segment.json").read_text())))
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise StageError(f"stage record {folder / 'stage.json'} is unreadable ({exc}); "
-                             f"remove {folder} to restart that stage from the last checkpoint") from exc
+            raise SegmentRecordError(f"segment record {folder / 'segment.json'} is unreadable ({exc}); "
+                             f"remove {folder} to restart that segment from the last checkpoint") from exc
     return specs
 
 
-def read_stage_overrides(run_dir: Path, index: int) -> list[str]:
-    path = stage_dir(run_dir, index) / "overrides.yaml"
+def read_segment_overrides(run_dir: Path, index: int) -> list[str]:
+    path = segment_dir(run_dir, index) / "overrides.yaml"
     overrides = yaml.safe_load(path.read_text())
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise StageError(f"{path} must hold a list of override strings")
+        raise SegmentRecordError(f"{path} must hold a list of override strings")
     return overrides
 
 
 def pin_checkpoint(source: Path, target: Path) -> Path:
-    """Keep the checkpoint a stage resumes from, whatever pruning does later: hard links (free),
-    or a copy where links are impossible. The stage's config points at the pinned copy."""
+    """Keep the checkpoint a segment resumes from, whatever pruning does later: hard links (free),
+    or a copy where links are impossible. The segment's config points at the pinned copy."""
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
@@ -213,48 +215,48 @@ def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
         return None
 
 
-# The run's event log so far (read only for stages after the first: which faults already fired).
+# The run's event log so far (read only for segments after the first: which faults already fired).
 WorkerEvents = Callable[[], list[dict[str, Any]]]
 
 
-def stage_settings(cfg: DictConfig, run_dir: Path, spec: StageSpec, worker_events: WorkerEvents) -> dict[str, Any]:
-    """What makes this stage this stage, on top of the user's config (key -> value)."""
+def segment_settings(cfg: DictConfig, run_dir: Path, spec: Segment, worker_events: WorkerEvents) -> dict[str, Any]:
+    """What makes this segment this segment, on top of the user's config (key -> value)."""
     settings: dict[str, Any] = {"run_dir": str(run_dir), "cache_dir": cfg.cache_dir,
-                                # chosen once (pipeline.microbatches=auto): every stage keeps it
+                                # chosen once (pipeline.microbatches=auto): every segment keeps it
                                 "pipeline.microbatches": cfg.pipeline.microbatches}
     if spec.index == 0:
         return settings
     faults = OmegaConf.to_container(cfg.injection.faults, resolve=True)
     fired = fired_fault_indices(worker_events())
     topology = run_topology(cfg.trainer)  # run-wide device ids across nodes (partitioning/topology.py)
-    return {**settings, **stage_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
+    return {**settings, **segment_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
             "trainer.strategy": "pipeline",
             "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
             "partition.student": spec.student_counts, "partition.alphas": None,
-            "injection.faults": faults_for_stage(faults, topology.devices, spec.devices, fired),
+            "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),
             # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
             "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
             "resume": spec.resume}
 
 
-def stage_overrides(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: StageSpec,
+def segment_overrides(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
                     worker_events: WorkerEvents) -> list[str]:
-    """The override list that composes this stage: the user's, then the stage's own."""
-    stage = [setting(key, value) for key, value in stage_settings(cfg, run_dir, spec, worker_events).items()]
-    return merge_overrides(user_overrides or [], stage)
+    """The override list that composes this segment: the user's, then the segment's own."""
+    segment = [setting(key, value) for key, value in segment_settings(cfg, run_dir, spec, worker_events).items()]
+    return merge_overrides(user_overrides or [], segment)
 
 
-def compose_stage(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: StageSpec,
+def compose_segment(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
                   worker_events: WorkerEvents) -> tuple[DictConfig, list[str]]:
-    """The stage's validated config and the overrides that compose it."""
-    overrides = stage_overrides(cfg, run_dir, user_overrides, spec, worker_events)
+    """The segment's validated config and the overrides that compose it."""
+    overrides = segment_overrides(cfg, run_dir, user_overrides, spec, worker_events)
     if user_overrides is None:
         # Called with a config but not the overrides that made it (a program, not train.py):
-        # the stage is the same config with the stage's settings merged in.
-        stage_cfg = OmegaConf.merge(cfg, {})
-        for key, value in stage_settings(cfg, run_dir, spec, worker_events).items():
-            OmegaConf.update(stage_cfg, key, value, merge=False)
+        # the segment is the same config with the segment's settings merged in.
+        segment_cfg = OmegaConf.merge(cfg, {})
+        for key, value in segment_settings(cfg, run_dir, spec, worker_events).items():
+            OmegaConf.update(segment_cfg, key, value, merge=False)
     else:
-        stage_cfg = compose_stage_config(overrides)
-    validate(stage_cfg)
-    return stage_cfg, overrides
+        segment_cfg = compose_segment_config(overrides)
+    validate(segment_cfg)
+    return segment_cfg, overrides
