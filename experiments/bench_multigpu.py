@@ -86,14 +86,14 @@ def part_smoke(out: Path, gpus: list[int], log: Path) -> dict:
 def part_throughput(out: Path, gpus: list[int], batches: list[int], steps: int, warmup: int, log: Path,
                     microbatches: list[int] | None = None, partition: str = "auto", single: bool = True,
                     tag: str = "throughput") -> list[dict]:
-    """Per batch size: the single-device trainer (whole batch at once: the honest baseline) and the
-    pipeline at each micro-batch count (default: micro-batches of 16 or 32 images, the profiled sizes)."""
+    """Per batch size: one GPU (K = 1, the whole batch at once: the baseline) and the pipeline over
+    ``gpus`` at each micro-batch count (default: micro-batches of 16 or 32 images, the profiled sizes)."""
     rows = []
     k = len(gpus)
     for batch in batches:
         counts = microbatches or [max(k, batch // 16) if batch <= 128 else batch // 32]
-        cases = [("single", gpus[:1], 1, ["trainer.strategy=single"])] if single else []
-        cases += [("pipeline", gpus, m, ["trainer.strategy=pipeline", f"partition={partition}", "policy=keep"])
+        cases = [("single", gpus[:1], 1, [])] if single else []
+        cases += [("pipeline", gpus, m, [f"partition={partition}", "policy=keep"])
                   for m in counts]
         for name, ids, m, extra in cases:
             run_dir = out / "runs" / f"{tag}_{name}_b{batch}_m{m}"
@@ -140,7 +140,7 @@ def failover_summary(run_dir: Path) -> dict:
 def part_kill(out: Path, gpus: list[int], batch: int, log: Path, steps: int = 120) -> dict:
     run_dir = out / "runs" / "kill"
     last = len(gpus) - 1
-    result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
+    result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus),
                              "partition=auto", f"data.batch_size={batch}", "pipeline.microbatches=8",
                              f"trainer.max_steps={steps}", f"checkpoint.every={steps // 5}", "injection.name=kill",
                              f"injection.faults=[{{kind:kill,rank:{last},step:{steps // 2},phase:backward}}]"],
@@ -156,7 +156,7 @@ def part_failover(out: Path, gpus: list[int], batch: int, steps: int, start: int
                         ("keep", ["injection.name=background_load", f"injection.faults={load}", "policy=keep"]),
                         ("eta", ["injection.name=background_load", f"injection.faults={load}", "policy=eta"])):
         run_dir = out / "runs" / f"failover_{name}"
-        result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus), "trainer.strategy=pipeline",
+        result = train(run_dir, [*MODELS, *GPU_RUN, devices(gpus),
                                  "partition=auto", f"data.batch_size={batch}", f"pipeline.microbatches={batch // 32}",
                                  f"trainer.max_steps={steps}", "monitor.period_s=1", *extra], RUN_TIMEOUT_S[0], log)
         rows.append({"run": name, **result, **failover_summary(run_dir)})

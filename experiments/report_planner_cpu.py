@@ -149,7 +149,7 @@ def compose_run(run_dir: Path, work: Path, k: int, args, partition: tuple | None
     overrides = [f"run_dir={run_dir}", f"cache_dir={work}/cache", f"teacher={args.teacher}", f"student={args.student}",
                  f"teacher.checkpoint={work}/teacher.pt", "trainer=cpu", f"trainer.threads={args.threads}",
                  "trainer.progress=false", f"trainer.max_steps={args.steps}", f"trainer.devices={k}",
-                 "trainer.strategy=pipeline", f"pipeline.microbatches={args.microbatches}", "pipeline=1f1b",
+                 f"pipeline.microbatches={args.microbatches}", "pipeline=1f1b",
                  f"data.batch_size={args.batch}", "checkpoint.at_epoch_end=false", "trainer.eval_every_epochs=1000",
                  "injection=none", "policy=keep"]
     if partition is None:

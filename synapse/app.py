@@ -16,17 +16,9 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from synapse.checkpoint import CheckpointWriteError
-from synapse.config import ConfigError, num_stages, run_topology, uses_pipeline, validate
+from synapse.config import ConfigError, num_stages, run_topology, validate
 from synapse.data import data_kwargs, dataset_info
-from synapse.engine import (
-    build_compute_setup,
-    build_trainer,
-    evaluate,
-    prepare_teacher,
-    resolve_resume,
-    teacher_weights,
-    train_label_model,
-)
+from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
 from synapse.launch import DISK_FULL, launch_pipeline, newest_checkpoint
 from synapse.models import count_blocks
@@ -75,28 +67,11 @@ def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ove
 
 def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
            overrides: list[str] | None = None) -> dict[str, Any]:
-    if uses_pipeline(cfg.trainer):
-        summary = run_pipeline(cfg, run_dir, log, overrides)
-        if cfg.trainer.node_rank == 0:  # one report per run, by node 0
-            write_run_report(cfg, run_dir, log)
-        return summary
-    if cfg.pipeline.microbatches == "auto":  # one device: no bubble to shrink, the whole batch at once
-        cfg.pipeline.microbatches = 1
-    setup = build_compute_setup(cfg.trainer)
-    teacher = prepare_teacher(cfg, run_dir, setup, log)
-    trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
-    teacher_eval = evaluate(teacher, trainer.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
-    log(f"teacher {cfg.teacher.name}: val top-1 {teacher_eval['top1']:.2f}%")
-    resume = resolve_resume(cfg, run_dir, log)
-    if resume is not None:
-        trainer.load_checkpoint(resume)
-    summary = trainer.fit()
-    summary["teacher_eval"] = teacher_eval
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    final = summary["final_eval"]
-    if final:
-        log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
-            f"(teacher {teacher_eval['top1']:.2f}%), {throughput_text(summary)}; outputs in {run_dir}")
+    """Distil over the configured devices, K = 1 included: one run path, under the supervisor (health,
+    detection, failover) unless failover.enabled=false."""
+    summary = run_pipeline(cfg, run_dir, log, overrides)
+    if cfg.trainer.node_rank == 0:  # one report per run, by node 0
+        write_run_report(cfg, run_dir, log)
     return summary
 
 
@@ -129,7 +104,7 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
-    log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher_counts)}, "
+    log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")
     resume = str(resume) if resume else None

@@ -11,7 +11,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/early"
 export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
-common="trainer=gpu trainer.strategy=pipeline trainer.devices=[0] teacher=vit_base student=resnet50
+common="trainer=gpu trainer.devices=[0] teacher=vit_base student=resnet50
   teacher.auto_train_epochs=0 data=synthetic data.batch_size=256 data.synthetic_train_size=8192 data.num_workers=8
   pipeline.microbatches=2 trainer.eval_every_epochs=100 trainer.progress=false report=false"
 run() {  # name, steps, overrides...

@@ -13,8 +13,8 @@ timeout 300 python3 -m pytest -q -p no:cacheprovider tests/unit/test_graphed_sta
   | tee "$OUT/pytest_graphed_stage.txt"
 source experiments/gpu/k1_runs.sh
 run single pipeline.microbatches=1
-run pipe_m1_graphs trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=true
-run pipe_m1_eager trainer.strategy=pipeline pipeline.microbatches=1 pipeline.cuda_graphs=false
-run pipe_m4_graphs trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=true
-run pipe_m4_eager trainer.strategy=pipeline pipeline.microbatches=4 pipeline.cuda_graphs=false
+run pipe_m1_graphs pipeline.microbatches=1 pipeline.cuda_graphs=true
+run pipe_m1_eager pipeline.microbatches=1 pipeline.cuda_graphs=false
+run pipe_m4_graphs pipeline.microbatches=4 pipeline.cuda_graphs=true
+run pipe_m4_eager pipeline.microbatches=4 pipeline.cuda_graphs=false
 tar czf "$OUT/k1_logs.tgz" -C "$OUT" k1_logs && rm -r "$OUT/k1_logs"

@@ -17,7 +17,7 @@ import torch; from synapse.models import build_model; torch.manual_seed(0)
 torch.save(build_model('vit_large', 100, 3, 224).state_dict(), '/tmp/vitl.pt')"
 common="trainer=gpu injection=none teacher=vit_large student=resnet152 data=synthetic data.batch_size=128 \
   data.num_workers=8 teacher.checkpoint=/tmp/vitl.pt trainer.progress=false checkpoint.at_epoch_end=false \
-  checkpoint.every=0 trainer.eval_every_epochs=100 report=false trainer.max_steps=60 trainer.strategy=pipeline"
+  checkpoint.every=0 trainer.eval_every_epochs=100 report=false trainer.max_steps=60"
 for m in ${MICROBATCHES:-1 4 auto}; do
   timeout 200 python3 train.py $common pipeline.microbatches=$m hydra.run.dir=/tmp/k1_m$m > "$OUT/k1_graphs_m$m.log" 2>&1
   python3 experiments/gpu/step_times.py "pipeline K=1 graphs M=$m" /tmp/k1_m$m/metrics.jsonl 10 | tee -a "$OUT/k1_step_times.txt"

@@ -14,7 +14,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 RUN="$OUT/kd_bgload"
 # Batch 256 in 2 micro-batches keeps the GPU busy (83% utilisation alone): with small micro-batches
 # the run is bound by kernel launches and a contending process finds idle SMs and slows nothing.
-timeout 500 python3 train.py hydra.run.dir="$RUN" trainer=gpu trainer.strategy=pipeline "trainer.devices=[0]" \
+timeout 500 python3 train.py hydra.run.dir="$RUN" trainer=gpu "trainer.devices=[0]" \
     teacher=vit_base student=resnet50 teacher.auto_train_epochs=0 data=synthetic data.image_size=224 \
     data.batch_size=256 data.synthetic_train_size=8192 data.num_workers=8 pipeline.microbatches=2 partition=even \
     trainer.max_steps=240 trainer.eval_every_epochs=100 \

@@ -20,7 +20,7 @@ common="trainer=gpu injection=none teacher=vit_base student=resnet50 data=synthe
   data.num_workers=8 data.synthetic_train_size=4096 teacher.checkpoint=/tmp/vit_base_teacher.pt \
   trainer.progress=false checkpoint.at_epoch_end=false report=false"
 for path in single pipeline; do
-  extra=""; [ $path = pipeline ] && extra="trainer.strategy=pipeline pipeline.microbatches=4"
+  extra=""; [ $path = pipeline ] && extra=" pipeline.microbatches=4"
   timeout 240 python3 train.py $common $extra trainer.max_steps=20 trainer.stop_after=12 checkpoint.every=6 \
     hydra.run.dir=/tmp/run_$path 2>&1 | tail -4 | tee "$OUT/${path}_first.txt"
   timeout 240 python3 train.py $common $extra trainer.max_steps=20 checkpoint.every=6 resume=auto \

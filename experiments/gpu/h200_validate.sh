@@ -19,7 +19,7 @@ from synapse.models import build_model
 torch.manual_seed(0)
 torch.save(build_model("vit_base", 100, 3, 224).state_dict(), "/tmp/vit_base_teacher.pt")
 PY
-timeout 300 python3 train.py trainer=gpu trainer.strategy=pipeline teacher=vit_base student=resnet50 \
+timeout 300 python3 train.py trainer=gpu teacher=vit_base student=resnet50 \
   data=synthetic data.batch_size=64 data.num_workers=8 data.synthetic_train_size=4096 pipeline.microbatches=4 \
   teacher.checkpoint=/tmp/vit_base_teacher.pt trainer.max_steps=40 trainer.progress=false \
   checkpoint.at_epoch_end=false run_dir=/tmp/run_k1_gpu 2>&1 | tail -20 | tee "$OUT/k1_pipeline_gpu.txt"

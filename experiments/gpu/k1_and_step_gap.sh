@@ -16,10 +16,10 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 K1_WORKERS=14 K1_STEPS=70 source experiments/gpu/k1_runs.sh
 for round in 1 2; do
   run single_$round pipeline.microbatches=1
-  run pipe_m1_$round trainer.strategy=pipeline pipeline.microbatches=1
-  run pipe_m1_sync_$round trainer.strategy=pipeline pipeline.microbatches=1 pipeline.timing_read=at_step \
+  run pipe_m1_$round pipeline.microbatches=1
+  run pipe_m1_sync_$round pipeline.microbatches=1 pipeline.timing_read=at_step \
     trainer.nonfinite_check=at_step
 done
-run pipe_auto trainer.strategy=pipeline pipeline.microbatches=auto
+run pipe_auto pipeline.microbatches=auto
 grep -h "microbatches=auto\|cuda graphs" "$OUT"/k1_logs/pipe_auto.log | tee -a "$OUT/k1_step_times.txt"
 tar czf "$OUT/k1_logs.tgz" -C "$OUT" k1_logs && rm -r "$OUT/k1_logs"

@@ -12,7 +12,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/long"
 export SYNAPSE_CACHE=/tmp/synapse_cache PYTHONUNBUFFERED=1
-gpu="trainer=gpu trainer.strategy=pipeline trainer.devices=[0] teacher.auto_train_epochs=0 data=synthetic
+gpu="trainer=gpu trainer.devices=[0] teacher.auto_train_epochs=0 data=synthetic
   data.synthetic_train_size=8192 data.num_workers=8 trainer.eval_every_epochs=100 trainer.progress=false report=false"
 vitb="teacher=vit_base student=resnet50 data.batch_size=256 pipeline.microbatches=2"
 run() {  # name, overrides...

@@ -7,7 +7,7 @@ and raises ``ConfigError`` naming the offending override and a fix, before any w
 Only the entry point sees the whole tree; each component receives its own slice.
 
 """
-from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology, uses_pipeline
+from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology
 from synapse.config.errors import ConfigError
 from synapse.config.schema import (
     ACCELERATORS,
@@ -19,7 +19,6 @@ from synapse.config.schema import (
     PIPELINE_SCHEDULES,
     PRECISIONS,
     SCHEDULES,
-    STRATEGIES,
     CheckpointConfig,
     DataConfig,
     ExperimentConfig,
@@ -50,7 +49,7 @@ from synapse.config.validation import validate
 __all__ = ["ACCELERATORS", "CheckpointConfig", "ConfigError", "DataConfig", "ExperimentConfig", "FailoverConfig",
            "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES",
            "OLDEST_SUPPORTED", "OPTIMIZERS", "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS",
-           "PartitionConfig", "PipelineConfig", "PolicyConfig", "SCHEDULES", "STRATEGIES", "StudentConfig",
+           "PartitionConfig", "PipelineConfig", "PolicyConfig", "SCHEDULES", "StudentConfig",
            "SynapseConfig", "TeacherConfig", "TrainerConfig", "UnsupportedTorchError", "default_cache_dir",
            "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator", "resolve_devices",
-           "run_topology", "to_container", "torch_version", "uses_pipeline", "validate"]
+           "run_topology", "to_container", "torch_version", "validate"]

@@ -52,10 +52,6 @@ def run_topology(trainer: DictConfig) -> NodeTopology:
     return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)))
 
 
-def uses_pipeline(trainer: DictConfig) -> bool:
-    return trainer.strategy == "pipeline" or (trainer.strategy == "auto" and num_stages(trainer) > 1)
-
-
 def check_gpu_ids(ids: list[int]) -> None:
     import torch
 

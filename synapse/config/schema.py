@@ -44,7 +44,6 @@ PRECISIONS = ("auto", "fp32", "bf16")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "step", "constant")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
-STRATEGIES = ("auto", "single", "pipeline")
 PARTITION_MODES = ("even", "manual", "auto")
 NONFINITE_POLICIES = ("stop", "skip")
 NONFINITE_CHECKS = ("auto", "at_step", "late")
@@ -109,9 +108,6 @@ class TrainerConfig:
     accelerator: str = "auto"  # auto: cuda if available, else cpu
     spare_devices: list[int] = field(default_factory=list)  # idle devices a REPLACE may swap in
     devices: Any = 1  # per node. CPU: number of slots; CUDA: list of GPU ids (or a count)
-    # auto: the single-device trainer for one device, the pipeline for several;
-    # pipeline: the pipeline runtime even on one device (K = 1).
-    strategy: str = "auto"
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     # The devices of each node when they differ (a failover segment after a device or node was dropped,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices, uses_pipeline
+from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
 from synapse.config.errors import choice, fail, finite, positive
 from synapse.config.schema import (
     ACCELERATORS,
@@ -34,7 +34,6 @@ from synapse.config.schema import (
     PIPELINE_SCHEDULES,
     PRECISIONS,
     SCHEDULES,
-    STRATEGIES,
     TIMING_READS,
 )
 from synapse.config.supported_torch import require_supported_torch
@@ -85,7 +84,7 @@ def validate_block_counts(cfg: DictConfig) -> None:
 
     The models are built on the meta device to count their blocks: no memory, a few ms even for ViT-L.
     """
-    if cfg.mode != "kd" or not uses_pipeline(cfg.trainer):
+    if cfg.mode != "kd":
         return
     from synapse.data import data_kwargs, dataset_info
     from synapse.models import count_blocks
@@ -111,7 +110,7 @@ def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
     the meta device (shapes only: no memory, no compute)."""
     if cfg.pipeline.microbatches == "auto":
         return  # the planner only considers micro-batches of two samples or more
-    micro = cfg.data.batch_size // (cfg.pipeline.microbatches if uses_pipeline(cfg.trainer) else 1)
+    micro = cfg.data.batch_size // (cfg.pipeline.microbatches if cfg.mode == "kd" else 1)
     if micro != 1 or cfg.mode == "profile":
         return
     import torch
@@ -132,7 +131,7 @@ def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
                 if "Expected more than 1 value per channel" not in str(exc):
                     continue
                 where = (f"data.batch_size={cfg.data.batch_size} / pipeline.microbatches={cfg.pipeline.microbatches}"
-                         if uses_pipeline(cfg.trainer) else f"data.batch_size={cfg.data.batch_size}")
+                         if cfg.mode == "kd" else f"data.batch_size={cfg.data.batch_size}")
                 fail("data.batch_size", f"{where} gives micro-batches of one sample, but the {role} "
                      f"{cfg[role].name} has BatchNorm layers that see one value per channel then ({exc})",
                      "use at least 2 samples per micro-batch (a larger data.batch_size or fewer micro-batches)")
@@ -343,7 +342,6 @@ def _validate_trainer(trainer: DictConfig) -> None:
     choice("trainer.accelerator", trainer.accelerator, ACCELERATORS)
     _validate_cpu_slot_ids(trainer)
     choice("trainer.precision", trainer.precision, PRECISIONS)
-    choice("trainer.strategy", trainer.strategy, STRATEGIES)
     positive("trainer.nodes", trainer.nodes)
     if not 0 <= trainer.node_rank < trainer.nodes:
         fail("trainer.node_rank", f"must be in 0..{trainer.nodes - 1} for trainer.nodes={trainer.nodes}, got "
@@ -354,9 +352,6 @@ def _validate_trainer(trainer: DictConfig) -> None:
               f"{trainer.nodes} nodes, none empty", "leave it unset (null): the supervisor sets it for failover segments")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
-    if trainer.strategy == "single" and num_stages(trainer) > 1:
-        fail("trainer.strategy", f"single runs on one device but {num_stages(trainer)} are configured",
-              "use trainer.strategy=auto (pipeline over all devices) or trainer.devices=1")
     if trainer.nodes == 1 and trainer.rdzv_endpoint and not _is_loopback_endpoint(trainer.rdzv_endpoint):
         fail("trainer.rdzv_endpoint", f"{trainer.rdzv_endpoint}: a one-node run listens on 127.0.0.1 only (its "
               f"rendezvous must not be reachable from other hosts), so workers could not reach this address",

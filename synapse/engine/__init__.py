@@ -25,6 +25,7 @@ from synapse.engine.progress import (
     lines_above,
     progress_text,
 )
+from synapse.engine.reference import distil_on_one_device
 from synapse.engine.step import (
     NonFiniteGuard,
     NonFiniteLossError,
@@ -40,7 +41,7 @@ __all__ = ["BadSampleLog", "Batch", "CLEAR_LINE", "Checkpointer", "ComputeSetup"
            "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager", "Milestones", "NonFiniteGuard",
            "NonFiniteLossError", "Progress", "SingleDeviceStep", "SingleShard", "StepRate", "Trainer",
            "TrainingReplay", "WARMUP_ITERATIONS", "build_compute_setup", "build_optimizer", "build_run_parts",
-           "build_scheduler", "build_trainer", "capture_kwargs", "checks_loss_late", "default_threads",
+           "build_scheduler", "build_trainer", "capture_kwargs", "checks_loss_late", "default_threads", "distil_on_one_device",
            "ensure_training", "eval_batches", "evaluate", "format_seconds", "is_terminal", "kd_params",
            "lines_above", "load_optimizer_state_by_name", "lr_factor", "optimizer_state_by_name", "prepare_teacher",
            "progress_text", "resolve_resume", "rng_state", "set_rng_state", "teacher_weights", "topk_correct",

@@ -34,7 +34,7 @@ def teacher_training_config(cfg: DictConfig) -> DictConfig:
     first_device = resolve_devices(cfg.trainer)[0]
     sub = OmegaConf.merge(cfg, {"mode": "teacher", "resume": None,
                                 "trainer": {"epochs": cfg.teacher.auto_train_epochs, "max_steps": None,
-                                            "stop_after": None, "strategy": "single", "nodes": 1,
+                                            "stop_after": None, "nodes": 1,
                                             "devices": [first_device] if resolve_accelerator(cfg.trainer) == "cuda" else 1},
                                 "optim": {"lr": cfg.teacher.auto_train_lr, "warmup_steps": 0},
                                 "pipeline": {"microbatches": 1},

@@ -230,7 +230,6 @@ def segment_settings(cfg: DictConfig, run_dir: Path, spec: Segment, worker_event
     fired = fired_fault_indices(worker_events())
     topology = run_topology(cfg.trainer)  # run-wide device ids across nodes (partitioning/topology.py)
     return {**settings, **segment_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
-            "trainer.strategy": "pipeline",
             "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
             "partition.student": spec.student_counts, "partition.alphas": None,
             "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),

@@ -22,7 +22,7 @@ SLOW_FROM_THE_START = ("injection.faults=[{kind:slow_compute,rank:0,start:2,fact
 
 def run_alone(run_dir, teacher_file, *extra: str) -> dict:
     overrides = [*BASE_OVERRIDES, f"trainer.max_steps={STEPS}", f"run_dir={run_dir}", f"cache_dir={run_dir}/cache",
-                 f"teacher.checkpoint={teacher_file}", "trainer.devices=1", "trainer.strategy=pipeline",
+                 f"teacher.checkpoint={teacher_file}", "trainer.devices=1",
                  "trainer.spare_devices=[1]", *extra]
     return run(compose_segment_config(overrides), log=lambda m: None, overrides=overrides)
 

@@ -6,9 +6,12 @@ GPipe or 1F1B. Every student tensor and every optimizer state must end bit-ident
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from synapse.app import run
+from synapse.engine import distil_on_one_device
 
 from .helpers import assert_identical_states, compose_config, final_student_state
 
@@ -18,7 +21,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, teacher_file):
     run_dir = tmp_path_factory.mktemp("single")
-    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1"]), log=lambda m: None)
+    distil_on_one_device(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1"]), run_dir,
+                         log=lambda m: None)
     return final_student_state(run_dir)
 
 
@@ -42,8 +46,19 @@ def test_a_channels_last_pipeline_matches_a_channels_last_single_device(tmp_path
     (pipeline.wire), as on a GPU, and the pipeline still learns bit for bit what one device learns."""
     common = [f"teacher.checkpoint={teacher_file}", "trainer.channels_last=true"]
     single = tmp_path / "single"
-    run(compose_config(single, common + ["trainer.devices=1"]), log=lambda m: None)
+    distil_on_one_device(compose_config(single, common + ["trainer.devices=1"]), single, log=lambda m: None)
     piped = tmp_path / "pipeline"
     run(compose_config(piped, common + ["trainer.devices=2", "pipeline=1f1b", "pipeline.microbatches=4"]),
         log=lambda m: None)
     assert_identical_states(final_student_state(piped), final_student_state(single))
+
+
+def test_one_device_runs_supervised_and_learns_what_the_single_device_loop_learns(tmp_path, teacher_file, reference):
+    """K = 1 takes the one run path: the pipeline runtime under the supervisor (its records: the
+    experiment summary, the event log, the segment record, heartbeats), learning bit for bit what
+    the single-device loop learns."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1"]), log=lambda m: None)
+    assert_identical_states(final_student_state(tmp_path), reference)
+    experiment = json.loads((tmp_path / "experiment_summary.json").read_text())
+    assert [(s["devices"], s["outcome"]) for s in experiment["segments"]] == [([0], "finished")]
+    assert (tmp_path / "failover_events.jsonl").is_file() and (tmp_path / "live" / "rank_0.json").is_file()

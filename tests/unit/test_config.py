@@ -261,8 +261,6 @@ VALIDATION_ERRORS = [
      "give exactly 1 values"),
     (["partition=auto", "trainer.accelerator=cpu", "trainer.devices=2", "partition.alphas=[1,0]"],
      "partition.alphas: slowdowns must be > 0", "use 1.0 for a nominal device"),
-    (["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=single"],
-     "trainer.strategy: single runs on one device but 2 are configured", "trainer.devices=1"),
     (["trainer.nodes=2"], "trainer.rdzv_endpoint: trainer.nodes=2 needs a rendezvous endpoint",
      "set trainer.rdzv_endpoint=host:port"),
     (["trainer.accelerator=cpu", "trainer.devices=3", "injection.faults=[{kind:raise,rank:3,step:2}]"],
