@@ -47,7 +47,7 @@ from omegaconf import DictConfig
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # runnable from a checkout without `pip install -e .`
 
-from synapse.config import validate  # noqa: E402
+from synapse.config import typed_config, validate  # noqa: E402
 from synapse.data import (
     ResumableSampler,  # noqa: E402
     build_datasets,  # noqa: E402
@@ -117,7 +117,7 @@ def compose_config(args: argparse.Namespace, run_dir: Path, teacher_file: Path) 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="bench_kd_throughput"):
         cfg = compose(config_name="config", overrides=overrides)
     validate(cfg)
-    return cfg
+    return typed_config(cfg)
 
 
 def build_trainer_side(cfg: DictConfig, run_dir: Path) -> Trainer:

@@ -1,9 +1,9 @@
 """The composition root: what ``python train.py`` (or the ``synapse`` command) does, by mode.
 
-It is the only module that sees the whole config tree and wires the layers together: config ->
-data and models -> the planner (first placement) -> the supervisor with its controller, or the
-single-device trainer. Nothing in synapse imports it. Modes: distil (kd), profile the blocks,
-or train a teacher/baseline with labels.
+It is the only module that sees the whole config tree and wires the layers together: the composed
+config is validated and typed once (``SynapseConfig``, frozen) -> data and models -> the first plan
+(placement and micro-batch count) -> the supervisor with its controller. Nothing in synapse imports
+it. Modes: distil (kd), profile the blocks, or train a teacher/baseline with labels.
 """
 from __future__ import annotations
 
@@ -13,16 +13,18 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from synapse.checkpoint import CheckpointWriteError
-from synapse.config import ConfigError, num_stages, run_topology, validate
+from synapse.config import ConfigError, SynapseConfig, config_yaml, num_stages, run_topology, typed_config, validate
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
 from synapse.launch import DISK_FULL, launch_pipeline, newest_checkpoint
 from synapse.models import count_blocks
+from synapse.pipeline import LaunchTask
 from synapse.planning import (
+    RunPlan,
     auto_partition,
     build_stage_planner,
     choose_microbatches_for,
@@ -33,10 +35,12 @@ from synapse.planning import (
 from synapse.rundir import DiskFullError, disk_full_error, hold_run_dir, is_disk_full
 
 
-def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run ``cfg``. ``overrides`` are the command-line overrides that composed it (inside
-    ``@hydra.main`` they are read from Hydra); later segments' configs are composed from them."""
-    validate(cfg)
+def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None
+        ) -> dict[str, Any]:
+    """Run the config Hydra ``composed``. ``overrides`` are the command-line overrides that composed it
+    (inside ``@hydra.main`` they are read from Hydra); later segments' configs are composed from them."""
+    validate(composed)
+    cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
         try:
@@ -49,11 +53,9 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 
-def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
+def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
                  ) -> dict[str, Any]:
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    if cfg.mode != "kd" and cfg.pipeline.microbatches == "auto":  # nothing pipelined to plan
-        cfg.pipeline.microbatches = 1
+    (run_dir / "config.yaml").write_text(config_yaml(cfg))
     if cfg.mode == "profile":
         return run_profile_mode(cfg, log)
     if cfg.mode in ("teacher", "baseline"):
@@ -65,7 +67,7 @@ def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ove
     return run_kd(cfg, run_dir, log, overrides)
 
 
-def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+def run_kd(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
            overrides: list[str] | None = None) -> dict[str, Any]:
     """Distil over the configured devices, K = 1 included: one run path, under the supervisor (health,
     detection, failover) unless failover.enabled=false."""
@@ -75,7 +77,7 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     return summary
 
 
-def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+def run_pipeline(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
                  overrides: list[str] | None = None) -> dict[str, Any]:
     """Pipelined KD over K devices: plan the partition here, then launch the K workers. Across nodes
     with failover, node 0 does this as the decider and every other node runs an agent."""
@@ -84,17 +86,19 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     return _plan_and_run(cfg, run_dir, log, overrides)
 
 
-def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None = None,
+def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None = None,
                   nodes: NodeDecider | None = None) -> dict[str, Any]:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
     devices = stage_devices(cfg)
-    if cfg.pipeline.microbatches == "auto":  # chosen with the cuts, then fixed for the whole run
-        cfg.pipeline.microbatches = choose_microbatches_for(cfg, info, devices, run_dir, log)
+    # pipeline.microbatches=auto: chosen with the cuts, then fixed for the whole run (in its plan)
+    microbatches = (choose_microbatches_for(cfg, info, devices, run_dir, log) if cfg.pipeline.microbatches == "auto"
+                    else int(cfg.pipeline.microbatches))
     failover = cfg.failover.enabled
     # The run's one planner: it makes the first plan and prices every re-plan (measuring or
     # reading the block profiles once); a manual partition without failover needs none.
-    planner = build_stage_planner(cfg, info, log) if cfg.partition.mode == "auto" or failover else None
+    planner = (build_stage_planner(cfg, info, microbatches, log) if cfg.partition.mode == "auto" or failover
+               else None)
     if cfg.partition.mode == "auto":
         partition, _ = auto_partition(cfg, planner, devices, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
@@ -106,15 +110,17 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
-        f"{cfg.pipeline.microbatches} micro-batches")
+        f"{microbatches} micro-batches")
     resume = str(resume) if resume else None
+    plan = RunPlan(partition, microbatches)
     if failover:
-        summary = run_with_failover(cfg, run_dir, planner, partition, str(weights), resume, overrides, log,
+        summary = run_with_failover(cfg, run_dir, planner, plan, str(weights), resume, overrides, log,
                                     launch=nodes or launch_pipeline)
         print_failover_story(summary.get("experiment", {}), run_dir, log)
     else:  # failover.enabled=false: a worker failure ends the run
         with supervised_console(run_dir, log, cfg.trainer.progress):
-            summary = launch_pipeline(cfg, run_dir, str(weights), partition.to_dict(), resume, log=log)
+            summary = launch_pipeline(LaunchTask(cfg, partition, microbatches, 0, str(weights), resume), run_dir,
+                                      log=log)
     comparison = compare_plan_with_run(run_dir)
     if comparison:
         log(f"planner: predicted step {comparison['predicted_step_s'] * 1e3:.1f} ms, measured "
@@ -135,12 +141,12 @@ def throughput_text(summary: dict[str, Any]) -> str:
     return launch if steady is None else f"{steady:,.0f} images/s a step (median), {launch}"
 
 
-def stage_devices(cfg: DictConfig) -> list[int]:
+def stage_devices(cfg: SynapseConfig) -> list[int]:
     """The device of each pipeline stage: every node runs its configured devices in order."""
     return run_topology(cfg.trainer).devices  # run-wide ids across nodes (synapse/partitioning/topology.py)
 
 
-def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None]) -> None:
+def write_run_report(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]) -> None:
     """Figures and report.md of a finished run (report=false skips it). A report that cannot be
     drawn is said, never a failed run: the training and its records are already complete."""
     if not cfg.report:
@@ -154,10 +160,11 @@ def write_run_report(cfg: DictConfig, run_dir: Path, log: Callable[[str], None])
             f"{run_dir}. Retry with: python -m synapse.analysis report {run_dir}")
 
 
-def run_profile_mode(cfg: DictConfig, log: Callable[[str], None]) -> dict[str, Any]:
-    """mode=profile: measure (or find cached) block profiles of the teacher and student and say where."""
+def run_profile_mode(cfg: SynapseConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """mode=profile: measure (or find cached) block profiles of the teacher and student and say where
+    (at the configured micro-batch size; with pipeline.microbatches=auto, the whole batch)."""
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
-    paths = profile_models(cfg, info, log)
+    paths = profile_models(cfg, info, log, microbatches=1 if cfg.pipeline.microbatches == "auto" else None)
     log(f"profiles: teacher {paths.teacher}\n          student {paths.student}")
     return {"teacher_profile": str(paths.teacher), "student_profile": str(paths.student)}
 

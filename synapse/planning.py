@@ -12,12 +12,11 @@ import json
 import math
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig
-
-from synapse.config import resolve_accelerator, resolve_devices, run_topology
+from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices, run_topology
 from synapse.engine import default_threads
 from synapse.models import count_blocks
 from synapse.partitioning import (
@@ -42,14 +41,14 @@ from synapse.rundir import read_jsonl
 OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
 
 
-def profile_device(cfg: DictConfig) -> str:
+def profile_device(cfg: SynapseConfig) -> str:
     """Where profiles are measured: the run's first device."""
     if resolve_accelerator(cfg.trainer) == "cuda":
         return f"cuda:{resolve_devices(cfg.trainer)[0]}"
     return "cpu"
 
 
-def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
+def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
     """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
     micro-batches (measured once, then cached)."""
     micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
@@ -59,7 +58,7 @@ def profile_models(cfg: DictConfig, info, log: Callable[[str], None] = print, mi
                               launch=profile_launch(cfg))
 
 
-def profile_launch(cfg: DictConfig) -> str:
+def profile_launch(cfg: SynapseConfig) -> str:
     """Blocks are profiled as the stages will run them: replayed CUDA graphs on a GPU with
     pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included)."""
     return "graphed" if resolve_accelerator(cfg.trainer) == "cuda" and cfg.pipeline.cuda_graphs else "eager"
@@ -71,10 +70,10 @@ def profile_launch(cfg: DictConfig) -> str:
 GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
 
 
-def device_facts(cfg: DictConfig) -> DeviceFacts:
+def device_facts(cfg: SynapseConfig) -> DeviceFacts:
     """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
     gbps = cfg.partition.link_bandwidth_gbps
-    node_gbps = cfg.partition.get("node_link_bandwidth_gbps")
+    node_gbps = cfg.partition.node_link_bandwidth_gbps
     topology = run_topology(cfg.trainer)
     if resolve_accelerator(cfg.trainer) == "cuda":
         bandwidth = gbps * 1e9 if gbps else math.inf
@@ -96,19 +95,30 @@ def _gpu_memory(device: int) -> float:
     return float(torch.cuda.get_device_properties(device).total_memory)
 
 
-def build_stage_planner(cfg: DictConfig, info, log: Callable[[str], None] = print) -> StagePlanner:
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run decides for itself before its first launch: where the blocks go, and how many
+    micro-batches a step is cut into (``pipeline.microbatches=auto`` resolves here; the config
+    keeps saying auto). Every segment after the first keeps the count."""
+
+    placement: Placement
+    microbatches: int
+
+
+def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callable[[str], None] = print
+                        ) -> StagePlanner:
     """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
     controller are made by it, so they are priced by the same cost model."""
-    return planner_for_profiles(cfg, profile_models(cfg, info, log))
+    return planner_for_profiles(cfg, profile_models(cfg, info, log, microbatches), microbatches)
 
 
-def planner_for_profiles(cfg: DictConfig, paths, microbatches: int | None = None) -> StagePlanner:
+def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None) -> StagePlanner:
     step = StepSpec(microbatches or cfg.pipeline.microbatches, cfg.pipeline.schedule,
                     optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
     return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step, device_facts(cfg))
 
 
-def choose_microbatches_for(cfg: DictConfig, info, devices: list[int], run_dir: Path,
+def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Path,
                             log: Callable[[str], None] = print) -> int:
     """pipeline.microbatches=auto: price every candidate count with profiles measured at its
     micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``)."""
@@ -126,21 +136,21 @@ def choose_microbatches_for(cfg: DictConfig, info, devices: list[int], run_dir: 
     return choice.microbatches
 
 
-def configured_alphas(cfg: DictConfig, num_stages: int) -> list[float]:
+def configured_alphas(cfg: SynapseConfig, num_stages: int) -> list[float]:
     alphas = list(cfg.partition.alphas) if cfg.partition.alphas else [1.0] * num_stages
     if len(alphas) != num_stages:
         raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_stages} devices; give one per device")
     return [float(a) for a in alphas]
 
 
-def device_specs(cfg: DictConfig, num_stages: int) -> list[DeviceSpec]:
+def device_specs(cfg: SynapseConfig, num_stages: int) -> list[DeviceSpec]:
     """The planner's view of stages 0..K-1 at the configured alphas (what partition=auto plans on)."""
     devices = run_topology(cfg.trainer).devices  # run-wide ids, node 0's first
     stages = devices if len(devices) == num_stages else list(range(num_stages))
     return device_facts(cfg).specs(stages, configured_alphas(cfg, num_stages))
 
 
-def cpu_rank_contention(trainer: DictConfig) -> float:
+def cpu_rank_contention(trainer: SynapseConfig) -> float:
     """How much slower each CPU rank computes because this node's ranks share its cores.
 
     The ranks of one node run trainer.threads intra-op threads each (default: the cores
@@ -155,7 +165,7 @@ def _available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def auto_partition(cfg: DictConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
+def auto_partition(cfg: SynapseConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
                    log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
     """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
     plan = planner.full_plan(devices, configured_alphas(cfg, len(devices)))
@@ -244,7 +254,7 @@ def placement_for_config(cfg, devices: Sequence[int], info) -> Placement:
     elif cfg.partition.mode == "even":
         for name, blocks in (("teacher", teacher_blocks), ("student", student_blocks)):
             if num_stages > blocks:
-                raise PartitionError(f"{num_stages} stages but the {name} {cfg[name].name} has only {blocks} blocks; "
+                raise PartitionError(f"{num_stages} stages but the {name} {getattr(cfg, name).name} has only {blocks} blocks; "
                                      f"use at most {blocks} devices or a deeper model")
         partition = even_placement(teacher_blocks, student_blocks, devices)
     else:

@@ -1,42 +1,62 @@
-"""Structured configuration: one dataclass per component, registered in Hydra's ConfigStore.
+"""The configuration: typed, frozen dataclasses, one per component, checked before any work starts.
 
-The YAML files under ``conf/`` merge onto these dataclasses, so a misspelt key or a value of
-the wrong type fails while Hydra composes the config. ``validate`` then checks what types
+Hydra composes ``conf/`` onto the schema's nodes, so a misspelt key, a value of the wrong type or
+a choice outside its set fails while the config is composed. ``validate`` then checks what types
 cannot express (a temperature <= 0, a model name we do not know, a GPU id that does not exist)
-and raises ``ConfigError`` naming the offending override and a fix, before any work starts.
-Only the entry point sees the whole tree; each component receives its own slice.
-
+and raises ``ConfigError`` naming the offending override and a fix. ``typed_config`` turns the
+composed config into the frozen ``SynapseConfig`` once, at the root; each component receives its
+own slice of it, and nothing changes it after validation.
 """
 from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology
 from synapse.config.errors import ConfigError
 from synapse.config.schema import (
-    ACCELERATORS,
     MODES,
-    NONFINITE_CHECKS,
     NONFINITE_POLICIES,
-    OPTIMIZERS,
-    PARTITION_MODES,
-    PIPELINE_SCHEDULES,
-    PRECISIONS,
-    SCHEDULES,
+    Accelerator,
     CheckpointConfig,
+    Choice,
     DataConfig,
+    DataName,
+    Decode,
+    DrillAction,
+    DrillConfig,
     ExperimentConfig,
     FailoverConfig,
+    FaultSettings,
+    HostRead,
     InjectionConfig,
     KDConfig,
+    KDMode,
+    LoggerConfig,
+    LRSchedule,
+    Mode,
     MonitorConfig,
+    NonFinitePolicy,
+    NoParams,
     OptimConfig,
+    OptimizerName,
     PartitionConfig,
+    PartitionMode,
     PipelineConfig,
+    PipelineSchedule,
     PolicyConfig,
+    PolicyName,
+    Precision,
+    ReplanMode,
     StudentConfig,
     SynapseConfig,
     TeacherConfig,
+    TrackerName,
     TrainerConfig,
+    as_node,
+    config_dict,
+    config_from_yaml,
+    config_yaml,
     default_cache_dir,
+    hydra_node,
     register_configs,
-    to_container,
+    typed_config,
+    with_settings,
 )
 from synapse.config.supported_torch import (
     OLDEST_SUPPORTED,
@@ -46,10 +66,12 @@ from synapse.config.supported_torch import (
 )
 from synapse.config.validation import validate
 
-__all__ = ["ACCELERATORS", "CheckpointConfig", "ConfigError", "DataConfig", "ExperimentConfig", "FailoverConfig",
-           "InjectionConfig", "KDConfig", "MODES", "MonitorConfig", "NONFINITE_CHECKS", "NONFINITE_POLICIES",
-           "OLDEST_SUPPORTED", "OPTIMIZERS", "OptimConfig", "PARTITION_MODES", "PIPELINE_SCHEDULES", "PRECISIONS",
-           "PartitionConfig", "PipelineConfig", "PolicyConfig", "SCHEDULES", "StudentConfig",
-           "SynapseConfig", "TeacherConfig", "TrainerConfig", "UnsupportedTorchError", "default_cache_dir",
-           "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator", "resolve_devices",
-           "run_topology", "to_container", "torch_version", "validate"]
+__all__ = ["Accelerator", "as_node", "CheckpointConfig", "Choice", "ConfigError", "DataConfig", "DataName", "Decode",
+           "DrillAction", "DrillConfig", "ExperimentConfig", "FailoverConfig", "FaultSettings", "HostRead",
+           "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MODES", "Mode", "MonitorConfig",
+           "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig", "OptimizerName",
+           "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig", "PolicyName",
+           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
+           "TrainerConfig", "UnsupportedTorchError", "config_dict", "config_from_yaml", "config_yaml", "default_cache_dir",
+           "hydra_node", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
+           "resolve_devices", "run_topology", "torch_version", "typed_config", "validate", "with_settings"]

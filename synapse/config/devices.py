@@ -19,7 +19,7 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
     """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
     accelerator = resolve_accelerator(trainer)
     devices = trainer.devices
-    if trainer.get("node_devices"):  # a failover segment across nodes: this node's own devices
+    if trainer.node_devices:  # a failover segment across nodes: this node's own devices
         devices = trainer.node_devices[trainer.node_rank]
     if isinstance(devices, (list, tuple, ListConfig)):
         ids = [int(d) for d in devices]
@@ -42,7 +42,7 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
 
 def num_stages(trainer: DictConfig) -> int:
     """K: pipeline stages = processes in the run (devices per node times nodes)."""
-    if trainer.get("node_devices"):
+    if trainer.node_devices:
         return sum(len(devices) for devices in trainer.node_devices)
     return len(resolve_devices(trainer)) * trainer.nodes
 

@@ -12,11 +12,6 @@ def fail(key: str, problem: str, fix: str) -> None:
     raise ConfigError(f"{key}: {problem}. Fix: {fix}")
 
 
-def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        fail(key, f"{value!r} is not a valid choice", f"use one of {', '.join(choices)} (e.g. {key}={choices[0]})")
-
-
 def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
     finite(key, value)
     if value is None or (value < 0 if allow_zero else value <= 0):

@@ -1,56 +1,149 @@
-"""The configuration schema: one dataclass per component, registered in Hydra's ConfigStore.
+"""The configuration schema: one frozen dataclass per component, and the Hydra nodes made from them.
 
-The YAML files under ``conf/`` merge onto these dataclasses, so a misspelt key or a value of
-the wrong type fails while Hydra composes the config.
+The dataclasses here are the types the rest of Synapse receives: the composed config becomes a
+``SynapseConfig`` once, at the root (``typed_config``), and each component is handed its own
+slice (``cfg.trainer``, ``cfg.failover.detector``). They are frozen, with tuples for sequences:
+nothing changes a setting after validation; what a run decides for itself (the micro-batch count
+of ``pipeline.microbatches=auto``, the placement) lives in its plan.
+
+Hydra needs mutable nodes to merge YAML and overrides into, so each dataclass has a twin made
+from it (``hydra_node``: the same fields, types and defaults, lists for tuples), registered in
+Hydra's ConfigStore. A misspelt key, a value of the wrong type or a choice outside its set (every
+``Choice`` field) fails while Hydra composes the config; ``validate`` then checks what types
+cannot express (a temperature <= 0, a model name we do not know, a GPU id that does not exist).
+Each policy has its own parameter schema: the policy group's files extend ``<name>_schema``.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from synapse.calibration import EstimatorConfig
+from synapse.decision import POLICY_NAMES, policy_settings_type
 from synapse.detection import DetectorConfig
 
 
-def settings_node(settings: type) -> type:
-    """A component's frozen settings dataclass as a schema node: the same fields, types and defaults
-    (one source for the numbers), but mutable, as Hydra overrides need (a frozen one is read-only)."""
-    hints = typing.get_type_hints(settings)
+class Choice(str, enum.Enum):
+    """A setting with a fixed set of values, compared as its string (``Precision.bf16 == "bf16"``).
+    Hydra refuses any other value while it composes; it looks values up by member *name*, so every
+    member is named after its value (an alias where the value is no Python name)."""
 
-    def schema_type(hint: Any) -> Any:
-        if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Optional, not X | None
-            return typing.Union[hint.__args__]  # noqa: UP007
-        return hint
-
-    return dataclasses.make_dataclass(
-        f"{settings.__name__}Node",
-        [(f.name, schema_type(hints[f.name]), field(default=f.default)) for f in dataclasses.fields(settings)])
+    def __str__(self) -> str:
+        return str(self.value)
 
 
-DetectorSettings = settings_node(DetectorConfig)
-EstimatorSettings = settings_node(EstimatorConfig)
-
-MODES = ("kd", "teacher", "baseline", "profile")
-ACCELERATORS = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16")
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("cosine", "step", "constant")
-PIPELINE_SCHEDULES = ("1f1b", "gpipe")
-PARTITION_MODES = ("even", "manual", "auto")
-NONFINITE_POLICIES = ("stop", "skip")
-NONFINITE_CHECKS = ("auto", "at_step", "late")
-TIMING_READS = NONFINITE_CHECKS  # the same question: when the host reads what the GPU computed
+class Mode(Choice):
+    kd = "kd"  # distil the student from the teacher
+    teacher = "teacher"  # train the teacher with labels
+    baseline = "baseline"  # train the student with labels
+    profile = "profile"  # measure the block profiles
 
 
-@dataclass
+class Accelerator(Choice):
+    auto = "auto"  # cuda when a GPU is visible, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Precision(Choice):
+    auto = "auto"  # bf16 autocast on CUDA, fp32 on the CPU
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class NonFinitePolicy(Choice):
+    stop = "stop"  # raise before the update, naming the step
+    skip = "skip"  # drop the step's update on every rank
+
+
+class HostRead(Choice):
+    """When the host reads what the device computed (a loss, a step's timing)."""
+
+    auto = "auto"
+    at_step = "at_step"
+    late = "late"
+
+
+class DataName(Choice):
+    digits = "digits"
+    imagenet100 = "imagenet100"
+    synthetic = "synthetic"
+
+
+class Decode(Choice):
+    auto = "auto"  # gpu on CUDA, cpu elsewhere
+    cpu = "cpu"  # in the loader workers
+    gpu = "gpu"  # on the training device (nvJPEG)
+
+
+class KDMode(Choice):
+    st = "st"  # soft targets: KL at temperature T, times T^2
+    logits = "logits"  # MSE on the logits
+
+
+class OptimizerName(Choice):
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+class LRSchedule(Choice):
+    cosine = "cosine"
+    step = "step"
+    constant = "constant"
+
+
+class PipelineSchedule(Choice):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+
+
+PipelineSchedule._member_map_["1f1b"] = PipelineSchedule.one_f_one_b  # the name users type is no Python name
+
+
+class PartitionMode(Choice):
+    even = "even"
+    manual = "manual"
+    auto = "auto"  # planned from the block profiles
+
+
+class ReplanMode(Choice):
+    live = "live"  # the running workers swap blocks and carry on
+    restart = "restart"  # checkpoint, tear down, relaunch
+
+
+class DrillAction(Choice):
+    replan = "replan"
+    degrade = "degrade"
+    replace = "replace"
+
+
+class TrackerName(Choice):
+    tensorboard = "tensorboard"
+    csv = "csv"
+    none = "none"
+
+
+class PolicyName(Choice):
+    """The policies of synapse.decision (``POLICY_NAMES``), by name."""
+
+    eta = "eta"  # the lowest ETA, with hysteresis
+    keep = "keep"
+    replan = "replan"
+    degrade = "degrade"
+    ski_rental = "ski_rental"
+
+
+@dataclass(frozen=True)
 class TeacherConfig:
     name: str = MISSING
     checkpoint: Optional[str] = None  # local weights file (the seed's --t_model); never downloaded
@@ -60,23 +153,23 @@ class TeacherConfig:
     auto_train_lr: float = 2e-3
 
 
-@dataclass
+@dataclass(frozen=True)
 class StudentConfig:
     name: str = MISSING
     init: Optional[str] = None  # local initial weights (the seed's --s_init)
     drop_rate: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
-    name: str = "digits"  # digits | imagenet100 | synthetic
+    name: DataName = DataName.digits
     root: Optional[str] = None  # ImageNet100: folder holding train/ and val/
     image_size: int = 32
     batch_size: int = 64
     val_batch_size: int = 256
     num_workers: int = 0
     augment: bool = True
-    decode: str = "auto"  # imagenet100: cpu (loader workers) | gpu (training device, nvJPEG) | auto (gpu on CUDA)
+    decode: Decode = Decode.auto  # imagenet100 only
     gpu_decode_share: float = 1.0  # decode=gpu/auto on CUDA: fraction of JPEGs the GPU decodes (workers: the rest)
     synthetic_train_size: int = 4096
     synthetic_val_size: int = 512
@@ -84,35 +177,37 @@ class DataConfig:
     synthetic_in_chans: int = 3
 
 
-@dataclass
+@dataclass(frozen=True)
 class KDConfig:
-    mode: str = "st"  # st: soft targets (KL, T^2) | logits: MSE on logits
+    mode: KDMode = KDMode.st
     T: float = 4.0
     lambda_kd: float = 0.9
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimizerName = OptimizerName.adamw
     lr: float = 2e-3
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    schedule: str = "cosine"
+    schedule: LRSchedule = LRSchedule.cosine
     warmup_steps: int = 0
     step_size: int = 1000  # for schedule=step
     gamma: float = 0.1
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
-    accelerator: str = "auto"  # auto: cuda if available, else cpu
-    spare_devices: list[int] = field(default_factory=list)  # idle devices a REPLACE may swap in
-    devices: Any = 1  # per node. CPU: number of slots; CUDA: list of GPU ids (or a count)
+    accelerator: Accelerator = Accelerator.auto
+    spare_devices: tuple[int, ...] = ()  # idle devices a REPLACE may swap in
+    # Per node: CPU, the number of worker slots (or their ids); CUDA, a list of GPU ids (or a count).
+    # A count or a list, which OmegaConf cannot type as one union: validate() checks it.
+    devices: Any = 1
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     # The devices of each node when they differ (a failover segment after a device or node was dropped,
     # composed by the supervisor); None: trainer.devices on every node.
-    node_devices: Optional[list[list[int]]] = None
+    node_devices: Optional[tuple[tuple[int, ...], ...]] = None
     rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
     rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
     collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
@@ -122,36 +217,35 @@ class TrainerConfig:
     # Stop this launch after N steps with a checkpoint (the schedule is unchanged): splits a run
     # into pieces that resume=auto continues, e.g. to fit a job time limit.
     stop_after: Optional[int] = None
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    precision: Precision = Precision.auto
     channels_last: Optional[bool] = None  # None: on CUDA, off on the CPU; true/false: on/off on both
     cudnn_benchmark: bool = True
     threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
     eval_every_epochs: int = 1
     log_every: int = 1
-    progress: bool = True  # one bar (a pipeline's is the supervisor's, from the records); off a terminal, a few lines
-    # Whose output reaches the console, as torchrun's --local-ranks-filter: local ranks ([] none, null all).
+    progress: bool = True  # one bar (drawn by the supervisor from the records); off a terminal, a few lines
+    # Whose output reaches the console, as torchrun's --local-ranks-filter: local ranks (() none, None all).
     # Every rank's stdout/stderr is in <run dir>/logs/launch_<n>/; a failed rank's last lines are printed.
-    local_ranks_filter: Optional[list[int]] = field(default_factory=lambda: [0])
+    local_ranks_filter: Optional[tuple[int, ...]] = (0,)
     deterministic: bool = False
     # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
     # skip (drop its update on every rank; the step still counts and the schedule advances).
-    nonfinite: str = "stop"
-    # When the trainer (one device, or a pipeline's last rank) reads the loss to check it: at_step
-    # (before the update: a host sync in the middle of every step, which leaves the GPU idle while
-    # the host issues the optimizer step and the next batch) or late (when the loss is read for the
-    # record, a step later; under stop the run still ends before any checkpoint holds the bad step).
-    # auto: late on CUDA under stop, at_step otherwise (skip must know before the update; on the
-    # CPU a sync costs nothing).
-    nonfinite_check: str = "auto"
+    nonfinite: NonFinitePolicy = NonFinitePolicy.stop
+    # When a pipeline's last rank reads the loss to check it: at_step (before the update: a host sync
+    # in the middle of every step, which leaves the GPU idle while the host issues the optimizer step
+    # and the next batch) or late (when the loss is read for the record, a step later; under stop the
+    # run still ends before any checkpoint holds the bad step). auto: late on CUDA under stop, at_step
+    # otherwise (skip must know before the update; on the CPU a sync costs nothing).
+    nonfinite_check: HostRead = HostRead.auto
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineConfig:
-    schedule: str = "1f1b"
-    # Micro-batches per step (an integer), or "auto": the planner chooses the count with the cuts
-    # (synapse.partitioning.microbatches; the GPU preset's default). With one device this is gradient
-    # accumulation over the same micro-batches, the reference the pipelined runtime must reproduce.
-    microbatches: Any = 1
+    schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    # Micro-batches per step (a count), or "auto": the planner chooses the count with the cuts
+    # (synapse.partitioning.microbatches) and the run's plan holds it. With one device this is
+    # gradient accumulation over the same micro-batches.
+    microbatches: Union[int, str] = 1
     # On CUDA, capture each stage's teacher forward and student forward/backward as CUDA graphs
     # and replay them (synapse.pipeline.graphs): small micro-batches stop being launch bound.
     # Ignored on the CPU; a shape whose capture fails runs eagerly, with a logged reason.
@@ -160,17 +254,17 @@ class PipelineConfig:
     # (a synchronize at every step's end on CUDA: the GPU idles while the host writes records and
     # issues the next step) or late (at the end of the next step; the last one when the loop ends).
     # auto: late on CUDA, at_step on the CPU (where it costs nothing; late there tests the path).
-    timing_read: str = "auto"
+    timing_read: HostRead = HostRead.auto
 
 
-@dataclass
+@dataclass(frozen=True)
 class PartitionConfig:
-    mode: str = "even"
-    teacher: Optional[list[int]] = None  # blocks per stage, for mode=manual
-    student: Optional[list[int]] = None
+    mode: PartitionMode = PartitionMode.even
+    teacher: Optional[tuple[int, ...]] = None  # blocks per stage, for mode=manual
+    student: Optional[tuple[int, ...]] = None
     # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
     # link bandwidth between neighbours (None: communication not modelled), profiling effort.
-    alphas: Optional[list[float]] = None
+    alphas: Optional[tuple[float, ...]] = None
     link_bandwidth_gbps: Optional[float] = None
     # trainer.nodes > 1: the link between nodes, priced on every stage boundary that crosses nodes
     # (None: as fast as link_bandwidth_gbps); e.g. 12.5 for 100 Gb/s Ethernet or InfiniBand EDR.
@@ -179,7 +273,7 @@ class PartitionConfig:
     profile_repeats: int = 10
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 0  # save every N optimizer steps (0: only at epoch ends and the end)
     keep: int = 2  # how many recent checkpoints to keep
@@ -189,14 +283,14 @@ class CheckpointConfig:
     async_save: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class FaultSettings:
     """One injected fault; which keys each kind takes is synapse.injection.spec's to say (unset:
     not given). E.g. {kind: slow_compute, rank: 2, start: 70, factor: 4}."""
 
     kind: Optional[str] = None
     rank: Optional[int] = None
-    phase: Any = None  # one phase or a list of phases
+    phase: Any = None  # one phase or a list of phases (OmegaConf cannot type that union; the spec checks it)
     fault_id: Optional[int] = None
     step: Optional[int] = None
     start: Optional[int] = None
@@ -210,14 +304,21 @@ class FaultSettings:
     workers: Optional[int] = None
     matrix_size: Optional[int] = None
 
+    def given(self) -> dict[str, Any]:
+        """The keys this fault sets (what synapse.injection.spec parses)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
-@dataclass
+
+@dataclass(frozen=True)
 class InjectionConfig:
-    name: str = "none"
-    faults: list[FaultSettings] = field(default_factory=list)
+    name: str = "none"  # the scenario's label (conf/injection/<name>.yaml)
+    faults: tuple[FaultSettings, ...] = ()
+
+    def fault_dicts(self) -> list[dict[str, Any]]:
+        return [fault.given() for fault in self.faults]
 
 
-@dataclass
+@dataclass(frozen=True)
 class MonitorConfig:
     """The supervisor's health monitor: worker liveness and hangs, NVML, CUDA probes."""
 
@@ -230,76 +331,65 @@ class MonitorConfig:
     probe_timeout_s: float = 30.0
 
 
-def policy_params_node() -> type:
-    """Every policy's parameters in one node, each unset by default (the policy's own default):
-    the fields and types of the policies' settings dataclasses, so a misspelt or mistyped
-    parameter fails when the config is composed; which policy takes which is checked by validate()."""
-    from synapse.decision import POLICY_SETTINGS
-
-    fields_by_name: dict[str, Any] = {}
-    for settings in POLICY_SETTINGS:
-        for name, hint in typing.get_type_hints(settings).items():
-            if typing.get_origin(hint) is tuple:  # OmegaConf holds sequences as lists
-                hint = list[typing.get_args(hint)[0]]
-            fields_by_name.setdefault(name, Optional[hint])
-    return dataclasses.make_dataclass("PolicyParams", [(n, h, field(default=None)) for n, h in fields_by_name.items()])
+@dataclass(frozen=True)
+class NoParams:
+    """A policy that takes no parameters."""
 
 
-PolicyParams = policy_params_node()
-
-
-@dataclass
+@dataclass(frozen=True)
 class PolicyConfig:
-    name: str = "eta"
-    params: PolicyParams = field(default_factory=PolicyParams)
+    """``policy=<name>``: the decision policy and its own parameters (``params`` is an instance of
+    that policy's settings type, synapse.decision's ``EtaPolicyConfig``, ``SkiRentalConfig``, or
+    ``NoParams``; the policy group's files carry each one's schema)."""
+
+    name: PolicyName = PolicyName.eta
+    params: Any = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class DrillConfig:
     """A fire drill: a forced action at a step (measures a restart's cost, proves a restart changes
     nothing that is learned)."""
 
     step: int = MISSING  # >= 1
-    action: str = MISSING  # replan | degrade | replace
+    action: DrillAction = MISSING
     device: Optional[int] = None  # the device degrade/replace drops (default: the last)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FailoverConfig:
     """The supervisor's failover loop: watch step timings, decide by ETA, checkpoint and restart."""
 
-    enabled: bool = True  # false: a plain pipeline run (a worker failure ends the run)
+    enabled: bool = True  # false: a plain run under no supervisor (a worker failure ends the run)
     max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together; live REPLANs are free
     decide_every: int = 1  # steps between two decisions while a slowdown is detected
-    # live: the running workers swap blocks and carry on (no checkpoint, no new processes);
-    # restart: checkpoint, tear down, relaunch with the new partition
-    replan_mode: str = "live"
+    replan_mode: ReplanMode = ReplanMode.live
     restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
-    # The slowdown detector's and the alpha/beta estimator's own settings types (failover.detector.window=5)
-    detector: DetectorSettings = field(default_factory=DetectorSettings)
-    estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
+    # The slowdown detector's and the alpha/beta estimator's own settings (failover.detector.window=5)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     # Fire drills: forced actions at given steps, e.g. [{step: 40, action: replan}]
-    drills: list[DrillConfig] = field(default_factory=list)
+    drills: tuple[DrillConfig, ...] = ()
     # trainer.nodes > 1: a node whose agent has not beaten for this long is lost (its devices dropped)
     node_timeout_s: float = 10.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoggerConfig:
-    """Where the run's scalars also go (synapse.trackers): tensorboard, csv or none."""
+    """Where the run's scalars also go (synapse.trackers)."""
 
-    name: str = "tensorboard"
+    name: TrackerName = TrackerName.tensorboard
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "default"
     description: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SynapseConfig:
-    mode: str = "kd"
+    mode: Mode = Mode.kd
     seed: int = 0
     resume: Optional[str] = None  # a checkpoint path, or 'auto' for the newest one in the run dir
     report: bool = True  # write figures and report.md (synapse.analysis) into the run dir at the end
@@ -322,12 +412,148 @@ class SynapseConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
 
+# ---------------------------------------------------------------- Hydra's mutable twins
+_NODES: dict[type, type] = {}  # frozen dataclass -> its Hydra node
+_FROZEN: dict[type, type] = {}  # Hydra node -> its frozen dataclass
+
+
+def _node_hint(hint: Any) -> Any:
+    """The Hydra node's type for a frozen field's: tuples become lists, dataclasses their nodes."""
+    if isinstance(hint, types.UnionType):  # OmegaConf reads typing.Union/Optional, not X | None
+        hint = typing.Union[hint.__args__]  # noqa: UP007
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        return Union[tuple(_node_hint(a) for a in args)]  # noqa: UP007
+    if origin is tuple:
+        return list[_node_hint(args[0])]  # type: ignore[misc]
+    if dataclasses.is_dataclass(hint):
+        return hydra_node(hint)
+    return hint
+
+
+def _node_default(f: dataclasses.Field) -> dataclasses.Field:
+    if f.default_factory is not dataclasses.MISSING:  # a nested settings object
+        made = f.default_factory()
+        return field(default_factory=lambda: _to_node(made))
+    if isinstance(f.default, tuple):
+        return field(default_factory=lambda: [_to_node(v) for v in f.default])
+    return field(default=f.default)
+
+
+def _to_node(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        node = hydra_node(type(value))
+        return node(**{f.name: _to_node(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    if isinstance(value, tuple):
+        return [_to_node(v) for v in value]
+    return value
+
+
+def hydra_node(settings: type, base: type | None = None) -> type:
+    """``settings``' Hydra twin: the same fields, types and defaults, mutable, lists for tuples
+    (one source for every number: the frozen dataclass). ``base``: the node class it extends."""
+    if settings in _NODES and base is None:
+        return _NODES[settings]
+    hints = typing.get_type_hints(settings)
+    node = dataclasses.make_dataclass(
+        f"{settings.__name__}Node", [(f.name, _node_hint(hints[f.name]), _node_default(f))
+                                     for f in dataclasses.fields(settings)], bases=(base,) if base else ())
+    if base is None:
+        _NODES[settings] = node
+    _FROZEN[node] = settings
+    return node
+
+
+def _policy_node(name: str) -> type:
+    """``policy=<name>``'s schema: ``PolicyConfig`` with the policy's own settings type as ``params``."""
+    settings = policy_settings_type(name) or NoParams
+    params = hydra_node(settings)
+    node = dataclasses.make_dataclass(
+        f"{settings.__name__}PolicyNode", [("name", PolicyName, field(default=PolicyName(name))),
+                                           ("params", params, field(default_factory=params))],
+        bases=(hydra_node(PolicyConfig),))
+    _FROZEN[node] = PolicyConfig
+    return node
+
+
 def register_configs() -> None:
-    """Make the schema available to ``conf/config.yaml``'s defaults list as ``synapse_schema``."""
-    ConfigStore.instance().store(name="synapse_schema", node=SynapseConfig)
+    """The schema for ``conf/config.yaml``'s defaults list (``synapse_schema``), and each policy's
+    for its group file (``policy/<name>_schema``)."""
+    store = ConfigStore.instance()
+    store.store(name="synapse_schema", node=hydra_node(SynapseConfig))
+    for name in POLICY_NAMES:
+        store.store(group="policy", name=f"{name}_schema", node=_policy_node(name))
 
 
 register_configs()
+
+
+# ---------------------------------------------------------------- composed -> typed
+def typed_config(cfg: DictConfig) -> SynapseConfig:
+    """The composed config as the frozen ``SynapseConfig`` the rest of Synapse receives (once, at
+    the root; interpolations resolved). A policy's parameters become its settings type."""
+    return _freeze(OmegaConf.to_object(cfg), SynapseConfig)
+
+
+def _freeze(value: Any, hint: Any) -> Any:
+    """A Hydra node's value as its frozen type (``hint``): nodes to their frozen dataclasses (whose
+    checks then run), lists to tuples."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (Union, types.UnionType) and len(args) == 1:
+        hint = args[0]  # Optional[X]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        frozen = _FROZEN.get(type(value), type(value))
+        hints = typing.get_type_hints(frozen)
+        return frozen(**{f.name: _freeze(getattr(value, f.name), hints[f.name]) for f in dataclasses.fields(frozen)})
+    if isinstance(value, (list, tuple)):
+        item = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else Any
+        return tuple(_freeze(v, item) for v in value)
+    return value
+
+
+def config_dict(cfg: SynapseConfig | DictConfig) -> dict[str, Any]:
+    """Plain data of a config (choices as their values, tuples as lists): what YAML files hold."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, enum.Enum):
+            return value.value
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    if isinstance(cfg, DictConfig):
+        return plain(OmegaConf.to_container(cfg, resolve=True))
+    return plain(cfg)
+
+
+def config_yaml(cfg: SynapseConfig | DictConfig) -> str:
+    """A config as YAML, choices written as users type them (``schedule: 1f1b``)."""
+    return yaml.safe_dump(config_dict(cfg), sort_keys=False, default_flow_style=None, width=120)
+
+
+def as_node(cfg: SynapseConfig) -> DictConfig:
+    """A typed config as the composed DictConfig it came from (what ``validate`` reads)."""
+    return OmegaConf.structured(_to_node(cfg))
+
+
+def with_settings(cfg: SynapseConfig, settings: dict[str, Any]) -> SynapseConfig:
+    """``cfg`` with dotted keys set (``{"trainer.devices": [0, 2]}``): a new frozen config, checked
+    and converted as Hydra would (choices by name, lists to tuples)."""
+    node = as_node(cfg)
+    for key, value in settings.items():
+        OmegaConf.update(node, key, value, merge=False)
+    return typed_config(node)
+
+
+def config_from_yaml(text: str) -> SynapseConfig:
+    """A config that ``config_yaml`` wrote, typed again (an agent reads its node's this way)."""
+    data = yaml.safe_load(text)
+    node = OmegaConf.structured(hydra_node(SynapseConfig))
+    node.policy = OmegaConf.structured(_policy_node(str(data["policy"]["name"])))
+    return typed_config(OmegaConf.merge(node, data))
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
@@ -336,3 +562,8 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
 
 def default_cache_dir() -> str:
     return os.environ.get("SYNAPSE_CACHE", str(Path.home() / ".cache" / "synapse"))
+
+
+# Kept for messages that list the valid values.
+MODES = tuple(m.value for m in Mode)
+NONFINITE_POLICIES = tuple(p.value for p in NonFinitePolicy)

@@ -4,7 +4,6 @@ estimated time to completion, what a restart costs, and the policies that choose
 from synapse.decision.eta import EtaModelError, Option, OptionKind, RunningPartition, build_options
 from synapse.decision.policies import (
     POLICY_NAMES,
-    POLICY_SETTINGS,
     Decision,
     DecisionContext,
     DegradePolicy,
@@ -19,11 +18,12 @@ from synapse.decision.policies import (
     SkiRentalConfig,
     SkiRentalPolicy,
     make_policy,
+    policy_settings_type,
 )
 from synapse.decision.restart_cost import RESTART_COMPONENTS, RestartCost, RestartCostModel
 
 __all__ = ["Decision", "DecisionContext", "DegradePolicy", "EtaModelError", "EtaPolicy", "EtaPolicyConfig",
-           "KeepPolicy", "NoViableOptionError", "Option", "OptionKind", "POLICY_NAMES", "POLICY_SETTINGS", "Policy",
+           "KeepPolicy", "NoViableOptionError", "Option", "OptionKind", "POLICY_NAMES", "Policy",
            "PolicyConfigError", "PolicyError", "RESTART_COMPONENTS", "ReplanPolicy", "RestartCost",
            "RestartCostModel", "RunningPartition", "SkiRentalConfig", "SkiRentalPolicy", "build_options",
-           "make_policy"]
+           "make_policy", "policy_settings_type"]

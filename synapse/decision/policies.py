@@ -29,7 +29,7 @@ detection, a quiet period before the end, a cooldown between actions, the estima
 agreeing with the detector) keep it from acting on noise. Pure.
 
 ``make_policy`` builds a policy by name (what ``policy=<name>`` in the config makes), its
-parameters validated against the policy's settings dataclass; ``POLICY_SETTINGS`` lets the
+parameters validated against the policy's settings dataclass; ``policy_settings_type`` lets the
 config schema type them all. Pure.
 """
 from __future__ import annotations
@@ -414,8 +414,12 @@ _POLICIES: dict[str, tuple[type[Policy], type | None]] = {
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
-# The settings dataclasses of the policies that take parameters (the config schema types them all).
-POLICY_SETTINGS = tuple(config for _, config in _POLICIES.values() if config is not None)
+def policy_settings_type(name: str) -> type | None:
+    """The settings dataclass of the policy called ``name`` (None: it takes no parameters): what the
+    config schema types ``policy.params`` with for ``policy=<name>``."""
+    if name not in _POLICIES:
+        raise PolicyConfigError(f"unknown policy {name!r}; valid policies: {', '.join(POLICY_NAMES)}")
+    return _POLICIES[name][1]
 
 
 def make_policy(name: str, **params: Any) -> Policy:

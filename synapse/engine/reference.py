@@ -14,14 +14,18 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
+from synapse.config import typed_config, validate
 from synapse.engine.accuracy import evaluate
 from synapse.engine.device import build_compute_setup
 from synapse.engine.teacher import prepare_teacher
 from synapse.engine.trainer import build_trainer, resolve_resume
 
 
-def distil_on_one_device(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Distil ``cfg``'s student on its first device in this process; ``summary.json`` in ``run_dir``."""
+def distil_on_one_device(composed: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Distil the ``composed`` config's student on its first device in this process (validated and
+    typed here, as the root does); ``summary.json`` in ``run_dir``."""
+    validate(composed)
+    cfg = typed_config(composed)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup = build_compute_setup(cfg.trainer)

@@ -13,43 +13,40 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from synapse.config import ConfigError, resolve_accelerator, resolve_devices
+from synapse.config import ConfigError, SynapseConfig, config_dict, resolve_accelerator, resolve_devices, with_settings
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine.device import ComputeSetup
 from synapse.engine.trainer import build_trainer, load_teacher
 
 
-def teacher_cache_key(cfg: DictConfig) -> str:
-    recipe = {"model": cfg.teacher.name, "data": OmegaConf.to_container(cfg.data, resolve=True),
+def teacher_cache_key(cfg: SynapseConfig) -> str:
+    recipe = {"model": cfg.teacher.name, "data": config_dict(cfg.data),
               "epochs": cfg.teacher.auto_train_epochs, "lr": cfg.teacher.auto_train_lr, "seed": cfg.seed, "v": 1}
     recipe["data"].pop("num_workers", None)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def teacher_training_config(cfg: DictConfig) -> DictConfig:
+def teacher_training_config(cfg: SynapseConfig) -> SynapseConfig:
     """The config of the label-trained teacher: same data and devices, its own epochs and learning rate."""
     first_device = resolve_devices(cfg.trainer)[0]
-    sub = OmegaConf.merge(cfg, {"mode": "teacher", "resume": None,
-                                "trainer": {"epochs": cfg.teacher.auto_train_epochs, "max_steps": None,
-                                            "stop_after": None, "nodes": 1,
-                                            "devices": [first_device] if resolve_accelerator(cfg.trainer) == "cuda" else 1},
-                                "optim": {"lr": cfg.teacher.auto_train_lr, "warmup_steps": 0},
-                                "pipeline": {"microbatches": 1},
-                                # the run's faults are aimed at the distillation, not at this
-                                "injection": {"name": "none", "faults": []}})
-    return sub
+    return with_settings(cfg, {
+        "mode": "teacher", "resume": None, "trainer.epochs": cfg.teacher.auto_train_epochs, "trainer.max_steps": None,
+        "trainer.stop_after": None, "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.node_devices": None,
+        "trainer.devices": [first_device] if resolve_accelerator(cfg.trainer) == "cuda" else 1,
+        "optim.lr": cfg.teacher.auto_train_lr, "optim.warmup_steps": 0, "pipeline.microbatches": 1,
+        # the run's faults are aimed at the distillation, not at this
+        "injection.name": "none", "injection.faults": []})
 
 
-def prepare_teacher(cfg: DictConfig, run_dir: Path, setup: ComputeSetup,
+def prepare_teacher(cfg: SynapseConfig, run_dir: Path, setup: ComputeSetup,
                     log: Callable[[str], None] = print) -> nn.Module:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     return load_teacher(cfg, setup, info, str(teacher_weights(cfg, run_dir, log)))
 
 
-def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path:
+def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path:
     """The local file holding the teacher's weights: the configured one, or a cached label-trained one."""
     if cfg.teacher.checkpoint:
         log(f"teacher: {cfg.teacher.name} from {cfg.teacher.checkpoint}")
@@ -73,7 +70,7 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
     return cached
 
 
-def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
+def check_cached_teacher(cfg: SynapseConfig, cached: Path) -> None:
     """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
     teacher.checkpoint, which the user never set."""
     from synapse.models import ModelError, check_weights_file
@@ -88,7 +85,7 @@ def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
                          f"trained again and cached anew") from exc
 
 
-def train_label_model(cfg: DictConfig, run_dir: Path, model_name: str, log: Callable[[str], None] = print,
+def train_label_model(cfg: SynapseConfig, run_dir: Path, model_name: str, log: Callable[[str], None] = print,
                       init: str | None = None) -> Path:
     """Train ``model_name`` with cross-entropy; write its weights to ``run_dir/model.pt`` and return that path."""
     import torch

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from synapse import checkpoint as ckpt
+from synapse.config import SynapseConfig
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from synapse.engine.accuracy import evaluate
 from synapse.engine.batches import train_batches
@@ -122,7 +122,7 @@ class Trainer:
     """The training loop, the same for every path; its parts are composed, not overridden: how a
     step runs (``runner``), checkpoint I/O (``checkpointer``) and evaluation (``evaluate``)."""
 
-    cfg: DictConfig
+    cfg: SynapseConfig
     run_dir: Path
     runner: StepRunner
     checkpointer: Checkpointer
@@ -324,7 +324,7 @@ class RunParts:
     total_steps: int
 
 
-def build_run_parts(cfg: DictConfig, model_name: str, init_weights: str | None) -> RunParts:
+def build_run_parts(cfg: SynapseConfig, model_name: str, init_weights: str | None) -> RunParts:
     """Seeded construction shared by the single-device trainer and every pipeline rank.
 
     Every rank builds the *whole* student from the same seed and keeps its own blocks, so the
@@ -341,7 +341,7 @@ def build_run_parts(cfg: DictConfig, model_name: str, init_weights: str | None) 
     return RunParts(info, train_ds, val_ds, student, sampler, num_epochs, total_steps)
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
+def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
                   init_weights: str | None = None, log: Callable[[str], None] = print) -> Trainer:
     """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
     setup = build_compute_setup(cfg.trainer)
@@ -350,7 +350,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     optimizer = build_optimizer(student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     late = checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite, setup.device)
-    step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
+    # Label training (mode=teacher|baseline) has nothing pipelined to plan: auto is the whole batch at once.
+    microbatches = 1 if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches)
+    step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, microbatches,
                                kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
@@ -369,18 +371,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
                    parts.total_steps, parts.num_epochs, injector, events, log=log)
 
 
-def kd_params(cfg: DictConfig) -> KDLossParams:
+def kd_params(cfg: SynapseConfig) -> KDLossParams:
     return KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
 
 
-def _schedule_length(cfg: DictConfig, steps_per_epoch: int) -> tuple[int, int]:
+def _schedule_length(cfg: SynapseConfig, steps_per_epoch: int) -> tuple[int, int]:
     """(epochs to iterate, optimizer steps in the whole schedule); max_steps wins over epochs."""
     if cfg.trainer.max_steps is not None:
         return math.ceil(cfg.trainer.max_steps / steps_per_epoch), cfg.trainer.max_steps
     return cfg.trainer.epochs, cfg.trainer.epochs * steps_per_epoch
 
 
-def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+def resolve_resume(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
     """The checkpoint to resume from: an explicit path, the newest valid one for 'auto', or None."""
     if cfg.resume is None:
         return None
@@ -399,7 +401,7 @@ def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = 
     return ref.path
 
 
-def load_teacher(cfg: DictConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
+def load_teacher(cfg: SynapseConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
     teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, path, what="teacher.checkpoint")
     teacher = setup.prepare_model(teacher).eval()

@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
-
-from synapse.config import resolve_devices
+from synapse.config import SynapseConfig, config_from_yaml, resolve_devices
 from synapse.failover.node_channel import (
     BEAT_S,
     ExitOrder,
@@ -34,13 +32,15 @@ from synapse.failover.node_channel import (
 )
 from synapse.health import kill_live_workers, read_heartbeats
 from synapse.launch import WorkerFailure, launch_pipeline, newest_checkpoint
+from synapse.partitioning import Placement
+from synapse.pipeline import LaunchTask
 
 
 class DeciderLost(RuntimeError):
     """Node 0 stopped answering; the message says what is saved and how to continue."""
 
 
-def run_agent(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_agent(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Serve the decider's orders until it says the run is over; return its last launch's summary."""
     trainer = cfg.trainer
     channel = NodeChannel.connect(trainer.rdzv_endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
@@ -99,13 +99,14 @@ class Agent:
                 return order
 
     def _run_launch(self, order: LaunchOrder) -> dict[str, Any] | None:
-        cfg = OmegaConf.create(order.cfg_yaml)
+        cfg = config_from_yaml(order.cfg_yaml)
+        task = LaunchTask(cfg, Placement.from_dict(order.partition), order.microbatches, order.segment,
+                          order.teacher_weights, order.resume)
         self.stop_segment, self.launch = None, (order.segment, time.time())
         self.log(f"agent: node {self.node}: segment {order.segment} on local devices {list(resolve_devices(cfg.trainer))}")
         report = NodeReport(self.node, order.segment, "finished")
         try:
-            summary = launch_pipeline(cfg, self.run_dir, order.teacher_weights, order.partition, order.resume,
-                                      attempt=f"{order.segment}_node{self.node}", log=self.log, segment=order.segment,
+            summary = launch_pipeline(task, self.run_dir, attempt=f"{order.segment}_node{self.node}", log=self.log,
                                       store_hosted=order.store_hosted)
             report = NodeReport(self.node, order.segment, "finished", summary=summary or {})
         except WorkerFailure as exc:  # "stopped": torn down on the decider's order, a consequence

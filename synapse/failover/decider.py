@@ -18,15 +18,14 @@ How a segment across nodes ends:
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
-
-from synapse.config import resolve_devices, run_topology
+from synapse.config import SynapseConfig, config_yaml, resolve_devices, run_topology, with_settings
 from synapse.failover.agent import run_agent
 from synapse.failover.node_channel import (
     POLL_S,
@@ -41,10 +40,11 @@ from synapse.failover.node_channel import (
 from synapse.health import kill_live_workers, read_heartbeats
 from synapse.launch import WorkerFailure, launch_pipeline
 from synapse.partitioning import NodeTopology
+from synapse.pipeline import LaunchTask
 from synapse.rundir import EventLog, events_path
 
 
-def run_across_nodes(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
+def run_across_nodes(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
                      run_as_decider: Callable[[NodeDecider], dict[str, Any]]) -> dict[str, Any]:
     """Node 0: host the run's store, meet the agents, run the segments as the decider, and release the
     agents at the end (with the error, if any). Every other node: serve as an agent."""
@@ -80,7 +80,7 @@ def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoi
 class NodeDecider:
     """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one segment on all of them."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print):
+    def __init__(self, cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print):
         trainer = cfg.trainer
         self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
         self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
@@ -133,25 +133,25 @@ class NodeDecider:
         time.sleep(2 * POLL_S + 0.5)  # the agents read it before this process (the store's server) exits
 
     # ------------------------------------------------------------------ one segment on all its nodes
-    def __call__(self, segment_cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
-                 resume: str | None, attempt: str = "0", log: Callable[[str], None] = print, segment: int = 0
+    def __call__(self, task: LaunchTask, run_dir: Path, attempt: str = "0", log: Callable[[str], None] = print
                  ) -> dict[str, Any]:
-        devices = [int(d) for d in partition["devices"]]
+        devices, segment = list(task.placement.devices), task.segment
         self.topology.check_node_ordered(devices)
         nodes = self.topology.nodes_of(devices)
         multi = len(nodes) > 1
-        configs = {n: self.node_config(segment_cfg, devices, n, segment) for n in nodes}
+        configs = {n: self.node_config(task.config, devices, n, segment) for n in nodes}
         for node in [n for n in nodes if n != 0]:
-            self.channel.order(node, LaunchOrder(segment, OmegaConf.to_yaml(configs[node], resolve=True), partition,
-                                                 resume, teacher_weights, store_hosted=multi))
+            self.channel.order(node, LaunchOrder(segment, config_yaml(configs[node]), task.placement.to_dict(),
+                                                 task.microbatches, task.resume, task.teacher_weights,
+                                                 store_hosted=multi))
         watch = RemoteNodesWatch(self, segment, [n for n in nodes if n != 0], time.time())
         watch.start()
         local: dict[str, Any] | BaseException = {}
         try:
             if 0 in nodes:
                 try:
-                    local = launch_pipeline(configs[0], run_dir, teacher_weights, partition, resume, attempt=attempt,
-                                            log=log, segment=segment, store_hosted=multi)
+                    local = launch_pipeline(dataclasses.replace(task, config=configs[0]), run_dir, attempt=attempt,
+                                            log=log, store_hosted=multi)
                 except Exception as exc:  # noqa: BLE001  (judged with the other nodes' reports below)
                     local = exc
                     watch.trouble(f"node 0's workers ended: {type(exc).__name__}")
@@ -160,13 +160,11 @@ class NodeDecider:
             watch.stop()
         return self._outcome(devices, nodes, local, watch)
 
-    def node_config(self, segment_cfg: DictConfig, devices: Sequence[int], node: int, segment: int) -> DictConfig:
-        cfg = OmegaConf.merge(segment_cfg, {})
-        settings = {**segment_node_settings(self.topology, devices, self.endpoint, node),
-                    "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}"}  # one rendezvous per segment, every node
-        for key, value in settings.items():
-            OmegaConf.update(cfg, key, value, merge=False)
-        return cfg
+    def node_config(self, segment_cfg: SynapseConfig, devices: Sequence[int], node: int, segment: int
+                    ) -> SynapseConfig:
+        return with_settings(segment_cfg, {**segment_node_settings(self.topology, devices, self.endpoint, node),
+                                           # one rendezvous per segment, every node
+                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}"})
 
     def _outcome(self, devices: list[int], nodes: list[int], local, watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}

@@ -62,7 +62,8 @@ class Welcome:
 class LaunchOrder:
     segment: int
     cfg_yaml: str  # this node's config of the segment (its devices, its node_rank in the segment)
-    partition: dict[str, Any]
+    partition: dict[str, Any]  # the segment's placement (Placement.to_dict)
+    microbatches: int  # per step: the run's plan
     resume: Optional[str]
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store

@@ -1,24 +1,23 @@
 """Build the failover machinery from a config and run a pipeline under the supervisor."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
-
 from synapse import checkpoint as ckpt
-from synapse.calibration import AlphaBetaEstimator, EstimatorConfig
-from synapse.config import resolve_accelerator, resolve_devices
+from synapse.calibration import AlphaBetaEstimator
+from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
-from synapse.detection import DetectorConfig, SlowdownDetector
+from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment, read_segments, user_overrides
 from synapse.failover.summary import SUMMARY_FILE
 from synapse.failover.supervisor import STATE_FILE, Supervisor, first_segment
 from synapse.launch import launch_pipeline
 from synapse.partitioning import Placement, StagePlanner
-from synapse.planning import configured_alphas
+from synapse.planning import RunPlan, configured_alphas
 from synapse.rundir import EventLog, events_path
 from synapse.trackers import open_tracker
 
@@ -32,7 +31,7 @@ FALLBACK_RESTART = RestartCost(checkpoint_save_s=0.2, teardown_s=0.5, launch_s=6
 FALLBACK_LIVE = RestartCost(launch_s=0.2, warmup_s=0.1)
 
 
-def restart_cost_model(cfg: DictConfig, log: Callable[[str], None]) -> RestartCostModel:
+def restart_cost_model(cfg: SynapseConfig, log: Callable[[str], None]) -> RestartCostModel:
     """Priors per restart path from the benchmarks (failover.restart_cost_file, else this repository's
     results for the accelerator), corrected later by the run's own restarts."""
     accelerator = resolve_accelerator(cfg.trainer)
@@ -54,48 +53,47 @@ def _benchmark_cost(path: str | None, default: Path, name: str, fallback: Restar
     return RestartCostModel.from_benchmark(json.loads(path.read_text())).estimate(name)
 
 
-def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path, log: Callable[[str], None],
+def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, log: Callable[[str], None],
                      first: Placement | None = None) -> FailoverController:
     """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
     first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
-    settings = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
     prior = dict(zip(first.devices, configured_alphas(cfg, first.num_stages))) if first and cfg.partition.alphas else {}
     return FailoverController(
-        policy=make_policy(cfg.policy.name, **settings(cfg.policy.params)),
+        policy=make_policy(str(cfg.policy.name), **dataclasses.asdict(cfg.policy.params)),
         planner=planner,
         restart_costs=restart_cost_model(cfg, log),
-        detector=SlowdownDetector(DetectorConfig(**settings(cfg.failover.detector))),
-        estimator=AlphaBetaEstimator(EstimatorConfig(**settings(cfg.failover.estimator))),
-        spare_devices=tuple(int(d) for d in cfg.trainer.spare_devices),
+        detector=SlowdownDetector(cfg.failover.detector),
+        estimator=AlphaBetaEstimator(cfg.failover.estimator),
+        spare_devices=tuple(cfg.trainer.spare_devices),
         prior_alphas=prior,
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
-        drills=[dict(d) for d in settings(cfg.failover.drills)],
+        drills=[{"step": d.step, "action": str(d.action), "device": d.device} for d in cfg.failover.drills],
         say=log,
     )
 
 
-def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, partition: Placement,
+def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, plan: RunPlan,
                       teacher_weights: str, resume: str | None, overrides: Sequence[str] | None,
                       log: Callable[[str], None] = print, launch: Callable[..., dict] = launch_pipeline
                       ) -> dict[str, Any]:
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
-    controller = build_controller(cfg, planner, run_dir, log, first=partition)
+    controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
     supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"), launch=launch)
     history = read_segments(run_dir) if cfg.resume is not None else []
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0
     if not history:  # a fresh run, or one resumed by path into a new directory: its record starts at `start`
-        spec = first_segment(partition, resume)
+        spec = first_segment(plan.placement, plan.microbatches, resume)
         spec.start_step = start
         return supervisor.run(spec)
     supervisor.earlier_restarts = earlier_restarts(run_dir, log)
-    if not same_command(partition, history[0]):  # resumed with other devices or another partition
+    if not same_command(plan, history[0]):  # resumed with other devices, another partition or micro-batch count
         supervisor.segments = history
         log(f"failover: resuming at step {start} as segment {len(history)} on the configured devices "
             f"{resolve_devices(cfg.trainer)}")
-        spec = first_segment(partition, resume)
+        spec = first_segment(plan.placement, plan.microbatches, resume)
         spec.index, spec.reason, spec.start_step = len(history), "resume", start
         return supervisor.run(spec)
     # The supervisor itself was restarted (resume=auto): continue the segment history on the
@@ -107,8 +105,8 @@ def run_with_failover(cfg: DictConfig, run_dir: Path, planner: StagePlanner, par
     supervisor.segments = history
     log(f"failover: continuing after segment {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")
-    return supervisor.run(Segment(last.index + 1, last.placement, reason="supervisor_restart", resume=resume,
-                                    start_step=start), compose=True)
+    return supervisor.run(Segment(last.index + 1, last.placement, last.microbatches, reason="supervisor_restart",
+                                  resume=resume, start_step=start), compose=True)
 
 
 def earlier_restarts(run_dir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -138,6 +136,6 @@ def load_controller_state(controller: FailoverController, path: Path) -> None:
             f"again") from exc
 
 
-def same_command(partition: Placement, first: Segment) -> bool:
+def same_command(plan: RunPlan, first: Segment) -> bool:
     """Whether this run asks for what the run's first segment ran: then a resume continues its history."""
-    return partition == first.placement
+    return (plan.placement, plan.microbatches) == (first.placement, first.microbatches)

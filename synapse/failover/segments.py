@@ -33,10 +33,10 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from synapse.conf import CONF_DIR
-from synapse.config import run_topology, validate
+from synapse.config import SynapseConfig, as_node, config_yaml, run_topology, typed_config, validate, with_settings
 from synapse.failover.decider import segment_node_settings
 from synapse.injection import faults_for_segment, fired_fault_indices
 from synapse.partitioning import Placement
@@ -108,6 +108,7 @@ class Segment:
 
     index: int
     placement: Placement
+    microbatches: int  # per step: the run's plan (pipeline.microbatches, or what auto chose)
     reason: str  # "start", "replan", "degrade", "replace", "failure: ..."
     resume: str | None = None
     start_step: int = 0
@@ -151,13 +152,13 @@ def segment_dir(run_dir: Path, index: int) -> Path:
     return Path(run_dir) / SEGMENTS_DIR / str(index)
 
 
-def write_segment(run_dir: Path, spec: Segment, cfg: DictConfig | None = None,
+def write_segment(run_dir: Path, spec: Segment, cfg: SynapseConfig | None = None,
                 overrides: Sequence[str] | None = None) -> Path:
     """Write (or update) ``segments/<n>/``: segment.json always, the config and overrides when given."""
     folder = segment_dir(run_dir, spec.index)
     folder.mkdir(parents=True, exist_ok=True)
     if cfg is not None:
-        (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (folder / "config.yaml").write_text(config_yaml(cfg))
     if overrides is not None:
         (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
     tmp = folder / "segment.json.tmp"
@@ -219,14 +220,15 @@ def user_overrides(explicit: Sequence[str] | None) -> list[str] | None:
 WorkerEvents = Callable[[], list[dict[str, Any]]]
 
 
-def segment_settings(cfg: DictConfig, run_dir: Path, spec: Segment, worker_events: WorkerEvents) -> dict[str, Any]:
+def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_events: WorkerEvents
+                     ) -> dict[str, Any]:
     """What makes this segment this segment, on top of the user's config (key -> value)."""
     settings: dict[str, Any] = {"run_dir": str(run_dir), "cache_dir": cfg.cache_dir,
-                                # chosen once (pipeline.microbatches=auto): every segment keeps it
-                                "pipeline.microbatches": cfg.pipeline.microbatches}
+                                # the run's plan (pipeline.microbatches=auto chose it once): every segment keeps it
+                                "pipeline.microbatches": spec.microbatches}
     if spec.index == 0:
         return settings
-    faults = OmegaConf.to_container(cfg.injection.faults, resolve=True)
+    faults = cfg.injection.fault_dicts()
     fired = fired_fault_indices(worker_events())
     topology = run_topology(cfg.trainer)  # run-wide device ids across nodes (partitioning/topology.py)
     return {**settings, **segment_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
@@ -238,24 +240,22 @@ def segment_settings(cfg: DictConfig, run_dir: Path, spec: Segment, worker_event
             "resume": spec.resume}
 
 
-def segment_overrides(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
-                    worker_events: WorkerEvents) -> list[str]:
+def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
+                      worker_events: WorkerEvents) -> list[str]:
     """The override list that composes this segment: the user's, then the segment's own."""
     segment = [setting(key, value) for key, value in segment_settings(cfg, run_dir, spec, worker_events).items()]
     return merge_overrides(user_overrides or [], segment)
 
 
-def compose_segment(cfg: DictConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
-                  worker_events: WorkerEvents) -> tuple[DictConfig, list[str]]:
+def compose_segment(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
+                    worker_events: WorkerEvents) -> tuple[SynapseConfig, list[str]]:
     """The segment's validated config and the overrides that compose it."""
     overrides = segment_overrides(cfg, run_dir, user_overrides, spec, worker_events)
     if user_overrides is None:
         # Called with a config but not the overrides that made it (a program, not train.py):
-        # the segment is the same config with the segment's settings merged in.
-        segment_cfg = OmegaConf.merge(cfg, {})
-        for key, value in segment_settings(cfg, run_dir, spec, worker_events).items():
-            OmegaConf.update(segment_cfg, key, value, merge=False)
+        # the segment is the same config with the segment's settings set.
+        composed = as_node(with_settings(cfg, segment_settings(cfg, run_dir, spec, worker_events)))
     else:
-        segment_cfg = compose_segment_config(overrides)
-    validate(segment_cfg)
-    return segment_cfg, overrides
+        composed = compose_segment_config(overrides)
+    validate(composed)
+    return typed_config(composed), overrides

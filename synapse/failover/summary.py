@@ -16,15 +16,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omegaconf import DictConfig
-
+from synapse.config import SynapseConfig
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment
 
 SUMMARY_FILE = "experiment_summary.json"
 
 
-def write_experiment_summary(run_dir: Path, cfg: DictConfig, controller: FailoverController,
+def write_experiment_summary(run_dir: Path, cfg: SynapseConfig, controller: FailoverController,
                              segments: Sequence[Segment], restarts: Sequence[Any], started_at: float,
                              last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """``restarts``: the supervisor's ``Restart`` records (dataclasses); ``earlier_restarts``: those an

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig
-
 from synapse import checkpoint as ckpt
+from synapse.config import SynapseConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from synapse.decision import Decision, NoViableOptionError
 from synapse.failover.controller import FailoverController
@@ -35,6 +34,7 @@ from synapse.failover.summary import write_experiment_summary
 from synapse.failover.watch import LaunchWatcher
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
 from synapse.partitioning import Placement
+from synapse.pipeline import LaunchTask
 from synapse.rundir import EventLog, EventLogError, JsonlTail, events_path
 from synapse.trackers import NullTracker, Tracker
 
@@ -47,7 +47,7 @@ class FailoverError(RuntimeError):
 
 @dataclass
 class Supervisor:
-    cfg: DictConfig
+    cfg: SynapseConfig
     run_dir: Path
     overrides: list[str] | None  # None: unknown (segment configs are then merged, not composed)
     controller: FailoverController
@@ -149,7 +149,7 @@ class Supervisor:
         raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: segment {spec.index} stopped after step "
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
-    def _launch(self, spec: Segment, segment_cfg: DictConfig, restart: Restart | None):
+    def _launch(self, spec: Segment, segment_cfg: SynapseConfig, restart: Restart | None):
         self.control = open_channel(self.run_dir, control_endpoint(segment_cfg), segment_cfg.trainer.rdzv_timeout_s)
         self.control.clear()
         if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
@@ -165,8 +165,9 @@ class Supervisor:
         watcher.start()
         summary, failure = None, None
         try:
-            summary = self.launch(segment_cfg, self.run_dir, self.teacher_weights, spec.partition, spec.resume,
-                                      attempt=str(spec.index), log=self.log, segment=spec.index)
+            task = LaunchTask(segment_cfg, spec.placement, spec.microbatches, spec.index, self.teacher_weights,
+                              spec.resume)
+            summary = self.launch(task, self.run_dir, attempt=str(spec.index), log=self.log)
         except WorkerFailure as exc:
             self._show_failed_rank(spec, exc)
             if not exc.device_failure:  # an error in the code: a restart would fail the same way
@@ -199,7 +200,7 @@ class Supervisor:
         old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
         write_segment(self.run_dir, old)
         chosen = decision.chosen
-        spec = Segment(old.index + 1, chosen.placement, reason="replan (live)", start_step=old.end_step)
+        spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason="replan (live)", start_step=old.end_step)
         self.segments.append(spec)
         segment_cfg, overrides = self._compose(spec)
         write_segment(self.run_dir, spec, segment_cfg, overrides)
@@ -310,11 +311,11 @@ class Supervisor:
         self.log(f"failover: segment {restart.segment} on devices {list(chosen.devices)}, teacher blocks "
                  f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
                  f"{restart.resume_step}")
-        return Segment(restart.segment, chosen.placement, reason=restart.action, resume=pinned and str(pinned),
-                         start_step=restart.resume_step)
+        return Segment(restart.segment, chosen.placement, spec.microbatches, reason=restart.action,
+                       resume=pinned and str(pinned), start_step=restart.resume_step)
 
     # ---------------------------------------------------------------- segment configs
-    def _compose(self, spec: Segment) -> tuple[DictConfig, list[str]]:
+    def _compose(self, spec: Segment) -> tuple[SynapseConfig, list[str]]:
         return compose_segment(self.cfg, self.run_dir, self.overrides, spec, self.worker_events)
 
     # ---------------------------------------------------------------- measurements
@@ -340,5 +341,5 @@ class Supervisor:
         os.replace(tmp, path)
 
 
-def first_segment(placement: Placement, resume: str | None) -> Segment:
-    return Segment(0, placement, reason="start", resume=resume)
+def first_segment(placement: Placement, microbatches: int, resume: str | None) -> Segment:
+    return Segment(0, placement, microbatches, reason="start", resume=resume)

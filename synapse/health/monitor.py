@@ -256,7 +256,7 @@ def build_health_monitor(run_dir: Path | str, cfg: Any, on_hard_failure: Callabl
                          log: Callable[[str], None] = print, gpu_devices: Sequence[int] = ()
                          ) -> HealthMonitor | NullHealthMonitor:
     """The monitor the ``monitor`` config asks for (``enabled: false``: a null one), not yet started."""
-    enabled = cfg.get("enabled", True) if hasattr(cfg, "get") else getattr(cfg, "enabled", True)
+    enabled = getattr(cfg, "enabled", True)
     if not enabled:
         return NullHealthMonitor()
     settings = HealthSettings.from_config(cfg)

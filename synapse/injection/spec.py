@@ -175,6 +175,8 @@ def parse_faults(specs: Sequence[Mapping[str, Any]] | None, world_size: int) -> 
     """Validate every fault against the run's world size before any worker starts."""
     faults = []
     for i, spec in enumerate(specs or []):
+        if dataclasses.is_dataclass(spec) and not isinstance(spec, type):  # the typed config's FaultSettings
+            spec = dataclasses.asdict(spec)
         if not hasattr(spec, "keys"):
             raise InjectionError(f"injection.faults[{i}] is {spec!r}, not a mapping; write each fault as "
                                  f"{_EXAMPLES['raise']}")
@@ -303,27 +305,27 @@ def fault_id(fault: Mapping[str, Any], position: int) -> int:
 
 
 def faults_for_segment(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
-                     stage_devices: Sequence[int], fired: set[int]) -> list[dict[str, Any]]:
-    """The faults of a stage on ``stage_devices``: ranks remapped, each tagged with its ``fault_id``.
+                     segment_devices: Sequence[int], fired: set[int]) -> list[dict[str, Any]]:
+    """The faults of a segment on ``segment_devices``: ranks remapped, each tagged with its ``fault_id``.
 
     ``faults`` is the user's list (ranks refer to ``first_devices``); ``fired`` holds the ids of
     instant faults that already fired.
     """
-    staged = []
+    kept = []
     for position, fault in enumerate(faults):
         ident = fault_id(fault, position)
         if fault["kind"] in INSTANT_KINDS and ident in fired:
             continue
         device = first_devices[int(fault["rank"])]
-        if device not in stage_devices:
+        if device not in segment_devices:
             continue  # the device is gone, and its fault with it
         given = {key: value for key, value in fault.items() if value is not None}  # unset keys stay unset
-        staged.append({**given, "rank": list(stage_devices).index(device), "fault_id": ident})
-    return staged
+        kept.append({**given, "rank": list(segment_devices).index(device), "fault_id": ident})
+    return kept
 
 
 def dropped_faults(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int],
-                   stage_devices: Sequence[int], fired: set[int]) -> list[int]:
+                   segment_devices: Sequence[int], fired: set[int]) -> list[int]:
     """Ids of the faults ``faults_for_segment`` leaves out (fired, or their device dropped)."""
-    kept = {f["fault_id"] for f in faults_for_segment(faults, first_devices, stage_devices, fired)}
+    kept = {f["fault_id"] for f in faults_for_segment(faults, first_devices, segment_devices, fired)}
     return [fault_id(f, i) for i, f in enumerate(faults) if fault_id(f, i) not in kept]

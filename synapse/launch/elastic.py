@@ -22,18 +22,17 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from synapse.config import resolve_accelerator, resolve_devices
+from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
 from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
 from synapse.launch import interrupt, rendezvous
 from synapse.launch.root_cause import WorkerFailure, failure_of
-from synapse.pipeline import progress_path, read_progress, worker_main
+from synapse.pipeline import LaunchTask, progress_path, read_progress, worker_main
 from synapse.rundir import filesystem_full
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
@@ -68,7 +67,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False) -> LaunchConfig:
+def launch_config(cfg: SynapseConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False) -> LaunchConfig:
     trainer = cfg.trainer
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
@@ -106,17 +105,17 @@ def worker_logs_spec(log_dir: Path, shown_ranks) -> DefaultLogsSpecs:
                             local_ranks_filter=None if shown_ranks is None else {int(r) for r in shown_ranks})
 
 
-def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
-                    resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
-                    segment: int = 0, store_hosted: bool = False) -> dict[str, Any]:
-    """Run the pipeline to the end of this launch; return the summary of the last rank.
-    ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by a
-    multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
+def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Callable[[str], None] = print,
+                    store_hosted: bool = False) -> dict[str, Any]:
+    """Run ``task`` on this node's workers to the end of this launch; return the summary of the last
+    rank. ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by
+    a multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
+    cfg = task.config
     preload_worker_modules(cfg.data.name)
     for tries_left in reversed(range(PORT_ATTEMPTS)):
         config = launch_config(cfg, run_dir, attempt, store_hosted)
         try:
-            return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, segment)
+            return _launch_once(config, task, run_dir, attempt, log)
         except RendezvousError as exc:
             if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
@@ -144,10 +143,9 @@ class TearDown:
         self.killed.update(kill_live_workers(read_heartbeats(self.run_dir), since=self.since))
 
 
-def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_weights: str,
-                 partition: dict[str, list[int]], resume: str | None, attempt: str, log: Callable[[str], None],
-                 segment: int) -> dict[str, Any]:
-    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+def _launch_once(config: LaunchConfig, task: LaunchTask, run_dir: Path, attempt: str, log: Callable[[str], None]
+                 ) -> dict[str, Any]:
+    cfg = task.config
     log_dir = run_dir / "logs" / f"launch_{attempt}"
     failure_dir = log_dir / "failures"
     launched_at = time.time()
@@ -162,8 +160,7 @@ def _launch_once(config: LaunchConfig, cfg: DictConfig, run_dir: Path, teacher_w
     gpus = resolve_devices(cfg.trainer) if resolve_accelerator(cfg.trainer) == "cuda" else ()
     try:
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
-            results = elastic_launch(config, worker_main)(cfg_yaml, str(run_dir), teacher_weights, partition,
-                                                          resume, str(failure_dir), segment)
+            results = elastic_launch(config, worker_main)(task, str(run_dir), str(failure_dir))
     except ChildFailedError as exc:
         raise judged(exc.failures) from exc
     except (ValueError, EOFError, pickle.UnpicklingError) as exc:
@@ -205,7 +202,7 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return chain
 
 
-def rendezvous_error(cfg: DictConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
+def rendezvous_error(cfg: SynapseConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
     """What went wrong in the rendezvous, for a person: the endpoint, the cause and the fix."""
     trainer, endpoint = cfg.trainer, config.rdzv_endpoint
     cause = "; ".join(f"{type(e).__name__}: {e}" for e in _chain(exc) if str(e).strip())[:400] or type(exc).__name__

@@ -8,8 +8,8 @@ from synapse.pipeline.repartition import BlockMove, exchange_blocks
 from synapse.pipeline.runtime import WAIT_PHASES, PipelineRuntime, ProgressBoard, progress_path, read_progress
 from synapse.pipeline.stage import FusedStage
 from synapse.pipeline.wire import from_wire, to_wire
-from synapse.pipeline.worker import worker_main, write_failure
+from synapse.pipeline.worker import LaunchTask, worker_main, write_failure
 
-__all__ = ["BlockMove", "FusedStage", "PipelineRuntime", "ProgressBoard", "StageClock", "StageGraphs", "WAIT_PHASES",
+__all__ = ["BlockMove", "LaunchTask", "FusedStage", "PipelineRuntime", "ProgressBoard", "StageClock", "StageGraphs", "WAIT_PHASES",
            "exchange_blocks", "from_wire", "progress_path", "read_progress", "reads_timing_late", "slots_for",
            "to_wire", "worker_main", "write_failure"]

@@ -355,8 +355,9 @@ class PipelineEvaluation:
 
 def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           segment: int = 0) -> Trainer:
-    """The shared training loop composed for pipeline rank ``rank`` of ``world_size``."""
+                           segment: int = 0, microbatches: int | None = None) -> Trainer:
+    """The shared training loop composed for pipeline rank ``rank`` of ``world_size``; ``microbatches``:
+    the run's plan (None: pipeline.microbatches, which must then be a count)."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
@@ -365,7 +366,8 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     kd = kd_params(cfg)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
-    runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
+    runtime = PipelineRuntime(module, rank, world_size, setup, microbatches or cfg.pipeline.microbatches,
+                              cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
                               nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),
                               cuda_graphs=cfg.pipeline.cuda_graphs,

@@ -2,10 +2,12 @@
 
 The elastic agent sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the worker
 joins the process group (NCCL on GPUs, gloo on CPU) with a collective timeout, so a dead or
-hung peer fails the launch instead of hanging it, and trains its stage.
+hung peer fails the launch instead of hanging it, and trains its stage. What it trains comes in
+one piece, a ``LaunchTask``: the segment's typed config, its placement and micro-batch count.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -20,24 +22,36 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from synapse.config import resolve_accelerator, resolve_devices
+from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
 from synapse.engine import build_compute_setup
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
 from synapse.rundir import hold_as_worker
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchTask:
+    """What every worker of one launch is given, once and in one piece (pickled to it by the elastic
+    launcher): the segment's config, where the blocks go and how many micro-batches a step is cut
+    into (the run's plan), which teacher to load and which checkpoint to resume from."""
+
+    config: SynapseConfig
+    placement: Placement
+    microbatches: int
+    segment: int
+    teacher_weights: str
+    resume: str | None = None
+
+
 @record
-def worker_main(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                resume: str | None, failure_dir: str, segment: int = 0) -> dict[str, Any] | None:
+def worker_main(task: LaunchTask, run_dir: str, failure_dir: str) -> dict[str, Any] | None:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the supervisor's to handle
         die_with_the_supervisor()
-        hold_as_worker(Path(run_dir), OmegaConf.create(cfg_yaml).trainer.node_rank)
-        return _train_launch(cfg_yaml, run_dir, teacher_weights, partition, resume, segment)
+        hold_as_worker(Path(run_dir), task.config.trainer.node_rank)
+        return _train_launch(task, Path(run_dir))
     except BaseException as exc:
         # The elastic agent may tear this rank down before it reports; a file per failing
         # rank, with a precise time, lets the supervisor name the root cause.
@@ -102,11 +116,10 @@ def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
         path.unlink(missing_ok=True)
 
 
-def _train_launch(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],
-                 resume: str | None, segment: int) -> dict[str, Any] | None:
+def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
     started = time.time()
-    cfg = OmegaConf.create(cfg_yaml)
-    cfg.trainer.progress = False  # the process that launched the workers draws the run's one bar from its records
+    # The process that launched the workers draws the run's one bar, from their records.
+    cfg = dataclasses.replace(task.config, trainer=dataclasses.replace(task.config.trainer, progress=False))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device_id = resolve_devices(cfg.trainer)[local_rank]
@@ -118,15 +131,14 @@ def _train_launch(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: 
     log = _worker_logger()
     trainer = None
     try:
-        placement = Placement.from_dict(partition)
-        trainer = build_pipeline_trainer(cfg, Path(run_dir), rank, world, placement, teacher_weights, setup, log,
-                                         segment=segment)
+        trainer = build_pipeline_trainer(cfg, run_dir, rank, world, task.placement, task.teacher_weights, setup, log,
+                                         segment=task.segment, microbatches=task.microbatches)
         built = time.time()
-        if resume:
-            trainer.load_checkpoint(Path(resume))
+        if task.resume:
+            trainer.load_checkpoint(Path(task.resume))
         dist.barrier()  # "ready" means every rank is ready
         if rank == 0:  # the supervisor splits a restart's cost into launch, load and warm-up with this
-            trainer.events.append("launch_ready", segment=segment, step=trainer.step, process_started=started,
+            trainer.events.append("launch_ready", segment=task.segment, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
         summary = trainer.fit()
         trainer.runner.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death

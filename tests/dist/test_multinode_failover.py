@@ -17,6 +17,7 @@ import pytest
 
 from synapse.app import run
 from synapse.config import ConfigError, validate
+from synapse.config import typed_config
 from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import free_port
 from synapse.rundir import read_events
@@ -188,12 +189,13 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     logged = [(e["step"], e["action"], e["chosen"]["devices"], e["chosen"]["teacher_counts"],
                e["chosen"]["student_counts"]) for e in events if e["event"] == "decision" and e["action"] != "keep"]
     records = [r for r in read_jsonl(two_nodes / "performance.jsonl") if r["segment"] == 0]
-    one_node = compose_segment_config([*BASE_OVERRIDES, f"run_dir={tmp_path / 'replay'}", f"cache_dir={tmp_path}/cache",
-                                     "trainer.devices=4", f"teacher.checkpoint={teacher_file}", *SLOWDOWN])
+    one_node = typed_config(compose_segment_config([
+        *BASE_OVERRIDES, f"run_dir={tmp_path / 'replay'}", f"cache_dir={tmp_path}/cache", "trainer.devices=4",
+        f"teacher.checkpoint={teacher_file}", *SLOWDOWN]))
     (tmp_path / "replay").mkdir()
     info = dataset_info(one_node.data.name, **data_kwargs(one_node.data, one_node.seed))
-    controller = build_controller(one_node, build_stage_planner(one_node, info, lambda m: None), tmp_path / "replay",
-                                  lambda m: None)
+    planner = build_stage_planner(one_node, info, one_node.pipeline.microbatches, lambda m: None)
+    controller = build_controller(one_node, planner, tmp_path / "replay", lambda m: None)
     controller.begin_segment(read_segments(two_nodes)[0].placement, start_step=0)
     # When and what is decided must match; the cut may differ: the planner prices a node's CPU
     # contention from its own ranks (2 per node here, 4 on the one node), and links have a price.

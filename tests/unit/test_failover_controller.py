@@ -424,11 +424,13 @@ def test_a_device_the_first_plan_was_made_slow_for_stays_slow_and_its_blocks_sta
 
 
 def test_the_run_controller_knows_the_slowdowns_the_first_plan_was_made_for(planner, make_config, tmp_path):
+    from synapse.config import typed_config
     from synapse.failover import build_controller
     first = Placement((0, 1, 2), (10, 10, 10), (19, 19, 19))
-    planned = build_controller(make_config("partition.alphas=[1,1,3]"), planner, tmp_path, print, first=first)
+    planned = build_controller(typed_config(make_config("partition.alphas=[1,1,3]")), planner, tmp_path, print,
+                               first=first)
     assert planned.prior_alphas == {0: 1.0, 1: 1.0, 2: 3.0}
-    assert build_controller(make_config(), planner, tmp_path, print, first=first).prior_alphas == {}
+    assert build_controller(typed_config(make_config()), planner, tmp_path, print, first=first).prior_alphas == {}
 
 
 def test_the_first_replan_is_priced_on_the_detected_level_not_a_lagging_average(planner):
