@@ -45,6 +45,11 @@ class IncompatibleCheckpointError(CheckpointError):
     """
 
 
+class NoIntactCheckpointError(CheckpointError):
+    """``resume=auto`` over checkpoints that are all damaged: the run stops instead of quietly
+    starting from step 0 (all finished work would be lost); the message names each damage."""
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, read-only or missing directory).
 
@@ -85,7 +90,9 @@ def sha256_of(path: Path) -> str:
 
 
 def list_checkpoints(root: Path) -> list[CheckpointRef]:
-    """Finished checkpoints under ``root``, oldest first (temporary directories are ignored)."""
+    """Finished checkpoints under ``root`` by their directory names, oldest first (temporary
+    directories are ignored). What a checkpoint holds is what its manifest says: choosing and
+    pruning order by that (``read.ordered_checkpoints``), since a directory can be renamed or copied."""
     if not Path(root).is_dir():
         return []
     refs = [CheckpointRef(p, int(m.group(1))) for p in Path(root).iterdir()

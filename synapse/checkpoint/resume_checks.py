@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from synapse.checkpoint import dcp as dcp_store
-from synapse.checkpoint.layout import (
-    CheckpointError,
-    IncompatibleCheckpointError,
-    UnsafeCheckpointError,
-    list_checkpoints,
+from synapse.checkpoint.layout import CheckpointError, IncompatibleCheckpointError
+from synapse.checkpoint.read import (
+    load_file,
+    ordered_checkpoints,
+    read_dcp,
+    read_manifest,
+    resume_checkpoint,
+    verify_checkpoint,
 )
-from synapse.checkpoint.read import load_file, read_dcp, read_manifest, verify_checkpoint
 
 
 def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tuple[int, ...]] | None = None
@@ -39,19 +41,23 @@ def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tupl
 
 def check_run_checkpoints(root: Path, student: str,
                           expected_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
-    """What ``resume=auto`` may pick must belong to this run: every finished checkpoint under
-    ``root`` of another format version or another student raises; damaged ones are left to
-    ``latest_valid_checkpoint``, which skips them (so no checksums are computed here)."""
-    for ref in list_checkpoints(root):
-        try:
-            manifest = read_manifest(ref.path)
-            _check_student_name(ref.path, manifest, student)
-            if expected_shapes is not None:
-                _check_student_shapes(ref.path, manifest, student, expected_shapes)
-        except (IncompatibleCheckpointError, UnsafeCheckpointError):
-            raise
-        except CheckpointError:
-            continue  # damage: skipped with a message when resume=auto chooses
+    """What ``resume=auto`` may pick must belong to this run: a finished checkpoint under ``root``
+    of another format version or another student (by its manifest) raises, and the one it will
+    pick (the newest intact, ``resume_checkpoint``) must hold the configured student's tensors.
+
+    Damage is no refusal: the checkpoint is skipped (with a message when resume=auto chooses) for
+    the newest intact one. Its checksums are checked before anything else is read from it, so a
+    flipped byte in DCP's index is damage, never mistaken for code or for another student; only
+    where every checkpoint is damaged does ``NoIntactCheckpointError`` stop the run.
+    """
+    for item in ordered_checkpoints(root):
+        if isinstance(item.error, IncompatibleCheckpointError):
+            raise item.error
+        if item.manifest is not None:
+            _check_student_name(item.ref.path, item.manifest, student)
+    chosen = resume_checkpoint(root)
+    if chosen is not None and expected_shapes is not None:
+        _check_student_shapes(chosen.path, read_manifest(chosen.path), student, expected_shapes)
 
 
 def _written_with(path: Path) -> str:

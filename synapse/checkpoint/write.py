@@ -10,6 +10,9 @@ with the operating system's reason, the file it was writing and the newest check
 still intact; the half-written file is removed, and the next save removes any temporary
 directory a failed or killed save left behind *before* it writes (on a full disk, that space
 is what the next checkpoint needs).
+
+Pruning deletes the oldest checkpoints by the step their manifests record, never by their
+directory names: a copy of step 10 named ``step_00000099`` is the oldest, not the newest.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from synapse.checkpoint.layout import (
     sha256_of,
     step_dir_name,
 )
-from synapse.checkpoint.read import verify_checkpoint
+from synapse.checkpoint.read import ordered_checkpoints, verify_checkpoint
 
 
 def _fsync_dir(path: Path) -> None:
@@ -190,8 +193,9 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and stray temporary directories."""
-    refs = list_checkpoints(root)
+    """Delete all but the newest ``keep`` checkpoints, oldest first by the step their manifests
+    record, and stray temporary directories."""
+    refs = [c.ref for c in ordered_checkpoints(root)]
     for ref in refs[: max(0, len(refs) - keep)]:
         shutil.rmtree(ref.path, ignore_errors=True)
     remove_stray_temporaries(root)
