@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from synapse.checkpoint import CheckpointWriteError
+from synapse.checkpoint import CheckpointWriteError, check_run_dir_checkpoints
 from synapse.config import ConfigError, num_stages, run_topology, uses_pipeline, validate
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import (
@@ -47,6 +47,8 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
     validate(cfg)
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
+        if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
+            check_run_dir_checkpoints(run_dir / "checkpoints", cfg.resume)  # never two runs' in one directory
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:

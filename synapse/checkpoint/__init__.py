@@ -11,10 +11,12 @@ from synapse.checkpoint.layout import (
     FORMAT_VERSION,
     MANIFEST,
     READABLE_VERSIONS,
+    RUN_FILE,
     STATE_FILE,
     CheckpointError,
     CheckpointRef,
     CheckpointWriteError,
+    ForeignCheckpointError,
     IncompatibleCheckpointError,
     NoIntactCheckpointError,
     NonFiniteCheckpointError,
@@ -37,7 +39,7 @@ from synapse.checkpoint.read import (
     resume_checkpoint,
     verify_checkpoint,
 )
-from synapse.checkpoint.resume_checks import check_resumable, check_run_checkpoints
+from synapse.checkpoint.resume_checks import check_resumable, check_run_checkpoints, check_run_dir_checkpoints
 from synapse.checkpoint.write import (
     begin_checkpoint,
     commit_checkpoint,
@@ -45,16 +47,17 @@ from synapse.checkpoint.write import (
     new_nonce,
     prune_checkpoints,
     remove_stray_temporaries,
+    run_identity,
     save_tensor_file,
     write_error,
 )
 
-__all__ = ["CheckpointError", "CheckpointRef", "CheckpointWriteError", "FORMAT_VERSION",
+__all__ = ["CheckpointError", "CheckpointRef", "CheckpointWriteError", "FORMAT_VERSION", "ForeignCheckpointError",
            "IncompatibleCheckpointError", "ListedCheckpoint", "MANIFEST", "NoIntactCheckpointError",
-           "NonFiniteCheckpointError", "READABLE_VERSIONS", "STATE_FILE", "UnsafeCheckpointError",
+           "NonFiniteCheckpointError", "READABLE_VERSIONS", "RUN_FILE", "STATE_FILE", "UnsafeCheckpointError",
            "begin_checkpoint", "check_format_version", "check_resumable", "check_run_checkpoints",
-           "commit_checkpoint", "dcp_store", "first_nonfinite", "latest_valid_checkpoint",
+           "check_run_dir_checkpoints", "commit_checkpoint", "dcp_store", "first_nonfinite", "latest_valid_checkpoint",
            "list_checkpoints", "load_file", "load_run_state", "load_student_state", "load_training_state",
            "new_nonce", "ordered_checkpoints", "prune_checkpoints", "read_manifest", "remove_stray_temporaries",
-           "resume_checkpoint", "save_tensor_file", "sha256_of", "shard_name", "step_dir_name",
+           "resume_checkpoint", "run_identity", "save_tensor_file", "sha256_of", "shard_name", "step_dir_name",
            "verify_checkpoint", "write_error"]

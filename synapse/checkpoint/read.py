@@ -75,6 +75,9 @@ def _check_manifest_fields(manifest: dict[str, Any], manifest_path: Path) -> Non
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise corrupt(f"the entry of {name} has no valid 'sha256' (found {digest!r}; every file needs its "
                           f"'sha256' and its size in 'bytes')")
+    run = manifest.get("run")
+    if run is not None and not isinstance(run, str):
+        raise corrupt(f"its 'run' is {run!r}, not a run identity")
 
 
 def check_format_version(manifest: dict[str, Any], path: Path) -> int:
@@ -147,6 +150,10 @@ class ListedCheckpoint:
     named_step: int  # the step in the directory's name
     manifest: dict[str, Any] | None
     error: CheckpointError | None  # why the manifest cannot be read (then ``manifest`` is None)
+
+    @property
+    def run(self) -> str | None:
+        return None if self.manifest is None else self.manifest.get("run")
 
 
 def ordered_checkpoints(root: Path) -> list[ListedCheckpoint]:

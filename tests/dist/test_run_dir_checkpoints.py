@@ -1,9 +1,12 @@
-"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, item 6).
+"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4 and 6).
 
 One real run (two CPU pipeline ranks under the failover supervisor, 10 steps, a checkpoint every
 5, ``checkpoint.keep=2``) leaves steps 5 and 10; each test works on its own copy of that
 directory, as a user's next command would:
 
+* a fresh run (``resume=null``) into it is refused before anything starts, naming
+  ``resume=auto`` and a new directory, and the earlier run's files stay as they were; the
+  ``resume=auto`` it names continues the earlier run, and pruning then takes only that run's own;
 * with a flipped byte in the newest checkpoint's ``.metadata``, ``resume=auto`` says so and
   continues from the previous one;
 * with every checkpoint damaged, ``resume=auto`` stops naming each damage and the setting that
@@ -12,6 +15,7 @@ directory, as a user's next command would:
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -71,6 +75,26 @@ def flip_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_the_earlier_run(used_dir, teacher_file):
+    before, launched = digest(used_dir), launches(used_dir)
+    identity = json.loads((used_dir / "checkpoints" / ckpt.RUN_FILE).read_text())["run"]
+    fresh = train_py(used_dir, teacher=teacher_file)
+    assert fresh.returncode != 0
+    assert (f"ForeignCheckpointError: {used_dir} already holds the checkpoints of an earlier run (2 checkpoints in "
+            f"{used_dir / 'checkpoints'}, steps 5, 10) and resume=null starts a fresh run: its checkpoints would mix "
+            f"with those, and a later resume=auto could continue the earlier run's. Nothing was started, and the "
+            f"earlier run's files are untouched. Fix: continue the earlier run with resume=auto, or start this one "
+            f"in a new directory (run_dir=<new directory>)") in fresh.stderr, fresh.stderr[-3000:]
+    assert digest(used_dir) == before and launches(used_dir) == launched
+
+    continued = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    last = read_stages(used_dir)[-1]
+    assert last.start_step == 10 and last.resume == str(used_dir / "checkpoints" / "step_00000010")
+    assert steps(used_dir) == [10, 15]  # keep=2: the run's own step 5 pruned
+    assert {c.run for c in ckpt.ordered_checkpoints(used_dir / "checkpoints")} == {identity}
 
 
 def test_a_flipped_byte_in_the_newest_metadata_resumes_from_the_previous_checkpoint(used_dir, teacher_file):

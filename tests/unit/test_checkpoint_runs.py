@@ -1,11 +1,13 @@
-"""Which checkpoint a resume takes (issue #33, item 6).
+"""Which checkpoints are whose, and which one a resume takes (issue #33, items 4 and 6).
 
 Every checkpoint here is a real one: the student resnet_micro of the default data, saved by the
 real ``Checkpointer`` (DCP storage, format 2) into a real directory, then damaged, renamed or
 mixed the way the report did it. Refusals go through ``synapse.app.run`` or ``validate`` as a
 user's command does.
 
-The checkpoint resumed is the newest intact one by what its manifest says; every one
+Item 4: a run's checkpoints carry its identity; pruning deletes only those, and a fresh run (or a
+resume by path from elsewhere) refuses a directory holding another run's checkpoints.
+Item 6: the checkpoint resumed is the newest intact one by what its manifest says; every one
 passed over is said with the reason; a manifest that vouches for too little is damage; and where
 all are damaged, the run stops instead of starting from step 0.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +101,88 @@ def refused_run(make_config, tiny_run, run_dir: Path, *overrides: str, error) ->
         run(cfg, log=lambda line: None)
     assert not list(run_dir.glob("logs/launch_*")), "a worker was launched"
     return str(caught.value)
+
+
+# ----------------------------------------------------------------------------- item 4: whose checkpoints
+
+def test_every_checkpoint_records_its_runs_identity_kept_across_restarts(tmp_path):
+    root = tmp_path / "checkpoints"
+    first = saved_run(root, 5, 10)
+    again = Student(root).train_and_save(15)  # a restart (failover, resume=auto): a new Checkpointer
+    identity = json.loads((root / ckpt.RUN_FILE).read_text())["run"]
+    assert re.fullmatch(r"[0-9a-f]{32}", identity)
+    assert [manifest_of(p)["run"] for p in [*first, *again]] == [identity] * 3
+    other = saved_run(tmp_path / "elsewhere" / "checkpoints", 5)
+    assert manifest_of(other[0])["run"] != identity  # another directory, another run
+
+
+def test_pruning_deletes_only_this_runs_checkpoints(tmp_path):
+    # The report: an earlier run's steps 30 and 40 sat in the directory; with checkpoint.keep=2 the
+    # new run's own checkpoints were deleted as soon as they were written, the old ones kept.
+    earlier = saved_run(tmp_path / "earlier" / "checkpoints", 30, 40)
+    root = tmp_path / "run" / "checkpoints"
+    student = Student(root, keep=2)
+    student.train_and_save(5)
+    for path in earlier:  # checkpoints of another run that came to sit in this directory
+        shutil.copytree(path, root / path.name)
+    legacy = saved_run(tmp_path / "legacy" / "checkpoints", 1)[0]  # written before runs had identities
+    edit_manifest(legacy, lambda m: m.pop("run"))
+    shutil.copytree(legacy, root / legacy.name)
+    student.train_and_save(10, 15, 20)
+    assert step_names(root) == ["step_00000001", "step_00000015", "step_00000020", "step_00000030",
+                                "step_00000040"]
+
+
+def test_a_fresh_run_into_a_used_run_dir_is_refused_before_anything_is_written(make_config, tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    saved_run(run_dir / "checkpoints", 30, 40)
+    (run_dir / "config.yaml").write_text("# the earlier run's settings\n")
+    before = tree_digest(run_dir)
+    message = refused_run(make_config, tiny_run, run_dir, error=ckpt.ForeignCheckpointError)
+    assert message == (
+        f"{run_dir} already holds the checkpoints of an earlier run (2 checkpoints in {run_dir / 'checkpoints'}, "
+        f"steps 30, 40) and resume=null starts a fresh run: its checkpoints would mix with those, and a later "
+        f"resume=auto could continue the earlier run's. Nothing was started, and the earlier run's files are "
+        f"untouched. Fix: continue the earlier run with resume=auto, or start this one in a new directory "
+        f"(run_dir=<new directory>)")
+    after = tree_digest(run_dir)
+    assert {k: v for k, v in after.items() if not k.startswith(".synapse")} == before  # only the run dir's lock
+
+
+def test_resume_by_path_from_another_run_into_a_used_run_dir_is_refused(make_config, tiny_run, tmp_path):
+    elsewhere = saved_run(tmp_path / "other_run" / "checkpoints", 8)[0]
+    run_dir = tmp_path / "run"
+    saved_run(run_dir / "checkpoints", 30, 40)
+    message = refused_run(make_config, tiny_run, run_dir, f"resume={elsewhere}", error=ckpt.ForeignCheckpointError)
+    assert message.startswith(f"{run_dir} holds the checkpoints of another run (2 checkpoints in ")
+    assert f"than the one resume={elsewhere} continues" in message
+    assert message.endswith(f"Fix: resume into a new directory (run_dir=<new directory>), or continue the run in "
+                            f"{run_dir} with resume=auto")
+
+
+@pytest.mark.parametrize("case", ["auto", "own checkpoint by path", "empty directory", "only an unfinished save"])
+def test_what_a_run_dir_may_hold_for_each_resume(tmp_path, case):
+    root = tmp_path / "run" / "checkpoints"
+    if case == "empty directory":
+        root.mkdir(parents=True)
+        ckpt.check_run_dir_checkpoints(root, None)
+        return
+    if case == "only an unfinished save":  # a run killed before its first commit: nothing to mix with
+        ckpt.begin_checkpoint(root, 5)
+        ckpt.check_run_dir_checkpoints(root, None)
+        return
+    paths = saved_run(root, 30, 40)
+    ckpt.check_run_dir_checkpoints(root, "auto" if case == "auto" else str(paths[0]))  # no refusal
+
+
+def test_a_lost_identity_file_is_taken_up_again_from_the_checkpoints(tmp_path):
+    root = tmp_path / "checkpoints"
+    identity = manifest_of(saved_run(root, 5, keep=2)[0])["run"]
+    (root / ckpt.RUN_FILE).unlink()
+    saved_run(root, 10, 15, keep=2)
+    assert manifest_of(root / "step_00000015")["run"] == identity
+    assert json.loads((root / ckpt.RUN_FILE).read_text())["run"] == identity
+    assert step_names(root) == ["step_00000010", "step_00000015"]  # and step 5 was pruned as the run's own
 
 
 # ----------------------------------------------------------------------------- item 6: which checkpoint
@@ -202,6 +287,8 @@ def test_all_checkpoints_damaged_stops_resume_auto_naming_each(make_config, tiny
                                  f"skipping checkpoint {older}: {older}: state.pt is corrupt or truncated "
                                  f"(checksum mismatch)"]
     assert tree_digest(run_dir / "checkpoints") == before
+    # The way out the message names: a fresh run in a new directory is not refused.
+    ckpt.check_run_dir_checkpoints(tmp_path / "new" / "checkpoints", None)
 
 
 def test_a_directory_without_any_checkpoint_still_starts_fresh(tmp_path):
