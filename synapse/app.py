@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from synapse.checkpoint import CheckpointWriteError
+from synapse.checkpoint import CheckpointWriteError, check_run_dir_checkpoints
 from synapse.config import ConfigError, SynapseConfig, config_yaml, num_stages, run_topology, typed_config, validate
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
@@ -43,6 +43,8 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
+        if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
+            check_run_dir_checkpoints(run_dir / "checkpoints", cfg.resume)  # never two runs' in one directory
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:

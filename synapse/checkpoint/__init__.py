@@ -11,11 +11,14 @@ from synapse.checkpoint.layout import (
     FORMAT_VERSION,
     MANIFEST,
     READABLE_VERSIONS,
+    RUN_FILE,
     STATE_FILE,
     CheckpointError,
     CheckpointRef,
     CheckpointWriteError,
+    ForeignCheckpointError,
     IncompatibleCheckpointError,
+    NoIntactCheckpointError,
     NonFiniteCheckpointError,
     UnsafeCheckpointError,
     list_checkpoints,
@@ -24,16 +27,19 @@ from synapse.checkpoint.layout import (
     step_dir_name,
 )
 from synapse.checkpoint.read import (
+    ListedCheckpoint,
     check_format_version,
     latest_valid_checkpoint,
     load_file,
     load_run_state,
     load_student_state,
     load_training_state,
+    ordered_checkpoints,
     read_manifest,
+    resume_checkpoint,
     verify_checkpoint,
 )
-from synapse.checkpoint.resume_checks import check_resumable, check_run_checkpoints
+from synapse.checkpoint.resume_checks import check_resumable, check_run_checkpoints, check_run_dir_checkpoints
 from synapse.checkpoint.write import (
     begin_checkpoint,
     commit_checkpoint,
@@ -41,14 +47,17 @@ from synapse.checkpoint.write import (
     new_nonce,
     prune_checkpoints,
     remove_stray_temporaries,
+    run_identity,
     save_tensor_file,
     write_error,
 )
 
-__all__ = ["CheckpointError", "CheckpointRef", "CheckpointWriteError", "FORMAT_VERSION",
-           "IncompatibleCheckpointError", "MANIFEST", "NonFiniteCheckpointError", "READABLE_VERSIONS", "STATE_FILE",
-           "UnsafeCheckpointError", "begin_checkpoint", "check_format_version", "check_resumable",
-           "check_run_checkpoints", "commit_checkpoint", "dcp_store", "first_nonfinite", "latest_valid_checkpoint",
+__all__ = ["CheckpointError", "CheckpointRef", "CheckpointWriteError", "FORMAT_VERSION", "ForeignCheckpointError",
+           "IncompatibleCheckpointError", "ListedCheckpoint", "MANIFEST", "NoIntactCheckpointError",
+           "NonFiniteCheckpointError", "READABLE_VERSIONS", "RUN_FILE", "STATE_FILE", "UnsafeCheckpointError",
+           "begin_checkpoint", "check_format_version", "check_resumable", "check_run_checkpoints",
+           "check_run_dir_checkpoints", "commit_checkpoint", "dcp_store", "first_nonfinite", "latest_valid_checkpoint",
            "list_checkpoints", "load_file", "load_run_state", "load_student_state", "load_training_state",
-           "new_nonce", "prune_checkpoints", "read_manifest", "remove_stray_temporaries", "save_tensor_file",
-           "sha256_of", "shard_name", "step_dir_name", "verify_checkpoint", "write_error"]
+           "new_nonce", "ordered_checkpoints", "prune_checkpoints", "read_manifest", "remove_stray_temporaries",
+           "resume_checkpoint", "run_identity", "save_tensor_file", "sha256_of", "shard_name", "step_dir_name",
+           "verify_checkpoint", "write_error"]

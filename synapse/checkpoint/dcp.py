@@ -137,6 +137,12 @@ def read_metadata(path: Path) -> Metadata:
     return SafeReader(str(path)).read_metadata()
 
 
+def storage_files(path: Path) -> set[str]:
+    """The files (relative to ``path``) DCP reads tensors and values from, by the metadata."""
+    storage = read_metadata(path).storage_data or {}
+    return {info.relative_path for info in storage.values()}
+
+
 def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Shape of every student tensor, from the metadata alone (no tensor data is read)."""
     entries = read_metadata(path).state_dict_metadata

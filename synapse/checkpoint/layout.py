@@ -9,7 +9,11 @@ Layout of one checkpoint (format version 2; a directory, so K ranks can each wri
         __1_0.distcp     keyed by the *original* parameter names (any partition can load them; dcp.py),
                          and each rank's RNG states (a resume on the same ranks continues them)
         state.pt         step, epoch, sampler position, scheduler, RNG states, extra component state
-        manifest.json    format version, step, sha256 and size of every file: written last
+        manifest.json    format version, step, the run's identity, sha256 and size of every file: written last
+
+``checkpoints/run_identity.json`` names the run whose checkpoints the directory holds (drawn at
+its first commit, kept across restarts and ``resume=auto``): every manifest records it, pruning
+deletes only checkpoints that carry it, and a fresh run refuses a directory holding others.
 
 Version 1 (before DCP) held one ``shard_XX.pt`` per rank instead of the DCP files; it is still
 read (``load_student_state``), never written. Manifests without ``format_version`` (none were
@@ -29,6 +33,7 @@ FORMAT_VERSION = 2  # what this Synapse writes: tensors in torch.distributed.che
 READABLE_VERSIONS = (1, 2)  # 1: one torch.save shard per rank (before DCP), still loaded
 MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
+RUN_FILE = "run_identity.json"  # in the checkpoints directory: which run its checkpoints belong to
 STEP_DIR_PATTERN = re.compile(r"^step_(\d{8})$")
 TEMPORARY_PATTERN = re.compile(r"^step_\d{8}\.(tmp|corrupt)-")
 
@@ -43,6 +48,16 @@ class IncompatibleCheckpointError(CheckpointError):
     Unlike damage, which ``latest_valid_checkpoint`` skips, this is a mistake in the run's
     configuration, so ``check_run_checkpoints`` stops the run instead of silently starting over.
     """
+
+
+class NoIntactCheckpointError(CheckpointError):
+    """``resume=auto`` over checkpoints that are all damaged: the run stops instead of quietly
+    starting from step 0 (all finished work would be lost); the message names each damage."""
+
+
+class ForeignCheckpointError(CheckpointError):
+    """The run directory holds checkpoints of another run than this one would continue: writing
+    there would mix the two (pruning one's by the other's steps, ``resume=auto`` picking either)."""
 
 
 class CheckpointWriteError(OSError):
@@ -85,7 +100,9 @@ def sha256_of(path: Path) -> str:
 
 
 def list_checkpoints(root: Path) -> list[CheckpointRef]:
-    """Finished checkpoints under ``root``, oldest first (temporary directories are ignored)."""
+    """Finished checkpoints under ``root`` by their directory names, oldest first (temporary
+    directories are ignored). What a checkpoint holds is what its manifest says: choosing and
+    pruning order by that (``read.ordered_checkpoints``), since a directory can be renamed or copied."""
     if not Path(root).is_dir():
         return []
     refs = [CheckpointRef(p, int(m.group(1))) for p in Path(root).iterdir()

@@ -10,6 +10,10 @@ with the operating system's reason, the file it was writing and the newest check
 still intact; the half-written file is removed, and the next save removes any temporary
 directory a failed or killed save left behind *before* it writes (on a full disk, that space
 is what the next checkpoint needs).
+
+Every manifest records the run's identity (``run_identity``), and pruning deletes only
+checkpoints that carry it, oldest first by the step their manifests record: a run never deletes
+what it did not write, whatever else the directory holds or however its folders are named.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from synapse.checkpoint import dcp as dcp_store
 from synapse.checkpoint.layout import (
     FORMAT_VERSION,
     MANIFEST,
+    RUN_FILE,
     STEP_DIR_PATTERN,
     TEMPORARY_PATTERN,
     CheckpointError,
@@ -35,7 +40,7 @@ from synapse.checkpoint.layout import (
     sha256_of,
     step_dir_name,
 )
-from synapse.checkpoint.read import verify_checkpoint
+from synapse.checkpoint.read import ordered_checkpoints, verify_checkpoint
 
 
 def _fsync_dir(path: Path) -> None:
@@ -156,6 +161,41 @@ def remove_stray_temporaries(root: Path, keep: Path | None = None) -> None:
     for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
         if keep is None or stray != Path(keep):
             shutil.rmtree(stray, ignore_errors=True)
+    for stray in Path(root).glob(f"{RUN_FILE}.tmp-*"):  # an identity write cut short
+        _remove_quietly(stray)
+
+
+def run_identity(root: Path) -> str:
+    """The identity of the run whose checkpoints ``root`` holds, recorded in ``root/run_identity.json``.
+
+    Drawn by the run's first commit and kept from then on (failover restarts, ``resume=auto``).
+    Without the file (deleted, or a directory of checkpoints copied elsewhere) the newest
+    checkpoint's recorded identity is taken up again, so the run goes on pruning its own; a
+    directory without any is a new run's. A fresh run never starts in a directory holding
+    checkpoints (``resume_checks.check_run_dir_checkpoints``), so it never takes up another's.
+    """
+    root = Path(root)
+    path = root / RUN_FILE
+    try:
+        run = json.loads(path.read_text()).get("run")
+        if isinstance(run, str) and run:
+            return run
+    except (OSError, ValueError, AttributeError):
+        pass  # absent or unreadable: taken up or drawn below, and written anew
+    known = [c.run for c in ordered_checkpoints(root) if c.run]
+    run = known[-1] if known else uuid.uuid4().hex
+    tmp = root / f"{RUN_FILE}.tmp-{new_nonce()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"run": run}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(root)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise write_error(path, exc) from exc
+    return run
 
 
 def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
@@ -164,7 +204,8 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
              for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}
     # The layout says the version: DCP storage is 2, torch.save shards (tests, older writers) are 1.
     version = FORMAT_VERSION if (tmp / dcp_store.METADATA_FILE).is_file() else 1
-    manifest = {"format_version": version, "step": step, "files": files, "meta": meta or {}}
+    manifest = {"format_version": version, "step": step, "run": run_identity(tmp.parent), "files": files,
+                "meta": meta or {}}
     try:
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1)
@@ -190,8 +231,14 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and stray temporary directories."""
-    refs = list_checkpoints(root)
-    for ref in refs[: max(0, len(refs) - keep)]:
+    """Delete all but the newest ``keep`` of this run's checkpoints, and stray temporary directories.
+
+    Only checkpoints whose manifests carry this run's identity are ever deleted, oldest first by
+    the step they record: another run's, one written before runs had identities, and one whose
+    manifest cannot be read (whose run is unknown) all stay.
+    """
+    run = run_identity(root)
+    own = [c.ref for c in ordered_checkpoints(root) if c.run == run]
+    for ref in own[: max(0, len(own) - keep)]:
         shutil.rmtree(ref.path, ignore_errors=True)
     remove_stray_temporaries(root)

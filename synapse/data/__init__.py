@@ -1,7 +1,7 @@
 """Data: the embedded digits default, ImageNet100 (CPU or on-device JPEG decoding), synthetic
 images generated on the device, and a deterministic, resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``.
 """
-from synapse.data.base import DataError, DatasetInfo, EpochDataset
+from synapse.data.base import DataError, DataLayoutWarning, DatasetInfo, EpochDataset
 from synapse.data.crops import (
     CROP_ATTEMPTS,
     VALIDATION_DRAW,
@@ -27,7 +27,8 @@ from synapse.data.sampler import BatchIndexSampler, IndexBatch, ResumableSampler
 from synapse.data.seeding import derive_seed, seeded_generator
 from synapse.data.synthetic import SyntheticImages
 
-__all__ = ["BadSample", "BatchIndexSampler", "CROP_ATTEMPTS", "CropDraw", "DataError", "DatasetInfo",
+__all__ = ["BadSample", "BatchIndexSampler", "CROP_ATTEMPTS", "CropDraw", "DataError", "DataLayoutWarning",
+           "DatasetInfo",
            "DigitsDataset", "EpochDataset", "IMAGENET_MEAN", "ImageNet100", "IndexBatch", "ResumableSampler",
            "SyntheticImages", "VALIDATION_DRAW", "build_dataset", "build_datasets", "check_imagenet100_root",
            "crop_box", "data_kwargs", "dataset_info", "dataset_lazy_imports", "dataset_names", "decode_cpu",

@@ -1,5 +1,6 @@
 """What every Synapse data set shares: a description, an epoch, batch access, and the one error
-type of the data package (``DataError``).
+type of the data package (``DataError``) and its warning about what a folder scan left out
+(``DataLayoutWarning``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ class DataError(ValueError):
     A ``ValueError`` subclass so that callers validating a whole configuration can catch
     every bad-value error in one place; the message names the offending value and the fix.
     """
+
+
+class DataLayoutWarning(UserWarning):
+    """Something in a data folder was left out of the data set (the message says what, and why)."""
 
 
 SPLITS = ("train", "val")

@@ -8,20 +8,33 @@ Expected layout (ILSVRC2012 with val images sorted into synset folders)::
 Other synsets may be present (a full 1000-class tree works) and are ignored: only the
 100 synsets listed in the shipped ``imagenet100.txt`` are scanned. Class index = position
 of the synset in the *sorted* list, identical for train and val.
+
+A class folder may itself be a link (a subset linked from a full ImageNet tree) and may hold
+links to image files; links to *folders* inside it are never followed, and each one skipped is
+named in a ``DataLayoutWarning``: a link back up (``train/<synset>/loop -> ..``) would otherwise
+repeat the whole split under that one class, 40 times over (the OS's limit of nested links).
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 import torch
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-from synapse.data.base import DataError, DatasetInfo, EpochDataset, require_positive_int, require_split
+from synapse.data.base import (
+    DataError,
+    DataLayoutWarning,
+    DatasetInfo,
+    EpochDataset,
+    require_positive_int,
+    require_split,
+)
 from synapse.data.crops import VALIDATION_DRAW, draw_train_crop
 from synapse.data.image_batches import (
     HostSample,
@@ -128,14 +141,48 @@ def check_imagenet100_root(root: str | os.PathLike[str] | None) -> Path:
 
 
 class _AllowListImageFolder(ImageFolder):
-    """ImageFolder that only sees the given class folders (never scans the others)."""
+    """ImageFolder that only sees the given class folders (never scans the others) and follows
+    no link to a folder inside them (``skipped_links`` lists those it passed over)."""
 
     def __init__(self, root: Path, classes: Sequence[str]):
         self._allowed = list(classes)
+        self.skipped_links: list[str] = []
         super().__init__(str(root))
 
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
         return list(self._allowed), {name: i for i, name in enumerate(self._allowed)}
+
+    def make_dataset(self, directory: str | os.PathLike[str], class_to_idx: dict[str, int],
+                     extensions: tuple[str, ...] | None = None, is_valid_file: Callable[[str], bool] | None = None,
+                     allow_empty: bool = False) -> list[tuple[str, int]]:
+        """torchvision's scan (same files, same order) without following links to folders.
+
+        torchvision walks with ``followlinks=True``, which has no cycle check: a link inside a
+        class folder to a folder above it turned 200 images into 8,200, all but 198 under that
+        class. The class folder itself is still entered when it is a link (``os.walk`` lists its
+        top), and links to image files are kept: both are how ImageNet subsets are usually built.
+        """
+        def valid(path: str) -> bool:
+            return is_valid_file(path) if is_valid_file is not None else has_file_allowed_extension(
+                path, extensions or IMG_EXTENSIONS)
+
+        samples: list[tuple[str, int]] = []
+        for name in sorted(class_to_idx):
+            for folder, subfolders, files in sorted(os.walk(os.path.join(directory, name), followlinks=False)):
+                self.skipped_links += [os.path.join(folder, sub) for sub in sorted(subfolders)
+                                       if os.path.islink(os.path.join(folder, sub))]
+                samples += [(os.path.join(folder, file), class_to_idx[name]) for file in sorted(files)
+                            if valid(os.path.join(folder, file))]
+        return samples
+
+
+def _warn_skipped_links(split: str, links: Sequence[str]) -> None:
+    shown = "; ".join(f"{link} -> {os.readlink(link)!r}" for link in links[:_SHOWN])
+    more = f" and {len(links) - _SHOWN} more" if len(links) > _SHOWN else ""
+    warnings.warn(f"ImageNet100 {split}/: skipped {len(links)} link(s) to folders inside class folders, not followed "
+                  f"so that no image is counted twice or under another class: {shown}{more}. If the images there "
+                  f"belong to that class, copy them (or link each file) into the class folder itself",
+                  DataLayoutWarning, stacklevel=3)
 
 
 DECODE_CHOICES = ("cpu", "gpu", "auto")
@@ -180,11 +227,18 @@ class ImageNet100(EpochDataset):
         self.root = check_imagenet100_root(root)  # validate before scanning any folder
         self.classes = imagenet100_synsets()
         self.folder = _AllowListImageFolder(self.root / split, self.classes)
+        if self.folder.skipped_links:
+            _warn_skipped_links(split, self.folder.skipped_links)
         self.epoch = 0
 
     @property
     def targets(self) -> list[int]:
         return self.folder.targets
+
+    @property
+    def skipped_links(self) -> list[str]:
+        """Links to folders inside class folders that the scan did not follow (also said in a warning)."""
+        return list(self.folder.skipped_links)
 
     def __len__(self) -> int:
         return len(self.folder)

@@ -394,7 +394,7 @@ def resolve_resume(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         log(f"skipping checkpoint {ref.path}: {error}")
         events.append("checkpoint_skipped", path=str(ref.path), step=ref.step, error=str(error))
 
-    ref = ckpt.latest_valid_checkpoint(run_dir / "checkpoints", on_skip=skipped)
+    ref = ckpt.resume_checkpoint(run_dir / "checkpoints", on_skip=skipped)  # all damaged: refused, named
     if ref is None:
         log("resume=auto: no checkpoint yet, starting fresh")
         return None

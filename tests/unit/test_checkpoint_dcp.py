@@ -166,6 +166,7 @@ def test_code_in_dcp_metadata_is_refused_and_never_run(tmp_path):
     tmp = ckpt.begin_checkpoint(tmp_path / "ckpts", 1)
     dcp.save({"model/w": torch.zeros(1)}, checkpoint_id=str(tmp), no_dist=True)
     (tmp / dcp_store.METADATA_FILE).write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
+    ckpt.save_tensor_file({"step": 1}, tmp / ckpt.STATE_FILE)  # every checkpoint has one: verified first
     path = ckpt.commit_checkpoint(tmp, 1)  # checksums match the planted file: only the unpickler stands
     for load in (ckpt.load_student_state, lambda p: ckpt.check_resumable(p, "x", {"w": (1,)})):
         with pytest.raises(ckpt.UnsafeCheckpointError, match="not part of DCP's metadata"):
