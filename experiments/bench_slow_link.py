@@ -23,7 +23,7 @@ from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl
 
 COMMAND = ["trainer.accelerator=cpu", "trainer.devices=3", "trainer.max_steps=120", "injection=slow_comm"]
 # No evaluation during the run: on CPU ranks rank 0 computes ~1.3x slower after the first one with no
-# fault (README, "Detection"; cause open), which eta acts on too; here only the link is measured.
+# fault (docs/troubleshooting.md), which eta acts on too; here only the link is measured.
 ISOLATE = ["trainer.eval_every_epochs=100"]
 FAULT = {"rank": 1, "kind": "comm", "start": 30, "end": 100}
 AFTER_ACTION = (46, 100)  # faulty steps after the earliest action a run could take

@@ -11,7 +11,7 @@ ourselves (``master_listen_fd``):
 * several nodes: the rendezvous store on the endpoint's address when it is a literal IP (else on
   every interface, as the other nodes resolve the name themselves); the workers' bootstrap store
   on every interface (its address is agent rank 0's host name, which only the other nodes
-  resolve). README "Across machines" says what that exposes.
+  resolve). docs/multinode.md ("What listens where") says what that exposes.
 
 Ranks follow the nodes: torch numbers the nodes of a rendezvous by host name and pid, so which
 node ran rank 0 was an accident; here node ``trainer.node_rank`` = n runs the ranks after those of

@@ -7,7 +7,7 @@ supervisor (or ``python train.py`` in a subprocess), tiny models, 8 steps. Where
 its final student weights and optimizer state are bit-identical to an uninterrupted run on the
 same data order (the single-device trainer: the pipeline is proven equal to it in
 test_pipeline_equivalence.py): nothing finished is lost. After every test no process started by
-it is left (``no_leftover_processes``). Rows of tests/RELIABILITY.md ("## Faults") name these tests.
+it is left (``no_leftover_processes``). Rows of docs/reliability.md ("## Faults") name these tests.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ touch, runs that must not share a directory, workers that must not outlive their
 controller and storage errors that must be loud, and interrupts that must checkpoint.
 
 Real runs as in test_reliability.py (whose helpers and leftover-process check are reused); rows
-of tests/RELIABILITY.md name these tests.
+of docs/reliability.md name these tests.
 """
 from __future__ import annotations
 

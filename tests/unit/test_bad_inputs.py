@@ -1,4 +1,4 @@
-"""The "bad inputs" and "security" rows of the reliability matrix (tests/RELIABILITY.md).
+"""The "bad inputs" and "security" rows of the reliability matrix (docs/reliability.md).
 
 Every bad input is refused with a ValueError subclass whose message names the problem and a fix,
 *before any worker starts*: pipeline cases go through ``synapse.app.run`` with two CPU

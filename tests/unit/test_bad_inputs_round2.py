@@ -1,5 +1,5 @@
 """Issue #19's bad inputs (round two of the outside matrix): values that passed validation and
-failed later with raw errors, or silently. Rows of tests/RELIABILITY.md ("B2::") name these tests.
+failed later with raw errors, or silently. Rows of docs/reliability.md ("B2::") name these tests.
 
 Each is refused before any worker starts (``refused_before_launch``: no ``logs/launch_*``), with
 a message naming the key or file, the problem and a fix.

@@ -176,7 +176,7 @@ def test_the_recorded_wandering_cpu_streams_raise_fewer_detections():
     themselves (a lone process on a pinned core: 10-step medians 0.65-1.07x). The peer threshold
     alone reported 25 slowdowns there; with the wander floor, 10: 6 before a rank's wander is
     known (steps 29-92), 3 of 1.26-1.33x on ranks that had wandered little, and one of 2.2x for
-    25 steps (above the floor's cap: slower by every measure there is). Not zero: see README."""
+    25 steps (above the floor's cap: slower by every measure there is). Not zero: see docs/failover.md."""
     assert sum(meta["steps"] for meta in WANDERING_INDEX.values()) >= 3000
     fixed = sum(len(detections(n, DetectorConfig(peer_wander_z=None))) for n in WANDERING_INDEX)
     adaptive = sum(len(detections(n, DetectorConfig())) for n in WANDERING_INDEX)

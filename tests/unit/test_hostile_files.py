@@ -1,6 +1,6 @@
 """Files in the run directory that a worker did not write (planted, stale or damaged): the
 supervisor's health monitor must neither crash on them nor act on them. Rows "H::" of
-tests/RELIABILITY.md.
+docs/reliability.md.
 
 Real files and a real ``HealthMonitor`` (its sampling pass, as its thread runs it); the pids are
 real processes.
