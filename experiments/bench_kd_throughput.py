@@ -154,7 +154,7 @@ class HandWrittenKD:
         self.student = build_model(cfg.student.name, **info).to(device, memory_format=self.memory_format).train()
         self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=cfg.optim.lr,
                                            weight_decay=cfg.optim.weight_decay, fused=fused_adamw or None)
-        self.kd = kd_params(cfg)  # the same mode, T and lambda as the trainer
+        self.kd = kd_params(cfg.kd)  # the same mode, T and lambda as the trainer
 
     def _autocast(self):
         if not self.bf16:

@@ -102,7 +102,7 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
     else:
         partition = placement_for_config(cfg, devices, info)  # fails before any process starts
     weights = teacher_weights(cfg, run_dir, log)
-    resume = resolve_resume(cfg, run_dir, log)
+    resume = resolve_resume(cfg.resume, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "

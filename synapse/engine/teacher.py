@@ -16,7 +16,7 @@ from typing import Callable
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from synapse.config import ConfigError, resolve_accelerator, resolve_devices
+from synapse.config import ConfigError, DataConfig, TeacherConfig, resolve_accelerator, resolve_devices
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine.device import ComputeSetup
 from synapse.engine.trainer import build_trainer, load_teacher
@@ -46,7 +46,7 @@ def teacher_training_config(cfg: DictConfig) -> DictConfig:
 def prepare_teacher(cfg: DictConfig, run_dir: Path, setup: ComputeSetup,
                     log: Callable[[str], None] = print) -> nn.Module:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
-    return load_teacher(cfg, setup, info, str(teacher_weights(cfg, run_dir, log)))
+    return load_teacher(cfg.teacher, setup, info, str(teacher_weights(cfg, run_dir, log)))
 
 
 def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path:
@@ -59,7 +59,7 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
                           "teacher.checkpoint=/path/to/teacher.pt, or teacher.auto_train=true to train one first")
     cached = Path(cfg.cache_dir) / "teachers" / f"{cfg.teacher.name}-{teacher_cache_key(cfg)}.pt"
     if cached.is_file():
-        check_cached_teacher(cfg, cached)
+        check_cached_teacher(cfg.teacher, cfg.data, cfg.seed, cached)
         log(f"teacher: reusing the cached {cfg.teacher.name} trained on {cfg.data.name} ({cached})")
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
@@ -73,14 +73,14 @@ def teacher_weights(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] =
     return cached
 
 
-def check_cached_teacher(cfg: DictConfig, cached: Path) -> None:
+def check_cached_teacher(teacher: TeacherConfig, data: DataConfig, seed: int, cached: Path) -> None:
     """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
     teacher.checkpoint, which the user never set."""
     from synapse.models import ModelError, check_weights_file
 
-    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    info = dataset_info(data.name, **data_kwargs(data, seed))
     try:
-        check_weights_file(cfg.teacher.name, cached, info.num_classes, info.in_chans, info.image_size,
+        check_weights_file(teacher.name, cached, info.num_classes, info.in_chans, info.image_size,
                            what="cached teacher")
     except ModelError as exc:
         raise ModelError(f"the cached teacher {cached} (trained earlier because teacher.checkpoint is unset) is "

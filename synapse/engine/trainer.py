@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from synapse import checkpoint as ckpt
+from synapse.config import KDConfig, TeacherConfig, TrainerConfig
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from synapse.engine.accuracy import evaluate
 from synapse.engine.batches import train_batches
@@ -337,7 +338,7 @@ def build_run_parts(cfg: DictConfig, model_name: str, init_weights: str | None) 
     if init_weights:
         load_weights(student, init_weights, what="student.init")
     sampler = ResumableSampler(len(train_ds), cfg.seed, shuffle=True, drop_last=True, batch_size=cfg.data.batch_size)
-    num_epochs, total_steps = _schedule_length(cfg, sampler.steps_per_epoch)
+    num_epochs, total_steps = _schedule_length(cfg.trainer, sampler.steps_per_epoch)
     return RunParts(info, train_ds, val_ds, student, sampler, num_epochs, total_steps)
 
 
@@ -351,7 +352,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     late = checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite, setup.device)
     step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, cfg.pipeline.microbatches,
-                               kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
+                               kd_params(cfg.kd), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)
@@ -369,23 +370,24 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
                    parts.total_steps, parts.num_epochs, injector, events, log=log)
 
 
-def kd_params(cfg: DictConfig) -> KDLossParams:
-    return KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
+def kd_params(kd: KDConfig) -> KDLossParams:
+    return KDLossParams(kd.mode, kd.T, kd.lambda_kd)
 
 
-def _schedule_length(cfg: DictConfig, steps_per_epoch: int) -> tuple[int, int]:
+def _schedule_length(trainer: TrainerConfig, steps_per_epoch: int) -> tuple[int, int]:
     """(epochs to iterate, optimizer steps in the whole schedule); max_steps wins over epochs."""
-    if cfg.trainer.max_steps is not None:
-        return math.ceil(cfg.trainer.max_steps / steps_per_epoch), cfg.trainer.max_steps
-    return cfg.trainer.epochs, cfg.trainer.epochs * steps_per_epoch
+    if trainer.max_steps is not None:
+        return math.ceil(trainer.max_steps / steps_per_epoch), trainer.max_steps
+    return trainer.epochs, trainer.epochs * steps_per_epoch
 
 
-def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
-    """The checkpoint to resume from: an explicit path, the newest valid one for 'auto', or None."""
-    if cfg.resume is None:
+def resolve_resume(resume: str | None, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+    """The checkpoint ``resume`` (the config's) names: an explicit path, the newest valid one for
+    'auto', or None."""
+    if resume is None:
         return None
-    if cfg.resume != "auto":
-        return Path(cfg.resume)
+    if resume != "auto":
+        return Path(resume)
     events = EventLog(events_path(run_dir), source="resume")
 
     def skipped(ref: ckpt.CheckpointRef, error: Exception) -> None:  # damaged: said, recorded, passed over
@@ -399,8 +401,8 @@ def resolve_resume(cfg: DictConfig, run_dir: Path, log: Callable[[str], None] = 
     return ref.path
 
 
-def load_teacher(cfg: DictConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
-    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+def load_teacher(teacher_cfg: TeacherConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
+    teacher = build_model(teacher_cfg.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, path, what="teacher.checkpoint")
     teacher = setup.prepare_model(teacher).eval()
     for p in teacher.parameters():

@@ -150,7 +150,8 @@ class Supervisor:
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
     def _launch(self, spec: Segment, segment_cfg: DictConfig, restart: Restart | None):
-        self.control = open_channel(self.run_dir, control_endpoint(segment_cfg), segment_cfg.trainer.rdzv_timeout_s)
+        self.control = open_channel(self.run_dir, control_endpoint(segment_cfg.trainer, segment_cfg.failover),
+                                    segment_cfg.trainer.rdzv_timeout_s)
         self.control.clear()
         if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
             self._stop_on_interrupt(self.interrupt.signal_name)

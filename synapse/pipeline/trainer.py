@@ -375,9 +375,9 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
+    control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s)
     runner = PipelineRunner(cfg, run_dir, setup, runtime, rank, world_size, owned, partition, blocks, injector,
-                            Heartbeat(run_dir, rank, str(setup.device)), events,
-                            open_channel(run_dir, control_endpoint(cfg), cfg.trainer.rdzv_timeout_s),
+                            Heartbeat(run_dir, rank, str(setup.device)), events, control,
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
                             segment=segment, log=log,
                             control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
