@@ -118,12 +118,34 @@ class SingleDeviceRunner:
         return HeldState(self.student.state_dict(keep_vars=True), self.optimizer, self.scheduler, {})
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop reads of the run's config, picked out by its builder (``loop_settings``):
+    the loop depends on these values, not on the config's layout."""
+
+    mode: str  # the run's mode and student model, named in summary.json
+    student: str
+    images_per_step: int  # data.batch_size: one batch per optimizer step
+    loader_workers: int  # data.num_workers
+    stop_after: int | None  # trainer.stop_after: end this launch after N steps, with a checkpoint
+    progress: bool  # trainer.progress: draw the bar (on the process that writes records)
+    eval_every_epochs: int
+    nonfinite: str  # trainer.nonfinite, named when a non-finite loss is reported
+    checkpoint_every: int  # checkpoint.every (0: at epoch ends and the end only)
+    checkpoint_at_epoch_end: bool
+    async_save: bool  # checkpoint.async_save: the staging buffers are prepared after the first step
+    tracker: str  # logger.name: where the scalars also go
+    # Steps at which an instant fault fires on some rank: every rank lets the checkpoint in flight
+    # commit before them (synapse.injection.instant_fault_steps).
+    fault_steps: frozenset[int] = frozenset()
+
+
 @dataclass
 class Trainer:
     """The training loop, the same for every path; its parts are composed, not overridden: how a
     step runs (``runner``), checkpoint I/O (``checkpointer``) and evaluation (``evaluate``)."""
 
-    cfg: DictConfig
+    settings: LoopSettings
     run_dir: Path
     runner: StepRunner
     checkpointer: Checkpointer
@@ -159,19 +181,19 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``total_steps`` (or ``trainer.stop_after`` steps in this launch); return the summary."""
         started, first_step = time.time(), self.step
-        stop_after = self.cfg.trainer.stop_after
-        images_per_step = self.cfg.data.batch_size
-        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records,
-                            log=self.log)
+        settings = self.settings
+        stop_after = settings.stop_after
+        images_per_step = settings.images_per_step
+        progress = Progress(self.total_steps, self.step, enabled=settings.progress and self.writes_records, log=self.log)
         runner = self.runner
-        fault_steps = instant_fault_steps(parse_faults(self.cfg.injection.faults, self.checkpointer.shards.world_size))
+        fault_steps = settings.fault_steps
         with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             step_rates: list[float] = []  # images/s of each step, for the summary's steady rate
             tick = time.perf_counter()
             try:
                 load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
-                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
+                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, settings.loader_workers,
                                            load=load, device=runner.device):
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
@@ -193,7 +215,7 @@ class Trainer:
                     runner.apply_control(self.step)  # e.g. a live re-partition asked for at this step (not step time)
                     tick = time.perf_counter()
                     pending = self._flush(metrics, pending, progress, record)
-                    if self.step == first_step + 1 and self.cfg.checkpoint.async_save:
+                    if self.step == first_step + 1 and settings.async_save:
                         self.checkpointer.prepare(runner.held_state())  # staging buffers, before any save
                         tick = time.perf_counter()
                     if self._checkpoint_and_evaluate(batch, metrics, pending):
@@ -227,16 +249,16 @@ class Trainer:
         if not self.writes_records:
             return NullWriter()
         return TrackedWriter(JsonlWriter(self.run_dir / "metrics.jsonl"),
-                             open_tracker(self.cfg.logger.name, self.run_dir, "train"))
+                             open_tracker(self.settings.tracker, self.run_dir, "train"))
 
     def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter, record: dict[str, Any]) -> bool:
         """What is due after this step (a checkpoint, an evaluation); whether anything was.
         ``record``: the step's, whose loss (read late, if at all) is checked before either."""
-        every = self.cfg.checkpoint.every
+        every = self.settings.checkpoint_every
         end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
         last = self.step == self.total_steps
-        save = (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last
-        evaluate = last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0)
+        save = (every and self.step % every == 0) or (end_of_epoch and self.settings.checkpoint_at_epoch_end) or last
+        evaluate = last or (end_of_epoch and (batch.epoch + 1) % self.settings.eval_every_epochs == 0)
         if (save or evaluate) and record["loss"] is not None:
             self._check_loss(record["step"], float(record["loss"]))  # a checkpoint holds finite steps only
         if save:
@@ -273,8 +295,8 @@ class Trainer:
         if not self.writes_records:  # one report per run: the process that has the loss
             return
         self.log(f"step {step}: the loss is {loss}, not finite; step {action} "
-                 f"(trainer.nonfinite={self.cfg.trainer.nonfinite})")
-        self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action, policy=self.cfg.trainer.nonfinite)
+                 f"(trainer.nonfinite={self.settings.nonfinite})")
+        self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action, policy=self.settings.nonfinite)
 
     def _position_of_last_batch(self) -> tuple[int, int]:
         per_epoch = self.sampler.steps_per_epoch
@@ -302,11 +324,11 @@ class Trainer:
         """``images_per_s`` is the launch's (warm-up, graph capture, evaluations and checkpoints
         included); ``median_step_images_per_s`` the steady rate of its steps."""
         final = self.history[-1] if self.history else {}
-        summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
+        summary = {"mode": self.settings.mode, "steps": self.step, "steps_this_launch": steps,
                    "total_steps": self.total_steps, "stopped_on_request": self.runner.stop_requested,
-                   "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
+                   "wall_time_s": seconds, "images_per_s": steps * self.settings.images_per_step / max(seconds, 1e-9),
                    "median_step_images_per_s": statistics.median(step_rates) if step_rates else None,
-                   "student": self.cfg.student.name, "final_eval": final}
+                   "student": self.settings.student, "final_eval": final}
         if self.writes_records:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
@@ -323,6 +345,18 @@ class RunParts:
     sampler: ResumableSampler
     num_epochs: int
     total_steps: int
+
+
+def loop_settings(cfg: DictConfig, world_size: int) -> LoopSettings:
+    """The loop's settings from the run's config; ``world_size``: the processes that run the loop
+    (the faults are checked against it)."""
+    return LoopSettings(
+        mode=cfg.mode, student=cfg.student.name, images_per_step=cfg.data.batch_size,
+        loader_workers=cfg.data.num_workers, stop_after=cfg.trainer.stop_after, progress=cfg.trainer.progress,
+        eval_every_epochs=cfg.trainer.eval_every_epochs, nonfinite=cfg.trainer.nonfinite,
+        checkpoint_every=cfg.checkpoint.every, checkpoint_at_epoch_end=cfg.checkpoint.at_epoch_end,
+        async_save=cfg.checkpoint.async_save, tracker=cfg.logger.name,
+        fault_steps=frozenset(instant_fault_steps(parse_faults(cfg.injection.faults, world_size))))
 
 
 def build_run_parts(cfg: DictConfig, model_name: str, init_weights: str | None) -> RunParts:
@@ -366,8 +400,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, model_name: str, teacher: nn.M
     def evaluate_student() -> dict[str, float]:
         return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
 
-    return Trainer(cfg, run_dir, runner, checkpointer, evaluate_student, parts.train_ds, parts.val_ds, parts.sampler,
-                   parts.total_steps, parts.num_epochs, injector, events, log=log)
+    return Trainer(loop_settings(cfg, world_size=1), run_dir, runner, checkpointer, evaluate_student, parts.train_ds,
+                   parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log)
 
 
 def kd_params(kd: KDConfig) -> KDLossParams:

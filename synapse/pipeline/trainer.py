@@ -38,6 +38,7 @@ from synapse.engine import (
     eval_batches,
     kd_params,
     load_optimizer_state_by_name,
+    loop_settings,
     optimizer_state_by_name,
     topk_correct,
     training_loss,
@@ -391,6 +392,6 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                                 device=setup.device,
                                 save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
-    return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
-                   parts.total_steps, parts.num_epochs, injector, events, log=log,
+    return Trainer(loop_settings(cfg, world_size), run_dir, runner, checkpointer, evaluation, parts.train_ds,
+                   parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log,
                    mark=lambda phase: runner.runtime.mark(phase))
