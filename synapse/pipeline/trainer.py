@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from synapse.config import OptimConfig, PipelineConfig, TrainerConfig
 from synapse.control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
 from synapse.engine import (
     Checkpointer,
@@ -78,7 +79,11 @@ class ProcessGroupShards:
 class PipelineRunner:
     """This rank's stage of the pipelined KD step and everything that moves with it."""
 
-    cfg: DictConfig
+    # The config groups a live re-partition rebuilds the stage's runtime, optimizer and schedule from.
+    pipeline: PipelineConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    images_per_step: int  # data.batch_size: the performance record's images/s
     run_dir: Path
     setup: ComputeSetup
     runtime: PipelineRuntime
@@ -196,7 +201,8 @@ class PipelineRunner:
             "step": step, "segment": self.segment, "devices": list(self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
-            "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
+            "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings,
+            "images_per_s": self.images_per_step / wall,
         })
 
     def apply_control(self, step: int) -> None:
@@ -242,9 +248,9 @@ class PipelineRunner:
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
-                                       self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
-                                       nonfinite=self.cfg.trainer.nonfinite, board=old.board,
-                                       cuda_graphs=self.cfg.pipeline.cuda_graphs, check_late=old.guard.late,
+                                       self.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
+                                       nonfinite=self.trainer.nonfinite, board=old.board,
+                                       cuda_graphs=self.pipeline.cuda_graphs, check_late=old.guard.late,
                                        read_timing_late=old.clock.read_late)
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
@@ -312,10 +318,10 @@ class PipelineRunner:
                 for name, tensor in payload["tensors"].items():
                     owned[name].copy_(tensor)
                 optim_state.update(payload["optim"])
-        optimizer = build_optimizer(module.student.parameters(), self.cfg.optim)
+        optimizer = build_optimizer(module.student.parameters(), self.optim)
         params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
         load_optimizer_state_by_name(optimizer, params, optim_state)
-        scheduler = build_scheduler(optimizer, self.cfg.optim, self.total_steps)
+        scheduler = build_scheduler(optimizer, self.optim, self.total_steps)
         scheduler.load_state_dict(self.scheduler.state_dict())
         return module, owned, optimizer, scheduler
 
@@ -359,7 +365,7 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                            segment: int = 0) -> Trainer:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
-    blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
+    blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
@@ -377,8 +383,9 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
     control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s)
-    runner = PipelineRunner(cfg, run_dir, setup, runtime, rank, world_size, owned, partition, blocks, injector,
-                            Heartbeat(run_dir, rank, str(setup.device)), events, control,
+    runner = PipelineRunner(cfg.pipeline, cfg.optim, cfg.trainer, cfg.data.batch_size, run_dir, setup, runtime, rank,
+                            world_size, owned, partition, blocks, injector, Heartbeat(run_dir, rank, str(setup.device)),
+                            events, control,
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
                             segment=segment, log=log,
                             control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
