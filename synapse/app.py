@@ -96,11 +96,12 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
     # reading the block profiles once); a manual partition without failover needs none.
     planner = build_stage_planner(cfg, info, log) if cfg.partition.mode == "auto" or failover else None
     if cfg.partition.mode == "auto":
-        partition, _ = auto_partition(cfg, planner, devices, run_dir, log)
+        partition, _ = auto_partition(cfg.partition, planner, devices, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                      count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
     else:
-        partition = placement_for_config(cfg, devices, info)  # fails before any process starts
+        # fails before any process starts
+        partition = placement_for_config(cfg.partition, cfg.teacher, cfg.student, devices, info)
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg.resume, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))

@@ -59,7 +59,8 @@ def build_controller(cfg: DictConfig, planner: StagePlanner, run_dir: Path, log:
     """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
     first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
     settings = lambda node: OmegaConf.to_container(node, resolve=True)  # noqa: E731
-    prior = dict(zip(first.devices, configured_alphas(cfg, first.num_stages))) if first and cfg.partition.alphas else {}
+    prior = (dict(zip(first.devices, configured_alphas(cfg.partition, first.num_stages)))
+             if first and cfg.partition.alphas else {})
     return FailoverController(
         policy=make_policy(cfg.policy.name, **settings(cfg.policy.params)),
         planner=planner,
