@@ -80,7 +80,8 @@ def run_pipeline(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
     """Pipelined KD over K devices: plan the partition here, then launch the K workers. Across nodes
     with failover, node 0 does this as the decider and every other node runs an agent."""
     if cfg.failover.enabled and cfg.trainer.nodes > 1:
-        return run_across_nodes(cfg, run_dir, log, lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
+        return run_across_nodes(cfg.trainer, cfg.failover, run_dir, log,
+                                lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
     return _plan_and_run(cfg, run_dir, log, overrides)
 
 

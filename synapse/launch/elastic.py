@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from synapse.config import resolve_accelerator, resolve_devices
+from synapse.config import TrainerConfig, resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
 from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
 from synapse.launch import interrupt, rendezvous
@@ -68,8 +68,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(cfg: DictConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False) -> LaunchConfig:
-    trainer = cfg.trainer
+def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False
+                  ) -> LaunchConfig:
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
     logs = worker_logs_spec(run_dir / "logs" / f"launch_{attempt}", trainer.local_ranks_filter)
@@ -109,12 +109,13 @@ def worker_logs_spec(log_dir: Path, shown_ranks) -> DefaultLogsSpecs:
 def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partition: dict[str, list[int]],
                     resume: str | None, attempt: str = "0", log: Callable[[str], None] = print,
                     segment: int = 0, store_hosted: bool = False) -> dict[str, Any]:
-    """Run the pipeline to the end of this launch; return the summary of the last rank.
+    """Run the pipeline to the end of this launch; return the summary of the last rank. ``cfg`` is the
+    segment's whole config: the workers get it as it is (their composition root reads it).
     ``store_hosted``: the rendezvous store at ``trainer.rdzv_endpoint`` is already served (by a
     multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
     preload_worker_modules(cfg.data.name)
     for tries_left in reversed(range(PORT_ATTEMPTS)):
-        config = launch_config(cfg, run_dir, attempt, store_hosted)
+        config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:
             return _launch_once(config, cfg, run_dir, teacher_weights, partition, resume, attempt, log, segment)
         except RendezvousError as exc:
@@ -122,7 +123,7 @@ def launch_pipeline(cfg: DictConfig, run_dir: Path, teacher_weights: str, partit
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
                     f"picking another")
                 continue
-            raise rendezvous_error(cfg, config, exc) from exc
+            raise rendezvous_error(cfg.trainer, config, exc) from exc
     raise AssertionError("unreachable")
 
 
@@ -205,9 +206,9 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return chain
 
 
-def rendezvous_error(cfg: DictConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
+def rendezvous_error(trainer: TrainerConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
     """What went wrong in the rendezvous, for a person: the endpoint, the cause and the fix."""
-    trainer, endpoint = cfg.trainer, config.rdzv_endpoint
+    endpoint = config.rdzv_endpoint
     cause = "; ".join(f"{type(e).__name__}: {e}" for e in _chain(exc) if str(e).strip())[:400] or type(exc).__name__
     if _port_in_use(exc):
         if not trainer.rdzv_endpoint:
