@@ -5,6 +5,10 @@ and the reference the pipeline reproduces.
 metrics per step, evaluation per epoch, atomic checkpoints through its ``checkpointer``, and a
 final summary. ``build_trainer`` composes it for one device (validate early, create late);
 ``synapse.pipeline.trainer.build_pipeline_trainer`` composes the same loop for a pipeline rank.
+
+The builders (``build_trainer``, ``build_run_parts``, ``loop_settings``) are the only code here that
+reads the run's whole config: the loop gets a frozen ``LoopSettings``, the other parts the config
+groups they use.
 """
 from __future__ import annotations
 
@@ -334,6 +338,7 @@ class Trainer:
         return summary
 
 
+# ---------------------------------------------------------------- composition (the whole config)
 @dataclass
 class RunParts:
     """What every training path builds the same way: data, the full student, sampler, schedule length."""

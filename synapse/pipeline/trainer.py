@@ -11,7 +11,8 @@ here with the parts that differ from one device.
 - ``PipelineEvaluation``: a forward-only pipeline pass whose logits land on the last rank.
 
 Data order, losses, optimizer, schedule and metric records are the parts the single-device
-trainer uses.
+trainer uses. ``build_pipeline_trainer`` is the one function here that reads the run's whole config
+(it composes a worker's loop); each part gets the settings or config groups it uses.
 """
 from __future__ import annotations
 
