@@ -370,7 +370,7 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     module, owned = blocks.stage(rank, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
-    kd = kd_params(cfg)
+    kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, cfg.pipeline.microbatches, cfg.pipeline.schedule,
