@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import platform
 import statistics
@@ -130,7 +131,7 @@ def build_trainer_side(cfg: DictConfig, run_dir: Path) -> Trainer:
 
 
 def trainer_loop_segment(trainer: Trainer, steps: int) -> None:
-    trainer.cfg.trainer.stop_after = steps  # fit() returns after this many steps
+    trainer.settings = dataclasses.replace(trainer.settings, stop_after=steps)  # fit() returns after this many steps
     trainer.fit()
 
 
@@ -141,6 +142,7 @@ class HandWrittenKD:
 
     def __init__(self, cfg: DictConfig, teacher_file: Path, device: torch.device, bf16: bool,
                  fused_adamw: bool):
+        self.cfg = cfg  # its data path reads the trainer's data settings (hand_batches)
         channels_last = device.type == "cuda"
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.device, self.bf16 = device, bf16
@@ -154,7 +156,7 @@ class HandWrittenKD:
         self.student = build_model(cfg.student.name, **info).to(device, memory_format=self.memory_format).train()
         self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=cfg.optim.lr,
                                            weight_decay=cfg.optim.weight_decay, fused=fused_adamw or None)
-        self.kd = kd_params(cfg)  # the same mode, T and lambda as the trainer
+        self.kd = kd_params(cfg.kd)  # the same mode, T and lambda as the trainer
 
     def _autocast(self):
         if not self.bf16:
@@ -238,7 +240,7 @@ def measure_step(trainer: Trainer, hand: HandWrittenKD, args: argparse.Namespace
 
 
 def measure_loop(trainer: Trainer, hand: HandWrittenKD, args: argparse.Namespace) -> dict:
-    batches = hand_batches(trainer.cfg)
+    batches = hand_batches(hand.cfg)
 
     def hand_segment() -> None:
         for _ in range(args.steps):

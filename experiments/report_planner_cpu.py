@@ -217,7 +217,7 @@ def quiet_link(args) -> dict[str, Any]:
 def calibrate(k1: dict[str, Any], teacher: ModelProfile, student: ModelProfile, cfg, args) -> TermCalibration:
     """The cost model's per-step terms from the K = 1 run (medians of its rank's clock)."""
     parts = k1["measured"]["stage_parts_s"][0]
-    single = CostModel(teacher, student, device_specs(cfg, 1), StepSpec(args.microbatches))
+    single = CostModel(teacher, student, device_specs(cfg.trainer, cfg.partition, 1), StepSpec(args.microbatches))
     blocks = parts["teacher_fwd"] + parts["student_fwd"] + parts["student_bwd"]
     return TermCalibration.from_single_device_step(single, blocks, parts["loss"], parts["optimizer"],
                                                    k1["measured"]["step_s"])
@@ -227,7 +227,7 @@ def model_variants(cfg, k: int, teacher: ModelProfile, student: ModelProfile, te
                    link: dict[str, Any], args) -> dict[str, CostModel]:
     """The cost model with the terms added one by one; the last one is what the planner uses."""
     step = StepSpec(args.microbatches)
-    specs = device_specs(cfg, k)  # contention from the cores and trainer.threads
+    specs = device_specs(cfg.trainer, cfg.partition, k)  # contention from the cores and trainer.threads
     alone = [dataclasses.replace(d, contention=1.0) for d in specs]
     linked = [dataclasses.replace(d, link_latency_s=link["latency_s"],
                                   link_bandwidth_bytes_per_s=link["bandwidth_bytes_per_s"]) for d in specs]

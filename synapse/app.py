@@ -84,7 +84,8 @@ def run_pipeline(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     """Pipelined KD over K devices: plan the partition here, then launch the K workers. Across nodes
     with failover, node 0 does this as the decider and every other node runs an agent."""
     if cfg.failover.enabled and cfg.trainer.nodes > 1:
-        return run_across_nodes(cfg, run_dir, log, lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
+        return run_across_nodes(cfg.trainer, cfg.failover, run_dir, log,
+                                lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
     return _plan_and_run(cfg, run_dir, log, overrides)
 
 
@@ -102,13 +103,14 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     planner = (build_stage_planner(cfg, info, microbatches, log) if cfg.partition.mode == "auto" or failover
                else None)
     if cfg.partition.mode == "auto":
-        partition, _ = auto_partition(cfg, planner, devices, run_dir, log)
+        partition, _ = auto_partition(cfg.partition, planner, devices, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                      count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
     else:
-        partition = placement_for_config(cfg, devices, info)  # fails before any process starts
+        # fails before any process starts
+        partition = placement_for_config(cfg.partition, cfg.teacher, cfg.student, devices, info)
     weights = teacher_weights(cfg, run_dir, log)
-    resume = resolve_resume(cfg, run_dir, log)
+    resume = resolve_resume(cfg.resume, run_dir, log)
     (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "

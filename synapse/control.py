@@ -184,10 +184,10 @@ class StoreControlChannel:
                                      f"Fix: give every run its own trainer.rdzv_endpoint port") from None
 
 
-def control_endpoint(cfg: Any) -> str | None:
-    """Where a segment's stop requests travel: the decider's store across nodes (failover on), else files."""
-    trainer = cfg.trainer
-    return trainer.rdzv_endpoint if cfg.failover.enabled and trainer.nodes > 1 and trainer.rdzv_endpoint else None
+def control_endpoint(trainer: Any, failover: Any) -> str | None:
+    """Where a segment's stop requests travel: the decider's store across nodes (failover on), else files.
+    ``trainer`` and ``failover``: the config's groups of those names (this leaf does not import their types)."""
+    return trainer.rdzv_endpoint if failover.enabled and trainer.nodes > 1 and trainer.rdzv_endpoint else None
 
 
 def open_channel(run_dir: Path | str, endpoint: str | None = None, timeout_s: float = 60.0) -> ControlChannel:

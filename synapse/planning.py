@@ -5,6 +5,11 @@ record the plan, and afterwards compare it with what the run measured.
 
 The planner itself is pure (``synapse.partitioning``); this module is the glue that feeds it
 measured profiles and device facts, and writes ``plan.json`` and ``plan_vs_measured.json``.
+
+The planner's builders (``build_stage_planner``, ``planner_for_profiles``, ``choose_microbatches_for``,
+``profile_models``) take the run's whole config: what they price is the whole run (both models, the
+batch, the schedule, the optimizer, the devices, the partition settings). Every other function
+takes the config groups it reads.
 """
 from __future__ import annotations
 
@@ -16,7 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices, run_topology
+from synapse.config import (
+    PartitionConfig,
+    PipelineConfig,
+    StudentConfig,
+    SynapseConfig,
+    TeacherConfig,
+    TrainerConfig,
+    resolve_accelerator,
+    resolve_devices,
+    run_topology,
+)
 from synapse.engine import default_threads
 from synapse.models import count_blocks
 from synapse.partitioning import (
@@ -41,10 +56,10 @@ from synapse.rundir import read_jsonl
 OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
 
 
-def profile_device(cfg: SynapseConfig) -> str:
+def profile_device(trainer: TrainerConfig) -> str:
     """Where profiles are measured: the run's first device."""
-    if resolve_accelerator(cfg.trainer) == "cuda":
-        return f"cuda:{resolve_devices(cfg.trainer)[0]}"
+    if resolve_accelerator(trainer) == "cuda":
+        return f"cuda:{resolve_devices(trainer)[0]}"
     return "cpu"
 
 
@@ -53,15 +68,16 @@ def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print,
     micro-batches (measured once, then cached)."""
     micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
-                              profile_device(cfg), info.num_classes, info.in_chans, info.image_size, cfg.cache_dir,
-                              warmup=cfg.partition.profile_warmup, repeats=cfg.partition.profile_repeats, log=log,
-                              launch=profile_launch(cfg))
+                              profile_device(cfg.trainer), info.num_classes, info.in_chans, info.image_size,
+                              cfg.cache_dir, warmup=cfg.partition.profile_warmup,
+                              repeats=cfg.partition.profile_repeats, log=log,
+                              launch=profile_launch(cfg.trainer, cfg.pipeline))
 
 
-def profile_launch(cfg: SynapseConfig) -> str:
+def profile_launch(trainer: TrainerConfig, pipeline: PipelineConfig) -> str:
     """Blocks are profiled as the stages will run them: replayed CUDA graphs on a GPU with
     pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included)."""
-    return "graphed" if resolve_accelerator(cfg.trainer) == "cuda" and cfg.pipeline.cuda_graphs else "eager"
+    return "graphed" if resolve_accelerator(trainer) == "cuda" and pipeline.cuda_graphs else "eager"
 
 
 # gloo between two CPU processes over loopback, measured by experiments/bench_gloo_p2p.py
@@ -70,12 +86,12 @@ def profile_launch(cfg: SynapseConfig) -> str:
 GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
 
 
-def device_facts(cfg: SynapseConfig) -> DeviceFacts:
+def device_facts(trainer: TrainerConfig, partition: PartitionConfig) -> DeviceFacts:
     """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
-    gbps = cfg.partition.link_bandwidth_gbps
-    node_gbps = cfg.partition.node_link_bandwidth_gbps
-    topology = run_topology(cfg.trainer)
-    if resolve_accelerator(cfg.trainer) == "cuda":
+    gbps = partition.link_bandwidth_gbps
+    node_gbps = partition.node_link_bandwidth_gbps
+    topology = run_topology(trainer)
+    if resolve_accelerator(trainer) == "cuda":
         bandwidth = gbps * 1e9 if gbps else math.inf
         nodes = {"node_of": topology.node_of,
                  "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
@@ -86,7 +102,7 @@ def device_facts(cfg: SynapseConfig) -> DeviceFacts:
     nodes = {"node_of": topology.node_of,
              "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
     return DeviceFacts(lambda d: f"cpu:{topology.local_id(d)}", lambda device: math.inf, bandwidth,
-                       cpu_rank_contention(cfg.trainer), GLOO_LOOPBACK_LATENCY_S, **nodes)
+                       cpu_rank_contention(trainer), GLOO_LOOPBACK_LATENCY_S, **nodes)
 
 
 def _gpu_memory(device: int) -> float:
@@ -115,7 +131,8 @@ def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callab
 def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None) -> StagePlanner:
     step = StepSpec(microbatches or cfg.pipeline.microbatches, cfg.pipeline.schedule,
                     optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
-    return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step, device_facts(cfg))
+    return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step,
+                        device_facts(cfg.trainer, cfg.partition))
 
 
 def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Path,
@@ -124,7 +141,7 @@ def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_di
     micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``)."""
     candidates = candidate_counts(cfg.data.batch_size, len(devices))
     choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, m), m),
-                                 candidates, devices, configured_alphas(cfg, len(devices)))
+                                 candidates, devices, configured_alphas(cfg.partition, len(devices)))
     record = {"candidates": list(candidates), "chosen": choice.microbatches,
               "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
               "not_possible": {str(m): why for m, why in choice.reasons.items()}}
@@ -136,21 +153,21 @@ def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_di
     return choice.microbatches
 
 
-def configured_alphas(cfg: SynapseConfig, num_stages: int) -> list[float]:
-    alphas = list(cfg.partition.alphas) if cfg.partition.alphas else [1.0] * num_stages
+def configured_alphas(partition: PartitionConfig, num_stages: int) -> list[float]:
+    alphas = list(partition.alphas) if partition.alphas else [1.0] * num_stages
     if len(alphas) != num_stages:
         raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_stages} devices; give one per device")
     return [float(a) for a in alphas]
 
 
-def device_specs(cfg: SynapseConfig, num_stages: int) -> list[DeviceSpec]:
+def device_specs(trainer: TrainerConfig, partition: PartitionConfig, num_stages: int) -> list[DeviceSpec]:
     """The planner's view of stages 0..K-1 at the configured alphas (what partition=auto plans on)."""
-    devices = run_topology(cfg.trainer).devices  # run-wide ids, node 0's first
+    devices = run_topology(trainer).devices  # run-wide ids, node 0's first
     stages = devices if len(devices) == num_stages else list(range(num_stages))
-    return device_facts(cfg).specs(stages, configured_alphas(cfg, num_stages))
+    return device_facts(trainer, partition).specs(stages, configured_alphas(partition, num_stages))
 
 
-def cpu_rank_contention(trainer: SynapseConfig) -> float:
+def cpu_rank_contention(trainer: TrainerConfig) -> float:
     """How much slower each CPU rank computes because this node's ranks share its cores.
 
     The ranks of one node run trainer.threads intra-op threads each (default: the cores
@@ -165,10 +182,10 @@ def _available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def auto_partition(cfg: SynapseConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
+def auto_partition(partition: PartitionConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
                    log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
     """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
-    plan = planner.full_plan(devices, configured_alphas(cfg, len(devices)))
+    plan = planner.full_plan(devices, configured_alphas(partition, len(devices)))
     record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": planner.teacher.source,
                                                                "student": planner.student.source}}
     (run_dir / "plan.json").write_text(json.dumps(record, indent=1))
@@ -241,24 +258,25 @@ def even_placement(teacher_blocks: int, student_blocks: int, devices: Sequence[i
     return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)), even_counts(student_blocks, len(devices)))
 
 
-def placement_for_config(cfg, devices: Sequence[int], info) -> Placement:
+def placement_for_config(partition_cfg: PartitionConfig, teacher: TeacherConfig, student: StudentConfig,
+                         devices: Sequence[int], info) -> Placement:
     """The placement the config asks for (even or manual) on ``devices``, checked against the block counts."""
     num_stages = len(devices)
-    teacher_blocks = count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
-    student_blocks = count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
-    if cfg.partition.mode == "manual":
-        if len(cfg.partition.teacher) != num_stages or len(cfg.partition.student) != num_stages:
-            raise PartitionError(f"the partition has {len(cfg.partition.teacher)} stages for {num_stages} devices; "
+    teacher_blocks = count_blocks(teacher.name, info.num_classes, info.in_chans, info.image_size)
+    student_blocks = count_blocks(student.name, info.num_classes, info.in_chans, info.image_size)
+    if partition_cfg.mode == "manual":
+        if len(partition_cfg.teacher) != num_stages or len(partition_cfg.student) != num_stages:
+            raise PartitionError(f"the partition has {len(partition_cfg.teacher)} stages for {num_stages} devices; "
                                  f"give one block count per device")
-        partition = Placement(tuple(devices), tuple(cfg.partition.teacher), tuple(cfg.partition.student))
-    elif cfg.partition.mode == "even":
-        for name, blocks in (("teacher", teacher_blocks), ("student", student_blocks)):
+        partition = Placement(tuple(devices), tuple(partition_cfg.teacher), tuple(partition_cfg.student))
+    elif partition_cfg.mode == "even":
+        for role, model, blocks in (("teacher", teacher, teacher_blocks), ("student", student, student_blocks)):
             if num_stages > blocks:
-                raise PartitionError(f"{num_stages} stages but the {name} {getattr(cfg, name).name} has only {blocks} blocks; "
+                raise PartitionError(f"{num_stages} stages but the {role} {model.name} has only {blocks} blocks; "
                                      f"use at most {blocks} devices or a deeper model")
         partition = even_placement(teacher_blocks, student_blocks, devices)
     else:
-        raise PartitionError(f"partition.mode={cfg.partition.mode!r} is planned by synapse.planning; "
+        raise PartitionError(f"partition.mode={partition_cfg.mode!r} is planned by synapse.planning; "
                              f"use even, manual or auto")
     partition.check_block_counts(teacher_blocks, student_blocks)
     return partition

@@ -35,14 +35,22 @@ from synapse.engine.step import (
     training_loss,
 )
 from synapse.engine.teacher import prepare_teacher, teacher_weights, train_label_model
-from synapse.engine.trainer import Trainer, build_run_parts, build_trainer, kd_params, resolve_resume
+from synapse.engine.trainer import (
+    LoopSettings,
+    Trainer,
+    build_run_parts,
+    build_trainer,
+    kd_params,
+    loop_settings,
+    resolve_resume,
+)
 
 __all__ = ["BadSampleLog", "Batch", "CLEAR_LINE", "Checkpointer", "ComputeSetup", "ConsoleBar", "DataWarning",
-           "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager", "Milestones", "NonFiniteGuard",
-           "NonFiniteLossError", "Progress", "SingleDeviceStep", "SingleShard", "StepRate", "Trainer",
-           "TrainingReplay", "WARMUP_ITERATIONS", "build_compute_setup", "build_optimizer", "build_run_parts",
-           "build_scheduler", "build_trainer", "capture_kwargs", "checks_loss_late", "default_threads", "distil_on_one_device",
-           "ensure_training", "eval_batches", "evaluate", "format_seconds", "is_terminal", "kd_params",
-           "lines_above", "load_optimizer_state_by_name", "lr_factor", "optimizer_state_by_name", "prepare_teacher",
-           "progress_text", "resolve_resume", "rng_state", "set_rng_state", "teacher_weights", "topk_correct",
-           "train_batches", "train_label_model", "training_loss"]
+           "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager", "LoopSettings", "Milestones",
+           "NonFiniteGuard", "NonFiniteLossError", "Progress", "SingleDeviceStep", "SingleShard", "StepRate",
+           "Trainer", "TrainingReplay", "WARMUP_ITERATIONS", "build_compute_setup", "build_optimizer",
+           "build_run_parts", "build_scheduler", "build_trainer", "capture_kwargs", "checks_loss_late",
+           "default_threads", "distil_on_one_device", "ensure_training", "eval_batches", "evaluate", "format_seconds",
+           "is_terminal", "kd_params", "lines_above", "load_optimizer_state_by_name", "loop_settings", "lr_factor",
+           "optimizer_state_by_name", "prepare_teacher", "progress_text", "resolve_resume", "rng_state",
+           "set_rng_state", "teacher_weights", "topk_correct", "train_batches", "train_label_model", "training_loss"]

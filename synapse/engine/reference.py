@@ -32,7 +32,7 @@ def distil_on_one_device(composed: DictConfig, run_dir: Path, log: Callable[[str
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
     teacher_eval = evaluate(teacher, trainer.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
-    resume = resolve_resume(cfg, run_dir, log)
+    resume = resolve_resume(cfg.resume, run_dir, log)
     if resume is not None:
         trainer.load_checkpoint(resume)
     summary = trainer.fit()

@@ -15,7 +15,16 @@ from typing import Callable
 
 from torch import nn
 
-from synapse.config import ConfigError, SynapseConfig, config_dict, resolve_accelerator, resolve_devices, with_settings
+from synapse.config import (
+    ConfigError,
+    DataConfig,
+    SynapseConfig,
+    TeacherConfig,
+    config_dict,
+    resolve_accelerator,
+    resolve_devices,
+    with_settings,
+)
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine.device import ComputeSetup
 from synapse.engine.trainer import build_trainer, load_teacher
@@ -43,7 +52,7 @@ def teacher_training_config(cfg: SynapseConfig) -> SynapseConfig:
 def prepare_teacher(cfg: SynapseConfig, run_dir: Path, setup: ComputeSetup,
                     log: Callable[[str], None] = print) -> nn.Module:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
-    return load_teacher(cfg, setup, info, str(teacher_weights(cfg, run_dir, log)))
+    return load_teacher(cfg.teacher, setup, info, str(teacher_weights(cfg, run_dir, log)))
 
 
 def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path:
@@ -56,7 +65,7 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
                           "teacher.checkpoint=/path/to/teacher.pt, or teacher.auto_train=true to train one first")
     cached = Path(cfg.cache_dir) / "teachers" / f"{cfg.teacher.name}-{teacher_cache_key(cfg)}.pt"
     if cached.is_file():
-        check_cached_teacher(cfg, cached)
+        check_cached_teacher(cfg.teacher, cfg.data, cfg.seed, cached)
         log(f"teacher: reusing the cached {cfg.teacher.name} trained on {cfg.data.name} ({cached})")
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
@@ -70,14 +79,14 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
     return cached
 
 
-def check_cached_teacher(cfg: SynapseConfig, cached: Path) -> None:
+def check_cached_teacher(teacher: TeacherConfig, data: DataConfig, seed: int, cached: Path) -> None:
     """A cache entry cut short (a full disk, a copy interrupted) is named as one, not blamed on
     teacher.checkpoint, which the user never set."""
     from synapse.models import ModelError, check_weights_file
 
-    info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+    info = dataset_info(data.name, **data_kwargs(data, seed))
     try:
-        check_weights_file(cfg.teacher.name, cached, info.num_classes, info.in_chans, info.image_size,
+        check_weights_file(teacher.name, cached, info.num_classes, info.in_chans, info.image_size,
                            what="cached teacher")
     except ModelError as exc:
         raise ModelError(f"the cached teacher {cached} (trained earlier because teacher.checkpoint is unset) is "

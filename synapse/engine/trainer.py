@@ -5,6 +5,10 @@ and the reference the pipeline reproduces.
 metrics per step, evaluation per epoch, atomic checkpoints through its ``checkpointer``, and a
 final summary. ``build_trainer`` composes it for one device (validate early, create late);
 ``synapse.pipeline.trainer.build_pipeline_trainer`` composes the same loop for a pipeline rank.
+
+The builders (``build_trainer``, ``build_run_parts``, ``loop_settings``) are the only code here that
+reads the run's whole config: the loop gets a frozen ``LoopSettings``, the other parts the config
+groups they use.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import torch
 from torch import nn
 
 from synapse import checkpoint as ckpt
-from synapse.config import SynapseConfig
+from synapse.config import KDConfig, SynapseConfig, TeacherConfig, TrainerConfig
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from synapse.engine.accuracy import evaluate
 from synapse.engine.batches import train_batches
@@ -117,12 +121,34 @@ class SingleDeviceRunner:
         return HeldState(self.student.state_dict(keep_vars=True), self.optimizer, self.scheduler, {})
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the training loop reads of the run's config, picked out by its builder (``loop_settings``):
+    the loop depends on these values, not on the config's layout."""
+
+    mode: str  # the run's mode and student model, named in summary.json
+    student: str
+    images_per_step: int  # data.batch_size: one batch per optimizer step
+    loader_workers: int  # data.num_workers
+    stop_after: int | None  # trainer.stop_after: end this launch after N steps, with a checkpoint
+    progress: bool  # trainer.progress: draw the bar (on the process that writes records)
+    eval_every_epochs: int
+    nonfinite: str  # trainer.nonfinite, named when a non-finite loss is reported
+    checkpoint_every: int  # checkpoint.every (0: at epoch ends and the end only)
+    checkpoint_at_epoch_end: bool
+    async_save: bool  # checkpoint.async_save: the staging buffers are prepared after the first step
+    tracker: str  # logger.name: where the scalars also go
+    # Steps at which an instant fault fires on some rank: every rank lets the checkpoint in flight
+    # commit before them (synapse.injection.instant_fault_steps).
+    fault_steps: frozenset[int] = frozenset()
+
+
 @dataclass
 class Trainer:
     """The training loop, the same for every path; its parts are composed, not overridden: how a
     step runs (``runner``), checkpoint I/O (``checkpointer``) and evaluation (``evaluate``)."""
 
-    cfg: SynapseConfig
+    settings: LoopSettings
     run_dir: Path
     runner: StepRunner
     checkpointer: Checkpointer
@@ -158,19 +184,19 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``total_steps`` (or ``trainer.stop_after`` steps in this launch); return the summary."""
         started, first_step = time.time(), self.step
-        stop_after = self.cfg.trainer.stop_after
-        images_per_step = self.cfg.data.batch_size
-        progress = Progress(self.total_steps, self.step, enabled=self.cfg.trainer.progress and self.writes_records,
-                            log=self.log)
+        settings = self.settings
+        stop_after = settings.stop_after
+        images_per_step = settings.images_per_step
+        progress = Progress(self.total_steps, self.step, enabled=settings.progress and self.writes_records, log=self.log)
         runner = self.runner
-        fault_steps = instant_fault_steps(parse_faults(self.cfg.injection.faults, self.checkpointer.shards.world_size))
+        fault_steps = settings.fault_steps
         with self._metrics_writer() as metrics:
             pending: dict[str, Any] | None = None  # read one step late: no host sync on the hot path
             step_rates: list[float] = []  # images/s of each step, for the summary's steady rate
             tick = time.perf_counter()
             try:
                 load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
-                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, self.cfg.data.num_workers,
+                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, settings.loader_workers,
                                            load=load, device=runner.device):
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
@@ -192,7 +218,7 @@ class Trainer:
                     runner.apply_control(self.step)  # e.g. a live re-partition asked for at this step (not step time)
                     tick = time.perf_counter()
                     pending = self._flush(metrics, pending, progress, record)
-                    if self.step == first_step + 1 and self.cfg.checkpoint.async_save:
+                    if self.step == first_step + 1 and settings.async_save:
                         self.checkpointer.prepare(runner.held_state())  # staging buffers, before any save
                         tick = time.perf_counter()
                     if self._checkpoint_and_evaluate(batch, metrics, pending):
@@ -226,16 +252,16 @@ class Trainer:
         if not self.writes_records:
             return NullWriter()
         return TrackedWriter(JsonlWriter(self.run_dir / "metrics.jsonl"),
-                             open_tracker(self.cfg.logger.name, self.run_dir, "train"))
+                             open_tracker(self.settings.tracker, self.run_dir, "train"))
 
     def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter, record: dict[str, Any]) -> bool:
         """What is due after this step (a checkpoint, an evaluation); whether anything was.
         ``record``: the step's, whose loss (read late, if at all) is checked before either."""
-        every = self.cfg.checkpoint.every
+        every = self.settings.checkpoint_every
         end_of_epoch = batch.step_in_epoch == self.sampler.steps_per_epoch - 1
         last = self.step == self.total_steps
-        save = (every and self.step % every == 0) or (end_of_epoch and self.cfg.checkpoint.at_epoch_end) or last
-        evaluate = last or (end_of_epoch and (batch.epoch + 1) % self.cfg.trainer.eval_every_epochs == 0)
+        save = (every and self.step % every == 0) or (end_of_epoch and self.settings.checkpoint_at_epoch_end) or last
+        evaluate = last or (end_of_epoch and (batch.epoch + 1) % self.settings.eval_every_epochs == 0)
         if (save or evaluate) and record["loss"] is not None:
             self._check_loss(record["step"], float(record["loss"]))  # a checkpoint holds finite steps only
         if save:
@@ -272,8 +298,8 @@ class Trainer:
         if not self.writes_records:  # one report per run: the process that has the loss
             return
         self.log(f"step {step}: the loss is {loss}, not finite; step {action} "
-                 f"(trainer.nonfinite={self.cfg.trainer.nonfinite})")
-        self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action, policy=self.cfg.trainer.nonfinite)
+                 f"(trainer.nonfinite={self.settings.nonfinite})")
+        self.events.append("nonfinite_loss", step=step, loss=str(loss), action=action, policy=self.settings.nonfinite)
 
     def _position_of_last_batch(self) -> tuple[int, int]:
         per_epoch = self.sampler.steps_per_epoch
@@ -301,16 +327,17 @@ class Trainer:
         """``images_per_s`` is the launch's (warm-up, graph capture, evaluations and checkpoints
         included); ``median_step_images_per_s`` the steady rate of its steps."""
         final = self.history[-1] if self.history else {}
-        summary = {"mode": self.cfg.mode, "steps": self.step, "steps_this_launch": steps,
+        summary = {"mode": self.settings.mode, "steps": self.step, "steps_this_launch": steps,
                    "total_steps": self.total_steps, "stopped_on_request": self.runner.stop_requested,
-                   "wall_time_s": seconds, "images_per_s": steps * self.cfg.data.batch_size / max(seconds, 1e-9),
+                   "wall_time_s": seconds, "images_per_s": steps * self.settings.images_per_step / max(seconds, 1e-9),
                    "median_step_images_per_s": statistics.median(step_rates) if step_rates else None,
-                   "student": self.cfg.student.name, "final_eval": final}
+                   "student": self.settings.student, "final_eval": final}
         if self.writes_records:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
 
+# ---------------------------------------------------------------- composition (the whole config)
 @dataclass
 class RunParts:
     """What every training path builds the same way: data, the full student, sampler, schedule length."""
@@ -322,6 +349,18 @@ class RunParts:
     sampler: ResumableSampler
     num_epochs: int
     total_steps: int
+
+
+def loop_settings(cfg: SynapseConfig, world_size: int) -> LoopSettings:
+    """The loop's settings from the run's config; ``world_size``: the processes that run the loop
+    (the faults are checked against it)."""
+    return LoopSettings(
+        mode=cfg.mode, student=cfg.student.name, images_per_step=cfg.data.batch_size,
+        loader_workers=cfg.data.num_workers, stop_after=cfg.trainer.stop_after, progress=cfg.trainer.progress,
+        eval_every_epochs=cfg.trainer.eval_every_epochs, nonfinite=cfg.trainer.nonfinite,
+        checkpoint_every=cfg.checkpoint.every, checkpoint_at_epoch_end=cfg.checkpoint.at_epoch_end,
+        async_save=cfg.checkpoint.async_save, tracker=cfg.logger.name,
+        fault_steps=frozenset(instant_fault_steps(parse_faults(cfg.injection.faults, world_size))))
 
 
 def build_run_parts(cfg: SynapseConfig, model_name: str, init_weights: str | None) -> RunParts:
@@ -337,7 +376,7 @@ def build_run_parts(cfg: SynapseConfig, model_name: str, init_weights: str | Non
     if init_weights:
         load_weights(student, init_weights, what="student.init")
     sampler = ResumableSampler(len(train_ds), cfg.seed, shuffle=True, drop_last=True, batch_size=cfg.data.batch_size)
-    num_epochs, total_steps = _schedule_length(cfg, sampler.steps_per_epoch)
+    num_epochs, total_steps = _schedule_length(cfg.trainer, sampler.steps_per_epoch)
     return RunParts(info, train_ds, val_ds, student, sampler, num_epochs, total_steps)
 
 
@@ -353,7 +392,7 @@ def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: n
     # Label training (mode=teacher|baseline) has nothing pipelined to plan: auto is the whole batch at once.
     microbatches = 1 if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches)
     step_fn = SingleDeviceStep(student, teacher, optimizer, scheduler, microbatches,
-                               kd_params(cfg), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
+                               kd_params(cfg.kd), setup, nonfinite=cfg.trainer.nonfinite, check_late=late)
     events = EventLog(events_path(run_dir), source="trainer")
     injector = FaultInjector(parse_faults(cfg.injection.faults, 1), rank=0, record=events.write)
     runner = SingleDeviceRunner(student, optimizer, scheduler, step_fn, injector, model_name)
@@ -367,27 +406,28 @@ def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: n
     def evaluate_student() -> dict[str, float]:
         return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
 
-    return Trainer(cfg, run_dir, runner, checkpointer, evaluate_student, parts.train_ds, parts.val_ds, parts.sampler,
-                   parts.total_steps, parts.num_epochs, injector, events, log=log)
+    return Trainer(loop_settings(cfg, world_size=1), run_dir, runner, checkpointer, evaluate_student, parts.train_ds,
+                   parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log)
 
 
-def kd_params(cfg: SynapseConfig) -> KDLossParams:
-    return KDLossParams(cfg.kd.mode, cfg.kd.T, cfg.kd.lambda_kd)
+def kd_params(kd: KDConfig) -> KDLossParams:
+    return KDLossParams(kd.mode, kd.T, kd.lambda_kd)
 
 
-def _schedule_length(cfg: SynapseConfig, steps_per_epoch: int) -> tuple[int, int]:
+def _schedule_length(trainer: TrainerConfig, steps_per_epoch: int) -> tuple[int, int]:
     """(epochs to iterate, optimizer steps in the whole schedule); max_steps wins over epochs."""
-    if cfg.trainer.max_steps is not None:
-        return math.ceil(cfg.trainer.max_steps / steps_per_epoch), cfg.trainer.max_steps
-    return cfg.trainer.epochs, cfg.trainer.epochs * steps_per_epoch
+    if trainer.max_steps is not None:
+        return math.ceil(trainer.max_steps / steps_per_epoch), trainer.max_steps
+    return trainer.epochs, trainer.epochs * steps_per_epoch
 
 
-def resolve_resume(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
-    """The checkpoint to resume from: an explicit path, the newest valid one for 'auto', or None."""
-    if cfg.resume is None:
+def resolve_resume(resume: str | None, run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+    """The checkpoint ``resume`` (the config's) names: an explicit path, the newest valid one for
+    'auto', or None."""
+    if resume is None:
         return None
-    if cfg.resume != "auto":
-        return Path(cfg.resume)
+    if resume != "auto":
+        return Path(resume)
     events = EventLog(events_path(run_dir), source="resume")
 
     def skipped(ref: ckpt.CheckpointRef, error: Exception) -> None:  # damaged: said, recorded, passed over
@@ -401,8 +441,8 @@ def resolve_resume(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
     return ref.path
 
 
-def load_teacher(cfg: SynapseConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
-    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+def load_teacher(teacher_cfg: TeacherConfig, setup: ComputeSetup, info, path: str) -> nn.Module:
+    teacher = build_model(teacher_cfg.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, path, what="teacher.checkpoint")
     teacher = setup.prepare_model(teacher).eval()
     for p in teacher.parameters():

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from synapse.config import SynapseConfig, config_from_yaml, resolve_devices
+from synapse.config import TrainerConfig, config_from_yaml, resolve_devices
 from synapse.failover.node_channel import (
     BEAT_S,
     ExitOrder,
@@ -40,9 +40,9 @@ class DeciderLost(RuntimeError):
     """Node 0 stopped answering; the message says what is saved and how to continue."""
 
 
-def run_agent(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Serve the decider's orders until it says the run is over; return its last launch's summary."""
-    trainer = cfg.trainer
+def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Serve the decider's orders until it says the run is over; return its last launch's summary.
+    Each order carries the whole config of the segment it launches."""
     channel = NodeChannel.connect(trainer.rdzv_endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
     node = int(trainer.node_rank)
     channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid()))

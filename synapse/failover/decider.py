@@ -25,7 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from synapse.config import SynapseConfig, config_yaml, resolve_devices, run_topology, with_settings
+from synapse.config import (
+    FailoverConfig,
+    SynapseConfig,
+    TrainerConfig,
+    config_yaml,
+    resolve_devices,
+    run_topology,
+    with_settings,
+)
 from synapse.failover.agent import run_agent
 from synapse.failover.node_channel import (
     POLL_S,
@@ -44,16 +52,16 @@ from synapse.pipeline import LaunchTask
 from synapse.rundir import EventLog, events_path
 
 
-def run_across_nodes(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
+def run_across_nodes(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
                      run_as_decider: Callable[[NodeDecider], dict[str, Any]]) -> dict[str, Any]:
     """Node 0: host the run's store, meet the agents, run the segments as the decider, and release the
     agents at the end (with the error, if any). Every other node: serve as an agent."""
-    if cfg.trainer.node_rank > 0:
-        return run_agent(cfg, run_dir, log)
-    decider = NodeDecider(cfg, run_dir, log)
+    if trainer.node_rank > 0:
+        return run_agent(trainer, run_dir, log)
+    decider = NodeDecider(trainer, failover, run_dir, log)
     error: BaseException | None = None
     try:
-        decider.meet_agents(resolve_devices(cfg.trainer))
+        decider.meet_agents(resolve_devices(trainer))
         return run_as_decider(decider)
     except BaseException as exc:
         error = exc
@@ -78,13 +86,14 @@ def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoi
 
 
 class NodeDecider:
-    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one segment on all of them."""
+    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one segment on all of them
+    (with the segment's whole config, of which each node gets its own copy: ``node_config``)."""
 
-    def __init__(self, cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print):
-        trainer = cfg.trainer
+    def __init__(self, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path,
+                 log: Callable[[str], None] = print):
         self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
         self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
-        self.node_timeout_s = float(cfg.failover.node_timeout_s)
+        self.node_timeout_s = float(failover.node_timeout_s)
         self.rdzv_base = trainer.rdzv_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
         self.channel = NodeChannel.host(self.endpoint, self.timeout_s)
         self.lost: set[int] = set()

@@ -8,11 +8,11 @@ from typing import Any, Callable, Sequence
 
 from synapse import checkpoint as ckpt
 from synapse.calibration import AlphaBetaEstimator
-from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
+from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, resolve_accelerator, resolve_devices
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
 from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
-from synapse.failover.segments import Segment, read_segments, user_overrides
+from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.summary import SUMMARY_FILE
 from synapse.failover.supervisor import STATE_FILE, Supervisor, first_segment
 from synapse.launch import launch_pipeline
@@ -31,15 +31,16 @@ FALLBACK_RESTART = RestartCost(checkpoint_save_s=0.2, teardown_s=0.5, launch_s=6
 FALLBACK_LIVE = RestartCost(launch_s=0.2, warmup_s=0.1)
 
 
-def restart_cost_model(cfg: SynapseConfig, log: Callable[[str], None]) -> RestartCostModel:
+def restart_cost_model(trainer: TrainerConfig, failover: FailoverConfig, log: Callable[[str], None]
+                       ) -> RestartCostModel:
     """Priors per restart path from the benchmarks (failover.restart_cost_file, else this repository's
     results for the accelerator), corrected later by the run's own restarts."""
-    accelerator = resolve_accelerator(cfg.trainer)
-    restart = _benchmark_cost(cfg.failover.restart_cost_file, PRIORS_DIR / f"restart_cost_{accelerator}.json",
+    accelerator = resolve_accelerator(trainer)
+    restart = _benchmark_cost(failover.restart_cost_file, PRIORS_DIR / f"restart_cost_{accelerator}.json",
                               "restart", FALLBACK_RESTART, "experiments/bench_restart_cost.py", log)
     live = _benchmark_cost(None, PRIORS_DIR / f"live_replan_{accelerator}.json", "live", FALLBACK_LIVE,
                            "experiments/bench_live_replan.py", log)
-    kind_paths = {OptionKind.REPLAN: "live"} if cfg.failover.replan_mode == "live" else {}
+    kind_paths = {OptionKind.REPLAN: "live"} if failover.replan_mode == "live" else {}
     return RestartCostModel({"restart": restart, "live": live}, kind_paths=kind_paths)
 
 
@@ -57,11 +58,12 @@ def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, l
                      first: Placement | None = None) -> FailoverController:
     """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
     first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
-    prior = dict(zip(first.devices, configured_alphas(cfg, first.num_stages))) if first and cfg.partition.alphas else {}
+    prior = (dict(zip(first.devices, configured_alphas(cfg.partition, first.num_stages)))
+             if first and cfg.partition.alphas else {})
     return FailoverController(
         policy=make_policy(str(cfg.policy.name), **dataclasses.asdict(cfg.policy.params)),
         planner=planner,
-        restart_costs=restart_cost_model(cfg, log),
+        restart_costs=restart_cost_model(cfg.trainer, cfg.failover, log),
         detector=SlowdownDetector(cfg.failover.detector),
         estimator=AlphaBetaEstimator(cfg.failover.estimator),
         spare_devices=tuple(cfg.trainer.spare_devices),
@@ -80,7 +82,9 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
-    supervisor = Supervisor(cfg, run_dir, user_overrides(overrides), controller, teacher_weights, log=log,
+    composer = SegmentComposer(cfg, run_dir, user_overrides(overrides))
+    supervisor = Supervisor(cfg.failover, cfg.trainer, composer, run_dir, controller, teacher_weights,
+                            policy=cfg.policy.name, injection=cfg.injection.name, log=log,
                             tracker=open_tracker(cfg.logger.name, run_dir, "supervisor"), launch=launch)
     history = read_segments(run_dir) if cfg.resume is not None else []
     start = ckpt.read_manifest(Path(resume))["step"] if resume else 0

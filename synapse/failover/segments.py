@@ -247,6 +247,33 @@ def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[st
     return merge_overrides(user_overrides or [], segment)
 
 
+@dataclass(frozen=True)
+class ComposedSegment:
+    """What one segment's workers run: its whole config, and the override list that composes it."""
+
+    config: SynapseConfig
+    overrides: list[str]
+
+
+@dataclass(frozen=True)
+class SegmentComposer:
+    """Composes each segment's config for the supervisor. Composing is a whole-config job, so this is
+    the one part of the supervisor that holds the run's whole config and the user's overrides."""
+
+    cfg: SynapseConfig  # the run's config, as segment 0 runs it
+    run_dir: Path
+    user_overrides: list[str] | None  # None: unknown (segment configs are then set on the config, not composed)
+
+    def as_launched(self, spec: Segment, worker_events: WorkerEvents) -> ComposedSegment:
+        """``spec`` runs the run's own config (not composed again), saved with the overrides that compose it."""
+        return ComposedSegment(self.cfg, segment_overrides(self.cfg, self.run_dir, self.user_overrides, spec,
+                                                           worker_events))
+
+    def compose(self, spec: Segment, worker_events: WorkerEvents) -> ComposedSegment:
+        """``spec``'s config composed from the user's overrides and the segment's own."""
+        return ComposedSegment(*compose_segment(self.cfg, self.run_dir, self.user_overrides, spec, worker_events))
+
+
 def compose_segment(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,
                     worker_events: WorkerEvents) -> tuple[SynapseConfig, list[str]]:
     """The segment's validated config and the overrides that compose it."""

@@ -16,23 +16,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from synapse.config import SynapseConfig
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment
 
 SUMMARY_FILE = "experiment_summary.json"
 
 
-def write_experiment_summary(run_dir: Path, cfg: SynapseConfig, controller: FailoverController,
+def write_experiment_summary(run_dir: Path, policy: str, injection: str, controller: FailoverController,
                              segments: Sequence[Segment], restarts: Sequence[Any], started_at: float,
                              last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """``restarts``: the supervisor's ``Restart`` records (dataclasses); ``earlier_restarts``: those an
-    earlier supervisor of a resumed run recorded (its summary's), kept first."""
+    """``policy`` and ``injection``: the names of the run's policy and injection scenario (the config's
+    policy.name and injection.name); ``restarts``: the supervisor's ``Restart`` records (dataclasses);
+    ``earlier_restarts``: those an earlier supervisor of a resumed run recorded (its summary's), kept first."""
     restart_views = [*earlier_restarts,
                      *({k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")} for r in restarts)]
     summary = {
-        "policy": cfg.policy.name,
-        "injection": cfg.injection.name,
+        "policy": policy,
+        "injection": injection,
         "wall_time_s": time.time() - started_at,
         "steps": last.get("steps"),
         "total_steps": last.get("total_steps"),

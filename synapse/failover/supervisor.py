@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from synapse import checkpoint as ckpt
-from synapse.config import SynapseConfig
+from synapse.config import FailoverConfig, TrainerConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from synapse.decision import Decision, NoViableOptionError
 from synapse.failover.controller import FailoverController
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
-from synapse.failover.segments import Segment, compose_segment, pin_checkpoint, segment_overrides, write_segment
+from synapse.failover.segments import ComposedSegment, Segment, SegmentComposer, pin_checkpoint, write_segment
 from synapse.failover.summary import write_experiment_summary
 from synapse.failover.watch import LaunchWatcher
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
@@ -47,11 +47,14 @@ class FailoverError(RuntimeError):
 
 @dataclass
 class Supervisor:
-    cfg: SynapseConfig
+    failover: FailoverConfig  # the restart budget and the re-plan mode
+    trainer: TrainerConfig  # the console: the progress bar, the ranks whose lines are shown
+    composer: SegmentComposer  # each segment's config (it alone holds the run's whole config)
     run_dir: Path
-    overrides: list[str] | None  # None: unknown (segment configs are then merged, not composed)
     controller: FailoverController
     teacher_weights: str
+    policy: str  # the policy's and the injection scenario's names, for experiment_summary.json
+    injection: str
     log: Callable[[str], None] = print
     segments: list[Segment] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
@@ -82,7 +85,7 @@ class Supervisor:
         """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides.
         A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
-                supervised_console(self.run_dir, self.log, self.cfg.trainer.progress, self._running_segment):
+                supervised_console(self.run_dir, self.log, self.trainer.progress, self._running_segment):
             return self._run_segments(first, compose)
 
     def _running_segment(self) -> tuple[int, Placement] | None:
@@ -100,13 +103,13 @@ class Supervisor:
 
     def _run_segments(self, first: Segment, compose: bool) -> dict[str, Any]:
         spec, restart = first, None
-        segment_cfg, overrides = self._compose(spec) if compose else (
-            self.cfg, segment_overrides(self.cfg, self.run_dir, self.overrides, spec, self.worker_events))
+        composed = (self.composer.compose(spec, self.worker_events) if compose
+                    else self.composer.as_launched(spec, self.worker_events))
         while True:
             self.segments.append(spec)
-            write_segment(self.run_dir, spec, segment_cfg, overrides)
+            write_segment(self.run_dir, spec, composed.config, composed.overrides)
             self._mark_segment(spec)
-            summary, watcher, failure = self._launch(spec, segment_cfg, restart)
+            summary, watcher, failure = self._launch(spec, composed, restart)
             current = self.segments[-1]  # a live re-partition may have started later segments in this launch
             self._finish_segment(current, watcher, failure, summary, restart)
             if failure is None and not (summary or {}).get("stopped_on_request"):
@@ -117,7 +120,7 @@ class Supervisor:
                 return self._end_interrupted(current, summary)
             restart = self._plan_restart(current, watcher, failure)
             spec = self._next_segment(current, restart)
-            segment_cfg, overrides = self._compose(spec)
+            composed = self.composer.compose(spec, self.worker_events)
         self.tracker.close()
         return self._write_summary(summary)
 
@@ -136,11 +139,12 @@ class Supervisor:
 
     @property
     def live_replan(self) -> bool:
-        return self.cfg.failover.replan_mode == "live"
+        return self.failover.replan_mode == "live"
 
     def _write_summary(self, summary: dict | None) -> dict[str, Any]:
-        return write_experiment_summary(self.run_dir, self.cfg, self.controller, self.segments, self.restarts,
-                                        self.started_at, summary or {}, earlier_restarts=self.earlier_restarts)
+        return write_experiment_summary(self.run_dir, self.policy, self.injection, self.controller, self.segments,
+                                        self.restarts, self.started_at, summary or {},
+                                        earlier_restarts=self.earlier_restarts)
 
     def _end_interrupted(self, spec: Segment, summary: dict | None) -> dict[str, Any]:
         self._write_summary(summary)
@@ -149,8 +153,10 @@ class Supervisor:
         raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: segment {spec.index} stopped after step "
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
-    def _launch(self, spec: Segment, segment_cfg: SynapseConfig, restart: Restart | None):
-        self.control = open_channel(self.run_dir, control_endpoint(segment_cfg), segment_cfg.trainer.rdzv_timeout_s)
+    def _launch(self, spec: Segment, composed: ComposedSegment, restart: Restart | None):
+        segment_cfg = composed.config  # the segment's whole config: carried to the workers
+        self.control = open_channel(self.run_dir, control_endpoint(segment_cfg.trainer, segment_cfg.failover),
+                                    segment_cfg.trainer.rdzv_timeout_s)
         self.control.clear()
         if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
             self._stop_on_interrupt(self.interrupt.signal_name)
@@ -189,7 +195,7 @@ class Supervisor:
 
     def _show_failed_rank(self, spec: Segment, failure: WorkerFailure) -> None:
         """The failed rank's last lines, unless they were on the console already (trainer.local_ranks_filter)."""
-        shown = self.cfg.trainer.local_ranks_filter
+        shown = self.trainer.local_ranks_filter
         if failure.rank is not None and shown is not None and failure.rank not in shown:
             tail = failed_rank_tail(self.run_dir / "logs" / f"launch_{spec.index}", failure.rank)
             self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
@@ -202,8 +208,8 @@ class Supervisor:
         chosen = decision.chosen
         spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason="replan (live)", start_step=old.end_step)
         self.segments.append(spec)
-        segment_cfg, overrides = self._compose(spec)
-        write_segment(self.run_dir, spec, segment_cfg, overrides)
+        composed = self.composer.compose(spec, self.worker_events)
+        write_segment(self.run_dir, spec, composed.config, composed.overrides)
         self._mark_decision(decision)
         self._mark_segment(spec)
         self.controller.begin_segment(spec.placement)
@@ -253,9 +259,9 @@ class Supervisor:
     # ---------------------------------------------------------------- deciding the restart
     def _plan_restart(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure | None) -> Restart:
         # A live REPLAN moves blocks between running workers: it restarts nothing, so it does not count.
-        if sum(r.mode != "live" for r in self.restarts) >= self.cfg.failover.max_restarts:
+        if sum(r.mode != "live" for r in self.restarts) >= self.failover.max_restarts:
             raise FailoverError(f"segment {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
-                                f"{self.cfg.failover.max_restarts} restarts are spent; checkpoints are in "
+                                f"{self.failover.max_restarts} restarts are spent; checkpoints are in "
                                 f"{self.run_dir / 'checkpoints'}. Fix: raise failover.max_restarts and rerun with "
                                 f"resume=auto")
         total = (watcher.last_record or {}).get("total_steps") or self._total_steps_hint()
@@ -313,10 +319,6 @@ class Supervisor:
                  f"{restart.resume_step}")
         return Segment(restart.segment, chosen.placement, spec.microbatches, reason=restart.action,
                        resume=pinned and str(pinned), start_step=restart.resume_step)
-
-    # ---------------------------------------------------------------- segment configs
-    def _compose(self, spec: Segment) -> tuple[SynapseConfig, list[str]]:
-        return compose_segment(self.cfg, self.run_dir, self.overrides, spec, self.worker_events)
 
     # ---------------------------------------------------------------- measurements
     def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:

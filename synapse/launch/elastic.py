@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
+from synapse.config import TrainerConfig, resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
 from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
 from synapse.launch import interrupt, rendezvous
@@ -67,8 +67,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_config(cfg: SynapseConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False) -> LaunchConfig:
-    trainer = cfg.trainer
+def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False
+                  ) -> LaunchConfig:
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
     logs = worker_logs_spec(run_dir / "logs" / f"launch_{attempt}", trainer.local_ranks_filter)
@@ -113,7 +113,7 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
     cfg = task.config
     preload_worker_modules(cfg.data.name)
     for tries_left in reversed(range(PORT_ATTEMPTS)):
-        config = launch_config(cfg, run_dir, attempt, store_hosted)
+        config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:
             return _launch_once(config, task, run_dir, attempt, log)
         except RendezvousError as exc:
@@ -121,7 +121,7 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
                     f"picking another")
                 continue
-            raise rendezvous_error(cfg, config, exc) from exc
+            raise rendezvous_error(cfg.trainer, config, exc) from exc
     raise AssertionError("unreachable")
 
 
@@ -202,9 +202,9 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return chain
 
 
-def rendezvous_error(cfg: SynapseConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
+def rendezvous_error(trainer: TrainerConfig, config: LaunchConfig, exc: RendezvousError) -> RendezvousSetupError:
     """What went wrong in the rendezvous, for a person: the endpoint, the cause and the fix."""
-    trainer, endpoint = cfg.trainer, config.rdzv_endpoint
+    endpoint = config.rdzv_endpoint
     cause = "; ".join(f"{type(e).__name__}: {e}" for e in _chain(exc) if str(e).strip())[:400] or type(exc).__name__
     if _port_in_use(exc):
         if not trainer.rdzv_endpoint:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
+from synapse.config import TeacherConfig
 from synapse.engine import ComputeSetup
 from synapse.models import block_parameter_names, build_model, load_weights, model_blocks
 from synapse.partitioning import Placement
@@ -49,9 +49,9 @@ class AllBlocks:
                 blocks[index].to("cpu")
 
 
-def build_all_blocks(cfg: DictConfig, partition: Placement, teacher_weights: str, parts) -> AllBlocks:
+def build_all_blocks(teacher_cfg: TeacherConfig, partition: Placement, teacher_weights: str, parts) -> AllBlocks:
     info = parts.info
-    teacher = build_model(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size)
+    teacher = build_model(teacher_cfg.name, info.num_classes, info.in_chans, info.image_size)
     load_weights(teacher, teacher_weights, what="teacher.checkpoint")
     teacher_blocks, student_blocks = model_blocks(teacher), model_blocks(parts.student)
     partition.check_block_counts(len(teacher_blocks), len(student_blocks))

@@ -11,7 +11,8 @@ here with the parts that differ from one device.
 - ``PipelineEvaluation``: a forward-only pipeline pass whose logits land on the last rank.
 
 Data order, losses, optimizer, schedule and metric records are the parts the single-device
-trainer uses.
+trainer uses. ``build_pipeline_trainer`` is the one function here that reads the run's whole config
+(it composes a worker's loop); each part gets the settings or config groups it uses.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
+from synapse.config import OptimConfig, PipelineConfig, SynapseConfig, TrainerConfig
 from synapse.control import ControlChannel, StopAck, StopRequest, control_endpoint, open_channel
 from synapse.engine import (
     Checkpointer,
@@ -38,6 +39,7 @@ from synapse.engine import (
     eval_batches,
     kd_params,
     load_optimizer_state_by_name,
+    loop_settings,
     optimizer_state_by_name,
     topk_correct,
     training_loss,
@@ -77,7 +79,11 @@ class ProcessGroupShards:
 class PipelineRunner:
     """This rank's stage of the pipelined KD step and everything that moves with it."""
 
-    cfg: DictConfig
+    # The config groups a live re-partition rebuilds the stage's runtime, optimizer and schedule from.
+    pipeline: PipelineConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    images_per_step: int  # data.batch_size: the performance record's images/s
     run_dir: Path
     setup: ComputeSetup
     runtime: PipelineRuntime
@@ -195,7 +201,8 @@ class PipelineRunner:
             "step": step, "segment": self.segment, "devices": list(self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
-            "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings, "images_per_s": self.cfg.data.batch_size / wall,
+            "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings,
+            "images_per_s": self.images_per_step / wall,
         })
 
     def apply_control(self, step: int) -> None:
@@ -241,9 +248,9 @@ class PipelineRunner:
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
         self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
-                                       self.cfg.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
-                                       nonfinite=self.cfg.trainer.nonfinite, board=old.board,
-                                       cuda_graphs=self.cfg.pipeline.cuda_graphs, check_late=old.guard.late,
+                                       self.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
+                                       nonfinite=self.trainer.nonfinite, board=old.board,
+                                       cuda_graphs=self.pipeline.cuda_graphs, check_late=old.guard.late,
                                        read_timing_late=old.clock.read_late)
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
@@ -311,10 +318,10 @@ class PipelineRunner:
                 for name, tensor in payload["tensors"].items():
                     owned[name].copy_(tensor)
                 optim_state.update(payload["optim"])
-        optimizer = build_optimizer(module.student.parameters(), self.cfg.optim)
+        optimizer = build_optimizer(module.student.parameters(), self.optim)
         params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
         load_optimizer_state_by_name(optimizer, params, optim_state)
-        scheduler = build_scheduler(optimizer, self.cfg.optim, self.total_steps)
+        scheduler = build_scheduler(optimizer, self.optim, self.total_steps)
         scheduler.load_state_dict(self.scheduler.state_dict())
         return module, owned, optimizer, scheduler
 
@@ -353,17 +360,17 @@ class PipelineEvaluation:
         return result
 
 
-def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
+def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
                            segment: int = 0, microbatches: int | None = None) -> Trainer:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``; ``microbatches``:
     the run's plan (None: pipeline.microbatches, which must then be a count)."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
-    blocks = build_all_blocks(cfg, partition, teacher_weights, parts)
+    blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
-    kd = kd_params(cfg)
+    kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, rank, world_size, setup, microbatches or cfg.pipeline.microbatches,
@@ -377,9 +384,10 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
-    runner = PipelineRunner(cfg, run_dir, setup, runtime, rank, world_size, owned, partition, blocks, injector,
-                            Heartbeat(run_dir, rank, str(setup.device)), events,
-                            open_channel(run_dir, control_endpoint(cfg), cfg.trainer.rdzv_timeout_s),
+    control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s)
+    runner = PipelineRunner(cfg.pipeline, cfg.optim, cfg.trainer, cfg.data.batch_size, run_dir, setup, runtime, rank,
+                            world_size, owned, partition, blocks, injector, Heartbeat(run_dir, rank, str(setup.device)),
+                            events, control,
                             JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
                             segment=segment, log=log,
                             control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
@@ -393,6 +401,6 @@ def build_pipeline_trainer(cfg: DictConfig, run_dir: Path, rank: int, world_size
                                 device=setup.device,
                                 save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
-    return Trainer(cfg, run_dir, runner, checkpointer, evaluation, parts.train_ds, parts.val_ds, parts.sampler,
-                   parts.total_steps, parts.num_epochs, injector, events, log=log,
+    return Trainer(loop_settings(cfg, world_size), run_dir, runner, checkpointer, evaluation, parts.train_ds,
+                   parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log,
                    mark=lambda phase: runner.runtime.mark(phase))

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from synapse import checkpoint as ckpt
 from synapse.engine import (
@@ -181,7 +180,7 @@ def test_resume_auto_skips_a_corrupt_checkpoint_and_says_so(tmp_path):
     write_checkpoint(root, 10)
     flip_one_byte(write_checkpoint(root, 20) / ckpt.STATE_FILE)
     lines: list[str] = []
-    resume = resolve_resume(OmegaConf.create({"resume": "auto"}), tmp_path, log=lines.append)
+    resume = resolve_resume("auto", tmp_path, log=lines.append)
     assert resume == root / "step_00000010"
     assert len(lines) == 1 and "skipping checkpoint" in lines[0] and "step_00000020" in lines[0]
 

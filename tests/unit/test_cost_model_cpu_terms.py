@@ -251,7 +251,7 @@ def test_cpu_device_specs_know_how_the_ranks_share_the_cores(make_config, monkey
     monkeypatch.setattr(planning, "_available_cores", lambda: cores)
     monkeypatch.setattr(planning, "default_threads", lambda ranks: max(1, cores // ranks))
     cfg = make_config("trainer.accelerator=cpu", f"trainer.devices={devices}", f"trainer.threads={threads}")
-    specs = planning.device_specs(cfg, devices)
+    specs = planning.device_specs(cfg.trainer, cfg.partition, devices)
     assert [s.contention for s in specs] == [pytest.approx(expected)] * devices
 
 

@@ -107,11 +107,11 @@ def test_stop_requests_cross_nodes_through_the_deciders_store():
 
     endpoint = f"127.0.0.1:{free_port()}"
     decider = NodeChannel.host(endpoint, timeout_s=10)  # the decider's store (served while referenced)
-    cfg = lambda nodes, failover=True: OmegaConf.create(  # noqa: E731
-        {"trainer": {"nodes": nodes, "rdzv_endpoint": endpoint}, "failover": {"enabled": failover}})
-    assert control_endpoint(cfg(2)) == endpoint and control_endpoint(cfg(1)) is None
-    assert control_endpoint(cfg(2, failover=False)) is None
-    supervisor, worker = (open_channel("/nonexistent", control_endpoint(cfg(2)), 10) for _ in range(2))
+    groups = lambda nodes, failover=True: (  # noqa: E731  (the trainer and failover groups control_endpoint reads)
+        OmegaConf.create({"nodes": nodes, "rdzv_endpoint": endpoint}), OmegaConf.create({"enabled": failover}))
+    assert control_endpoint(*groups(2)) == endpoint and control_endpoint(*groups(1)) is None
+    assert control_endpoint(*groups(2, failover=False)) is None
+    supervisor, worker = (open_channel("/nonexistent", control_endpoint(*groups(2)), 10) for _ in range(2))
     assert isinstance(worker, StoreControlChannel) and worker.poll() is None
     request = StopRequest("r1", "degrade", 5, 0, "restart", Placement((0, 1, 3), (4, 4, 3), (4, 4, 3)))
     supervisor.send(request)
