@@ -36,7 +36,7 @@ def test_hello_welcome_orders_reports_and_beats_round_trip(pair):
     decider.welcome(1, Welcome())
     assert agent.wait_welcome(1, timeout_s=1) == Welcome(None)
     launch = LaunchOrder(3, "trainer: {}\n", {"devices": [0, 1, 3], "teacher": [1, 1, 1], "student": [1, 1, 1]},
-                         None, "/w/teacher.pt", store_hosted=True)
+                         4, None, "/w/teacher.pt", store_hosted=True)
     for order in (launch, StopOrder(3, "node 0 failed"), ExitOrder()):
         decider.order(1, order)
     assert [agent.next_order(1, seq, timeout_s=1) for seq in range(3)] == [launch, StopOrder(3, "node 0 failed"),
