@@ -18,6 +18,7 @@ from synapse.checkpoint.layout import (
     list_checkpoints,
 )
 from synapse.checkpoint.read import load_file, read_dcp, read_manifest, verify_checkpoint
+from synapse.rundir import CONFIG
 
 
 def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tuple[int, ...]] | None = None
@@ -55,7 +56,7 @@ def check_run_checkpoints(root: Path, student: str,
 
 
 def _written_with(path: Path) -> str:
-    config = Path(path).parent.parent / "config.yaml"
+    config = CONFIG.path(Path(path).parent.parent)  # the config of the run whose checkpoints/ holds it
     return f" (its run's settings: {config})" if config.is_file() else ""
 
 
