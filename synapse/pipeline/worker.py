@@ -27,7 +27,7 @@ from synapse.config import resolve_accelerator, resolve_devices
 from synapse.engine import build_compute_setup
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
-from synapse.rundir import hold_as_worker
+from synapse.rundir import FAILURE_RECORD, hold_as_worker
 
 
 @record
@@ -94,7 +94,7 @@ def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
     partial one is removed: the supervisor then judges the launch by the disk's free space)."""
     record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
               "traceback": "".join(traceback.format_exception(exc))}
-    path = failure_dir / f"rank_{rank}.json"
+    path = failure_dir / FAILURE_RECORD.name(rank=rank)
     try:
         failure_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
