@@ -38,7 +38,7 @@ from synapse.planning import (
     placement_for_config,
     profile_models,
 )
-from synapse.rundir import DiskFullError, disk_full_error, hold_run_dir, is_disk_full
+from synapse.rundir import CONFIG, PARTITION, RUN_SUMMARY, DiskFullError, disk_full_error, hold_run_dir, is_disk_full
 
 
 def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def run(cfg: DictConfig, log: Callable[[str], None] = print, overrides: list[str
 
 def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
                  ) -> dict[str, Any]:
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    CONFIG.path(run_dir).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.mode != "kd" and cfg.pipeline.microbatches == "auto":  # nothing pipelined to plan
         cfg.pipeline.microbatches = 1
     if cfg.mode == "profile":
@@ -69,7 +69,7 @@ def _run_holding(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ove
         init = cfg.student.init if cfg.mode == "baseline" else None
         path = train_label_model(cfg, run_dir, name, log, init=init)
         log(f"{cfg.mode}: weights of {name} written to {path}")
-        return json.loads((run_dir / "summary.json").read_text())
+        return json.loads(RUN_SUMMARY.path(run_dir).read_text())
     return run_kd(cfg, run_dir, log, overrides)
 
 
@@ -92,7 +92,7 @@ def run_kd(cfg: DictConfig, run_dir: Path, log: Callable[[str], None],
         trainer.load_checkpoint(resume)
     summary = trainer.fit()
     summary["teacher_eval"] = teacher_eval
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    RUN_SUMMARY.path(run_dir).write_text(json.dumps(summary, indent=1))
     final = summary["final_eval"]
     if final:
         log(f"distilled student {cfg.student.name}: val top-1 {final['student_top1']:.2f}% "
@@ -128,7 +128,7 @@ def _plan_and_run(cfg: DictConfig, run_dir: Path, log: Callable[[str], None], ov
         partition = placement_for_config(cfg, devices, info)  # fails before any process starts
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg, run_dir, log)
-    (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
+    PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stages, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{cfg.pipeline.microbatches} micro-batches")

@@ -38,6 +38,7 @@ from synapse.config.schema import (
     TIMING_READS,
 )
 from synapse.config.supported_torch import require_supported_torch
+from synapse.rundir import CHECKPOINTS
 from synapse.trackers import TRACKERS
 
 
@@ -175,7 +176,7 @@ def validate_resume(cfg: DictConfig) -> None:
         student = build_model(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
     shapes = {key: tuple(t.shape) for key, t in student.state_dict().items()}
     if cfg.resume == "auto":
-        ckpt.check_run_checkpoints(Path(cfg.run_dir) / "checkpoints", cfg.student.name, shapes)
+        ckpt.check_run_checkpoints(CHECKPOINTS.path(cfg.run_dir), cfg.student.name, shapes)
     else:
         ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
 
