@@ -90,16 +90,18 @@ def _parent_of(pid: int) -> int:
 
 
 def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
-    """This rank's failure record; best effort (on a full disk it cannot be written, and a
-    partial one is removed: the supervisor then judges the launch by the disk's free space)."""
+    """This rank's failure record; best effort (on a full disk it cannot be written, and the
+    partial temporary is removed: the supervisor then judges the launch by the disk's free space)."""
     record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
               "traceback": "".join(traceback.format_exception(exc))}
     path = failure_dir / FAILURE_RECORD.name(rank=rank)
+    tmp = FAILURE_RECORD.temp_path(path, os.getpid())  # renamed whole: a rank killed mid-write leaves no torn record
     try:
         failure_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
     except OSError:
-        path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _train_launch(cfg_yaml: str, run_dir: str, teacher_weights: str, partition: dict[str, list[int]],

@@ -397,9 +397,8 @@ FAILURES = Entry(
 FAILURE_RECORD = Entry(
     "logs/launch_{attempt}/failures/rank_{rank}.json", "why a worker failed: exception type, message, traceback",
     "worker <rank>, as it fails", "the launcher, once the launch has ended (the root cause: which rank, which device)",
-    "JSON object", f"{_WHOLE}; none on a full disk (a partial one is removed)", channel=True,
-    torn="a rank the elastic agent kills while it writes (its peers fail with it) leaves a cut-short record, which "
-         "the launcher skips as unreadable")
+    "JSON object", "written to a temporary beside it, then renamed into place; none on a full disk", channel=True,
+    temp="{stem}.tmp-{token}")
 TENSORBOARD = Entry(
     "tensorboard/", "TensorBoard's folders, one per role (logger=tensorboard)", "synapse.trackers", "TensorBoard",
     "folder", "created with the first role's folder")

@@ -111,3 +111,29 @@ def test_the_table_lists_every_entry_once_under_its_directory():
     for entry in ENTRIES:
         part = run_part if entry.root == RUN else sweep_part
         assert part.count(f"| `{entry.template}` |") == 1, entry.template
+
+
+# ----------------------------------------------------------------------------------------------- a writer
+class Killed(BaseException):
+    """A writer stopped mid-write (the elastic agent's SIGTERM, SIGKILL): no except clause runs."""
+
+
+def test_a_failure_record_is_whole_or_absent_under_its_name(tmp_path, monkeypatch):
+    from synapse.pipeline import write_failure
+
+    failures = FAILURES.path(tmp_path, attempt="0")
+    write_failure(failures, 1, RuntimeError("the root cause"))
+    assert sorted(p.name for p in failures.iterdir()) == [FAILURE_RECORD.name(rank=1)]  # no temporary left behind
+
+    def stopped_halfway(path: Path, data: str, *args: object, **kwargs: object) -> int:
+        with open(path, "w") as f:
+            f.write(data[: len(data) // 2])
+        raise Killed
+
+    monkeypatch.setattr(Path, "write_text", stopped_halfway)
+    with pytest.raises(Killed):
+        write_failure(failures, 2, RuntimeError("a peer's loss"))
+    # The launcher reads rank_*.json: rank 2's half record is not among them, only a temporary it ignores.
+    assert sorted(p.name for p in failures.glob(FAILURE_RECORD.glob(within=FAILURES))) == [FAILURE_RECORD.name(rank=1)]
+    [stray] = [p for p in failures.iterdir() if p.name != FAILURE_RECORD.name(rank=1)]
+    assert declared(stray.relative_to(tmp_path).as_posix()) is FAILURE_RECORD
