@@ -32,7 +32,16 @@ from synapse.planning import (
     placement_for_config,
     profile_models,
 )
-from synapse.rundir import DiskFullError, disk_full_error, hold_run_dir, is_disk_full
+from synapse.rundir import (
+    CHECKPOINTS,
+    CONFIG,
+    PARTITION,
+    RUN_SUMMARY,
+    DiskFullError,
+    disk_full_error,
+    hold_run_dir,
+    is_disk_full,
+)
 
 
 def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None
@@ -44,7 +53,7 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
         if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
-            check_run_dir_checkpoints(run_dir / "checkpoints", cfg.resume)  # never two runs' in one directory
+            check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:
@@ -57,7 +66,7 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
 
 def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
                  ) -> dict[str, Any]:
-    (run_dir / "config.yaml").write_text(config_yaml(cfg))
+    CONFIG.path(run_dir).write_text(config_yaml(cfg))
     if cfg.mode == "profile":
         return run_profile_mode(cfg, log)
     if cfg.mode in ("teacher", "baseline"):
@@ -65,7 +74,7 @@ def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], 
         init = cfg.student.init if cfg.mode == "baseline" else None
         path = train_label_model(cfg, run_dir, name, log, init=init)
         log(f"{cfg.mode}: weights of {name} written to {path}")
-        return json.loads((run_dir / "summary.json").read_text())
+        return json.loads(RUN_SUMMARY.path(run_dir).read_text())
     return run_kd(cfg, run_dir, log, overrides)
 
 
@@ -111,7 +120,7 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
         partition = placement_for_config(cfg.partition, cfg.teacher, cfg.student, devices, info)
     weights = teacher_weights(cfg, run_dir, log)
     resume = resolve_resume(cfg.resume, run_dir, log)
-    (run_dir / "partition.json").write_text(json.dumps(partition.to_dict(), indent=1))
+    PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{microbatches} micro-batches")

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from synapse.partitioning import Placement
+from synapse.rundir import CONTROL, STOP_ACK, STOP_REQUEST
 
-CONTROL_DIR = "control"
 MODES = ("restart", "live")
 
 
@@ -91,15 +91,15 @@ class FileControlChannel:
     """The channel as two small files in ``<run_dir>/control/``."""
 
     def __init__(self, run_dir: Path | str):
-        self.dir = Path(run_dir) / CONTROL_DIR
+        self.dir = CONTROL.path(run_dir)
 
     @property
     def request_path(self) -> Path:
-        return self.dir / "stop.json"
+        return self.dir / STOP_REQUEST.name()
 
     @property
     def ack_path(self) -> Path:
-        return self.dir / "ack.json"
+        return self.dir / STOP_ACK.name()
 
     def send(self, request: StopRequest) -> None:
         self._write(self.request_path, request.to_dict())
@@ -122,7 +122,7 @@ class FileControlChannel:
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = STOP_REQUEST.temp_path(path, os.getpid())  # the request's and the acknowledgement's are alike
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
 

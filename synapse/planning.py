@@ -50,7 +50,7 @@ from synapse.partitioning import (
     load_profile_csv,
 )
 from synapse.profiling import profile_for_config
-from synapse.rundir import read_jsonl
+from synapse.rundir import MICROBATCHES, PERFORMANCE, PLAN, PLAN_VS_MEASURED, read_jsonl
 
 # Bytes of optimizer state per parameter byte (cost model's memory term).
 OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": OPTIMIZER_STATE_MULTIPLIERS["adamw"]}
@@ -145,7 +145,7 @@ def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_di
     record = {"candidates": list(candidates), "chosen": choice.microbatches,
               "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
               "not_possible": {str(m): why for m, why in choice.reasons.items()}}
-    (run_dir / "microbatches.json").write_text(json.dumps(record, indent=1))
+    MICROBATCHES.path(run_dir).write_text(json.dumps(record, indent=1))
     table = ", ".join(f"M={m}: {t * 1e3:.1f} ms" if math.isfinite(t) else f"M={m}: does not fit"
                       for m, t in choice.step_time_by_count.items())
     log(f"pipeline.microbatches=auto: {choice.microbatches} micro-batches of "
@@ -188,7 +188,7 @@ def auto_partition(partition: PartitionConfig, planner: StagePlanner, devices: l
     plan = planner.full_plan(devices, configured_alphas(partition, len(devices)))
     record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": planner.teacher.source,
                                                                "student": planner.student.source}}
-    (run_dir / "plan.json").write_text(json.dumps(record, indent=1))
+    PLAN.path(run_dir).write_text(json.dumps(record, indent=1))
     log(f"partition=auto: predicted step {plan.step_time_s * 1e3:.1f} ms, per-stage "
         f"{[round(t * 1e3, 2) for t in plan.stage_times_s]} ms per micro-batch")
     return Placement(tuple(devices), plan.teacher_counts, plan.student_counts), plan
@@ -201,7 +201,7 @@ def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any
     the rest of its wall time ("comm": P2P, schedule overhead, waiting) is compared with
     M * (predicted overhead + communication).
     """
-    plan_file, perf_file = run_dir / "plan.json", run_dir / "performance.jsonl"
+    plan_file, perf_file = PLAN.path(run_dir), PERFORMANCE.path(run_dir)
     if not plan_file.exists() or not perf_file.exists():
         return None
     plan = json.loads(plan_file.read_text())["plan"]
@@ -220,7 +220,7 @@ def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any
         "measured_stage_noncompute_s": measured["stage_comm_s"],
     }
     result["step_error"] = result["predicted_step_s"] / result["measured_step_s"] - 1.0
-    (run_dir / "plan_vs_measured.json").write_text(json.dumps(result, indent=1))
+    PLAN_VS_MEASURED.path(run_dir).write_text(json.dumps(result, indent=1))
     return result
 
 

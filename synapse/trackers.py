@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
+from synapse.rundir import CSV_TABLE, CSV_TRACKER, TENSORBOARD_EVENTS
+
 TRACKERS = ("tensorboard", "csv", "none")
 _SCALAR_KINDS = ("train", "eval")
 
@@ -76,7 +78,7 @@ class CsvTracker:
     def _writer(self, kind: str, columns: list[str]) -> csv.DictWriter:
         if kind not in self._files:
             self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{self.role}_{kind}.csv"
+            path = self.directory / CSV_TABLE.name(role=self.role, kind=kind)
             fresh = not path.exists()
             handle = open(path, "a", newline="", buffering=1)
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
@@ -105,9 +107,9 @@ def open_tracker(name: str, run_dir: Path | str, role: str) -> Tracker:
     """The tracker ``logger.name`` asks for, writing as ``role`` (e.g. "train", "supervisor")."""
     run_dir = Path(run_dir)
     if name == "tensorboard":
-        return TensorBoardTracker(run_dir / "tensorboard" / role)
+        return TensorBoardTracker(TENSORBOARD_EVENTS.path(run_dir, role=role))
     if name == "csv":
-        return CsvTracker(run_dir / "csv", role)
+        return CsvTracker(CSV_TRACKER.path(run_dir), role)
     if name == "none":
         return NullTracker()
     raise ValueError(f"logger {name!r} is not one of {TRACKERS}")

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 
 from synapse.analysis.files import AnalysisError
 from synapse.analysis.report import write_report
+from synapse.rundir import REPORT, REPORT_MARKDOWN
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m synapse.analysis",
-                                     description="Figures and report.md of Synapse runs and sweeps")
+                                     description=f"Figures and {REPORT_MARKDOWN.name()} of Synapse runs and sweeps")
     commands = parser.add_subparsers(dest="command", required=True)
-    report = commands.add_parser("report", help="write <dir>/report/ (figures as PNG and SVG, report.md)")
+    report = commands.add_parser("report", help=f"write <dir>/{REPORT.template} (figures as PNG and SVG, "
+                                                f"{REPORT_MARKDOWN.name()})")
     report.add_argument("dirs", nargs="+", help="run directories (hydra.run.dir) or sweep directories (hydra.sweep.dir)")
     report.add_argument("--formats", default="png,svg", help="figure formats, comma-separated (default: png,svg)")
     return parser.parse_args(argv)

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from synapse.analysis import markers as mk
 from synapse.analysis.load import Run
 from synapse.analysis.style import MARKER_COLORS, NoDataError, new_figure, themed
+from synapse.rundir import METRICS, PERFORMANCE
 
 SEGMENT_COLORS = ("#264653", "#2a9d8f", "#8c6d31", "#6d597a", "#e76f51", "#3a86ff")
 MARKER_NAMES = {
@@ -46,7 +47,8 @@ def plot_timeline(run: Run, x: str = "step", show_checkpoints: bool = True) -> F
     if x not in X_AXES:
         raise ValueError(f"x={x!r}: plot_timeline draws over 'step' or 'time'")
     if run.steps.empty:
-        raise NoDataError(f"{run.path} has no step records (metrics.jsonl, performance.jsonl): nothing to draw")
+        raise NoDataError(f"{run.path} has no step records ({METRICS.template}, {PERFORMANCE.template}): nothing to "
+                          f"draw")
     column, _, xlabel = X_AXES[x]
     markers = mk.timeline_markers(run)
     if not show_checkpoints:
@@ -141,7 +143,7 @@ def plot_rank_heatmap(run: Run, part: str = "compute", by: str = "rank") -> Figu
         raise ValueError(f"by={by!r}: the heatmap's rows are 'rank' or 'device'")
     timings = run.rank_timings
     if timings.empty:
-        raise NoDataError(f"{run.path} has no per-rank timings (performance.jsonl): a single-device or "
+        raise NoDataError(f"{run.path} has no per-rank timings ({PERFORMANCE.template}): a single-device or "
                           f"pre-pipeline run has none")
     chosen = timings[timings["part"] == part]
     if chosen.empty:

@@ -14,6 +14,7 @@ from synapse.analysis.figures import draw_markers
 from synapse.analysis.load import Run
 from synapse.analysis.markers import FAULT_ONSET, timeline_markers
 from synapse.analysis.style import OPTION_COLORS, NoDataError, new_figure, themed
+from synapse.rundir import EVENTS, PLAN_VS_MEASURED
 
 PLAN_COLORS = {"compute": "#4c72b0", "noncompute": "#a1c4e8"}
 
@@ -40,7 +41,7 @@ def plot_decision_etas(run: Run) -> Figure:
     over the run (the title says how many are shown)."""
     d = run.decisions
     if d.empty:
-        raise NoDataError(f"{run.path} logged no failover decision (failover_events.jsonl): nothing was detected, "
+        raise NoDataError(f"{run.path} logged no failover decision ({EVENTS.template}): nothing was detected, "
                           f"or the run had no failover")
     every = d.drop_duplicates("decision").set_index("decision")
     decisions = shown_decisions(every)
@@ -100,7 +101,8 @@ def plot_plan_vs_measured(run: Run) -> Figure:
     predicted step time (plan_vs_measured.json, written by partition=auto runs)."""
     plan = run.plan
     if plan.empty:
-        raise NoDataError(f"{run.path} has no plan_vs_measured.json: only partition=auto runs plan, then compare")
+        raise NoDataError(f"{run.path} has no {PLAN_VS_MEASURED.template}: only partition=auto runs plan, then "
+                          f"compare")
     with themed():
         fig, (ax_stage, ax_step) = new_figure(12, 4.4, 1, 2, width_ratios=[1, 1.5])
         _stage_bars(ax_stage, plan)

@@ -11,23 +11,12 @@ from typing import Any
 
 import yaml
 
+from synapse.rundir import CONFIG, EVENTS, EXPERIMENT_SUMMARY, METRICS, MULTIRUN, PERFORMANCE, RUN_SUMMARY
 from synapse.rundir import RecordFileError as BaseRecordFileError
 from synapse.rundir import read_jsonl as read_records
 
-METRICS_FILE = "metrics.jsonl"
-PERFORMANCE_FILE = "performance.jsonl"
-EVENTS_FILE = "failover_events.jsonl"
-EXPERIMENT_SUMMARY_FILE = "experiment_summary.json"
-RUN_SUMMARY_FILE = "summary.json"
-PLAN_FILE = "plan.json"
-PLAN_VS_MEASURED_FILE = "plan_vs_measured.json"
-CONFIG_FILE = "config.yaml"
-SEGMENTS_DIR = "segments"
-HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
-MULTIRUN_FILE = "multirun.yaml"
-
 # Any one of these makes a directory a run directory (a run killed early may have only a few).
-RUN_FILES = (METRICS_FILE, PERFORMANCE_FILE, EVENTS_FILE, EXPERIMENT_SUMMARY_FILE, RUN_SUMMARY_FILE, CONFIG_FILE)
+RUN_FILES = (METRICS, PERFORMANCE, EVENTS, EXPERIMENT_SUMMARY, RUN_SUMMARY, CONFIG)
 
 
 class AnalysisError(ValueError):
@@ -80,7 +69,7 @@ def read_yaml(path: Path) -> Any:
 
 def is_run_dir(path: Path) -> bool:
     path = Path(path)
-    return path.is_dir() and any((path / name).is_file() for name in RUN_FILES)
+    return path.is_dir() and any(entry.path(path).is_file() for entry in RUN_FILES)
 
 
 def check_run_dir(path: Path) -> Path:
@@ -91,12 +80,12 @@ def check_run_dir(path: Path) -> Path:
                           f"(hydra.run.dir, e.g. outputs/<date>/<time>_kd)")
     if not path.is_dir():
         raise RunDirError(f"{path} is a file, not a run directory. Fix: pass the directory that holds it")
-    if (path / MULTIRUN_FILE).is_file():
-        raise RunDirError(f"{path} is a sweep (it has {MULTIRUN_FILE}), not one run. Fix: use load_sweep({str(path)!r}),"
-                          f" or load_run on one of its job folders")
+    if MULTIRUN.path(path).is_file():
+        raise RunDirError(f"{path} is a sweep (it has {MULTIRUN.template}), not one run. Fix: use "
+                          f"load_sweep({str(path)!r}), or load_run on one of its job folders")
     if not is_run_dir(path):
-        raise RunDirError(f"{path} is not a run directory: it has none of {', '.join(RUN_FILES)}. Fix: pass the "
-                          f"directory that python train.py wrote (hydra.run.dir)")
+        raise RunDirError(f"{path} is not a run directory: it has none of {', '.join(e.template for e in RUN_FILES)}. "
+                          f"Fix: pass the directory that python train.py wrote (hydra.run.dir)")
     return path
 
 
@@ -113,7 +102,7 @@ def latest_run_dir(outputs: str | Path = "outputs") -> Path:
 def latest_sweep_dir(outputs: str | Path = "outputs") -> Path:
     """The newest sweep directory under ``outputs/multirun/<date>/<time>``."""
     outputs = Path(outputs)
-    sweeps = [p.parent for p in outputs.glob(f"multirun/*/*/{MULTIRUN_FILE}")]
+    sweeps = [p.parent for p in outputs.glob(f"multirun/*/*/{MULTIRUN.template}")]
     if not sweeps:
         raise SweepDirError(f"no sweep under {outputs}/multirun/<date>/<time>. Fix: run python train.py -m ... "
                             f"first, or point at a sweep (e.g. SYNAPSE_SWEEP_DIR=/path/to/sweep for the notebooks)")

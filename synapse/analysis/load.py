@@ -16,6 +16,18 @@ from typing import Any
 import pandas as pd
 
 from synapse.analysis import files, tables
+from synapse.rundir import (
+    CONFIG,
+    EVENTS,
+    EXPERIMENT_SUMMARY,
+    METRICS,
+    MULTIRUN,
+    PERFORMANCE,
+    PLAN_VS_MEASURED,
+    RUN_SUMMARY,
+    SEGMENT_RECORD,
+    SEGMENTS,
+)
 
 HARD_FAILURE_EVENTS = ("rank_dead", "rank_hung", "probe_failed", "xid", "throttle")
 
@@ -53,7 +65,7 @@ class Run:
     @property
     def name(self) -> str:
         """The folder's name; a sweep's job is named with its sweep (``<sweep>/<job>``)."""
-        if (self.path.parent / files.MULTIRUN_FILE).is_file():
+        if MULTIRUN.path(self.path.parent).is_file():
             return f"{self.path.parent.name}/{self.path.name}"
         return self.path.name
 
@@ -89,11 +101,11 @@ class Run:
 def load_run(path: str | Path) -> Run:
     """Load a run directory (what ``python train.py`` wrote); RunDirError if it is not one."""
     path = files.check_run_dir(Path(path))
-    metrics = files.read_jsonl(path / files.METRICS_FILE)
-    performance = files.read_jsonl(path / files.PERFORMANCE_FILE)
-    events = files.read_jsonl(path / files.EVENTS_FILE)
-    summary = files.read_json(path / files.EXPERIMENT_SUMMARY_FILE)
-    comparison = files.read_json(path / files.PLAN_VS_MEASURED_FILE)
+    metrics = files.read_jsonl(METRICS.path(path))
+    performance = files.read_jsonl(PERFORMANCE.path(path))
+    events = files.read_jsonl(EVENTS.path(path))
+    summary = files.read_json(EXPERIMENT_SUMMARY.path(path))
+    comparison = files.read_json(PLAN_VS_MEASURED.path(path))
     segments = tables.segments_frame(summary.get("segments") or _segment_records(path))
     run = Run(
         path=path,
@@ -108,9 +120,9 @@ def load_run(path: str | Path) -> Run:
         evals=tables.evals_frame(metrics),
         plan=tables.plan_frame(comparison),
         summary=summary,
-        run_summary=files.read_json(path / files.RUN_SUMMARY_FILE),
+        run_summary=files.read_json(RUN_SUMMARY.path(path)),
         plan_step={k: v for k, v in comparison.items() if not isinstance(v, list)},
-        config=files.read_yaml(path / files.CONFIG_FILE) or {},
+        config=files.read_yaml(CONFIG.path(path)) or {},
         step_clock=tables.step_clock_frame(performance, metrics),
     )
     run.start_time = _start_time(run)
@@ -125,11 +137,11 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 def _segment_records(path: Path) -> list[dict[str, Any]]:
     """segments/<n>/segment.json, for a run whose experiment summary is missing (killed supervisor)."""
-    root = path / files.SEGMENTS_DIR
+    root = SEGMENTS.path(path)
     if not root.is_dir():
         return []
     folders = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    return [record for record in (files.read_json(f / "segment.json") for f in folders) if record]
+    return [record for record in (files.read_json(f / SEGMENT_RECORD.name()) for f in folders) if record]
 
 
 def _with_segments(steps: pd.DataFrame, segments: pd.DataFrame) -> pd.DataFrame:

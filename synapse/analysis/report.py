@@ -31,9 +31,20 @@ from synapse.analysis.markdown import key_value_table, markdown_table
 from synapse.analysis.style import FORMATS, NoDataError, save_figure
 from synapse.analysis.sweep import load_sweep
 from synapse.analysis.tables import RESTART_COMPONENTS
-
-REPORT_DIR = "report"
-REPORT_FILE = "report.md"
+from synapse.rundir import (
+    EXPERIMENT_SUMMARY,
+    HYDRA_JOB,
+    LAUNCH_LOGS,
+    LOG,
+    LOGS,
+    MULTIRUN,
+    REPORT,
+    REPORT_MARKDOWN,
+    SUBMITIT_LOG,
+    SWEEP_JOBS,
+    SWEEP_REPORT,
+    SWEEP_REPORT_MARKDOWN,
+)
 
 
 @dataclass
@@ -67,7 +78,7 @@ class FigureSet:
 def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
     """Write ``<path>/report/`` (figures + report.md) for a run or a sweep directory; return report.md."""
     path = Path(path)
-    if (path / files.MULTIRUN_FILE).is_file() or (path.is_dir() and not files.is_run_dir(path)
+    if MULTIRUN.path(path).is_file() or (path.is_dir() and not files.is_run_dir(path)
                                                    and any(p.name.isdigit() for p in path.iterdir())):
         from synapse.analysis.report import write_sweep_report
 
@@ -76,7 +87,7 @@ def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
 
 
 def write_run_report(run: Run, formats: tuple[str, ...] = FORMATS) -> Path:
-    out = run.path / REPORT_DIR
+    out = REPORT.path(run.path)
     out.mkdir(parents=True, exist_ok=True)
     figures = FigureSet(out, formats)
     figures.draw("timeline", "Step time and throughput over steps, failover events marked", lambda: plot_timeline(run))
@@ -86,7 +97,7 @@ def write_run_report(run: Run, formats: tuple[str, ...] = FORMATS) -> Path:
     figures.draw("decision_etas", "Predicted ETA per option at each decision vs realised",
                  lambda: plot_decision_etas(run))
     figures.draw("plan_vs_measured", "Planner prediction vs measurement", lambda: plot_plan_vs_measured(run))
-    report = out / REPORT_FILE
+    report = REPORT_MARKDOWN.path(run.path)
     report.write_text(run_markdown(run, figures))
     return report
 
@@ -176,7 +187,7 @@ def _restarts_markdown(run: Run) -> str:
 def _time_lost_markdown(run: Run) -> str:
     lost = run.summary.get("time_lost_s")
     if not lost:
-        return "_No failover summary (experiment_summary.json): time lost is not known._"
+        return f"_No failover summary ({EXPERIMENT_SUMMARY.template}): time lost is not known._"
     return key_value_table({"slow steps (s)": lost.get("slow_steps_s"),
                             "restart downtime (s)": lost.get("restart_downtime_s"), "total (s)": lost.get("total_s")})
 
@@ -209,11 +220,11 @@ def job_log_lines(sweep_dir: Path, sweep) -> list[str]:
     for job in sweep["job"]:
         folder = sweep_dir / str(job)
         links = [f"[folder](../{job}/)"]
-        links += [f"[{name}](../{job}/{name})" for name in ("train.log",) if (folder / name).is_file()]
+        links += [f"[{name}](../{job}/{name})" for name in (LOG.template,) if (folder / name).is_file()]
         launcher = launcher_logs(sweep_dir, folder)
         links += [f"[console {p.suffix[1:]}](../{p.relative_to(sweep_dir).as_posix()})" for p in launcher]
-        if (folder / "logs").is_dir():
-            links.append(f"[rank logs](../{job}/logs/)")
+        if LOGS.path(folder).is_dir():
+            links.append(f"[rank logs](../{job}/{LOGS.template})")
         lines.append(f"- job {job}: " + " · ".join(links))
     return lines
 
@@ -221,29 +232,28 @@ def job_log_lines(sweep_dir: Path, sweep) -> list[str]:
 def launcher_logs(sweep_dir: Path, job_folder: Path) -> list[Path]:
     """The console output submitit kept for a job (``.submitit/<id>/<id>_0_log.out|err``), by the job id
     Hydra recorded in the job's ``.hydra/hydra.yaml``; [] for a launcher that keeps none."""
-    hydra = read_yaml(job_folder / ".hydra" / "hydra.yaml") or {}
+    hydra = read_yaml(HYDRA_JOB.path(job_folder)) or {}
     job_id = str(((hydra.get("hydra") or {}).get("job") or {}).get("id") or "")
-    folder = sweep_dir / ".submitit" / job_id
-    if not job_id or not folder.is_dir():
+    if not job_id:
         return []
-    return sorted(folder.glob(f"{job_id}_*_log.*"))
+    return sorted(Path(sweep_dir).glob(SUBMITIT_LOG.glob(job_id=job_id)))
 
 
 def write_sweep_report(path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
     sweep = load_sweep(path)
     regret = policy_regret(sweep)
-    out = Path(path) / REPORT_DIR
+    out = SWEEP_REPORT.path(path)
     out.mkdir(parents=True, exist_ok=True)
     figures = FigureSet(out, formats)
     figures.draw("sweep_comparison", "Total time, time lost and recovery by batch size, slowdown and policy",
                  lambda: plot_sweep(sweep))
     figures.draw("policy_regret", "Each policy's regret against the best policy of its scenario",
                  lambda: plot_regret(regret))
-    sweep.to_csv(out / "jobs.csv", index=False)
+    sweep.to_csv(SWEEP_JOBS.path(path), index=False)
     sections = [
         f"# Sweep report: {Path(path).name}",
         (f"`{path}` — {len(sweep)} jobs, written {time.strftime('%Y-%m-%d %H:%M:%S')} by "
-         f"`python -m synapse.analysis report` (every column: `jobs.csv`)"),
+         f"`python -m synapse.analysis report` (every column: `{SWEEP_JOBS.name()}`)"),
         "## Jobs", markdown_table(sweep, JOB_HEADERS),
         "## Regret", ("Per scenario (the same overrides apart from the policy and the seed): how much longer "
                       "each policy's runs took than the best one's on average, and its fastest and slowest job "
@@ -251,11 +261,11 @@ def write_sweep_report(path: Path, formats: tuple[str, ...] = FORMATS) -> Path:
                       "repeat the jobs over seeds (e.g. `seed=0,1,2`) before reading it as a ranking."),
         markdown_table(regret, REGRET_HEADERS),
         "## Figures", figures.markdown(),
-        "## Logs", ("Each job's folder, its log (`train.log`), its console as the launcher kept it, and every "
-                    "pipeline rank's output (`logs/launch_<segment>/`). Per-job reports: "
+        "## Logs", (f"Each job's folder, its log (`{LOG.template}`), its console as the launcher kept it, and every "
+                    f"pipeline rank's output (`{LAUNCH_LOGS.shown}`). Per-job reports: "
                     "`python -m synapse.analysis report <sweep>/<job>`."),
         "\n".join(job_log_lines(Path(path), sweep)),
     ]
-    report = out / REPORT_FILE
+    report = SWEEP_REPORT_MARKDOWN.path(path)
     report.write_text("\n\n".join(sections) + "\n")
     return report

@@ -22,6 +22,7 @@ import pandas as pd
 
 from synapse.analysis import files
 from synapse.analysis.load import Run, load_run
+from synapse.rundir import HYDRA_OVERRIDES, MULTIRUN
 
 POLICY_KEYS = ("policy",)  # override keys (and their sub-keys) that choose the policy
 REPEAT_KEYS = ("seed",)  # override keys that repeat a scenario (same experiment, other random draws)
@@ -40,7 +41,7 @@ def job_dirs(sweep_dir: str | Path) -> list[Path]:
     jobs = sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     if not jobs:
         hint = (" It is one run: use load_run." if files.is_run_dir(root)
-                else " Fix: pass the folder that holds multirun.yaml and the job folders 0, 1, ...")
+                else f" Fix: pass the folder that holds {MULTIRUN.template} and the job folders 0, 1, ...")
         raise SweepDirError(f"{root} is not a sweep directory: it has no numbered job folders.{hint}")
     return jobs
 
@@ -68,9 +69,9 @@ SweepDirError = files.SweepDirError
 
 def job_overrides(job: Path) -> dict[str, Any]:
     """``{key: value}`` of the job's ``.hydra/overrides.yaml`` ({} if it has none)."""
-    listed = files.read_yaml(job / files.HYDRA_OVERRIDES) or []
+    listed = files.read_yaml(HYDRA_OVERRIDES.path(job)) or []
     if not isinstance(listed, list):
-        raise files.RecordFileError(f"{job / files.HYDRA_OVERRIDES} must be a list of overrides, got {listed!r}")
+        raise files.RecordFileError(f"{HYDRA_OVERRIDES.path(job)} must be a list of overrides, got {listed!r}")
     overrides = {}
     for item in listed:
         key, _, value = str(item).partition("=")

@@ -3,7 +3,7 @@ directories under a run's ``checkpoints/`` are finished checkpoints.
 
 Layout of one checkpoint (format version 2; a directory, so K ranks can each write their part)::
 
-    checkpoints/step_00000120/
+    checkpoints/step_00000120/   (where, and how it is named: synapse.rundir's layout, CHECKPOINT)
         .metadata        torch.distributed.checkpoint's global index of every tensor, by name
         __0_0.distcp     student parameters, buffers and optimizer state of the blocks rank 0 owns,
         __1_0.distcp     keyed by the *original* parameter names (any partition can load them; dcp.py),
@@ -29,13 +29,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from synapse.rundir import CHECKPOINT, CHECKPOINT_RUN_IDENTITY, CHECKPOINT_SET_ASIDE, CHECKPOINT_STAGING
+
 FORMAT_VERSION = 2  # what this Synapse writes: tensors in torch.distributed.checkpoint storage
 READABLE_VERSIONS = (1, 2)  # 1: one torch.save shard per rank (before DCP), still loaded
 MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
-RUN_FILE = "run_identity.json"  # in the checkpoints directory: which run its checkpoints belong to
-STEP_DIR_PATTERN = re.compile(r"^step_(\d{8})$")
-TEMPORARY_PATTERN = re.compile(r"^step_\d{8}\.(tmp|corrupt)-")
+RUN_FILE = CHECKPOINT_RUN_IDENTITY.name()  # in the checkpoints directory: which run its checkpoints belong to
+STEP_DIR_PATTERN = CHECKPOINT.name_regex  # group 1: the step
+# A save in progress, or a damaged checkpoint set aside: never a checkpoint to resume from.
+TEMPORARY_PATTERN = re.compile("|".join(e.name_regex.pattern for e in (CHECKPOINT_STAGING, CHECKPOINT_SET_ASIDE)))
 
 
 class CheckpointError(ValueError):
@@ -83,7 +86,7 @@ class CheckpointRef:
 
 
 def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
+    return CHECKPOINT.name(step=step)
 
 
 def shard_name(rank: int) -> str:

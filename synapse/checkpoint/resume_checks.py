@@ -22,6 +22,7 @@ from synapse.checkpoint.read import (
     resume_checkpoint,
     verify_checkpoint,
 )
+from synapse.rundir import CONFIG
 
 
 def check_resumable(path: Path, student: str, expected_shapes: Mapping[str, tuple[int, ...]] | None = None
@@ -108,7 +109,7 @@ def _described(listed: list[ListedCheckpoint]) -> str:
 
 
 def _written_with(path: Path) -> str:
-    config = Path(path).parent.parent / "config.yaml"
+    config = CONFIG.path(Path(path).parent.parent)  # the config of the run whose checkpoints/ holds it
     return f" (its run's settings: {config})" if config.is_file() else ""
 
 

@@ -41,6 +41,7 @@ from synapse.checkpoint.layout import (
     step_dir_name,
 )
 from synapse.checkpoint.read import ordered_checkpoints, verify_checkpoint
+from synapse.rundir import CHECKPOINT_SET_ASIDE, CHECKPOINT_STAGING, CHECKPOINTS
 
 
 def _fsync_dir(path: Path) -> None:
@@ -144,7 +145,7 @@ def new_nonce() -> str:
 
 def begin_checkpoint(root: Path, step: int, nonce: str | None = None) -> Path:
     """Create the temporary directory every rank writes its files into."""
-    tmp = Path(root) / f"{step_dir_name(step)}.tmp-{nonce or new_nonce()}"
+    tmp = Path(root) / CHECKPOINT_STAGING.name(step=step, nonce=nonce or new_nonce())
     try:
         tmp.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -158,7 +159,8 @@ def remove_stray_temporaries(root: Path, keep: Path | None = None) -> None:
     Called by the one process that commits, before the other files of a save are big: on a
     nearly full disk the space they hold is what the new checkpoint needs.
     """
-    for stray in [*Path(root).glob("step_*.tmp-*"), *Path(root).glob("step_*.corrupt-*")]:
+    for stray in [*Path(root).glob(CHECKPOINT_STAGING.glob(within=CHECKPOINTS)),
+                  *Path(root).glob(CHECKPOINT_SET_ASIDE.glob(within=CHECKPOINTS))]:
         if keep is None or stray != Path(keep):
             shutil.rmtree(stray, ignore_errors=True)
     for stray in Path(root).glob(f"{RUN_FILE}.tmp-*"):  # an identity write cut short
@@ -166,7 +168,7 @@ def remove_stray_temporaries(root: Path, keep: Path | None = None) -> None:
 
 
 def run_identity(root: Path) -> str:
-    """The identity of the run whose checkpoints ``root`` holds, recorded in ``root/run_identity.json``.
+    """The identity of the run whose checkpoints ``root`` holds, recorded in ``root/<RUN_FILE>``.
 
     Drawn by the run's first commit and kept from then on (failover restarts, ``resume=auto``).
     Without the file (deleted, or a directory of checkpoints copied elsewhere) the newest
@@ -224,7 +226,7 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
             shutil.rmtree(tmp)
             return final
         except CheckpointError:
-            os.replace(final, final.with_name(f"{final.name}.corrupt-{new_nonce()}"))
+            os.replace(final, final.with_name(CHECKPOINT_SET_ASIDE.name(step=step, nonce=new_nonce())))
     os.replace(tmp, final)
     _fsync_dir(tmp.parent)
     return final

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
 from synapse.config.errors import fail, finite, positive
 from synapse.config.supported_torch import require_supported_torch
+from synapse.rundir import CHECKPOINTS
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
@@ -161,7 +162,7 @@ def validate_resume(cfg: DictConfig) -> None:
         student = build_model(cfg.student.name, info.num_classes, info.in_chans, info.image_size)
     shapes = {key: tuple(t.shape) for key, t in student.state_dict().items()}
     if cfg.resume == "auto":
-        ckpt.check_run_checkpoints(Path(cfg.run_dir) / "checkpoints", cfg.student.name, shapes)
+        ckpt.check_run_checkpoints(CHECKPOINTS.path(cfg.run_dir), cfg.student.name, shapes)
     else:
         ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
 

@@ -19,6 +19,7 @@ from synapse.engine.accuracy import evaluate
 from synapse.engine.device import build_compute_setup
 from synapse.engine.teacher import prepare_teacher
 from synapse.engine.trainer import build_trainer, resolve_resume
+from synapse.rundir import RUN_SUMMARY
 
 
 def distil_on_one_device(composed: DictConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -37,5 +38,5 @@ def distil_on_one_device(composed: DictConfig, run_dir: Path, log: Callable[[str
         trainer.load_checkpoint(resume)
     summary = trainer.fit()
     summary["teacher_eval"] = teacher_eval
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    RUN_SUMMARY.path(run_dir).write_text(json.dumps(summary, indent=1))
     return summary

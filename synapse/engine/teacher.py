@@ -28,6 +28,7 @@ from synapse.config import (
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine.device import ComputeSetup
 from synapse.engine.trainer import build_trainer, load_teacher
+from synapse.rundir import MODEL, TEACHER_TRAINING
 
 
 def teacher_cache_key(cfg: SynapseConfig) -> str:
@@ -70,7 +71,7 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
             f"for {cfg.teacher.auto_train_epochs} epochs first (cached at {cached})")
-        weights = train_label_model(teacher_training_config(cfg), run_dir / "teacher_training", cfg.teacher.name,
+        weights = train_label_model(teacher_training_config(cfg), TEACHER_TRAINING.path(run_dir), cfg.teacher.name,
                                     lambda line: log(f"teacher {cfg.teacher.name} (training on labels): {line}"))
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp-{os.getpid()}")
@@ -102,8 +103,8 @@ def train_label_model(cfg: SynapseConfig, run_dir: Path, model_name: str, log: C
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(cfg, run_dir, model_name, teacher=None, init_weights=init, log=log)
     trainer.fit()
-    out = run_dir / "model.pt"
-    tmp = out.with_suffix(".tmp")
+    out = MODEL.path(run_dir)
+    tmp = MODEL.temp_path(out)
     torch.save({k: v.detach().cpu() for k, v in trainer.runner.student.state_dict().items()}, tmp)
     os.replace(tmp, out)
     return out

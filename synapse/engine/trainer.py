@@ -37,7 +37,7 @@ from synapse.engine.step import NonFiniteLossError, SingleDeviceStep, checks_los
 from synapse.injection import FaultInjector, instant_fault_steps, parse_faults
 from synapse.kd import KDLossParams
 from synapse.models import build_model, load_weights
-from synapse.rundir import EventLog, JsonlWriter, NullWriter, events_path
+from synapse.rundir import CHECKPOINTS, METRICS, RUN_SUMMARY, EventLog, JsonlWriter, NullWriter, events_path
 from synapse.trackers import TrackedWriter, open_tracker
 
 
@@ -251,7 +251,7 @@ class Trainer:
         """metrics.jsonl and the configured tracker (logger=...), on the process that keeps records."""
         if not self.writes_records:
             return NullWriter()
-        return TrackedWriter(JsonlWriter(self.run_dir / "metrics.jsonl"),
+        return TrackedWriter(JsonlWriter(METRICS.path(self.run_dir)),
                              open_tracker(self.settings.tracker, self.run_dir, "train"))
 
     def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter, record: dict[str, Any]) -> bool:
@@ -333,7 +333,7 @@ class Trainer:
                    "median_step_images_per_s": statistics.median(step_rates) if step_rates else None,
                    "student": self.settings.student, "final_eval": final}
         if self.writes_records:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            RUN_SUMMARY.path(self.run_dir).write_text(json.dumps(summary, indent=1))
         return summary
 
 
@@ -399,8 +399,8 @@ def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: n
     def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
         events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)
 
-    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name, SingleShard(), injector,
-                                on_saved=saved, asynchronous=cfg.checkpoint.async_save, device=setup.device,
+    checkpointer = Checkpointer(CHECKPOINTS.path(run_dir), cfg.checkpoint.keep, cfg.student.name, SingleShard(),
+                                injector, on_saved=saved, asynchronous=cfg.checkpoint.async_save, device=setup.device,
                                 save_context=lambda: {"for_stop": runner.stop_requested})
 
     def evaluate_student() -> dict[str, float]:
@@ -434,7 +434,7 @@ def resolve_resume(resume: str | None, run_dir: Path, log: Callable[[str], None]
         log(f"skipping checkpoint {ref.path}: {error}")
         events.append("checkpoint_skipped", path=str(ref.path), step=ref.step, error=str(error))
 
-    ref = ckpt.resume_checkpoint(run_dir / "checkpoints", on_skip=skipped)  # all damaged: refused, named
+    ref = ckpt.resume_checkpoint(CHECKPOINTS.path(run_dir), on_skip=skipped)  # all damaged: refused, named
     if ref is None:
         log("resume=auto: no checkpoint yet, starting fresh")
         return None

@@ -57,6 +57,7 @@ from synapse.detection import (
     link_send_seconds,
 )
 from synapse.partitioning import Placement, StagePlanner
+from synapse.rundir import EVENTS
 
 STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against
@@ -204,7 +205,7 @@ class FailoverController:
                            traceback=traceback.format_exc(limit=8), **fields)
         if self.errors == 1:
             self.say(f"failover: controller error in {where} ({text}); keeping the current plan "
-                     "(logged as controller_error in failover_events.jsonl)")
+                     f"(logged as controller_error in {EVENTS.template})")
 
     def _observe(self, record: Mapping[str, Any]) -> Decision | None:
         timing = StepTiming.from_dict(record)

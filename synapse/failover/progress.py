@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from synapse.engine import ConsoleBar, Milestones, StepRate, is_terminal, lines_above, progress_text
 from synapse.partitioning import Placement
-from synapse.rundir import JsonlTail, RecordFileError
+from synapse.rundir import METRICS, PERFORMANCE, JsonlTail, RecordFileError
 
 
 class RunProgress(threading.Thread):
@@ -39,8 +39,8 @@ class RunProgress(threading.Thread):
                  segment: Callable[[], tuple[int, Placement] | None] = lambda: None, period_s: float = 0.2):
         super().__init__(name="synapse-progress", daemon=True)
         self.bar, self.log, self.segment, self.period_s = bar, log, segment, period_s
-        self._metrics = JsonlTail(Path(run_dir) / "metrics.jsonl")
-        self._performance = JsonlTail(Path(run_dir) / "performance.jsonl")
+        self._metrics = JsonlTail(METRICS.path(run_dir))
+        self._performance = JsonlTail(PERFORMANCE.path(run_dir))
         self._rate = StepRate()
         self.step, self.total, self.record_segment = 0, 0, None
         self.loss: float | None = None

@@ -13,12 +13,11 @@ from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_pol
 from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
-from synapse.failover.summary import SUMMARY_FILE
-from synapse.failover.supervisor import STATE_FILE, Supervisor, first_segment
+from synapse.failover.supervisor import Supervisor, first_segment
 from synapse.launch import launch_pipeline
 from synapse.partitioning import Placement, StagePlanner
 from synapse.planning import RunPlan, configured_alphas
-from synapse.rundir import EventLog, events_path
+from synapse.rundir import CONTROLLER_STATE, EXPERIMENT_SUMMARY, EventLog, events_path
 from synapse.trackers import open_tracker
 
 # Measured restart and live re-plan costs, shipped with the package (experiments/bench_restart_cost.py and
@@ -102,7 +101,7 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
         return supervisor.run(spec)
     # The supervisor itself was restarted (resume=auto): continue the segment history on the
     # devices and partition the last segment ran on, with what the controller had learnt.
-    state = run_dir / STATE_FILE
+    state = CONTROLLER_STATE.path(run_dir)
     if state.is_file():
         load_controller_state(controller, state)
     last = history[-1]
@@ -115,7 +114,7 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
 
 def earlier_restarts(run_dir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """The restarts an earlier supervisor of this run recorded, so a resumed run's summary keeps them."""
-    path = run_dir / SUMMARY_FILE
+    path = EXPERIMENT_SUMMARY.path(run_dir)
     try:
         return list(json.loads(path.read_text())["restarts"]) if path.is_file() else []
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -40,8 +40,7 @@ from synapse.config import SynapseConfig, as_node, config_yaml, run_topology, ty
 from synapse.failover.decider import segment_node_settings
 from synapse.injection import faults_for_segment, fired_fault_indices
 from synapse.partitioning import Placement
-
-SEGMENTS_DIR = "segments"
+from synapse.rundir import SEGMENT, SEGMENT_CONFIG, SEGMENT_OVERRIDES, SEGMENT_RECORD, SEGMENTS
 
 
 class SegmentRecordError(RuntimeError):
@@ -149,7 +148,7 @@ class Segment:
 
 
 def segment_dir(run_dir: Path, index: int) -> Path:
-    return Path(run_dir) / SEGMENTS_DIR / str(index)
+    return SEGMENT.path(run_dir, segment=index)
 
 
 def write_segment(run_dir: Path, spec: Segment, cfg: SynapseConfig | None = None,
@@ -158,32 +157,32 @@ def write_segment(run_dir: Path, spec: Segment, cfg: SynapseConfig | None = None
     folder = segment_dir(run_dir, spec.index)
     folder.mkdir(parents=True, exist_ok=True)
     if cfg is not None:
-        (folder / "config.yaml").write_text(config_yaml(cfg))
+        (folder / SEGMENT_CONFIG.name()).write_text(config_yaml(cfg))
     if overrides is not None:
-        (folder / "overrides.yaml").write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
-    tmp = folder / "segment.json.tmp"
+        (folder / SEGMENT_OVERRIDES.name()).write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
+    tmp = SEGMENT_RECORD.temp_path(folder / SEGMENT_RECORD.name())
     tmp.write_text(json.dumps(spec.to_dict(), indent=1))
-    tmp.replace(folder / "segment.json")
+    tmp.replace(folder / SEGMENT_RECORD.name())
     return folder
 
 
 def read_segments(run_dir: Path) -> list[Segment]:
     """Every recorded segment, in order (empty for a run that has none)."""
-    root = Path(run_dir) / SEGMENTS_DIR
+    root = SEGMENTS.path(run_dir)
     if not root.is_dir():
         return []
     specs = []
     for folder in sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
-            specs.append(Segment.from_dict(json.loads((folder / "segment.json").read_text())))
+            specs.append(Segment.from_dict(json.loads((folder / SEGMENT_RECORD.name()).read_text())))
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise SegmentRecordError(f"segment record {folder / 'segment.json'} is unreadable ({exc}); "
+            raise SegmentRecordError(f"segment record {folder / SEGMENT_RECORD.name()} is unreadable ({exc}); "
                              f"remove {folder} to restart that segment from the last checkpoint") from exc
     return specs
 
 
 def read_segment_overrides(run_dir: Path, index: int) -> list[str]:
-    path = segment_dir(run_dir, index) / "overrides.yaml"
+    path = SEGMENT_OVERRIDES.path(run_dir, segment=index)
     overrides = yaml.safe_load(path.read_text())
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise SegmentRecordError(f"{path} must hold a list of override strings")

@@ -18,8 +18,7 @@ from typing import Any, Callable, Sequence
 
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment
-
-SUMMARY_FILE = "experiment_summary.json"
+from synapse.rundir import EVENTS, EXPERIMENT_SUMMARY, PERFORMANCE, SEGMENTS
 
 
 def write_experiment_summary(run_dir: Path, policy: str, injection: str, controller: FailoverController,
@@ -45,7 +44,7 @@ def write_experiment_summary(run_dir: Path, policy: str, injection: str, control
         "final_eval": last.get("final_eval") or {},
         "images_per_s_last_segment": last.get("images_per_s"),
     }
-    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=float))
+    EXPERIMENT_SUMMARY.path(run_dir).write_text(json.dumps(summary, indent=1, default=float))
     return {**last, "experiment": summary}
 
 
@@ -88,8 +87,8 @@ def failover_story(experiment: dict[str, Any], run_dir: Path) -> list[str]:
     lost = experiment["time_lost_s"]
     lines.append(f"  time lost: {lost['slow_steps_s']:.1f} s to slow steps, {lost['restart_downtime_s']:.1f} s "
                  f"to restarts")
-    lines.append(f"  records: {run_dir / 'failover_events.jsonl'}, {run_dir / 'performance.jsonl'}, "
-                 f"{run_dir / 'experiment_summary.json'}, segment configs in {run_dir / 'segments'}")
+    lines.append(f"  records: {EVENTS.path(run_dir)}, {PERFORMANCE.path(run_dir)}, "
+                 f"{EXPERIMENT_SUMMARY.path(run_dir)}, segment configs in {SEGMENTS.path(run_dir)}")
     return lines
 
 

@@ -35,10 +35,17 @@ from synapse.failover.watch import LaunchWatcher
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
 from synapse.partitioning import Placement
 from synapse.pipeline import LaunchTask
-from synapse.rundir import EventLog, EventLogError, JsonlTail, events_path
+from synapse.rundir import (
+    CHECKPOINTS,
+    CONTROLLER_STATE,
+    LAUNCH_LOGS,
+    SEGMENT_RESUME,
+    EventLog,
+    EventLogError,
+    JsonlTail,
+    events_path,
+)
 from synapse.trackers import NullTracker, Tracker
-
-STATE_FILE = "failover/controller_state.json"
 
 
 class FailoverError(RuntimeError):
@@ -148,7 +155,7 @@ class Supervisor:
 
     def _end_interrupted(self, spec: Segment, summary: dict | None) -> dict[str, Any]:
         self._write_summary(summary)
-        saved = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints")
+        saved = ckpt.latest_valid_checkpoint(CHECKPOINTS.path(self.run_dir))
         at = f"a checkpoint of step {saved.step} is in {saved.path}" if saved else "no checkpoint was written"
         raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: segment {spec.index} stopped after step "
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
@@ -197,7 +204,7 @@ class Supervisor:
         """The failed rank's last lines, unless they were on the console already (trainer.local_ranks_filter)."""
         shown = self.trainer.local_ranks_filter
         if failure.rank is not None and shown is not None and failure.rank not in shown:
-            tail = failed_rank_tail(self.run_dir / "logs" / f"launch_{spec.index}", failure.rank)
+            tail = failed_rank_tail(LAUNCH_LOGS.path(self.run_dir, attempt=str(spec.index)), failure.rank)
             self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
 
     def _on_live_segment(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
@@ -262,7 +269,7 @@ class Supervisor:
         if sum(r.mode != "live" for r in self.restarts) >= self.failover.max_restarts:
             raise FailoverError(f"segment {spec.index} ended ({failure or 'stop requested'}) but failover.max_restarts="
                                 f"{self.failover.max_restarts} restarts are spent; checkpoints are in "
-                                f"{self.run_dir / 'checkpoints'}. Fix: raise failover.max_restarts and rerun with "
+                                f"{CHECKPOINTS.path(self.run_dir)}. Fix: raise failover.max_restarts and rerun with "
                                 f"resume=auto")
         total = (watcher.last_record or {}).get("total_steps") or self._total_steps_hint()
         if failure is not None:
@@ -292,7 +299,7 @@ class Supervisor:
             decision = self.controller.on_hard_failure(device, spec.end_step, total, failure.cause, lost_with_it=lost)
         except NoViableOptionError as exc:
             raise FailoverError(f"device {device} failed and no device is left to continue on ({exc}); "
-                                f"everything finished is saved in {self.run_dir / 'checkpoints'}. Fix: add "
+                                f"everything finished is saved in {CHECKPOINTS.path(self.run_dir)}. Fix: add "
                                 f"devices (trainer.devices / trainer.spare_devices) and rerun with resume=auto"
                                 ) from failure
         failed_at = min((e["time"] for e in self.worker_events() if e.get("hard") and e["time"] >= spec.started_at),
@@ -304,7 +311,7 @@ class Supervisor:
             self.events.append("checkpoint_skipped", path=str(ref.path), step=ref.step, error=str(error))
             self.log(f"failover: skipping checkpoint {ref.path}: {error}")
 
-        ref = ckpt.latest_valid_checkpoint(self.run_dir / "checkpoints", on_skip=skipped)
+        ref = ckpt.latest_valid_checkpoint(CHECKPOINTS.path(self.run_dir), on_skip=skipped)
         if ref is None:  # nothing was saved, so nothing is lost by starting over on the survivors
             self.log("failover: no checkpoint yet; the next segment starts from step 0 (set checkpoint.every=N to "
                      "lose at most N steps to a failure)")
@@ -313,7 +320,7 @@ class Supervisor:
     def _next_segment(self, spec: Segment, restart: Restart) -> Segment:
         chosen = restart.decision.chosen
         pinned = None if restart.resume_path is None else pin_checkpoint(
-            restart.resume_path, self.run_dir / "segments" / str(restart.segment) / "resume")
+            restart.resume_path, SEGMENT_RESUME.path(self.run_dir, segment=restart.segment))
         self.log(f"failover: segment {restart.segment} on devices {list(chosen.devices)}, teacher blocks "
                  f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
                  f"{restart.resume_step}")
@@ -336,9 +343,9 @@ class Supervisor:
         return max((s.end_step or 0) for s in self.segments)
 
     def _save_state(self) -> None:
-        path = self.run_dir / STATE_FILE
+        path = CONTROLLER_STATE.path(self.run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = CONTROLLER_STATE.temp_path(path)
         tmp.write_text(json.dumps(self.controller.state_dict(), default=float))
         os.replace(tmp, path)
 

@@ -19,7 +19,7 @@ from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision, OptionKind
 from synapse.failover.controller import FailoverController
 from synapse.partitioning import Placement
-from synapse.rundir import EventLog, JsonlTail, events_path
+from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
 
 
 class LaunchWatcher(threading.Thread):
@@ -43,7 +43,7 @@ class LaunchWatcher(threading.Thread):
         self._done = threading.Event()
         self.control = control or FileControlChannel(self.run_dir)  # the segment's (control.open_channel)
         # records already in the file belong to earlier launches (or an earlier run in this dir)
-        self._records = JsonlTail(self.run_dir / "performance.jsonl")
+        self._records = JsonlTail(PERFORMANCE.path(self.run_dir))
 
     def stop(self) -> None:
         """Read what is left, then end the thread."""

@@ -11,7 +11,6 @@ from synapse.health.liveness import (
     read_heartbeats,
 )
 from synapse.health.monitor import (
-    HEALTH_FILE,
     HealthConfigError,
     HealthMonitor,
     HealthSettings,
@@ -21,7 +20,7 @@ from synapse.health.monitor import (
 from synapse.health.nvml import NullNvml, cuda_to_nvml_index, decode_clock_reasons, open_nvml
 from synapse.health.probe import CudaProbe
 
-__all__ = ["CudaProbe", "FINISHED_PHASE", "HEALTH_FILE", "HealthConfigError", "HealthMonitor", "HealthSettings",
+__all__ = ["CudaProbe", "FINISHED_PHASE", "HealthConfigError", "HealthMonitor", "HealthSettings",
            "Heartbeat", "LivenessTracker", "NullHealthMonitor", "NullNvml", "build_health_monitor",
            "cuda_to_nvml_index", "decode_clock_reasons", "heartbeat_path", "kill_live_workers", "open_nvml",
            "pid_alive", "read_heartbeats"]

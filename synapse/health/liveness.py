@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from synapse.rundir import HEARTBEAT
+
 FINISHED_PHASE = "finished"
 
 
@@ -186,7 +188,7 @@ def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | Non
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return Path(run_dir) / "live" / f"rank_{rank}.json"
+    return HEARTBEAT.path(run_dir, rank=rank)
 
 
 class Heartbeat:
@@ -199,14 +201,14 @@ class Heartbeat:
     def beat(self, step: int, phase: str = "training") -> None:
         record = {"rank": self.rank, "pid": os.getpid(), "device": self.device, "step": step, "phase": phase,
                   "time": time.time()}
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp = HEARTBEAT.temp_path(self.path, os.getpid())
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.path)
 
 
 def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
     beats = {}
-    for path in sorted((Path(run_dir) / "live").glob("rank_*.json")):
+    for path in sorted(Path(run_dir).glob(HEARTBEAT.glob())):
         try:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):

@@ -35,9 +35,8 @@ from typing import Any, Callable, Iterable, Sequence
 from synapse.health.liveness import LivenessTracker, is_own_process, read_heartbeats
 from synapse.health.nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
 from synapse.health.probe import CudaProbe, ProbeResult
-from synapse.rundir import EventLog, JsonlWriter, events_path
+from synapse.rundir import HEALTH, EventLog, JsonlWriter, events_path
 
-HEALTH_FILE = "health.jsonl"
 HARD_EVENTS = ("rank_dead", "rank_hung", "probe_failed", "xid", "ecc_error")
 
 
@@ -91,7 +90,7 @@ class HealthMonitor:
         self.nvml = open_nvml(log, nvml_importer) if self.settings.nvml else NullNvml()
         self.events_log = EventLog(events_path(self.run_dir), source="health")
         self.events: list[dict[str, Any]] = []
-        self._samples = JsonlWriter(self.run_dir / HEALTH_FILE)
+        self._samples = JsonlWriter(HEALTH.path(self.run_dir))
         self._throttle: dict[int, tuple[str, ...]] = {}
         self._ecc: dict[int, int] = {}
         self._probes: dict[str, CudaProbe] = {}

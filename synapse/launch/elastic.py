@@ -33,7 +33,7 @@ from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_worke
 from synapse.launch import interrupt, rendezvous
 from synapse.launch.root_cause import WorkerFailure, failure_of
 from synapse.pipeline import LaunchTask, progress_path, read_progress, worker_main
-from synapse.rundir import filesystem_full
+from synapse.rundir import FAILURES, LAUNCH_LOGS, filesystem_full
 
 # Workers are forked from a fork server that has torch and the worker code imported already:
 # a relaunch costs a fork instead of a fresh interpreter importing torch (seconds per rank),
@@ -71,7 +71,7 @@ def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", sto
                   ) -> LaunchConfig:
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
     run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
-    logs = worker_logs_spec(run_dir / "logs" / f"launch_{attempt}", trainer.local_ranks_filter)
+    logs = worker_logs_spec(LAUNCH_LOGS.path(run_dir, attempt=attempt), trainer.local_ranks_filter)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
         run_id=run_id, rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=endpoint,
@@ -146,8 +146,8 @@ class TearDown:
 def _launch_once(config: LaunchConfig, task: LaunchTask, run_dir: Path, attempt: str, log: Callable[[str], None]
                  ) -> dict[str, Any]:
     cfg = task.config
-    log_dir = run_dir / "logs" / f"launch_{attempt}"
-    failure_dir = log_dir / "failures"
+    log_dir = LAUNCH_LOGS.path(run_dir, attempt=attempt)
+    failure_dir = FAILURES.path(run_dir, attempt=attempt)
     launched_at = time.time()
     tear_down = TearDown(run_dir, since=launched_at)
     hard_failures = tear_down.failures

@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from synapse.checkpoint import latest_valid_checkpoint
 from synapse.pipeline import WAIT_PHASES
-from synapse.rundir import disk_full_error, filesystem_full, read_json_record
+from synapse.rundir import CHECKPOINTS, FAILURE_RECORD, FAILURES, disk_full_error, filesystem_full, read_json_record
 
 
 class WorkerFailure(RuntimeError):
@@ -51,7 +51,7 @@ _PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken p
 def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     """The failure records workers wrote, root cause first: the earliest error that is not a
     consequence of losing a peer (then the earliest of those)."""
-    records = [read_json_record(p) for p in sorted(Path(failure_dir).glob("rank_*.json"))]
+    records = [read_json_record(p) for p in sorted(Path(failure_dir).glob(FAILURE_RECORD.glob(within=FAILURES)))]
     records = [r for r in records if r is not None]  # an empty one: its writer ran out of disk
     return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
 
@@ -117,7 +117,7 @@ def _disk_full_failure(log_dir: Path) -> WorkerFailure:
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
-    ref = latest_valid_checkpoint(Path(run_dir) / "checkpoints")
+    ref = latest_valid_checkpoint(CHECKPOINTS.path(run_dir))
     return ref.path if ref is not None else None
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 from collections import deque
 from pathlib import Path
 
+from synapse.rundir import LAUNCH_LOGS, WORKER_RANK_LOGS, WORKER_STDERR, WORKER_STDOUT
+
 TAIL_LINES = 15
 
 
 def rank_log_files(log_dir: Path, local_rank: int) -> list[Path]:
     """stdout.log and stderr.log of ``local_rank`` in the newest agent folder of this launch
     (a launch retried on another port has two), those that exist."""
-    folders = sorted(Path(log_dir).glob(f"*/attempt_*/{int(local_rank)}"), key=lambda p: p.stat().st_mtime)
+    folders = sorted(Path(log_dir).glob(WORKER_RANK_LOGS.glob(within=LAUNCH_LOGS, local_rank=int(local_rank))),
+                     key=lambda p: p.stat().st_mtime)
     if not folders:
         return []
-    return [f for f in (folders[-1] / "stdout.log", folders[-1] / "stderr.log") if f.is_file()]
+    return [f for f in (folders[-1] / WORKER_STDOUT.name(), folders[-1] / WORKER_STDERR.name()) if f.is_file()]
 
 
 def last_lines(path: Path, count: int = TAIL_LINES) -> list[str]:

@@ -36,6 +36,7 @@ from synapse.injection import PHASES, FaultInjector
 from synapse.pipeline.clock import StageClock
 from synapse.pipeline.graphs import StageGraphs, slots_for
 from synapse.pipeline.stage import FusedStage
+from synapse.rundir import PROGRESS_BOARD
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 # Phases in which a rank has handed its work over and waits on a peer (a stall there is a peer's).
@@ -45,7 +46,7 @@ _PROGRESS = struct.Struct("<qqd24s")  # pid, step, wall time, phase
 
 
 def progress_path(run_dir: Path | str, rank: int) -> Path:
-    return Path(run_dir) / "live" / f"rank_{rank}.progress"
+    return PROGRESS_BOARD.path(run_dir, rank=rank)
 
 
 class ProgressBoard:

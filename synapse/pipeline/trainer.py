@@ -51,7 +51,7 @@ from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
-from synapse.rundir import EventLog, JsonlWriter, NullWriter, events_path
+from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, events_path
 
 
 class ProcessGroupShards:
@@ -388,14 +388,14 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     runner = PipelineRunner(cfg.pipeline, cfg.optim, cfg.trainer, cfg.data.batch_size, run_dir, setup, runtime, rank,
                             world_size, owned, partition, blocks, injector, Heartbeat(run_dir, rank, str(setup.device)),
                             events, control,
-                            JsonlWriter(run_dir / "performance.jsonl") if last else NullWriter(), parts.total_steps,
+                            JsonlWriter(PERFORMANCE.path(run_dir)) if last else NullWriter(), parts.total_steps,
                             segment=segment, log=log,
                             control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
 
     def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
         events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)
 
-    checkpointer = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep, cfg.student.name,
+    checkpointer = Checkpointer(CHECKPOINTS.path(run_dir), cfg.checkpoint.keep, cfg.student.name,
                                 ProcessGroupShards(runner), injector, on_saved=saved,
                                 mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
                                 device=setup.device,

@@ -28,7 +28,7 @@ from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
 from synapse.engine import build_compute_setup
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
-from synapse.rundir import hold_as_worker
+from synapse.rundir import FAILURE_RECORD, hold_as_worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,16 +104,18 @@ def _parent_of(pid: int) -> int:
 
 
 def write_failure(failure_dir: Path, rank: int, exc: BaseException) -> None:
-    """This rank's failure record; best effort (on a full disk it cannot be written, and a
-    partial one is removed: the supervisor then judges the launch by the disk's free space)."""
+    """This rank's failure record; best effort (on a full disk it cannot be written, and the
+    partial temporary is removed: the supervisor then judges the launch by the disk's free space)."""
     record = {"rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
               "traceback": "".join(traceback.format_exception(exc))}
-    path = failure_dir / f"rank_{rank}.json"
+    path = failure_dir / FAILURE_RECORD.name(rank=rank)
+    tmp = FAILURE_RECORD.temp_path(path, os.getpid())  # renamed whole: a rank killed mid-write leaves no torn record
     try:
         failure_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
     except OSError:
-        path.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:

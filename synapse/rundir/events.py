@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from synapse.rundir.layout import EVENTS
 from synapse.rundir.records import RecordFileError, iter_jsonl
-
-EVENTS_FILE = "failover_events.jsonl"
 
 
 class EventLogError(RecordFileError):
@@ -25,7 +24,7 @@ class EventLogError(RecordFileError):
 
 
 def events_path(run_dir: Path | str) -> Path:
-    return Path(run_dir) / EVENTS_FILE
+    return EVENTS.path(run_dir)
 
 
 class EventLog:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, Iterator
 
+from synapse.rundir.layout import HEARTBEAT, NODE_SUPERVISOR_LOCK, NODE_WORKERS_LOCK, SUPERVISOR_LOCK, WORKERS_LOCK
+
 
 class RunDirInUseError(RuntimeError):
     """Another supervisor, or workers of one, hold the run directory."""
@@ -35,8 +37,9 @@ class RunDirUnusableError(ValueError):
 
 def lock_paths(run_dir: Path, node_rank: int = 0) -> tuple[Path, Path]:
     """(supervisor lock, workers lock) of one node of a run directory."""
-    suffix = "" if node_rank == 0 else f".node{node_rank}"
-    return Path(run_dir) / f".synapse{suffix}.lock", Path(run_dir) / f".synapse{suffix}.workers.lock"
+    if node_rank == 0:
+        return SUPERVISOR_LOCK.path(run_dir), WORKERS_LOCK.path(run_dir)
+    return NODE_SUPERVISOR_LOCK.path(run_dir, node=node_rank), NODE_WORKERS_LOCK.path(run_dir, node=node_rank)
 
 
 def _try_flock(handle: IO, mode: int) -> bool:
@@ -93,14 +96,14 @@ def _refuse_if_workers_left(run_dir: Path, workers_lock: Path) -> None:
     pids = sorted(_worker_pids(run_dir))
     raise RunDirInUseError(
         f"run directory {run_dir} is in use: workers of an earlier run still hold {workers_lock} (pids "
-        f"{pids or 'unknown'}, from live/rank_*.json) though no supervisor does. Fix: end them (kill "
+        f"{pids or 'unknown'}, from {HEARTBEAT.glob()}) though no supervisor does. Fix: end them (kill "
         f"{' '.join(map(str, pids)) or '<their pids>'}), then continue with resume=auto; or give this run another "
         f"directory")
 
 
 def _worker_pids(run_dir: Path) -> set[int]:
     pids = set()
-    for path in (Path(run_dir) / "live").glob("rank_*.json"):
+    for path in Path(run_dir).glob(HEARTBEAT.glob()):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             pids.add(int(json.loads(path.read_text())["pid"]))
     return pids

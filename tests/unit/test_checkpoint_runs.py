@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from synapse import checkpoint as ckpt
 from synapse.app import run
@@ -90,7 +89,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def resume_auto(run_dir: Path) -> tuple[Path | None, list[str]]:
     lines: list[str] = []
-    chosen = resolve_resume(OmegaConf.create({"resume": "auto"}), run_dir, log=lines.append)
+    chosen = resolve_resume("auto", run_dir, log=lines.append)
     return chosen, lines
 
 
@@ -280,7 +279,7 @@ def test_all_checkpoints_damaged_stops_resume_auto_naming_each(make_config, tiny
     assert refused_run(make_config, tiny_run, run_dir, "resume=auto", error=ckpt.NoIntactCheckpointError) == expected
     with pytest.raises(ckpt.NoIntactCheckpointError) as caught:  # and the resume itself, with each skip said
         resume_auto_lines: list[str] = []
-        resolve_resume(OmegaConf.create({"resume": "auto"}), run_dir, log=resume_auto_lines.append)
+        resolve_resume("auto", run_dir, log=resume_auto_lines.append)
     assert str(caught.value) == expected
     assert resume_auto_lines == [f"skipping checkpoint {newest}: {newest}: .metadata is corrupt or truncated "
                                  f"(checksum mismatch)",

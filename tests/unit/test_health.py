@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from synapse.health import (
-    HEALTH_FILE,
     CudaProbe,
     HealthConfigError,
     HealthMonitor,
@@ -29,7 +28,7 @@ from synapse.health import (
     open_nvml,
     pid_alive,
 )
-from synapse.rundir import read_events
+from synapse.rundir import HEALTH, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,7 +115,7 @@ def test_a_disabled_monitor_is_a_null_object(tmp_path):
     assert isinstance(monitor, NullHealthMonitor)
     with monitor:
         assert monitor.sample_once() == {}
-    assert not (tmp_path / HEALTH_FILE).exists()
+    assert not HEALTH.path(tmp_path).exists()
 
 
 # ------------------------------------------------------------------ NVML
@@ -221,7 +220,7 @@ def test_gpu_events_throttle_ecc_and_xid_go_to_the_log_and_hard_ones_to_the_call
     throttle = read_events(tmp_path, "throttle")[0]
     assert throttle["reasons"] == ["hw_thermal_slowdown"] and throttle["ranks"] == [0]
     assert [(e["event"], e.get("xid")) for e in hard] == [("ecc_error", None), ("xid", 79)]
-    samples = [json.loads(line) for line in (tmp_path / HEALTH_FILE).read_text().splitlines()]
+    samples = [json.loads(line) for line in HEALTH.path(tmp_path).read_text().splitlines()]
     assert len(samples) == 4 and samples[0]["gpus"]["0"]["temperature_c"] == 71
     assert samples[0]["ranks"]["0"]["state"] == "alive" and fake.shut
 
@@ -233,9 +232,9 @@ def test_on_cpu_the_monitor_logs_nvml_unavailable_once_and_still_samples_livenes
     Heartbeat(tmp_path, 0, "cpu")
     with monitor:
         deadline = time.monotonic() + 20
-        while len((tmp_path / HEALTH_FILE).read_text().splitlines()) < 3 and time.monotonic() < deadline:
+        while len(HEALTH.path(tmp_path).read_text().splitlines()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-    samples = [json.loads(line) for line in (tmp_path / HEALTH_FILE).read_text().splitlines()]
+    samples = [json.loads(line) for line in HEALTH.path(tmp_path).read_text().splitlines()]
     assert len(samples) >= 3 and all(s["ranks"]["0"]["state"] == "alive" and s["gpus"] == {} for s in samples)
     assert [line for line in lines if "nvml unavailable" in line] == lines and len(lines) == 1
 
