@@ -1,21 +1,29 @@
 """Which accelerator and which device ids a run uses, checked against the machine."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Union
+
 from omegaconf import DictConfig, ListConfig
 
 from synapse.config.errors import fail
 from synapse.partitioning import NodeTopology
 
+if TYPE_CHECKING:
+    from synapse.config.schema import TrainerConfig
 
-def resolve_accelerator(trainer: DictConfig) -> str:
+# The trainer group, composed (validate reads it so) or typed (the rest of Synapse).
+TrainerSettings = Union["TrainerConfig", DictConfig]
+
+
+def resolve_accelerator(trainer: TrainerSettings) -> str:
     if trainer.accelerator != "auto":
-        return trainer.accelerator
+        return str(trainer.accelerator)
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_devices(trainer: DictConfig) -> list[int]:
+def resolve_devices(trainer: TrainerSettings) -> list[int]:
     """The device ids the run uses: CPU slots 0..n-1, or GPU ids checked against the machine."""
     accelerator = resolve_accelerator(trainer)
     devices = trainer.devices
@@ -40,14 +48,14 @@ def resolve_devices(trainer: DictConfig) -> list[int]:
     return ids
 
 
-def num_stages(trainer: DictConfig) -> int:
+def num_stages(trainer: TrainerSettings) -> int:
     """K: pipeline stages = processes in the run (devices per node times nodes)."""
     if trainer.node_devices:
         return sum(len(devices) for devices in trainer.node_devices)
-    return len(resolve_devices(trainer)) * trainer.nodes
+    return len(resolve_devices(trainer)) * int(trainer.nodes)
 
 
-def run_topology(trainer: DictConfig) -> NodeTopology:
+def run_topology(trainer: TrainerSettings) -> NodeTopology:
     """The run's nodes and their devices (run-wide device ids: ``synapse.partitioning.topology``)."""
     return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)))
 

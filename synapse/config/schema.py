@@ -124,7 +124,10 @@ class ReplanMode(Choice):
 class DrillAction(Choice):
     replan = "replan"
     degrade = "degrade"
-    replace = "replace"
+    replace_ = "replace"  # a member named replace would hide str.replace
+
+
+DrillAction._member_map_["replace"] = DrillAction.replace_
 
 
 class TrackerName(Choice):
@@ -426,18 +429,20 @@ def _node_hint(hint: Any) -> Any:
         return Union[tuple(_node_hint(a) for a in args)]  # noqa: UP007
     if origin is tuple:
         return list[_node_hint(args[0])]  # type: ignore[misc]
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return hydra_node(hint)
     return hint
 
 
-def _node_default(f: dataclasses.Field) -> dataclasses.Field:
+def _node_default(f: dataclasses.Field[Any]) -> Any:
+    """The Hydra node field's default: nested settings and sequences as fresh node values."""
     if f.default_factory is not dataclasses.MISSING:  # a nested settings object
         made = f.default_factory()
         return field(default_factory=lambda: _to_node(made))
-    if isinstance(f.default, tuple):
-        return field(default_factory=lambda: [_to_node(v) for v in f.default])
-    return field(default=f.default)
+    default = f.default
+    if isinstance(default, tuple):
+        return field(default_factory=lambda: [_to_node(v) for v in default])
+    return field(default=default)
 
 
 def _to_node(value: Any) -> Any:
@@ -492,7 +497,9 @@ register_configs()
 def typed_config(cfg: DictConfig) -> SynapseConfig:
     """The composed config as the frozen ``SynapseConfig`` the rest of Synapse receives (once, at
     the root; interpolations resolved). A policy's parameters become its settings type."""
-    return _freeze(OmegaConf.to_object(cfg), SynapseConfig)
+    typed = _freeze(OmegaConf.to_object(cfg), SynapseConfig)
+    assert isinstance(typed, SynapseConfig)
+    return typed
 
 
 def _freeze(value: Any, hint: Any) -> Any:
@@ -524,19 +531,21 @@ def config_dict(cfg: SynapseConfig | DictConfig) -> dict[str, Any]:
             return [plain(v) for v in value]
         return value
 
-    if isinstance(cfg, DictConfig):
-        return plain(OmegaConf.to_container(cfg, resolve=True))
-    return plain(cfg)
+    data = plain(OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg)
+    assert isinstance(data, dict)
+    return data
 
 
 def config_yaml(cfg: SynapseConfig | DictConfig) -> str:
     """A config as YAML, choices written as users type them (``schedule: 1f1b``)."""
-    return yaml.safe_dump(config_dict(cfg), sort_keys=False, default_flow_style=None, width=120)
+    return str(yaml.safe_dump(config_dict(cfg), sort_keys=False, default_flow_style=None, width=120))
 
 
 def as_node(cfg: SynapseConfig) -> DictConfig:
     """A typed config as the composed DictConfig it came from (what ``validate`` reads)."""
-    return OmegaConf.structured(_to_node(cfg))
+    node = OmegaConf.structured(_to_node(cfg))
+    assert isinstance(node, DictConfig)
+    return node
 
 
 def with_settings(cfg: SynapseConfig, settings: dict[str, Any]) -> SynapseConfig:
@@ -553,7 +562,9 @@ def config_from_yaml(text: str) -> SynapseConfig:
     data = yaml.safe_load(text)
     node = OmegaConf.structured(hydra_node(SynapseConfig))
     node.policy = OmegaConf.structured(_policy_node(str(data["policy"]["name"])))
-    return typed_config(OmegaConf.merge(node, data))
+    merged = OmegaConf.merge(node, data)
+    assert isinstance(merged, DictConfig)
+    return typed_config(merged)
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -26,6 +27,11 @@ from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerato
 from synapse.config.errors import fail, finite, positive
 from synapse.config.supported_torch import require_supported_torch
 from synapse.rundir import CHECKPOINTS
+
+
+def _plain(node: Any) -> Any:
+    """A composed node as plain containers (what the components' own checks take)."""
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[str]]]:
@@ -39,15 +45,15 @@ def _unknown_keys(node: DictConfig, prefix: str = "") -> list[tuple[str, list[st
         return []  # free-form dicts (policy.params) take any key
     allowed = sorted(f.name for f in dataclasses.fields(schema))
     unknown: list[tuple[str, list[str]]] = []
-    for key in node.keys():
+    for key in map(str, node.keys()):
         if key not in allowed:
-            unknown.append((f"{prefix}{key}", difflib.get_close_matches(str(key), allowed, n=1)))
+            unknown.append((f"{prefix}{key}", difflib.get_close_matches(key, allowed, n=1)))
         elif dataclasses.is_dataclass(OmegaConf.get_type(node, key)):
             unknown += _unknown_keys(node[key], f"{prefix}{key}.")
     return unknown
 
 
-def validate_finite(node, prefix: str = "") -> None:
+def validate_finite(node: Any, prefix: str = "") -> None:
     """Every float of the config, however deep (lists, free-form dicts such as policy.params and
     failover.detector): finite. Before any range check, since NaN passes them all."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
@@ -171,7 +177,7 @@ def validate_injection(cfg: DictConfig) -> None:
     from synapse.injection import InjectionError, parse_faults
 
     try:
-        parse_faults(OmegaConf.to_container(cfg.injection.faults, resolve=True), num_stages(cfg.trainer))
+        parse_faults(_plain(cfg.injection.faults), num_stages(cfg.trainer))
     except (InjectionError, KeyError, TypeError, ValueError) as exc:
         hint = ""
         if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
@@ -203,14 +209,14 @@ def validate_failover(cfg: DictConfig) -> None:
     for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
                                  ("failover.estimator", EstimatorConfig, EstimatorConfigError)):
         try:
-            settings(**OmegaConf.to_container(failover[key.split(".")[1]], resolve=True))
+            settings(**_plain(failover[key.split(".")[1]]))
         except TypeError as exc:
             valid = ", ".join(f.name for f in dataclasses.fields(settings))
             fail(key, str(exc), f"use only these keys: {valid}")
         except error as exc:
             fail(key, str(exc), f"see {settings.__name__} for the ranges")
     try:
-        make_policy(str(cfg.policy.name), **OmegaConf.to_container(cfg.policy.params, resolve=True))
+        make_policy(str(cfg.policy.name), **_plain(cfg.policy.params))
     except PolicyConfigError as exc:
         fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
     for i, drill in enumerate(failover.drills):
@@ -414,7 +420,7 @@ def _validate_partition(cfg: DictConfig) -> None:
             fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
 
 
-def _check_nonfinite_check(trainer) -> None:
+def _check_nonfinite_check(trainer: DictConfig) -> None:
     if trainer.nonfinite_check != "late":
         return
     if trainer.nonfinite == "skip":
