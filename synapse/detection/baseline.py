@@ -32,6 +32,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from statistics import median
+from typing import cast
 
 from synapse.detection.window import projection_sd_factor
 
@@ -113,9 +114,10 @@ class ComputeBaseline:
     def refine(self, compute_s: Sequence[float], quiet_ranks: Sequence[int]) -> bool:
         """A quiet step: each rank in ``quiet_ranks`` adds it to its samples. Whether any did."""
         changed = False
+        values = cast(list[float], self.values)  # refined only once learnt
         for rank in quiet_ranks:
             self.samples[rank].append(compute_s[rank])
-            self.values[rank] = median(self.samples[rank])
+            values[rank] = median(self.samples[rank])
             changed = True
         return changed
 
@@ -127,7 +129,8 @@ class ComputeBaseline:
         `current_level`, which must clear the noisier of the pipeline's and the rank's own spread
         (a rank whose steps scatter needs a window median to be judged; h200x2: one rank's
         "compute" swung 0.8-1.7x with no fault)."""
-        own = [robust_sd(s) / max(b, _TINY_S) if len(s) >= 4 else None for s, b in zip(self.samples, self.values)]
+        values = cast(list[float], self.values)  # judged only once learnt
+        own = [robust_sd(s) / max(b, _TINY_S) if len(s) >= 4 else None for s, b in zip(self.samples, values)]
         known = [x for x in own if x is not None]
         if not known:
             return 0.0, [1.0] * len(own)
@@ -139,7 +142,8 @@ class ComputeBaseline:
     def carried(self, mapping: Sequence[int], scale: Sequence[float], relearn: Sequence[int] = ()) -> None:
         """New rank i's baseline is old rank mapping[i]'s times scale[i]; a rank in ``relearn``
         learns its own again from the next steps (`learn_pending`), the scaled one a placeholder."""
-        self.values = [self.values[old] * s for old, s in zip(mapping, scale)]
+        values = cast(list[float], self.values)  # carried only once learnt
+        self.values = [values[old] * s for old, s in zip(mapping, scale)]
         if self.samples:
             self.samples = [deque(() if new in relearn else (x * s for x in self.samples[old]),
                                   maxlen=self.refine_window) for new, (old, s) in enumerate(zip(mapping, scale))]
@@ -155,17 +159,18 @@ class ComputeBaseline:
                 learnt.append(rank)
         if not learnt:
             return False
+        values = cast(list[float], self.values)  # pending ranks exist only after a carry-over
         for rank in learnt:
             seen = self.pending.pop(rank)
-            self.values[rank] = median(seen)
+            values[rank] = median(seen)
             if self.samples:
                 self.samples[rank] = deque(seen, maxlen=self.refine_window)
         # As at the start of a run: a rank slow against its peers relative to the plan from its
         # first steps on takes its peers' view, so a fault that began with the stage still shows.
-        expected = self.expected if self.expected and len(self.expected) == len(self.values) else None
-        checked, replaced = prior_checked(self.values, expected, self.prior_threshold, self.alone_threshold)
+        expected = self.expected if self.expected and len(self.expected) == len(values) else None
+        checked, replaced = prior_checked(values, expected, self.prior_threshold, self.alone_threshold)
         for rank in set(learnt) & set(replaced):
-            self.values[rank] = checked[rank]
+            values[rank] = checked[rank]
             if self.samples:
                 self.samples[rank] = deque(maxlen=self.refine_window)
             self.replaced = (*self.replaced, rank)

@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import islice
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, robust_sd
 from synapse.detection.link import LinkBaseline
@@ -264,13 +264,14 @@ def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Seque
     """Active slowdowns over a re-partition (new rank i was old rank ``mapping[i]``): each follows
     its device where that kind's baseline was ``carried``, unless the device is gone, the new rank
     is ``fresh`` (another device) or re-learns its compute. Returns (trackers, dropped detections)."""
-    kept_trackers, dropped = {}, []
+    kept_trackers: dict[tuple[str, int], Tracker] = {}
+    dropped: list[Detection] = []
     for (kind, old_rank), tracker in sorted(trackers.items()):
         if tracker.active is None:
             continue
         new_rank = mapping.index(old_rank) if old_rank in mapping else None
         kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
-        if kept and carried[kind]:
+        if new_rank is not None and kept and carried[kind]:  # kept implies a new rank (for the type checker)
             kept_trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
         else:
             dropped.append(tracker.active)
@@ -306,7 +307,15 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
     }
 
 
-def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
+# (num_ranks, last_step, compute baseline, comm baseline, learning, history, trackers)
+LearningSteps = list[tuple[tuple[float, ...], tuple[float, ...]]]  # (compute, comm) per learning step
+ParsedState = tuple[Any, Any, list[float] | None, CommBaseline | None, LearningSteps, deque[HistoryEntry],
+                    dict[tuple[str, int], Tracker]]
+# (compute samples, compute pending, comm own samples, peer wander)
+ParsedSamples = tuple[list[deque[float]], dict[int, list[float]], list[deque[float]], list[list[float]]]
+
+
+def parse_state(state: Mapping[str, Any], history_len: int) -> ParsedState:
     """(num_ranks, last_step, compute baseline, comm baseline, learning, history, trackers) of an
     `encode_state` dict; KeyError, TypeError, ValueError or IndexError when it is not one."""
     if state["version"] != STATE_VERSION:
@@ -337,7 +346,7 @@ def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
     return num_ranks, state["last_step"], compute, comm, learning, history, trackers
 
 
-def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> tuple:
+def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> ParsedSamples:
     """(compute samples, compute pending, comm own samples, peer wander) of an `encode_state` dict,
     each per rank; a state saved before one existed has none of it. ValueError when malformed."""
     compute = [deque(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
@@ -459,17 +468,19 @@ class SlowdownDetector:
         if name in signals:
             return signals[name]
         if name.startswith("link"):
-            excess = self._link.excess(entry.send_s)
+            excess = self._link.excess(cast(tuple[float, ...], entry.send_s))  # link signals: records with send_s
             ratios = self._link.ratios(excess)
             signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
         elif name.startswith(COMPUTE):
             # a rank still re-learning its baseline is not judged (ratio 1)
+            baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
             raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
-                   for r, (c, b) in enumerate(zip(entry.compute_s, self._compute.values))]
-            ratios = net_compute_ratios(raw, self._compute.values, self._margin)
+                   for r, (c, b) in enumerate(zip(entry.compute_s, baseline))]
+            ratios = net_compute_ratios(raw, baseline, self._margin)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
-            beyond_comm, beyond_step = self._comm_baseline.beyond_peers(entry.compute_s, entry.comm_s)
+            comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt
+            beyond_comm, beyond_step = comm.beyond_peers(entry.compute_s, entry.comm_s)
             ratios = [1.0 + max(0.0, min(a, b)) / self._denominator(COMM, r)
                       for r, (a, b) in enumerate(zip(beyond_comm, beyond_step))]
             signals.update(comm_beyond_comm=beyond_comm, comm_beyond_step=beyond_step,
@@ -479,7 +490,7 @@ class SlowdownDetector:
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
 
-        def window_median(name: str, reading=median) -> list[float]:
+        def window_median(name: str, reading: Callable[[Sequence[float]], float] = median) -> list[float]:
             return [reading(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
@@ -513,7 +524,8 @@ class SlowdownDetector:
 
     def _calm_ranks(self) -> list[int]:
         """Ranks judged on compute that are neither in excess nor slow now."""
-        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(self._num_ranks)]
+        num_ranks = cast(int, self._num_ranks)  # evaluated only after a step
+        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(num_ranks)]
         return [rank for rank, t in enumerate(trackers)
                 if rank not in self._compute.pending and t.above == 0 and t.active is None]
 
@@ -529,7 +541,7 @@ class SlowdownDetector:
             return
         if self._link_mode:
             quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio")) if ratio < self.config.recover_below]
-            self._link.refine(latest.send_s, quiet)
+            self._link.refine(cast(tuple[float, ...], latest.send_s), quiet)  # link mode: the latest has send_s
             for entry in self._history:
                 for name in ("link_excess", "link_ratio", "link_peer"):
                     entry.signals.pop(name, None)
@@ -551,9 +563,9 @@ class SlowdownDetector:
     def _denominator(self, kind: str, rank: int) -> float:
         if kind == COMM and self._link_mode:
             return self._link.denominator(rank)
-        if kind == COMM:
-            return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
-        return max(self._compute.values[rank], _TINY_S)
+        if kind == COMM:  # judged only once learnt, as compute below
+            return max(cast(CommBaseline, self._comm_baseline).comm_s[rank], self.config.min_comm_s, _TINY_S)
+        return max(cast(list[float], self._compute.values)[rank], _TINY_S)
 
     @property
     def _margin(self) -> float:
@@ -574,9 +586,10 @@ class SlowdownDetector:
             return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= least_peer)
 
         for rank, ratio in enumerate(ratios):
-            least_peer = cfg.peer_threshold if peer_floors is None else peer_floors[rank]
+            # peer_threshold is None only where skip_peers holds, and then least_peer is not read
+            least_peer = cast(float, cfg.peer_threshold) if peer_floors is None else peer_floors[rank]
             in_excess = excess(ratio, peers[rank], above_floor[rank], least_peer)
-            if trend is not None and excess(*(reading[rank] for reading in trend), least_peer):
+            if trend is not None and excess(trend[0][rank], trend[1][rank], trend[2][rank], least_peer):
                 in_excess, ratio = True, max(ratio, trend[0][rank])
             # comm below its noise floor is no own comm excess; compute below its floor is a
             # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
@@ -606,7 +619,8 @@ class SlowdownDetector:
     def _event(self, kind: str, rank: int, event: str, ratio: float, timing: StepTiming,
                level_before: float) -> Detection:
         if kind == COMPUTE:
-            series = [e.compute_s[rank] - self._compute.values[rank] for e in self._history]
+            baseline = cast(list[float], self._compute.values)[rank]  # an event comes only once learnt
+            series = [e.compute_s[rank] - baseline for e in self._history]
         elif self._link_mode:
             series = [self._signal(e, "link_excess")[rank] if e.send_s is not None else 0.0 for e in self._history]
         else:
@@ -678,9 +692,13 @@ class SlowdownDetector:
             self._compute.carried(mapping, compute_scale, relearn)
             self._wander.carried(mapping, fresh)
         self._compute.expected = None  # the plan of the new partition comes with set_expected
-        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
-        self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
-                          for old, s in zip(mapping, comm_scale)] if comm_carried and self._comm_own else []
+        if comm_carried:  # so there is a comm baseline, and comm_scale is given
+            comm_baseline, scales = cast(CommBaseline, self._comm_baseline), cast(list[float], comm_scale)
+            self._comm_baseline = comm_baseline.carried(mapping, scales, compute_scale)
+            self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+                              for old, s in zip(mapping, scales)] if self._comm_own else []
+        else:
+            self._comm_baseline, self._comm_own = None, []
         self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()
