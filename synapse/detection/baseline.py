@@ -8,8 +8,8 @@ common to healthy ranks, so each rank is judged against its *peers'* measured/ex
 ratio: a rank whose ratio is ``prior_threshold`` times its peers' is slow from the start,
 and its baseline is what its peers say it should be. A launch's first steps are judged so
 by `synapse.detection.start` (from the first step after the warm-up, and with two of three
-ranks slow); `prior_checked` judges the ranks that learn their baseline again after a
-re-partition (`ComputeBaseline.learn_pending`), once their window is complete.
+ranks slow), at a run's start and for the ranks that learn their baseline again after a
+re-partition; `prior_checked` is the same check on learnt baselines, in one call.
 
 The threshold is generous on purpose: the cost model's per-stage error is real. On the CPU
 demo's recorded fault-free runs a healthy rank stood up to 1.68x its peers against the plan;
@@ -96,10 +96,8 @@ class ComputeBaseline:
     """Each rank's compute seconds per step at nominal speed: learnt from the first steps,
     checked against the plan and the rank's peers, refined by quiet steps."""
 
-    def __init__(self, refine_window: int, prior_threshold: float | None,
-                 alone_threshold: float | None = None) -> None:
-        self.refine_window, self.prior_threshold = refine_window, prior_threshold
-        self.alone_threshold = alone_threshold
+    def __init__(self, refine_window: int) -> None:
+        self.refine_window = refine_window
         self.values: list[float] | None = None
         self.samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
         self.expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
@@ -181,13 +179,13 @@ class ComputeBaseline:
             values[rank] = median(seen)
             if self.samples:
                 self.samples[rank] = deque(seen, maxlen=self.refine_window)
-        # As at the start of a run: a rank slow against its peers relative to the plan from its
-        # first steps on takes its peers' view, so a fault that began with the stage still shows.
-        expected = self.expected if self.expected and len(self.expected) == len(values) else None
-        checked, replaced = prior_checked(values, expected, self.prior_threshold, self.alone_threshold)
-        for rank in set(learnt) & set(replaced):
-            values[rank] = checked[rank]
-            if self.samples:
-                self.samples[rank] = deque(maxlen=self.refine_window)
-            self.replaced = (*self.replaced, rank)
         return True
+
+    def settle(self, rank: int, reference_s: float) -> None:
+        """A rank re-learning its baseline found slow from its stage's first steps
+        (`synapse.detection.start`): its baseline is ``reference_s``, its own steps say nothing."""
+        self.pending.pop(rank, None)
+        cast(list[float], self.values)[rank] = reference_s  # pending ranks exist only after a carry-over
+        if self.samples:
+            self.samples[rank] = deque(maxlen=self.refine_window)
+        self.replaced = (*self.replaced, rank)

@@ -15,9 +15,9 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    theirs, K = 1: ``alone_threshold`` times the plan = slow from the start, found ~6 steps
    after J, its baseline then what they say it should be); and later quiet steps (no compute
    slowdown anywhere, this rank's step below ``threshold``) refining each compute baseline
-   as the median of the last ``refine_window`` such steps. After a re-partition, a rank that
-   learns its baseline again is checked against the plan once its window is complete
-   (`synapse.detection.baseline`).
+   as the median of the last ``refine_window`` such steps. After a re-partition, the ranks
+   that learn their baseline again are judged so from the new launch's J, their peers (learnt
+   or carried over) among the witnesses.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
    single-step spike cannot move a median). A rank's per-step compute ratio is net of
    what its peers' compute fell more than ``threshold - 1`` below theirs (time that
@@ -291,7 +291,8 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
                  compute_samples: Sequence[Sequence[float]], comm_own_samples: Sequence[Sequence[float]],
                  peer_wander: Sequence[Sequence[float]], compute_pending: Mapping[int, Sequence[float]],
                  history: Sequence[HistoryEntry], link: dict[str, Any],
-                 trackers: Mapping[tuple[str, int], Tracker], compute_provisional: bool = False) -> dict[str, Any]:
+                 trackers: Mapping[tuple[str, int], Tracker], compute_provisional: bool = False,
+                 launch_steps: Sequence[Sequence[float]] = ()) -> dict[str, Any]:
     """JSON-friendly: baselines, partial baseline samples, history, counters."""
     return {
         "version": STATE_VERSION,
@@ -299,6 +300,7 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
         "last_step": last_step,
         "compute_baseline": None if compute_baseline is None else list(compute_baseline),
         "compute_provisional": compute_provisional,
+        "launch_steps": [list(s) for s in launch_steps],
         "comm_baseline": None if comm_baseline is None else asdict(comm_baseline),
         "learning": [[list(c), list(m)] for c, m in learning],
         "compute_samples": [list(s) for s in compute_samples],
@@ -379,8 +381,7 @@ class SlowdownDetector:
         self._num_ranks: int | None = None
         self._last_step: int | None = None
         self._steps_since_start = 0
-        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold,
-                                        self.config.alone_threshold)
+        self._compute = ComputeBaseline(self.config.refine_window)
         self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
         self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
@@ -391,6 +392,9 @@ class SlowdownDetector:
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
         self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
         self._start = StartCheck(cfg.prior_threshold, cfg.alone_threshold, cfg.sustain)
+        # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
+        # their baselines: the start check's steps for them (at a run's start: ``_learning``)
+        self._launch_steps: list[tuple[float, ...]] = []
 
     @property
     def _link_mode(self) -> bool:
@@ -445,6 +449,8 @@ class SlowdownDetector:
         self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
                                           timing.step_seconds, timing.send_s))
         events = self._learn_baselines(timing)
+        if self._compute.pending:
+            events += self._judge_pending(timing)
         if self._compute.pending and self._compute.learn_pending(timing.compute_s, self.config.baseline_window):
             self._forget_compute_signals()  # the cached ratios were against the placeholder
         if timing.send_s is not None:
@@ -502,6 +508,23 @@ class SlowdownDetector:
         if first:
             self._wander.reset(len(steps[0]))
         self._forget_compute_signals()
+        return events
+
+    def _judge_pending(self, timing: StepTiming) -> list[Detection]:
+        """The ranks re-learning their baseline after a re-partition, judged from the start as at a
+        run's start (their peers, learnt or carried, are witnesses); one found slow has its baseline."""
+        self._launch_steps.append(timing.compute_s)
+        steps = self._launch_steps[-self.config.baseline_window:]
+        found = {rank for (kind, rank), t in self._trackers.items() if kind == COMPUTE and t.active is not None}
+        final = len(self._launch_steps) >= self.config.baseline_window
+        newly, _ = self._start.judge(steps, self._compute.expected, final, found)
+        events = []
+        for rank, reading in sorted(newly.items()):
+            if rank in self._compute.pending:  # the others are the evaluation's
+                self._compute.settle(rank, reading.reference_s)
+                events.append(self._start_event(rank, reading, len(steps), timing))
+        if events:
+            self._forget_compute_signals()
         return events
 
     def _start_event(self, rank: int, reading: StartReading, steps: int, timing: StepTiming) -> Detection:
@@ -694,7 +717,7 @@ class SlowdownDetector:
                             compute_pending=self._compute.pending,
                             comm_own_samples=self._comm_own, peer_wander=self._wander.state_dict(),
                             history=self._history, link=self._link.state_dict(), trackers=self._trackers,
-                            compute_provisional=self._compute.provisional)
+                            compute_provisional=self._compute.provisional, launch_steps=self._launch_steps)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()`. The next ``warmup_steps`` records are the restarted
@@ -714,6 +737,7 @@ class SlowdownDetector:
         self._link.load_state_dict(state.get("link"))
         self._latest_ratios, self._steps_since_start = {}, 0
         self._start.reset()
+        self._launch_steps = [tuple(float(x) for x in s) for s in state.get("launch_steps", [])]
 
     def rewind(self, step: int) -> None:
         """A restart resumed from a checkpoint at ``step``: the steps after it will come again."""
@@ -751,6 +775,7 @@ class SlowdownDetector:
         # a provisional baseline is carried as learnt: its healthy ranks re-learn anyway (relearn)
         self._compute.provisional = False
         self._start.reset()
+        self._launch_steps = []
         self._compute.expected = None  # the plan of the new partition comes with set_expected
         if comm_carried:  # so there is a comm baseline, and comm_scale is given
             comm_baseline, scales = cast(CommBaseline, self._comm_baseline), cast(list[float], comm_scale)

@@ -8,7 +8,8 @@ rank can show it: the plan (the cost model's per-step compute of each rank at no
 speed.
 
 The first step that can be judged, J: the first step after the warm-up, that is the
-(``warmup_steps`` + 1)-th record of a launch (step 11 of a fresh run at the defaults). Not
+(``warmup_steps`` + 1)-th record of a launch (step 11 of a fresh run at the defaults; after a
+re-partition, for the ranks that learn their baseline again, the 11th step of the new launch). Not
 earlier: the warm-up's steps time one-off costs, not the device (the recorded first steps ran
 3-5x a steady step on CPU ranks and 10-40x on H200s: allocation, autograd's first graph, CUDA
 graph capture, cuDNN's autotuner), and on a device slow from the start there is no earlier,

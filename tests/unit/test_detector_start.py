@@ -5,6 +5,7 @@ The launches below start at step 0, so the warm-up is steps 0-9 and the first st
 step 10 (a run's records start at step 1: there J is step 11)."""
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import replace
@@ -369,6 +370,55 @@ def test_the_check_needs_the_plan_and_a_threshold():
     assert check.judge(steps[:START_STEPS - 1], [1.0, 1.0], final=True, found=())[0] == {}
     found, readings = check.judge(steps, [1.0, 1.0], final=True, found=())
     assert list(found) == [1] and found[1].ratio == pytest.approx(5.0) and readings[0] is None
+
+
+def relaunched(config: DetectorConfig, records: list[StepTiming], expected: list[float], relearn: list[int]):
+    """A detector that ran ``records[:100]`` healthy, then a re-partition (same stages) whose
+    ``relearn`` ranks learn their baseline again, and the plan of the new stage."""
+    detector = SlowdownDetector(config)
+    detector.set_expected(expected)
+    assert feed(detector, records[:100]) == []
+    detector.rebase([1.0] * len(expected), relearn=relearn)
+    detector.set_expected(expected)
+    return detector
+
+
+@pytest.mark.parametrize("factor", [1.5, 4.0])
+def test_after_a_re_partition_a_rank_slow_from_the_new_stage_s_first_step_is_found_within_10_steps(factor):
+    """The ranks that learn their baseline again are judged from the new launch's J (a spare that is
+    itself a bad card, a device slowed while the stages were re-cut), their peers as witnesses:
+    before, only once their window was complete, and against the median of their peers."""
+    for seed in range(4):
+        records, expected = launch(3, 200, seed=seed, slow={1: factor}, onset=100, noise=0.1,
+                                   plan_error=errors_within(random.Random(seed), 3, 0.05))
+        config = ACCURATE if factor < 2 else CPU_DEMO
+        detector = relaunched(config, records, expected, relearn=[0, 1, 2])
+        events = feed(detector, records[100:])
+        new_j = 100 + J
+        assert [(e.rank, e.onset_step) for e in events] == [(1, new_j)], (seed, events)
+        assert events[0].detected_step - new_j <= 10 and detector.prior_replaced == (1,)
+        assert detector.baseline(COMPUTE)[1] == pytest.approx(expected[1], rel=0.15)
+
+
+def test_a_restart_while_ranks_re_learn_keeps_the_steps_judged():
+    records, expected = launch(3, 240, seed=9, slow={2: 3.0}, onset=100, noise=0.1)
+    detector = relaunched(ACCURATE, records, expected, relearn=[0, 1, 2])
+    assert feed(detector, records[100:100 + J + 3]) == []  # 3 steps judged: too few yet
+    state = json.loads(json.dumps(detector.state_dict()))
+    assert len(state["launch_steps"]) == 3
+    again = SlowdownDetector(ACCURATE)
+    again.load_state_dict(state)
+    again.set_expected(expected)
+    events = feed(again, records[100 + J + 3:])  # the new process warms up, then goes on judging
+    assert [(e.rank, e.onset_step) for e in events] == [(2, 100 + J)], events
+
+
+def test_healthy_ranks_re_learning_after_a_re_partition_raise_nothing():
+    for seed in range(10):
+        records, expected = launch(3, 200, seed=seed, noise=0.4, spike_prob=0.03,
+                                   plan_error=errors_within(random.Random(seed), 3, 0.25))
+        detector = relaunched(CPU_DEMO, records, expected, relearn=[0, 1, 2])
+        assert feed(detector, records[100:]) == [], seed
 
 
 # ------------------------------------------------------------------------------- through the controller
