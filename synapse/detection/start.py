@@ -9,16 +9,17 @@ speed.
 
 The first step that can be judged, J: the first step after the warm-up, that is the
 (``warmup_steps`` + 1)-th record of a launch (step 11 of a fresh run at the defaults; after a
-re-partition, for the ranks that learn their baseline again, the 11th step of the new launch). Not
-earlier: the warm-up's steps time one-off costs, not the device (the recorded first steps ran
-3-5x a steady step on CPU ranks and 10-40x on H200s: allocation, autograd's first graph, CUDA
-graph capture, cuDNN's autotuner), and on a device slow from the start there is no earlier,
-healthy step to compare with anyway. From J on, each rank's level is the median of its compute
-over all its steps since J; it is judged once ``START_STEPS`` steps are in, and found slow after
-``sustain`` judgements in a row: at J + START_STEPS + sustain - 2 (J + 6, step 17, at the
-defaults) for a device clearly past the threshold. The check ends when the compute baseline's
-window closes (``baseline_window`` steps from J), where the median of the whole window is judged
-once more without ``sustain`` (the most steps, the surest reading).
+re-partition, for the ranks that learn their baseline again, the 11th step of the new launch).
+Not earlier: the warm-up's steps time one-off costs, not the device (in the recorded runs the
+first step took 1.3-5x a steady one on CPU ranks and 9-30x on H200s: allocation, autograd's first
+graph, CUDA graph capture; on an H200 pair one run's steps settled only from step 7), and on a
+device slow from the start there is no earlier, healthy step to compare with anyway. From J on,
+each rank's level is the median of its compute over all its steps since J; it is judged once
+``START_STEPS`` steps are in, and found slow after ``sustain`` judgements in a row: at
+J + START_STEPS + sustain - 2 (J + 6, step 17, at the defaults) for a device clearly past the
+threshold. The check ends when the compute baseline's window closes (``baseline_window`` steps
+from J), where the median of the whole window is judged once more without ``sustain`` (the most
+steps, the surest reading).
 
 The reference. Each rank's ratio q = its level over its plan. Its *witnesses* are the other
 ranks within ``threshold`` of the lowest q: a rank slow from the start cannot vouch for nominal
