@@ -4,16 +4,20 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
 
 1. Warm-up: the first ``warmup_steps`` records are ignored (compilation, allocator
    and autotuner warm-up); again after `load_state_dict` and `rebase` (a new process).
+   The first step judged, J, is the next one (`synapse.detection.start` says why not earlier).
 2. Baseline: the next ``baseline_window`` records give each rank a robust first
-   baseline (medians), so a slowdown from step ~15 on is seen. Two things keep a
-   device that is slow *from the start* from becoming its own normal: the plan's
-   expected per-rank compute (`set_expected`, the cost model's prediction for the
-   running partition) judged against the rank's peers (`synapse.detection.baseline`:
-   ``prior_threshold`` times its peers' measured/expected ratio = slow from the
-   start; a rank without peers, ``alone_threshold`` times the plan), and later
-   quiet steps (no compute slowdown anywhere, this rank's step below ``threshold``)
-   refining each compute baseline as the median of the last ``refine_window`` such
-   steps.
+   baseline (medians), so a slowdown that begins in its second half (from step 19 of a
+   run) is seen. Two things keep a
+   device that is slow *from the start* from becoming its own normal: from J on, every
+   step of that window judges each rank against the plan's expected per-rank compute
+   (`set_expected`, the cost model's prediction for the running partition) on the scale of
+   the ranks that run at nominal speed (`synapse.detection.start`: ``prior_threshold`` times
+   theirs, K = 1: ``alone_threshold`` times the plan = slow from the start, found ~6 steps
+   after J, its baseline then what they say it should be); and later quiet steps (no compute
+   slowdown anywhere, this rank's step below ``threshold``) refining each compute baseline
+   as the median of the last ``refine_window`` such steps. After a re-partition, the ranks
+   that learn their baseline again are judged so from the new launch's J, their peers (learnt
+   or carried over) among the witnesses.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
    single-step spike cannot move a median). A rank's per-step compute ratio is net of
    what its peers' compute fell more than ``threshold - 1`` below theirs (time that
@@ -51,14 +55,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import islice
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, robust_sd
 from synapse.detection.link import LinkBaseline
+from synapse.detection.start import StartCheck, StartReading
 from synapse.detection.timing import StepTiming
 from synapse.detection.waiting import COMM_BASELINE_FIELDS, CommBaseline, peer_ratios
 from synapse.detection.wander import PeerWander
@@ -95,10 +100,13 @@ class DetectorConfig:
     refine_window: int = 200
     compute_noise_z: float = 5.0  # a compute ratio must be this many sd of a window median above 1
     comm_baseline_window: int = 30  # comm's noise (spread) needs more samples than compute's level
+    # A rank this many times the ranks at nominal speed against the plan, from the first step after
+    # the warm-up, is slow from the start (synapse/detection/start.py: 2 H200s read 3.7x without a
+    # fault; trainer=demo sets 2.5). None: no such check.
     prior_threshold: float | None = 4.0
-    # A rank with no peers (K = 1): learnt compute this many times the plan's = slow from the start.
+    # A rank with no peers (K = 1): compute this many times the plan's = slow from the start.
     # Off by default: on CPU the plan's absolute error is large (the demo's K = 1 stage measured
-    # 1.58x its profile, no fault); trainer=gpu sets it (synapse/detection/baseline.py says why).
+    # 1.58x its profile, no fault); trainer=gpu sets it (synapse/detection/start.py says why).
     alone_threshold: float | None = None
     window: int = 10
     threshold: float = 1.25
@@ -264,13 +272,14 @@ def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Seque
     """Active slowdowns over a re-partition (new rank i was old rank ``mapping[i]``): each follows
     its device where that kind's baseline was ``carried``, unless the device is gone, the new rank
     is ``fresh`` (another device) or re-learns its compute. Returns (trackers, dropped detections)."""
-    kept_trackers, dropped = {}, []
+    kept_trackers: dict[tuple[str, int], Tracker] = {}
+    dropped: list[Detection] = []
     for (kind, old_rank), tracker in sorted(trackers.items()):
         if tracker.active is None:
             continue
         new_rank = mapping.index(old_rank) if old_rank in mapping else None
         kept = new_rank is not None and new_rank not in fresh and not (kind == COMPUTE and new_rank in relearn)
-        if kept and carried[kind]:
+        if new_rank is not None and kept and carried[kind]:  # kept implies a new rank (for the type checker)
             kept_trackers[(kind, new_rank)] = Tracker(active=replace(tracker.active, rank=new_rank))
         else:
             dropped.append(tracker.active)
@@ -282,13 +291,16 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
                  compute_samples: Sequence[Sequence[float]], comm_own_samples: Sequence[Sequence[float]],
                  peer_wander: Sequence[Sequence[float]], compute_pending: Mapping[int, Sequence[float]],
                  history: Sequence[HistoryEntry], link: dict[str, Any],
-                 trackers: Mapping[tuple[str, int], Tracker]) -> dict[str, Any]:
+                 trackers: Mapping[tuple[str, int], Tracker], compute_provisional: bool = False,
+                 launch_steps: Sequence[Sequence[float]] = ()) -> dict[str, Any]:
     """JSON-friendly: baselines, partial baseline samples, history, counters."""
     return {
         "version": STATE_VERSION,
         "num_ranks": num_ranks,
         "last_step": last_step,
         "compute_baseline": None if compute_baseline is None else list(compute_baseline),
+        "compute_provisional": compute_provisional,
+        "launch_steps": [list(s) for s in launch_steps],
         "comm_baseline": None if comm_baseline is None else asdict(comm_baseline),
         "learning": [[list(c), list(m)] for c, m in learning],
         "compute_samples": [list(s) for s in compute_samples],
@@ -306,7 +318,15 @@ def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseli
     }
 
 
-def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
+# (num_ranks, last_step, compute baseline, comm baseline, learning, history, trackers)
+LearningSteps = list[tuple[tuple[float, ...], tuple[float, ...]]]  # (compute, comm) per learning step
+ParsedState = tuple[Any, Any, list[float] | None, CommBaseline | None, LearningSteps, deque[HistoryEntry],
+                    dict[tuple[str, int], Tracker]]
+# (compute samples, compute pending, comm own samples, peer wander)
+ParsedSamples = tuple[list[deque[float]], dict[int, list[float]], list[deque[float]], list[list[float]]]
+
+
+def parse_state(state: Mapping[str, Any], history_len: int) -> ParsedState:
     """(num_ranks, last_step, compute baseline, comm baseline, learning, history, trackers) of an
     `encode_state` dict; KeyError, TypeError, ValueError or IndexError when it is not one."""
     if state["version"] != STATE_VERSION:
@@ -337,7 +357,7 @@ def parse_state(state: Mapping[str, Any], history_len: int) -> tuple:
     return num_ranks, state["last_step"], compute, comm, learning, history, trackers
 
 
-def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> tuple:
+def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> ParsedSamples:
     """(compute samples, compute pending, comm own samples, peer wander) of an `encode_state` dict,
     each per rank; a state saved before one existed has none of it. ValueError when malformed."""
     compute = [deque(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
@@ -361,8 +381,7 @@ class SlowdownDetector:
         self._num_ranks: int | None = None
         self._last_step: int | None = None
         self._steps_since_start = 0
-        self._compute = ComputeBaseline(self.config.refine_window, self.config.prior_threshold,
-                                        self.config.alone_threshold)
+        self._compute = ComputeBaseline(self.config.refine_window)
         self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
         self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
@@ -372,6 +391,10 @@ class SlowdownDetector:
         cfg = self.config
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
         self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
+        self._start = StartCheck(cfg.prior_threshold, cfg.alone_threshold, cfg.sustain)
+        # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
+        # their baselines: the start check's steps for them (at a run's start: ``_learning``)
+        self._launch_steps: list[tuple[float, ...]] = []
 
     @property
     def _link_mode(self) -> bool:
@@ -399,16 +422,18 @@ class SlowdownDetector:
         return dict(self._latest_ratios)
 
     def baseline(self, kind: str) -> tuple[float, ...] | None:
-        """Per-rank baseline seconds of `kind`; None while it is being learnt."""
+        """Per-rank baseline seconds of `kind`; None while it is being learnt (compute: unless a rank
+        was found slow from the start, when it is its reference and the others' so far)."""
         if _check_kind(kind) == COMPUTE:
             return None if self._compute.values is None else tuple(self._compute.values)
         return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
         """The plan's per-step compute seconds of each rank at nominal speed (the cost model's
-        prediction for the running partition), before the first step of a launch. When the
-        baseline is learnt, a rank ``prior_threshold`` times slower than its peers relative to
-        this is slow from the start (`synapse.detection.baseline`)."""
+        prediction for the running partition), before the first step of a launch. From the first
+        step after the warm-up, a rank ``prior_threshold`` times slower than the ranks at nominal
+        speed relative to this (K = 1: ``alone_threshold`` times it) is slow from the start
+        (`synapse.detection.start`)."""
         values = _check_scales("expected compute_s", compute_s, len(compute_s))
         if self._num_ranks is not None and len(values) != self._num_ranks:
             raise DetectorInputError(f"expected compute_s has {len(values)} ranks, the detector tracks "
@@ -421,37 +446,97 @@ class SlowdownDetector:
         self._steps_since_start += 1
         if self._steps_since_start <= self.config.warmup_steps:
             return []
-        self._learn_baselines(timing)
+        self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
+                                          timing.step_seconds, timing.send_s))
+        events = self._learn_baselines(timing)
+        if self._compute.pending:
+            events += self._judge_pending(timing)
         if self._compute.pending and self._compute.learn_pending(timing.compute_s, self.config.baseline_window):
             self._forget_compute_signals()  # the cached ratios were against the placeholder
         if timing.send_s is not None:
             self._link.learn(timing.send_s)
-        self._history.append(HistoryEntry(timing.step, timing.start_time, timing.compute_s, timing.comm_s,
-                                    timing.step_seconds, timing.send_s))
-        if self._compute.values is None or len(self._history) < self.config.window:
-            return []
-        return self._evaluate(timing)
+        # Evaluation waits for the whole window even where a rank was found slow earlier: the other
+        # ranks' baselines are then still being learnt
+        if self._compute.learning or len(self._history) < self.config.window:
+            return events
+        return events + self._evaluate(timing)
 
     def _accept(self, timing: StepTiming) -> None:
         check_next_step(timing, self._last_step, self._num_ranks)
         self._num_ranks, self._last_step = timing.num_ranks, timing.step
 
-    def _learn_baselines(self, timing: StepTiming) -> None:
-        if self._compute.values is not None and self._comm_baseline is not None:
-            return
+    def _learn_baselines(self, timing: StepTiming) -> list[Detection]:
+        """One step of the baselines' windows; returns the ranks found slow from the start now."""
+        if not self._compute.learning and self._comm_baseline is not None:
+            return []
         self._learning.append((timing.compute_s, timing.comm_s))
+        events = self._learn_compute(timing) if self._compute.learning else []
         if len(self._learning) < self.config.baseline_window:
-            return
-        compute_steps, comm_steps = zip(*self._learning)
-        compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
-        if self._compute.values is None:
-            self._compute.learn(compute_median, compute_steps)
-            self._wander.reset(len(compute_median))
+            return events
         if self._comm_baseline is None and len(self._learning) >= self.config.comm_baseline_window:
+            compute_steps, comm_steps = zip(*self._learning)
+            compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
             self._comm_baseline, own = CommBaseline.learned(compute_steps, comm_steps, compute_median)
             self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
         if self._comm_baseline is not None:
             self._learning = []
+        return events
+
+    def _learn_compute(self, timing: StepTiming) -> list[Detection]:
+        """A step of the compute baseline's window: the start check (`synapse.detection.start`) judges
+        it; the baseline is learnt when the window closes, or at once where a rank is found slow (the
+        controller reads its reference then), and follows the window's further steps until it closes."""
+        steps = [compute for compute, _ in self._learning]
+        final = len(steps) >= self.config.baseline_window
+        expected = self._compute.expected
+        # While the window is open only the start check can have found a compute slowdown
+        found = {rank for (kind, rank), t in self._trackers.items() if kind == COMPUTE and t.active is not None}
+        newly, readings = self._start.judge(steps, expected, final, found)
+        events = [self._start_event(rank, reading, len(steps), timing) for rank, reading in sorted(newly.items())]
+        found |= set(newly)
+        if not found and not final:
+            return events
+        references = {}
+        for rank in found:
+            reading = readings[rank]
+            # a rank found slow keeps its reference while its witnesses cannot be told (every rank slow);
+            # found before means learnt before
+            previous = cast(list[float], self._compute.values)
+            references[rank] = reading.reference_s if reading is not None else previous[rank]
+        first = self._compute.values is None
+        self._compute.learn(steps, references, provisional=not final)
+        if first:
+            self._wander.reset(len(steps[0]))
+        self._forget_compute_signals()
+        return events
+
+    def _judge_pending(self, timing: StepTiming) -> list[Detection]:
+        """The ranks re-learning their baseline after a re-partition, judged from the start as at a
+        run's start (their peers, learnt or carried, are witnesses); one found slow has its baseline."""
+        self._launch_steps.append(timing.compute_s)
+        steps = self._launch_steps[-self.config.baseline_window:]
+        found = {rank for (kind, rank), t in self._trackers.items() if kind == COMPUTE and t.active is not None}
+        final = len(self._launch_steps) >= self.config.baseline_window
+        newly, _ = self._start.judge(steps, self._compute.expected, final, found)
+        events = []
+        for rank, reading in sorted(newly.items()):
+            if rank in self._compute.pending:  # the others are the evaluation's
+                self._compute.settle(rank, reading.reference_s)
+                events.append(self._start_event(rank, reading, len(steps), timing))
+        if events:
+            self._forget_compute_signals()
+        return events
+
+    def _start_event(self, rank: int, reading: StartReading, steps: int, timing: StepTiming) -> Detection:
+        """A rank slow from the start: its slowdown dates from the first step judged (J)."""
+        onset = self._history[max(0, len(self._history) - steps)]
+        tracker = self._trackers.setdefault((COMPUTE, rank), Tracker())
+        tracker.above, tracker.below = 0, 0
+        tracker.active = Detection(rank=rank, kind=COMPUTE, event=SLOWDOWN, ratio=reading.ratio,
+                                   onset_step=onset.step, detected_step=timing.step,
+                                   latency_steps=timing.step - onset.step,
+                                   latency_s=timing.wall_time - onset.start_time)
+        return tracker.active
 
     # -------------------------------------------------------------- evaluation
     def _signal(self, entry: HistoryEntry, name: str) -> list[float]:
@@ -459,17 +544,19 @@ class SlowdownDetector:
         if name in signals:
             return signals[name]
         if name.startswith("link"):
-            excess = self._link.excess(entry.send_s)
+            excess = self._link.excess(cast(tuple[float, ...], entry.send_s))  # link signals: records with send_s
             ratios = self._link.ratios(excess)
             signals.update(link_excess=excess, link_ratio=ratios, link_peer=peer_ratios(ratios))
         elif name.startswith(COMPUTE):
             # a rank still re-learning its baseline is not judged (ratio 1)
+            baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
             raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
-                   for r, (c, b) in enumerate(zip(entry.compute_s, self._compute.values))]
-            ratios = net_compute_ratios(raw, self._compute.values, self._margin)
+                   for r, (c, b) in enumerate(zip(entry.compute_s, baseline))]
+            ratios = net_compute_ratios(raw, baseline, self._margin)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
-            beyond_comm, beyond_step = self._comm_baseline.beyond_peers(entry.compute_s, entry.comm_s)
+            comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt
+            beyond_comm, beyond_step = comm.beyond_peers(entry.compute_s, entry.comm_s)
             ratios = [1.0 + max(0.0, min(a, b)) / self._denominator(COMM, r)
                       for r, (a, b) in enumerate(zip(beyond_comm, beyond_step))]
             signals.update(comm_beyond_comm=beyond_comm, comm_beyond_step=beyond_step,
@@ -479,7 +566,7 @@ class SlowdownDetector:
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
 
-        def window_median(name: str, reading=median) -> list[float]:
+        def window_median(name: str, reading: Callable[[Sequence[float]], float] = median) -> list[float]:
             return [reading(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
 
         ratios = window_median("compute_ratio")
@@ -513,7 +600,8 @@ class SlowdownDetector:
 
     def _calm_ranks(self) -> list[int]:
         """Ranks judged on compute that are neither in excess nor slow now."""
-        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(self._num_ranks)]
+        num_ranks = cast(int, self._num_ranks)  # evaluated only after a step
+        trackers = [self._trackers.get((COMPUTE, rank), Tracker()) for rank in range(num_ranks)]
         return [rank for rank, t in enumerate(trackers)
                 if rank not in self._compute.pending and t.above == 0 and t.active is None]
 
@@ -529,7 +617,7 @@ class SlowdownDetector:
             return
         if self._link_mode:
             quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio")) if ratio < self.config.recover_below]
-            self._link.refine(latest.send_s, quiet)
+            self._link.refine(cast(tuple[float, ...], latest.send_s), quiet)  # link mode: the latest has send_s
             for entry in self._history:
                 for name in ("link_excess", "link_ratio", "link_peer"):
                     entry.signals.pop(name, None)
@@ -551,9 +639,9 @@ class SlowdownDetector:
     def _denominator(self, kind: str, rank: int) -> float:
         if kind == COMM and self._link_mode:
             return self._link.denominator(rank)
-        if kind == COMM:
-            return max(self._comm_baseline.comm_s[rank], self.config.min_comm_s, _TINY_S)
-        return max(self._compute.values[rank], _TINY_S)
+        if kind == COMM:  # judged only once learnt, as compute below
+            return max(cast(CommBaseline, self._comm_baseline).comm_s[rank], self.config.min_comm_s, _TINY_S)
+        return max(cast(list[float], self._compute.values)[rank], _TINY_S)
 
     @property
     def _margin(self) -> float:
@@ -574,9 +662,10 @@ class SlowdownDetector:
             return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= least_peer)
 
         for rank, ratio in enumerate(ratios):
-            least_peer = cfg.peer_threshold if peer_floors is None else peer_floors[rank]
+            # peer_threshold is None only where skip_peers holds, and then least_peer is not read
+            least_peer = cast(float, cfg.peer_threshold) if peer_floors is None else peer_floors[rank]
             in_excess = excess(ratio, peers[rank], above_floor[rank], least_peer)
-            if trend is not None and excess(*(reading[rank] for reading in trend), least_peer):
+            if trend is not None and excess(trend[0][rank], trend[1][rank], trend[2][rank], least_peer):
                 in_excess, ratio = True, max(ratio, trend[0][rank])
             # comm below its noise floor is no own comm excess; compute below its floor is a
             # slowdown too small to act on, but not a recovery (that needs the ratio itself down)
@@ -606,7 +695,8 @@ class SlowdownDetector:
     def _event(self, kind: str, rank: int, event: str, ratio: float, timing: StepTiming,
                level_before: float) -> Detection:
         if kind == COMPUTE:
-            series = [e.compute_s[rank] - self._compute.values[rank] for e in self._history]
+            baseline = cast(list[float], self._compute.values)[rank]  # an event comes only once learnt
+            series = [e.compute_s[rank] - baseline for e in self._history]
         elif self._link_mode:
             series = [self._signal(e, "link_excess")[rank] if e.send_s is not None else 0.0 for e in self._history]
         else:
@@ -626,7 +716,8 @@ class SlowdownDetector:
                             learning=self._learning, compute_samples=self._compute.samples,
                             compute_pending=self._compute.pending,
                             comm_own_samples=self._comm_own, peer_wander=self._wander.state_dict(),
-                            history=self._history, link=self._link.state_dict(), trackers=self._trackers)
+                            history=self._history, link=self._link.state_dict(), trackers=self._trackers,
+                            compute_provisional=self._compute.provisional, launch_steps=self._launch_steps)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()`. The next ``warmup_steps`` records are the restarted
@@ -640,9 +731,13 @@ class SlowdownDetector:
         (self._num_ranks, self._last_step, self._compute.values, self._comm_baseline, self._learning,
          self._history, self._trackers) = restored
         self._compute.samples, self._compute.pending, self._comm_own, wander = samples
+        # a state saved before the flag existed was never provisional
+        self._compute.provisional = self._compute.values is not None and bool(state.get("compute_provisional", False))
         self._wander.load_state_dict(wander)
         self._link.load_state_dict(state.get("link"))
         self._latest_ratios, self._steps_since_start = {}, 0
+        self._start.reset()
+        self._launch_steps = [tuple(float(x) for x in s) for s in state.get("launch_steps", [])]
 
     def rewind(self, step: int) -> None:
         """A restart resumed from a checkpoint at ``step``: the steps after it will come again."""
@@ -677,10 +772,18 @@ class SlowdownDetector:
         if carried[COMPUTE]:
             self._compute.carried(mapping, compute_scale, relearn)
             self._wander.carried(mapping, fresh)
+        # a provisional baseline is carried as learnt: its healthy ranks re-learn anyway (relearn)
+        self._compute.provisional = False
+        self._start.reset()
+        self._launch_steps = []
         self._compute.expected = None  # the plan of the new partition comes with set_expected
-        self._comm_baseline = self._comm_baseline.carried(mapping, comm_scale, compute_scale) if comm_carried else None
-        self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
-                          for old, s in zip(mapping, comm_scale)] if comm_carried and self._comm_own else []
+        if comm_carried:  # so there is a comm baseline, and comm_scale is given
+            comm_baseline, scales = cast(CommBaseline, self._comm_baseline), cast(list[float], comm_scale)
+            self._comm_baseline = comm_baseline.carried(mapping, scales, compute_scale)
+            self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+                              for old, s in zip(mapping, scales)] if self._comm_own else []
+        else:
+            self._comm_baseline, self._comm_own = None, []
         self._num_ranks, self._learning, self._trackers = len(mapping), [], trackers
         self._latest_ratios, self._steps_since_start = {}, 0
         self._history.clear()

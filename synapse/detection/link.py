@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
 
@@ -88,10 +88,10 @@ class LinkBaseline:
             self.baseline[rank] = median(self._samples[rank])
 
     def denominator(self, rank: int) -> float:
-        return max(self.baseline[rank], self.min_comm_s, _TINY_S)
+        return max(cast(list[float], self.baseline)[rank], self.min_comm_s, _TINY_S)  # asked only when ready
 
     def excess(self, send_s: Sequence[float]) -> list[float]:
-        return [s - b for s, b in zip(send_s, self.baseline)]
+        return [s - b for s, b in zip(send_s, cast(list[float], self.baseline))]  # asked only when ready
 
     def ratios(self, excess: Sequence[float]) -> list[float]:
         return [1.0 + max(0.0, x) / self.denominator(r) for r, x in enumerate(excess)]

@@ -52,7 +52,7 @@ class CommBaseline:
 
     @classmethod
     def learned(cls, compute_steps: Sequence[Sequence[float]], comm_steps: Sequence[Sequence[float]],
-                compute_median: Sequence[float]) -> tuple[CommBaseline, list[list[float]]]:
+                compute_median: list[float]) -> tuple[CommBaseline, list[list[float]]]:
         """The baseline of the learning steps, and each step's beyond_peer_comm per rank."""
         comm_median = [median(per_rank) for per_rank in zip(*comm_steps)]
         own = [own_comm_per_step(_excess(c, compute_median), _excess(m, comm_median))[0]

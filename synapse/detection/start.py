@@ -1,0 +1,137 @@
+"""Slow from the start: each rank judged against the plan from the first step after the warm-up (pure).
+
+A device slow from a launch's first step (a bad card, a throttled node: the commonest straggler
+of a fresh allocation) is its own normal to every rule that compares a rank with its own past,
+since its first steps are what its baseline is learnt from. Only a reference from outside the
+rank can show it: the plan (the cost model's per-step compute of each rank at nominal speed,
+`SlowdownDetector.set_expected`), put on this machine's scale by the ranks that run at nominal
+speed.
+
+The first step that can be judged, J: the first step after the warm-up, that is the
+(``warmup_steps`` + 1)-th record of a launch (step 11 of a fresh run at the defaults; after a
+re-partition, for the ranks that learn their baseline again, the 11th step of the new launch).
+Not earlier: the warm-up's steps time one-off costs, not the device (in the recorded runs the
+first step took 1.3-5x a steady one on CPU ranks and 9-30x on H200s: allocation, autograd's first
+graph, CUDA graph capture; on an H200 pair one run's steps settled only from step 7), and on a
+device slow from the start there is no earlier, healthy step to compare with anyway. From J on,
+each rank's level is the median of its compute over all its steps since J; it is judged once
+``START_STEPS`` steps are in, and found slow after ``sustain`` judgements in a row: at
+J + START_STEPS + sustain - 2 (J + 6, step 17, at the defaults) for a device clearly past the
+threshold. The check ends when the compute baseline's window closes (``baseline_window`` steps
+from J), where the median of the whole window is judged once more without ``sustain`` (the most
+steps, the surest reading).
+
+The reference. Each rank's ratio q = its level over its plan. Its *witnesses* are the other
+ranks within ``threshold`` of the lowest q: a rank slow from the start cannot vouch for nominal
+speed, so with two of three ranks slow the third is the reference (the plain median of the peers
+would be half slow). Rank r's ratio is q_r over the median q of its witnesses, and its reference
+(the baseline it gets when found slow) that median times its plan. A rank without witnesses is
+not judged: every rank alike slower is a slow machine, and no re-partition helps it. A lone rank
+(K = 1) has the plan alone: its ratio is q.
+
+The thresholds are how far a healthy rank may read from its witnesses, so they are per platform
+(the trainer configs set them). On the recorded fault-free streams (tests/data), with the medians
+this check reads: CPU ranks of the demo models up to 1.68 (rank 0, the teacher-heavy stage, on the
+idle H200 host), and a CPU rank's speed also wanders by itself (0.8-1.45x for 8-25 steps there);
+2 H200s up to 3.7 (a first stage host-bound at 16 images per micro-batch, and compute that moves
+between the ranks' clocks); one H200 against its graphed profile 1.00-1.10. Hence
+``prior_threshold`` 4.0 by default (any platform); 2.5 for the CPU demo (``trainer=demo``), where
+2.0 flagged 5-7% of 300 synthetic fault-free launches shaped like the wandering host and 2.5 none;
+and ``alone_threshold`` 1.35 on a GPU (off on CPU, where a lone stage measured 1.58x its profile
+without a fault). A device 1.5x slow from the start is thus found where the plan is within ~10%
+(a lone GPU), not against a CPU or 2-GPU plan: there it reads like a stage the plan got wrong, and
+its level is learnt as its normal (a slowdown from then on is still found against it). The check
+is only as good as the plan: a profile taken on a machine loaded 3.5x over its cores (block sums
+2.6-6.9x the whole model's time) put a healthy rank at 3.6x its peers.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
+
+START_STEPS = 5  # steps from J before a rank is judged: their median ignores two spikes
+# The threshold carries the plan's error and the host's wander; the reading must also stand this
+# many sd of its own scatter above nominal speed, so that a few scattered steps do not carry it over
+# the threshold. 2, not the evaluation's 5 (whose threshold, 1.25, is close to nominal): on 300
+# synthetic fault-free launches of each recorded CPU host kind, 2 and 3 flagged equally few (0-1 at
+# 2.5); but on the loaded 2-core machine, whose steps scatter by ~0.3 sd, at 3 a rank 3x slow in a
+# recorded run was confirmed only by the window's last step, and at 5 a rank 2.5x slow in a real one.
+START_NOISE_Z = 2.0
+_TINY = 1e-9
+
+
+@dataclass(frozen=True)
+class StartReading:
+    """One rank read against the plan: its ratio and the compute it should have at nominal speed."""
+
+    ratio: float  # its median compute since J over ``reference_s``
+    reference_s: float  # its plan on this machine's scale (what its baseline is if it is slow)
+    noise: float  # sd of ``ratio`` from the scatter of its steps and its witnesses'
+
+
+def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float], threshold: float,
+                   found: Collection[int] = ()) -> list[StartReading | None]:
+    """Per rank, its reading over ``steps`` (per-step compute seconds of every rank, oldest first),
+    against the plan ``expected_s``; None for a rank without witnesses (see the module docstring).
+    ``found``: ranks already found slow, never witnesses: they are known not to run at nominal speed,
+    even where the plan's error brings one within ``threshold`` of the fastest."""
+    per_rank = [list(values) for values in zip(*steps)]
+    levels = [median(values) for values in per_rank]
+    q = [level / max(e, _TINY) for level, e in zip(levels, expected_s)]
+    # sd of each level relative to itself: a median of n steps scatters ~1.25 sd / sqrt(n)
+    spread = [MEDIAN_SD_FACTOR * robust_sd(values) / max(level, _TINY) / math.sqrt(len(values))
+              for values, level in zip(per_rank, levels)]
+    if len(q) == 1:
+        return [StartReading(q[0], expected_s[0], q[0] * spread[0])]
+    fastest = min((q[j] for j in range(len(q)) if j not in found), default=min(q))
+    readings: list[StartReading | None] = []
+    for rank in range(len(q)):
+        witnesses = [j for j in range(len(q)) if j != rank and j not in found and q[j] < threshold * fastest]
+        if not witnesses:
+            readings.append(None)
+            continue
+        scale = median(q[j] for j in witnesses)
+        ratio = q[rank] / max(scale, _TINY)
+        noise = ratio * math.hypot(spread[rank], median(spread[j] for j in witnesses))
+        readings.append(StartReading(ratio, scale * expected_s[rank], noise))
+    return readings
+
+
+class StartCheck:
+    """Judgements in a row per rank over one launch's first steps (`start_readings` each step)."""
+
+    def __init__(self, prior_threshold: float | None, alone_threshold: float | None, sustain: int,
+                 noise_z: float = START_NOISE_Z) -> None:
+        self.prior_threshold, self.alone_threshold = prior_threshold, alone_threshold
+        self.sustain, self.noise_z = sustain, noise_z
+        self.above: dict[int, int] = {}
+
+    def threshold(self, num_ranks: int) -> float | None:
+        return self.alone_threshold if num_ranks == 1 else self.prior_threshold
+
+    def reset(self) -> None:
+        """A new launch's first steps: nothing judged yet."""
+        self.above = {}
+
+    def judge(self, steps: Sequence[Sequence[float]], expected_s: Sequence[float] | None, final: bool,
+              found: Collection[int]) -> tuple[dict[int, StartReading], list[StartReading | None]]:
+        """One more step of the window (``steps``: all of it so far). Returns (the ranks found slow
+        now, with their readings; every rank's reading, None where not judged). ``final``: the
+        window's last step, judged without ``sustain``; ``found``: ranks found before (not again)."""
+        num_ranks = len(steps[0]) if steps else 0
+        threshold = self.threshold(num_ranks)
+        if threshold is None or expected_s is None or len(expected_s) != num_ranks or len(steps) < START_STEPS:
+            return {}, [None] * num_ranks
+        readings = start_readings(steps, expected_s, threshold, found)
+        newly: dict[int, StartReading] = {}
+        for rank, reading in enumerate(readings):
+            slow = (reading is not None and reading.ratio >= threshold
+                    and reading.ratio - 1.0 >= self.noise_z * reading.noise)
+            self.above[rank] = self.above.get(rank, 0) + 1 if slow else 0
+            if reading is not None and slow and rank not in found and (final or self.above[rank] >= self.sustain):
+                newly[rank] = reading
+        return newly, readings
