@@ -3,7 +3,9 @@
 #   before: the single-device trainer that `trainer=gpu` on one device took (code of cb367a2, in .before/)
 #   after:  the same command through the supervised pipeline runtime (K = 1, graphed, failover on)
 # Usage (device tool, repository root, .whl and .before carried):
+#   git archive cb367a2 synapse train.py | tar -x -C .before      # the code before, once
 #   bash experiments/gpu/one_run_path.sh PAIR REPEATS STEPS     # PAIR: vitb (ViT-B/16 -> ResNet-50) | vitl
+#   SKIP_WARM_BEFORE=1: no uncounted first run of the old code (to fit ViT-L in one 10-minute call)
 # Throughput: images over wall-clock time between the records of steps WARM and STEPS-5 (run stamps).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -29,7 +31,8 @@ print(f"{(b - a) * 128 / (recs[b]['time'] - recs[a]['time']):.1f}" if a in recs 
 PY
 }
 run() {  # name, which (before|after), round
-  local dir=/tmp/run_$1_$3
+  local dir=/tmp/run_${PAIR}_$1_$3
+  rm -rf "$dir"  # a warm machine keeps /tmp: a fresh run refuses a directory holding another run's checkpoints
   if [ "$2" = before ]; then
     (cd .before && timeout 280 python3 train.py $common hydra.run.dir=$dir > "$OUT/$1_$3.log" 2>&1)
   else
@@ -38,7 +41,7 @@ run() {  # name, which (before|after), round
   echo "$PAIR $2 round=$3 rc=$? img_per_s=$(rate $dir)" | tee -a "$OUT/one_run_path_$PAIR.txt"
 }
 # A first run of each fills the profile and cuDNN caches (not counted), then the rounds alternate.
-run warm_after after 0 > /dev/null; run warm_before before 0 > /dev/null
+run warm_after after 0 > /dev/null; [ "${SKIP_WARM_BEFORE:-0}" = 1 ] || run warm_before before 0 > /dev/null
 for r in $(seq 1 "$REPEATS"); do run before before "$r"; run after after "$r"; done
 tail -c 3000 "$OUT/after_1.log" > "$OUT/after_tail.txt"
 rm -f "$OUT"/*_0.log "$OUT"/before_*.log "$OUT"/after_[2-9].log
