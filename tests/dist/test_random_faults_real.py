@@ -53,7 +53,7 @@ from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_stat
 
 pytestmark = [pytest.mark.dist]
 
-# Every policy of synapse/conf/policy, and REPLACE: eta with a spare device to swap in. The eta
+# Every policy of conf/policy, and REPLACE: eta with a spare device to swap in. The eta
 # policy's hysteresis is scaled to an 8-step run (it would otherwise never act in one).
 FAST_ETA = ["policy=eta", "policy.params.sustain=1", "policy.params.quiet_last_steps=1",
             "policy.params.cooldown_steps=2"]
