@@ -226,7 +226,7 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 # Two cases run by default, the other four with -m long: each is a real run with a hang watchdog,
 # and the default suite has a 20-minute budget.
 # Every case is -m long (20 s each); the default suite finds hung ranks in test_reliability (the watchdog drops
-# the hung device) and test_reliability_round2 (a hang during a live re-plan).
+# the hung device, also during a live re-plan).
 @pytest.mark.parametrize("phase, step", [pytest.param("forward", 1, marks=pytest.mark.long),
                                          pytest.param("send", 3, marks=pytest.mark.long),
                                          pytest.param("step_start", 3, marks=pytest.mark.long),
