@@ -256,6 +256,7 @@ def save_weights(path: Path, name: str, num_classes: int = DIGITS.num_classes) -
     return path
 
 
+@pytest.mark.slow  # builds a second model to save its weights
 def test_teacher_checkpoint_of_another_architecture(make_config, tiny_run, tmp_path):
     weights = save_weights(tmp_path / "vit.pt", "vit_micro")
     message = refused_before_launch(make_config, tiny_run, tmp_path, f"teacher.checkpoint={weights}",
@@ -288,6 +289,7 @@ def test_student_init_is_checked_the_same_way(make_config, tiny_run, tmp_path):
     assert_names(message, "student.init weights", "student.name=resnet_micro", "(student=vit_micro)")
 
 
+@pytest.mark.slow  # run() goes as far as the teacher's load
 def test_a_truncated_cached_teacher_names_the_cache_entry_to_delete(make_config, tiny_run, tmp_path, monkeypatch):
     from synapse.engine import teacher as teacher_module
 

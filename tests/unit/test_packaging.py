@@ -52,6 +52,7 @@ def test_the_wheel_lists_every_package_of_synapse_and_maps_conf_into_it():
     assert not (REPO_ROOT / "synapse" / "conf").exists(), "the config groups are the top-level conf/"
 
 
+@pytest.mark.slow  # a Python subprocess that imports torch and composes
 @pytest.mark.timeout(150)
 def test_a_checkout_composes_its_own_conf(tmp_path):
     # An editable install of another checkout (or none) must not decide which config groups this one uses.
@@ -60,6 +61,7 @@ def test_a_checkout_composes_its_own_conf(tmp_path):
     assert found["trainer_devices"] == 1  # conf/trainer/cpu.yaml
 
 
+@pytest.mark.slow  # copies the package and runs a Python subprocess that imports torch
 @pytest.mark.timeout(150)
 def test_a_synapse_conf_folder_left_by_the_old_layout_does_not_hide_conf(tmp_path):
     # Before conf/ moved to the top level it was synapse/conf/; a checkout updated since keeps that
