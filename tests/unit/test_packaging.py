@@ -49,7 +49,7 @@ def test_the_wheel_lists_every_package_of_synapse_and_maps_conf_into_it():
         "pyproject.toml's [tool.setuptools] packages must name every package under synapse/ (a package "
         "missing there is left out of the wheel)")
     assert SETUPTOOLS["package-dir"] == {"synapse.conf": "conf"}
-    assert not (REPO_ROOT / "synapse" / "conf").exists(), "the config groups are the top-level conf/"
+    assert not (REPO_ROOT / "synapse" / "conf" / "__init__.py").exists(), "the config groups are the top-level conf/"
 
 
 @pytest.mark.slow  # a Python subprocess that imports torch and composes
