@@ -2,7 +2,7 @@
 """Every shipped injection member, run with its own documented command: detected where and when,
 what the policy decided, and the time saved against policy=keep (issue #15).
 
-For each ``synapse/conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
+For each ``conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
 line of the file's header, as a user would copy it, plus ``policy=<p>`` (and no progress bar or
 report). Expected: the first detection names the fault's rank and kind (compute for
 ``slow_compute``/``background_load``, comm for ``slow_comm``) within 10 steps of its start.

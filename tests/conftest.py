@@ -99,6 +99,15 @@ def as_written(value):
     return value
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A long test is slow as well. `-m` on the command line replaces the `-m 'not long'` of addopts,
+    # so the fast loop's `-m "not dist and not slow"` would otherwise bring the hour-long runs back.
+    for item in items:
+        if item.get_closest_marker("long"):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Under pytest-xdist every worker is in the controller's process group, so a test that looks
     # for processes it left behind by group (tests/dist/test_reliability.py) would see its sibling

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from synapse.partitioning import CostModel, require
 
@@ -37,7 +38,7 @@ class Calibration:
         require(math.isfinite(self.overhead_s) and self.overhead_s >= 0,
                 f"calibration overhead_s={self.overhead_s!r} must be >= 0")
 
-    def apply(self, predicted_s):
+    def apply(self, predicted_s: npt.ArrayLike) -> float | np.ndarray:
         """Wall-time seconds for model seconds (a float, or an array of them)."""
         result = self.scale * np.asarray(predicted_s, dtype=np.float64) + self.overhead_s
         return float(result) if result.ndim == 0 else result

@@ -227,6 +227,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess that saves with DCP until it is killed
 @pytest.mark.timeout(120)
 def test_sigkill_during_an_async_save_leaves_the_previous_checkpoint_in_use(tmp_path):
     root, ready = tmp_path / "checkpoints", tmp_path / "ready"

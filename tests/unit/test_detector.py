@@ -191,6 +191,7 @@ def test_own_comm_isolates_a_rank_whose_transfers_got_slower():
 
 
 # ---------------------------------------------------------- false positives
+@pytest.mark.slow  # 2000 noisy steps through the detector, per kind
 @pytest.mark.parametrize("model", ["waiting", "transfer"])
 def test_no_false_positives_over_2000_noisy_steps_with_spikes(model):
     for num_ranks in range(1, 9):
@@ -204,6 +205,7 @@ def test_no_false_positives_over_2000_noisy_steps_with_spikes(model):
         assert len(detector.latest_ratios[COMPUTE]) == num_ranks  # it did evaluate
 
 
+@pytest.mark.slow  # thousands of noisy steps through the detector
 def test_no_false_positives_with_jittery_comm():
     # comm +-50% per step (plus the spikes): the own-comm noise floor must hold it
     for num_ranks in range(2, 9):
@@ -212,6 +214,7 @@ def test_no_false_positives_with_jittery_comm():
 
 
 # -------------------------------------------------------- detection/attribution
+@pytest.mark.slow  # a detector run per rank and factor
 @pytest.mark.parametrize("factor", [1.3, 2.0, 5.0])
 def test_compute_slowdown_is_detected_on_the_right_rank_only(factor):
     # waiting model: every other rank's comm grows too, and must not be blamed
@@ -232,6 +235,7 @@ def test_compute_slowdown_is_detected_on_the_right_rank_only(factor):
         assert event.ratio >= CONFIG.threshold
 
 
+@pytest.mark.slow  # a detector run per rank and factor
 @pytest.mark.parametrize("factor", [2.0, 5.0])
 def test_comm_slowdown_is_detected_on_the_right_rank_only(factor):
     for num_ranks in range(2, 9):

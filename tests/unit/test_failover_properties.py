@@ -148,6 +148,7 @@ def with_cascades(test):
     return test
 
 
+@pytest.mark.slow  # 15 whole controller runs (10 drawn, the 5 cascades)
 @settings(max_examples=10, **SETTINGS)
 @given(policy=st.sampled_from(POLICY_NAMES), sequence=st.lists(faults, min_size=1, max_size=3),
        seed=st.integers(0, 2**16))
