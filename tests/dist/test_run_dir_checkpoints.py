@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from synapse import checkpoint as ckpt
-from synapse.failover import read_stages
+from synapse.failover import read_segments
 from tests.conftest import repo_env
 
 from .helpers import BASE_OVERRIDES
@@ -91,7 +91,7 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
 
     continued = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
     assert continued.returncode == 0, continued.stderr[-3000:]
-    last = read_stages(used_dir)[-1]
+    last = read_segments(used_dir)[-1]
     assert last.start_step == 10 and last.resume == str(used_dir / "checkpoints" / "step_00000010")
     assert steps(used_dir) == [10, 15]  # keep=2: the run's own step 5 pruned
     assert {c.run for c in ckpt.ordered_checkpoints(used_dir / "checkpoints")} == {identity}
@@ -105,7 +105,7 @@ def test_a_flipped_byte_in_the_newest_metadata_resumes_from_the_previous_checkpo
     assert resumed.returncode == 0, output[-3000:]  # was: refused as "cannot be read safely"
     assert (f"skipping checkpoint {newest}: {newest}: .metadata is corrupt or truncated (checksum mismatch)"
             in output), output[-3000:]
-    last = read_stages(used_dir)[-1]
+    last = read_segments(used_dir)[-1]
     assert last.start_step == 5 and last.resume == str(used_dir / "checkpoints" / "step_00000005")
     assert steps(used_dir) == [10, 15]  # step 10 trained again and saved in place of the damaged copy
     ckpt.verify_checkpoint(newest)
