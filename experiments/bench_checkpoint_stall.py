@@ -24,8 +24,9 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, run_train_py, write_results
 

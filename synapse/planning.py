@@ -17,9 +17,10 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from synapse.config import (
     PartitionConfig,

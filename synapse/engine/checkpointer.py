@@ -37,10 +37,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager

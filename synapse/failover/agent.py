@@ -15,8 +15,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from synapse.config import TrainerConfig, config_from_yaml, resolve_devices
 from synapse.failover.node_channel import (

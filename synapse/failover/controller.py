@@ -31,8 +31,9 @@ import statistics
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from synapse.calibration import AlphaBetaEstimator, OnlineCalibration
 from synapse.decision import (

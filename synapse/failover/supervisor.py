@@ -18,9 +18,10 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from synapse import checkpoint as ckpt
 from synapse.config import FailoverConfig, TrainerConfig

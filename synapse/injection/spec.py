@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write", "repartition")
 # Phases that happen when something is decided, not at a step known in advance: an instant fault
@@ -167,7 +168,7 @@ class FaultSpec:
         return fields
 
     @classmethod
-    def from_config(cls, spec: Mapping[str, Any], index: int = 0) -> "FaultSpec":
+    def from_config(cls, spec: Mapping[str, Any], index: int = 0) -> FaultSpec:
         return _SpecReader(spec, index).read()
 
 

@@ -41,8 +41,8 @@ them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -125,7 +125,7 @@ class PartitionDP:
         student_work = self.model.student_work_s(j0, grid.j1)
         return self.model.combine_stage_time(stage, grid.teacher_work, student_work, grid.comm)
 
-    def _window_minima(self, stage: int, rows: np.ndarray) -> "_WindowMin":
+    def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
         """Window minima over rows[i0, lo..hi] for the grid's teacher start cuts i0."""
         first, last = int(self.grids[stage].i0.min()), int(self.grids[stage].i0.max())
         return _WindowMin(rows[first : last + 1], self.grids[stage].i0 - first)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model

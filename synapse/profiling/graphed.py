@@ -24,8 +24,8 @@ import copy
 import gc
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
