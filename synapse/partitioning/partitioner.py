@@ -116,7 +116,10 @@ class PartitionDP:
         teacher = self.model.teacher_memory_bytes(stage, grid.i0, grid.i1)
         prefix = self.model.student_memory_prefix_bytes(stage)
         guess = np.searchsorted(prefix, (prefix[grid.j1] - (capacity - teacher)).ravel()).reshape(lo.shape)
-        fits = lambda j0: teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
+        def fits(j0: np.ndarray) -> np.ndarray:
+            return teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
         return _first_true_near(fits, guess, lo, hi)
 
     def _stage_time(self, stage: int, j0: np.ndarray) -> np.ndarray:
@@ -155,7 +158,10 @@ class PartitionDP:
         grid = self.grids[stage]
         lo, hi = self._memory_lo[stage], np.broadcast_to(grid.j1, self._memory_lo[stage].shape)
         window_min = self._window_minima(stage, values)
-        h = lambda q: window_min.query(q, grid.j1 - 1)
+
+        def h(q: np.ndarray) -> np.ndarray:
+            return window_min.query(q, grid.j1 - 1)
+
         cross = _first_true(lambda q: h(q) >= self._stage_time(stage, q), lo, hi)
         at_cross = np.where(cross < hi, np.maximum(h(cross), self._stage_time(stage, cross)), np.inf)
         before = np.maximum(cross - 1, 0)
@@ -181,7 +187,10 @@ class PartitionDP:
             # Guess the first fast-enough j0 from the prefix sums, then let the canonical time decide.
             budget = (bound - grid.comm - fixed) / scale - grid.teacher_work
             guess = np.searchsorted(sw, (sw[grid.j1] - budget).ravel()).reshape(lo.shape)
-            fast_enough = lambda j0: _within(self._stage_time(stage, j0), bound, strict)
+
+            def fast_enough(j0: np.ndarray) -> np.ndarray:
+                return _within(self._stage_time(stage, j0), bound, strict)
+
             lo = _first_true_near(fast_enough, guess, lo, np.broadcast_to(grid.j1, lo.shape))
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)

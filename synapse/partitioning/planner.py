@@ -120,7 +120,7 @@ class StagePlanner:
         betas = tuple(sorted((d, round(float(b), 2)) for d, b in (betas or {}).items()))
         return self._plan_cached(tuple(devices), alphas, betas)
 
-    @functools.lru_cache(maxsize=256)
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - planners live as long as the run; at most 256 plans are kept
     def _plan_cached(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple
                      ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))
