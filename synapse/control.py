@@ -148,7 +148,8 @@ class StoreControlChannel:
 
     def __init__(self, store: Any):
         self.store = store
-        self._lock = threading.RLock()  # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
+        # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
+        self._lock = threading.RLock()
 
     def send(self, request: StopRequest) -> None:
         with self._lock:

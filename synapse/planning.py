@@ -256,7 +256,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def even_placement(teacher_blocks: int, student_blocks: int, devices: Sequence[int]) -> Placement:
-    return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)), even_counts(student_blocks, len(devices)))
+    return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)),
+                     even_counts(student_blocks, len(devices)))
 
 
 def placement_for_config(partition_cfg: PartitionConfig, teacher: TeacherConfig, student: StudentConfig,

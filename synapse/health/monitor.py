@@ -177,7 +177,8 @@ class HealthMonitor:
             if slowdown != self._throttle.get(index, ()):
                 name = "throttle" if slowdown else "throttle_cleared"
                 events.append({"event": name, **where, "reasons": list(slowdown),
-                               "sm_clock_mhz": gpu.get("sm_clock_mhz"), "max_sm_clock_mhz": gpu.get("max_sm_clock_mhz")})
+                               "sm_clock_mhz": gpu.get("sm_clock_mhz"),
+                               "max_sm_clock_mhz": gpu.get("max_sm_clock_mhz")})
                 self._throttle[index] = slowdown
             if "ecc_uncorrected" in gpu:
                 before = self._ecc.setdefault(index, gpu["ecc_uncorrected"])

@@ -77,7 +77,8 @@ class Simulation:
         for fault in self.faults:
             if fault.device in alphas:
                 alphas[fault.device] *= fault.factor_at(step)
-        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts, alphas)
+        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts,
+                               alphas)
 
         def noise() -> float:
             return 1.0 + self.rng.uniform(-0.1, 0.1)
