@@ -1,4 +1,4 @@
-# python experiments/bench_checkpoint_stall.py --device cuda --teacher vit_large_patch16_224 --student resnet152 --out experiments/results/h200/checkpoint_stall
+# python experiments/bench_checkpoint_stall.py --device cuda --teacher vit_large_patch16_224 --student resnet152 --out experiments/results/h200/checkpoint_stall  # noqa: E501 (a command to copy)
 """How long each periodic checkpoint holds the training loop: synchronous vs asynchronous save.
 
 Runs the user's command (``python train.py``) twice with the same settings, once with
