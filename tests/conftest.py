@@ -8,17 +8,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 import synapse.config  # noqa: F401  (registers the structured-config schema used by conf/config.yaml)
+from synapse.conf import CONF_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-from synapse.conf import CONF_DIR
 
 # Overrides that make any run tiny and CPU-only: micro models, one thread, no progress bar, and a
 # teacher that is "trained" for zero epochs (its initial weights: enough to exercise KD).

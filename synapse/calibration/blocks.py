@@ -98,7 +98,8 @@ def measurements(placement: Placement, predicted_s: Sequence[float], measured_s:
     slowdowns = [1.0] * k if slowdowns is None else list(slowdowns)
     for name, values in (("predicted_s", predicted_s), ("measured_s", measured_s), ("slowdowns", slowdowns)):
         if len(values) != k:
-            raise CalibrationError(f"{name} has {len(values)} entries for a placement of {k} stages; give one per stage")
+            raise CalibrationError(f"{name} has {len(values)} entries for a placement of {k} stages; "
+                                   "give one per stage")
     return [StageMeasurement(placement.teacher_range(r), placement.student_range(r), predicted_s[r], measured_s[r],
                              slowdowns[r]) for r in range(k)]
 

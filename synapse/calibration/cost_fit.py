@@ -16,8 +16,8 @@ Per-block factors learnt from measured stages are ``synapse.calibration.blocks``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,7 @@ class Calibration:
         return float(result) if result.ndim == 0 else result
 
     @classmethod
-    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> "Calibration":
+    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> Calibration:
         """Least-squares fit of measured = scale * predicted + overhead, with overhead >= 0.
 
         With a single pair, or when all predictions are equal, scale and overhead

@@ -64,9 +64,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class Schedule(str, Enum):
     ONE_F_ONE_B = "1f1b"
 
     @classmethod
-    def parse(cls, value: "Schedule | str") -> "Schedule":
+    def parse(cls, value: Schedule | str) -> Schedule:
         try:
             return cls(value)
         except ValueError:

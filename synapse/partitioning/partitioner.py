@@ -41,8 +41,8 @@ them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -120,7 +120,10 @@ class PartitionDP:
         teacher = self.model.teacher_memory_bytes(stage, grid.i0, grid.i1)
         prefix = self.model.student_memory_prefix_bytes(stage)
         guess = np.searchsorted(prefix, (prefix[grid.j1] - (capacity - teacher)).ravel()).reshape(lo.shape)
-        fits = lambda j0: teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
+        def fits(j0: np.ndarray) -> np.ndarray:
+            return teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
         return _first_true_near(fits, guess, lo, hi)
 
     def _stage_time(self, stage: int, j0: np.ndarray) -> np.ndarray:
@@ -129,7 +132,7 @@ class PartitionDP:
         student_work = self.model.student_work_s(j0, grid.j1)
         return self.model.combine_stage_time(stage, grid.teacher_work, student_work, grid.comm)
 
-    def _window_minima(self, stage: int, rows: np.ndarray) -> "_WindowMin":
+    def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
         """Window minima over rows[i0, lo..hi] for the grid's teacher start cuts i0."""
         first, last = int(self.grids[stage].i0.min()), int(self.grids[stage].i0.max())
         return _WindowMin(rows[first : last + 1], self.grids[stage].i0 - first)
@@ -188,7 +191,10 @@ class PartitionDP:
             # Guess the first fast-enough j0 from the prefix sums, then let the canonical time decide.
             budget = (bound - grid.comm - fixed) / scale - grid.teacher_work
             guess = np.searchsorted(sw, (sw[grid.j1] - budget).ravel()).reshape(lo.shape)
-            fast_enough = lambda j0: _within(self._stage_time(stage, j0), bound, strict)
+
+            def fast_enough(j0: np.ndarray) -> np.ndarray:
+                return _within(self._stage_time(stage, j0), bound, strict)
+
             lo = _first_true_near(fast_enough, guess, lo, np.broadcast_to(grid.j1, lo.shape))
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model
@@ -122,7 +122,7 @@ class StagePlanner:
         rounded_betas = tuple(sorted((d, round(float(b), 2)) for d, b in (betas or {}).items()))
         return self._plan_cached(tuple(devices), rounded_alphas, rounded_betas)
 
-    @functools.lru_cache(maxsize=256)
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - planners live as long as the run; at most 256 plans are kept
     def _plan_cached(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple[tuple[int, float], ...]
                      ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))

@@ -40,7 +40,8 @@ def installed(tmp_path_factory) -> Path:
     see_the_dependencies(env_dir / "bin" / "python")
     wheel = next(wheels.glob("synapse-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "--ignore-installed", "-q", str(wheel)], check=True, cwd=root, timeout=300, env=CLEAN_ENV)
+                    "--no-index", "--ignore-installed", "-q", str(wheel)],
+                   check=True, cwd=root, timeout=300, env=CLEAN_ENV)
     return env_dir / "bin"
 
 
@@ -67,7 +68,8 @@ def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed,
                          cwd=tmp_path, timeout=120, env=CLEAN_ENV).stdout
     found = json.loads(out)
     assert not found["file"].startswith(str(REPO)), f"synapse was imported from the checkout: {found['file']}"
-    assert (Path(found["conf"]) / "config.yaml").is_file() and (Path(found["conf"]) / "injection" / "demo.yaml").is_file()
+    assert ((Path(found["conf"]) / "config.yaml").is_file()
+            and (Path(found["conf"]) / "injection" / "demo.yaml").is_file())
     assert {"restart_cost_cpu.json", "live_replan_cpu.json"} <= set(found["priors"])
 
 

@@ -105,7 +105,8 @@ def test_duplicate_device_ids(make_config, tiny_run, tmp_path):
 
 @pytest.mark.parametrize("devices, problem, fix", [
     ("[-1,0]", "negative device id in [-1, 0]", "device ids start at 0"),
-    ("[0,100]", "CPU slot ids [100] are out of range (slots are 0..63)", "number CPU slots from 0, e.g. trainer.devices=2"),
+    ("[0,100]", "CPU slot ids [100] are out of range (slots are 0..63)",
+     "number CPU slots from 0, e.g. trainer.devices=2"),
 ])
 def test_out_of_range_cpu_device_ids(make_config, tiny_run, tmp_path, devices, problem, fix):
     message = refused_before_launch(make_config, tiny_run, tmp_path, f"trainer.devices={devices}", error=ConfigError)

@@ -214,7 +214,8 @@ CHILD = textwrap.dedent("""
     saver.wait()
     real_fsync = os.fsync
     def fsync(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".distcp") and "step_00000002" in os.readlink(f"/proc/self/fd/{fd}"):
+        if (os.readlink(f"/proc/self/fd/{fd}").endswith(".distcp")
+                and "step_00000002" in os.readlink(f"/proc/self/fd/{fd}")):
             (ready / "writer").touch()
             time.sleep(600)
         real_fsync(fd)

@@ -60,15 +60,16 @@ def stream(num_ranks: int, num_steps: int, seed: int, *, compute_slow=(), transf
     base_compute = [rng.uniform(0.3, 0.6) for _ in range(num_ranks)]
     base_transfer = [rng.uniform(0.1, 0.3) if num_ranks > 1 else 0.0 for _ in range(num_ranks)]
     wall, records = 1.7e9, []
-    for step in range(first_step, first_step + num_steps):
-        def draw(base: list[float], slows, rank: int, noise: float = noise) -> float:
-            value = base[rank] * rng.uniform(1 - noise, 1 + noise)
-            for slow in slows:
-                value *= slow.factor_at(rank, step)
-            return value * (spike_factor if rng.random() < spike_prob else 1.0)
 
-        compute = [draw(base_compute, compute_slow, r) for r in range(num_ranks)]
-        transfer = [draw(base_transfer, transfer_slow, r, transfer_noise or noise) for r in range(num_ranks)]
+    def draw(step: int, base: list[float], slows, rank: int, noise: float = noise) -> float:
+        value = base[rank] * rng.uniform(1 - noise, 1 + noise)
+        for slow in slows:
+            value *= slow.factor_at(rank, step)
+        return value * (spike_factor if rng.random() < spike_prob else 1.0)
+
+    for step in range(first_step, first_step + num_steps):
+        compute = [draw(step, base_compute, compute_slow, r) for r in range(num_ranks)]
+        transfer = [draw(step, base_transfer, transfer_slow, r, transfer_noise or noise) for r in range(num_ranks)]
         per_micro = [(c + x) / microbatches for c, x in zip(compute, transfer)]
         step_s = sum(per_micro) + (microbatches - 1) * max(per_micro)
         if model == "waiting":

@@ -6,9 +6,10 @@ validated with ``trainer.accelerator=cpu`` (block counts on the meta device, no 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import product
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml

@@ -21,8 +21,8 @@ TOTAL = 20_000
 
 @pytest.fixture(scope="module")
 def planner() -> StagePlanner:
-    return StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"), load_profile_csv(SHARED / "snet_resnet152.csv"),
-                        StepSpec(4))
+    return StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"),
+                        load_profile_csv(SHARED / "snet_resnet152.csv"), StepSpec(4))
 
 
 def make_controller(planner, policy="eta", events=None, decide_every=1, detector=None, **params) -> FailoverController:
@@ -343,7 +343,8 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
         return _boundary_kb(planner.teacher, teacher, 1) + 2 * _boundary_kb(planner.student, student, 1)
 
     assert (new.teacher_counts, new.student_counts) != (placement.teacher_counts, placement.student_counts)
-    assert link1_kb(new.teacher_counts, new.student_counts) < link1_kb(placement.teacher_counts, placement.student_counts)
+    assert (link1_kb(new.teacher_counts, new.student_counts)
+            < link1_kb(placement.teacher_counts, placement.student_counts))
 
 
 @pytest.mark.slow  # a whole scenario's controller run
@@ -385,7 +386,8 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
         device_alphas = [alphas[d] for d in devices]
         calibrated_plan = controller.priced.plan(devices, device_alphas, betas)
         assert [option["teacher_counts"], option["student_counts"]] == [list(c) for c in calibrated_plan[:2]]
-        assert option["inputs"]["planner_step_s"] == calibrated_plan[2] != planner.plan(devices, device_alphas, betas)[2]
+        assert (option["inputs"]["planner_step_s"] == calibrated_plan[2]
+                != planner.plan(devices, device_alphas, betas)[2])
 
     # The re-planned placement, device 0 still 2x slow: the healthy ranks' new block ranges are measured
     # (what the first placement taught, re-grouped), device 0's are not (its 2x is not yet known well).

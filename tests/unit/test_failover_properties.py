@@ -77,8 +77,12 @@ class Simulation:
         for fault in self.faults:
             if fault.device in alphas:
                 alphas[fault.device] *= fault.factor_at(step)
-        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts, alphas)
-        noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)
+        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts,
+                               alphas)
+
+        def noise() -> float:
+            return 1.0 + self.rng.uniform(-0.1, 0.1)
+
         step_s = cost.step_time_s * noise()
         self.clock += step_s
         return {"step": step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,

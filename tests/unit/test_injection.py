@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -566,7 +567,7 @@ def test_worker_and_its_load_share_the_ranks_core_and_the_load_stops_at_the_end_
     worker.stdin.write("\nfinish\n")
     worker.stdin.flush()
     assert worker.wait(timeout=30) == 0
-    assert all(wait_until(lambda: gone(pid), 5) for pid in pids)
+    assert all(wait_until(partial(gone, pid), 5) for pid in pids)
     cleared = read_events(tmp_path, "fault_cleared")
     assert [(e["step"], e["reason"]) for e in cleared] == [(4, "end_step")]
 
@@ -579,7 +580,7 @@ def test_a_load_dies_with_its_sigkilled_worker(tmp_path):
     worker.stdin.write("\ndie\n")
     worker.stdin.flush()
     assert worker.wait(timeout=30) == -signal.SIGKILL
-    assert all(wait_until(lambda: gone(pid), 10) for pid in pids), "an orphan load outlived its worker"
+    assert all(wait_until(partial(gone, pid), 10) for pid in pids), "an orphan load outlived its worker"
 
 
 KILL_OR_HANG = textwrap.dedent("""

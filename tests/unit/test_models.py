@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import csv
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -72,13 +72,13 @@ def _two_threads():
     torch.set_num_threads(previous)
 
 
-@lru_cache(maxsize=None)
+@cache
 def meta_model(name: str) -> nn.Module:
     with torch.device("meta"):
         return build_model(name, num_classes=100, img_size=224)
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_case(name: str, image_size: int, batch: int) -> tuple[nn.Module, torch.Tensor]:
     """A real model (built once per session) and an input batch."""
     torch.manual_seed(0)
