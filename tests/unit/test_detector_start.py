@@ -30,7 +30,7 @@ from synapse.detection import (
     start_readings,
 )
 
-CONF = Path(__file__).resolve().parents[2] / "synapse" / "conf" / "trainer"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "trainer"
 
 
 def platform(name: str) -> DetectorConfig:
