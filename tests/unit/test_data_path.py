@@ -434,15 +434,19 @@ def test_cuda_decode_matches_cpu_decode_within_tolerance(tmp_path):
 
 # ----------------------------------------------------------------------------- config
 
-@pytest.mark.parametrize("override, message", [
-    ("data.decode=nvjpeg", r"data.decode: 'nvjpeg' is not a valid choice"),
-    ("data.gpu_decode_share=1.5", r"data.gpu_decode_share: must be in \[0, 1\], got 1.5"),
-])
-def test_bad_decode_settings_are_refused_before_any_work(make_config, tree, override, message):
+def test_a_decode_share_outside_zero_to_one_is_refused_before_any_work(make_config, tree):
     from synapse.config import ConfigError, validate
 
-    with pytest.raises(ConfigError, match=message):
-        validate(make_config("data=imagenet100", f"data.root={tree}", override))
+    with pytest.raises(ConfigError, match=r"data.gpu_decode_share: must be in \[0, 1\], got 1.5"):
+        validate(make_config("data=imagenet100", f"data.root={tree}", "data.gpu_decode_share=1.5"))
+
+
+def test_an_unknown_decoder_is_refused_while_composing_naming_the_valid_ones(make_config, tree):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="Error merging override data.decode=nvjpeg") as error:
+        make_config("data=imagenet100", f"data.root={tree}", "data.decode=nvjpeg")
+    assert "Invalid value 'nvjpeg', expected one of [auto, cpu, gpu]" in str(error.value.__cause__)
 
 
 def test_decode_settings_reach_the_data_set(make_config, tree):

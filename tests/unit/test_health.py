@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from synapse.config import MonitorConfig
 from synapse.health import (
     CudaProbe,
     HealthConfigError,
@@ -111,7 +112,7 @@ def test_settings_validate_with_the_fix():
 
 
 def test_a_disabled_monitor_is_a_null_object(tmp_path):
-    monitor = build_health_monitor(tmp_path, {"enabled": False})
+    monitor = build_health_monitor(tmp_path, MonitorConfig(enabled=False))
     assert isinstance(monitor, NullHealthMonitor)
     with monitor:
         assert monitor.sample_once() == {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 
 import pytest
+from hydra.errors import ConfigCompositionException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from synapse.app import run
-from synapse.config import ConfigError, validate
 from synapse.rundir import JsonlWriter, read_jsonl
 from synapse.trackers import CsvTracker, TrackedWriter, open_tracker
 
@@ -56,6 +56,7 @@ def test_tensorboard_markers_are_text_at_their_step(tmp_path):
     assert [t.step for t in texts] == [78] and b"REPLAN at step 78" in texts[0].tensor_proto.string_val[0]
 
 
-def test_an_unknown_tracker_is_refused_before_any_work(make_config, tiny_run):
-    with pytest.raises(ConfigError, match=r"^logger.name: .*Fix: "):
-        validate(make_config(*tiny_run, "logger.name=wandb"))
+def test_an_unknown_tracker_is_refused_while_composing_naming_the_valid_ones(make_config, tiny_run):
+    with pytest.raises(ConfigCompositionException, match="Error merging override logger.name=wandb") as error:
+        make_config(*tiny_run, "logger.name=wandb")
+    assert "Invalid value 'wandb', expected one of [tensorboard, csv, none]" in str(error.value.__cause__)
