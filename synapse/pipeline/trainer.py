@@ -363,7 +363,7 @@ class PipelineEvaluation:
 
 def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           segment: int = 0, microbatches: int | None = None) -> Trainer:
+                           segment: int = 0, microbatches: int | None = None) -> Trainer[PipelineRunner]:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``; ``microbatches``:
     the run's plan (None: pipeline.microbatches, which must then be a count)."""
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
