@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 
 from synapse.analysis import markers as mk
 from synapse.analysis.load import Run
-from synapse.analysis.style import MARKER_COLORS, NoDataError, new_figure, themed
+from synapse.analysis.style import MARKER_COLORS, NoDataError, new_figure, new_figure_grid, themed
 from synapse.rundir import METRICS, PERFORMANCE
 
 SEGMENT_COLORS = ("#264653", "#2a9d8f", "#8c6d31", "#6d597a", "#e76f51", "#3a86ff")
@@ -54,7 +54,7 @@ def plot_timeline(run: Run, x: str = "step", show_checkpoints: bool = True) -> F
     if not show_checkpoints:
         markers = markers[markers["kind"] != mk.CHECKPOINT]
     with themed():
-        fig, (ax_time, ax_rate) = new_figure(11, 6.5, 2, 1, sharex=True)
+        fig, (ax_time, ax_rate) = new_figure_grid(11, 6.5, 2, 1, sharex=True)
         _plot_series(run, ax_time, ax_rate, column)
         ax_time.set_ylim(bottom=0)
         ax_rate.set_ylim(bottom=0)

@@ -13,7 +13,7 @@ from synapse.analysis.counterfactual import OPTION_ORDER, decision_outcomes
 from synapse.analysis.figures import draw_markers
 from synapse.analysis.load import Run
 from synapse.analysis.markers import FAULT_ONSET, timeline_markers
-from synapse.analysis.style import OPTION_COLORS, NoDataError, new_figure, themed
+from synapse.analysis.style import OPTION_COLORS, NoDataError, new_figure_grid, themed
 from synapse.rundir import EVENTS, PLAN_VS_MEASURED
 
 PLAN_COLORS = {"compute": "#4c72b0", "noncompute": "#a1c4e8"}
@@ -48,16 +48,15 @@ def plot_decision_etas(run: Run) -> Figure:
     kinds = [k for k in OPTION_ORDER if k in set(d["option"])] + sorted(set(d["option"]) - set(OPTION_ORDER))
     chunks = [decisions.iloc[i:i + PER_ROW] for i in range(0, len(decisions), PER_ROW)]
     with themed():
-        fig, axes = new_figure(max(6.0, 1.6 + 1.3 * len(chunks[0])), 0.6 + 3.6 * len(chunks), len(chunks), 1)
-        axes = np.atleast_1d(axes).reshape(-1, 1)
-        for ax, chunk in zip(axes[:, 0], chunks):
+        fig, axes = new_figure_grid(max(6.0, 1.6 + 1.3 * len(chunks[0])), 0.6 + 3.6 * len(chunks), len(chunks), 1)
+        for ax, chunk in zip(axes, chunks):
             _decision_bars(ax, run, d[d["decision"].isin(chunk.index)], chunk, kinds)
         shown = "" if len(decisions) == len(every) else (
             f" ({len(decisions)} of {len(every)} decisions shown: every acting one, KEEPs spread over the run)")
-        axes[0, 0].set_title(f"{run.name}: predicted ETA per option (hatched: chosen)\nvs the realised remaining "
-                             f"time{shown}")
-        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="option")
-        axes[-1, 0].set_xlabel("decision (step, action taken)")
+        axes[0].set_title(f"{run.name}: predicted ETA per option (hatched: chosen)\nvs the realised remaining "
+                          f"time{shown}")
+        axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="option")
+        axes[-1].set_xlabel("decision (step, action taken)")
     return fig
 
 
@@ -104,7 +103,7 @@ def plot_plan_vs_measured(run: Run) -> Figure:
         raise NoDataError(f"{run.path} has no {PLAN_VS_MEASURED.template}: only partition=auto runs plan, then "
                           f"compare")
     with themed():
-        fig, (ax_stage, ax_step) = new_figure(12, 4.4, 1, 2, width_ratios=[1, 1.5])
+        fig, (ax_stage, ax_step) = new_figure_grid(12, 4.4, 1, 2, width_ratios=[1, 1.5])
         _stage_bars(ax_stage, plan)
         _step_series(ax_step, run)
         fig.suptitle(f"{run.name}: planner prediction vs measurement (uncalibrated)", fontweight="bold")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import matplotlib
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from synapse.analysis.files import AnalysisError
@@ -41,11 +42,19 @@ def themed() -> Iterator[None]:
         yield
 
 
-def new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1, **kwargs) -> tuple[Figure, object]:
-    """A Figure with its axes, laid out by matplotlib's constrained layout."""
+def new_figure(width: float, height: float, **kwargs) -> tuple[Figure, Axes]:
+    """A Figure with one Axes, laid out by matplotlib's constrained layout."""
     fig = Figure(figsize=(width, height), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=True, **kwargs)
+    axes: Axes = fig.subplots(1, 1, squeeze=True, **kwargs)
     return fig, axes
+
+
+def new_figure_grid(width: float, height: float, nrows: int, ncols: int, **kwargs) -> tuple[Figure, list[Axes]]:
+    """A Figure with nrows x ncols Axes (listed row by row), laid out by matplotlib's constrained layout.
+    A list, not matplotlib's squeezed array, so that its items are typed as Axes."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kwargs)
+    return fig, list(axes.flat)
 
 
 def save_figure(fig: Figure, directory: Path, name: str, formats: tuple[str, ...] = FORMATS) -> list[Path]:

@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -31,6 +31,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from synapse.calibration import EstimatorConfig
 from synapse.decision import POLICY_NAMES, policy_settings_type
 from synapse.detection import DetectorConfig
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # any dataclass instance: exists for the type checker only
 
 
 class Choice(str, enum.Enum):
@@ -518,8 +521,9 @@ def _freeze(value: Any, hint: Any) -> Any:
     return value
 
 
-def config_dict(cfg: SynapseConfig | DictConfig) -> dict[str, Any]:
-    """Plain data of a config (choices as their values, tuples as lists): what YAML files hold."""
+def config_dict(cfg: DataclassInstance | DictConfig) -> dict[str, Any]:
+    """Plain data of a config or one of its groups (choices as their values, tuples as lists): what YAML
+    files hold."""
     def plain(value: Any) -> Any:
         if isinstance(value, enum.Enum):
             return value.value

@@ -111,18 +111,19 @@ def _stand_in(sample: HostSample, size: int, mean: tuple[float, ...], reason: st
 
 def collate_samples(samples: list[HostSample]) -> ImageBatch:
     decoded = [(slot, s) for slot, s in enumerate(samples) if s.encoded is None]
-    encoded = [(slot, s) for slot, s in enumerate(samples) if s.encoded is not None]
-    attempts = [s.draw.attempts for _, s in encoded]
+    # The bytes ride in the tuple so that their type stays narrowed to "not None".
+    encoded = [(slot, s, s.encoded) for slot, s in enumerate(samples) if s.encoded is not None]
+    attempts = [s.draw.attempts for _, s, _ in encoded]
     return ImageBatch(
         labels=torch.tensor([s.label for s in samples], dtype=torch.int64),
         decoded_slots=[slot for slot, _ in decoded],
         decoded=torch.stack([s.pixels for _, s in decoded]) if decoded else None,
-        encoded_slots=[slot for slot, _ in encoded],
-        encoded=torch.cat([s.encoded for _, s in encoded]) if encoded else None,
-        encoded_sizes=[s.encoded.numel() for _, s in encoded],
+        encoded_slots=[slot for slot, _, _ in encoded],
+        encoded=torch.cat([data for _, _, data in encoded]) if encoded else None,
+        encoded_sizes=[data.numel() for _, _, data in encoded],
         attempts=torch.stack(attempts) if encoded and attempts[0] is not None else None,
-        flips=[s.draw.flip for _, s in encoded],
-        sources=[(s.index, s.path) for _, s in encoded],
+        flips=[s.draw.flip for _, s, _ in encoded],
+        sources=[(s.index, s.path) for _, s, _ in encoded],
         bad=[s.bad for s in samples if s.bad is not None],
     )
 

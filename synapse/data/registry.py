@@ -13,9 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from omegaconf import DictConfig
+from typing import Any, Protocol
 
 from synapse.data.base import DataError, DatasetInfo, EpochDataset, require_split
 from synapse.data.digits import DigitsDataset, digits_info
@@ -82,7 +80,33 @@ def dataset_info(name: str, **kwargs: Any) -> DatasetInfo:
     return entry.describe(**{k: v for k, v in kwargs.items() if k in relevant})
 
 
-def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[str, Any]:
+class DataSettings(Protocol):
+    """The data config slice ``data_kwargs`` reads: ``synapse.config.DataConfig`` (or a DictConfig of it),
+    described here because the config package sits above this one and cannot be imported."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def root(self) -> str | None: ...
+    @property
+    def image_size(self) -> int: ...
+    @property
+    def augment(self) -> bool: ...
+    @property
+    def decode(self) -> str: ...
+    @property
+    def gpu_decode_share(self) -> float: ...
+    @property
+    def synthetic_train_size(self) -> int: ...
+    @property
+    def synthetic_val_size(self) -> int: ...
+    @property
+    def synthetic_num_classes(self) -> int: ...
+    @property
+    def synthetic_in_chans(self) -> int: ...
+
+
+def data_kwargs(data: DataSettings, seed: int, split: str | None = None) -> dict[str, Any]:
     """Keyword arguments of ``build_dataset`` (for ``split``) or ``dataset_info`` (split None)."""
     if data.name == "digits":
         return {"image_size": data.image_size, **({"augment": data.augment, "seed": seed} if split == "train" else {})}
@@ -97,6 +121,6 @@ def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[s
     return kwargs
 
 
-def build_datasets(data: DictConfig, seed: int):
+def build_datasets(data: DataSettings, seed: int) -> tuple[EpochDataset, EpochDataset]:
     return (build_dataset(data.name, "train", **data_kwargs(data, seed, "train")),
             build_dataset(data.name, "val", **data_kwargs(data, seed, "val")))

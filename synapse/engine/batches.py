@@ -119,17 +119,17 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
         for b in iterate_batches(sampler, num_epochs):
             yield Batch(b.epoch, b.step_in_epoch, None, dataset.labels_of(b.indices))
         return
-    device = torch.device(device or "cpu")
-    dataset.bind_device(device)
+    target = torch.device(device or "cpu")  # a name of its own: `device` is typed as the parameter's union
+    dataset.bind_device(target)
     log = bad_samples if bad_samples is not None else BadSampleLog()
 
     def finish(item: tuple[int, int, Any]) -> tuple[Batch, Iterable[BadSample]]:
         epoch, step, host = item
-        images, labels = dataset.device_batch(host, device)
+        images, labels = dataset.device_batch(host, target)
         return Batch(epoch, step, images, labels), getattr(host, "bad", ())
 
-    host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=device.type == "cuda")
-    for batch, bad in DevicePrefetcher(host, finish, device):
+    host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=target.type == "cuda")
+    for batch, bad in DevicePrefetcher(host, finish, target):
         log.record(bad)
         yield batch
 
@@ -177,17 +177,17 @@ def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.d
         for chunk in chunks:
             yield None, dataset.labels_of(chunk)
         return
-    device = torch.device(device or "cpu")
-    dataset.bind_device(device)
+    target = torch.device(device or "cpu")  # a name of its own: `device` is typed as the parameter's union
+    dataset.bind_device(target)
     dataset.set_epoch(0)
     if num_workers == 0:
         host: Iterable[Any] = (dataset.host_collate([dataset.host_item(i) for i in chunk]) for chunk in chunks)
     else:
         host = DataLoader(_HostItems(dataset), batch_sampler=chunks, num_workers=num_workers,
-                          collate_fn=dataset.host_collate, pin_memory=device.type == "cuda", **loader_processes())
+                          collate_fn=dataset.host_collate, pin_memory=target.type == "cuda", **loader_processes())
     log = BadSampleLog()
     for images, labels, bad in DevicePrefetcher(host,
-                                                lambda h: (*dataset.device_batch(h, device), getattr(h, "bad", ())),
-                                                device):
+                                                lambda h: (*dataset.device_batch(h, target), getattr(h, "bad", ())),
+                                                target):
         log.record(bad)
         yield images, labels

@@ -302,7 +302,7 @@ def _refuse_nonfinite(staged: Mapping[str, Any], tmp: Path) -> None:
 def _write_failure(tmp: Path, exc: BaseException) -> BaseException:
     """A failed DCP write as ``CheckpointWriteError`` when the OS refused it (disk full, read-only)."""
     for failure in dcp_store.failures(exc):
-        reason = failure
+        reason: BaseException | None = failure
         while reason is not None and not isinstance(reason, OSError):
             reason = reason.__cause__ or reason.__context__
         if isinstance(reason, OSError):

@@ -32,9 +32,10 @@ from synapse.rundir import MODEL, TEACHER_TRAINING
 
 
 def teacher_cache_key(cfg: SynapseConfig) -> str:
-    recipe = {"model": cfg.teacher.name, "data": config_dict(cfg.data),
+    data = config_dict(cfg.data)
+    data.pop("num_workers", None)
+    recipe = {"model": cfg.teacher.name, "data": data,
               "epochs": cfg.teacher.auto_train_epochs, "lr": cfg.teacher.auto_train_lr, "seed": cfg.seed, "v": 1}
-    recipe["data"].pop("num_workers", None)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 

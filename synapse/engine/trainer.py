@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -46,11 +46,24 @@ class StepRunner(Protocol):
     """How one optimizer step runs: on one device (``SingleDeviceRunner``) or as this rank's share of
     the pipeline (``synapse.pipeline.trainer.PipelineRunner``). The loop around it is the same."""
 
-    writes_records: bool  # whether this process writes metrics and summaries
-    needs_data: bool  # whether this process reads samples (a middle pipeline rank reads none)
-    needs_images: bool  # whether it needs images, not only labels (the last pipeline rank reads labels only)
-    device: torch.device  # where this process's batches are finished (decoded, normalised)
     stop_requested: bool  # the supervisor asked every rank to stop after this step
+
+    # Read-only: a runner may derive them (the pipeline's from its rank).
+    @property
+    def writes_records(self) -> bool:
+        """Whether this process writes metrics and summaries."""
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether this process reads samples (a middle pipeline rank reads none)."""
+
+    @property
+    def needs_images(self) -> bool:
+        """Whether it needs images, not only labels (the last pipeline rank reads labels only)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where this process's batches are finished (decoded, normalised)."""
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None: ...
 
@@ -144,14 +157,24 @@ class LoopSettings:
     fault_steps: frozenset[int] = frozenset()
 
 
+class RecordWriter(Protocol):
+    """Where the loop writes its metrics records (``JsonlWriter``, or a ``TrackedWriter`` around one)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+
+# The runner's own type, so that a builder's caller can reach what its runner has beyond StepRunner.
+Runner = TypeVar("Runner", bound=StepRunner)
+
+
 @dataclass
-class Trainer:
+class Trainer(Generic[Runner]):
     """The training loop, the same for every path; its parts are composed, not overridden: how a
     step runs (``runner``), checkpoint I/O (``checkpointer``) and evaluation (``evaluate``)."""
 
     settings: LoopSettings
     run_dir: Path
-    runner: StepRunner
+    runner: Runner
     checkpointer: Checkpointer
     evaluate: Callable[[], dict[str, float] | None]  # None on a process without the logits
     train_ds: Any
@@ -224,7 +247,7 @@ class Trainer:
                     if self.step == first_step + 1 and settings.async_save:
                         self.checkpointer.prepare(runner.held_state())  # staging buffers, before any save
                         tick = time.perf_counter()
-                    if self._checkpoint_and_evaluate(batch, metrics, pending):
+                    if self._checkpoint_and_evaluate(batch, metrics, record):
                         tick = time.perf_counter()  # checkpoint and evaluation time is not step time
                     if runner.stop_requested:
                         break
@@ -257,7 +280,7 @@ class Trainer:
         return TrackedWriter(JsonlWriter(METRICS.path(self.run_dir)),
                              open_tracker(self.settings.tracker, self.run_dir, "train"))
 
-    def _checkpoint_and_evaluate(self, batch, metrics: JsonlWriter, record: dict[str, Any]) -> bool:
+    def _checkpoint_and_evaluate(self, batch, metrics: RecordWriter, record: dict[str, Any]) -> bool:
         """What is due after this step (a checkpoint, an evaluation); whether anything was.
         ``record``: the step's, whose loss (read late, if at all) is checked before either."""
         every = self.settings.checkpoint_every
@@ -308,7 +331,7 @@ class Trainer:
         per_epoch = self.sampler.steps_per_epoch
         return (self.step - 1) // per_epoch, (self.step - 1) % per_epoch
 
-    def _flush(self, metrics: JsonlWriter, pending, progress: Progress, new) -> dict[str, Any] | None:
+    def _flush(self, metrics: RecordWriter, pending, progress: Progress, new) -> dict[str, Any] | None:
         if pending is not None:
             pending["loss"] = None if pending["loss"] is None else float(pending["loss"])
             if pending["loss"] is not None:
@@ -317,7 +340,7 @@ class Trainer:
             progress.update(pending["step"], pending["loss"] or 0.0, pending["images_per_s"])
         return new
 
-    def _evaluate(self, metrics: JsonlWriter, epoch: int) -> None:
+    def _evaluate(self, metrics: RecordWriter, epoch: int) -> None:
         result = self.evaluate()
         if result is None:  # a pipeline rank without the logits
             return
@@ -385,7 +408,8 @@ def build_run_parts(cfg: SynapseConfig, model_name: str, init_weights: str | Non
 
 
 def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: nn.Module | None,
-                  init_weights: str | None = None, log: Callable[[str], None] = print) -> Trainer:
+                  init_weights: str | None = None,
+                  log: Callable[[str], None] = print) -> Trainer[SingleDeviceRunner]:
     """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
     setup = build_compute_setup(cfg.trainer)
     parts = build_run_parts(cfg, model_name, init_weights)

@@ -202,9 +202,10 @@ def _fits_except(expected: dict[str, torch.Tensor], state: dict[str, torch.Tenso
 def _classifier_keys(model: nn.Module) -> list[str]:
     """State-dict keys of the final classifier (their shape depends on the class count), weight first."""
     classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
-    for prefix, module in model.named_modules():
-        if module is classifier and prefix:
-            return [f"{prefix}.{name}" for name, _ in module.named_parameters()]
+    if classifier is not None:
+        for prefix, module in model.named_modules():
+            if module is classifier and prefix:
+                return [f"{prefix}.{name}" for name, _ in module.named_parameters()]
     return [k for k in model.state_dict() if k.rsplit(".", 1)[0] in ("fc", "head", "classifier")]
 
 

@@ -122,7 +122,8 @@ class PartitionDP:
         guess = np.searchsorted(prefix, (prefix[grid.j1] - (capacity - teacher)).ravel()).reshape(lo.shape)
 
         def fits(j0: np.ndarray) -> np.ndarray:
-            return teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+            fitting: np.ndarray = teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+            return fitting
 
         return _first_true_near(fits, guess, lo, hi)
 

@@ -131,7 +131,7 @@ class StageGraphs:
 
     def _graphed_student(self, student_in: torch.Tensor, teacher_in: torch.Tensor) -> TrainingReplay:
         module = _StudentSlot(self.stage.student, self.stage.zero_grad_teacher_input, self.stage.channels_last_wire)
-        sample = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
+        sample: tuple[torch.Tensor, ...] = (student_in.detach().clone().requires_grad_(student_in.requires_grad),)
         if self.stage.zero_grad_teacher_input and teacher_in.requires_grad:
             sample += (teacher_in.detach().clone().requires_grad_(True),)
         return TrainingReplay(module, sample)

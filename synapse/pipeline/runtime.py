@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -86,12 +86,18 @@ def read_progress(path: Path) -> dict[str, Any] | None:
     return {"pid": pid, "step": step, "time": when, "phase": phase.rstrip(b"\0").decode(errors="replace")}
 
 
+class PhaseHook(Protocol):
+    """Told each phase a stage enters; a send's with the bytes it carries (``PipelineRuntime._phase``)."""
+
+    def __call__(self, phase: str, nbytes: int = 0) -> None: ...
+
+
 class TimedPipelineStage(PipelineStage):
     """A PipelineStage whose backward passes are timed by the rank's clock and whose
     receives, sends and backward passes are reported to the runtime's phase hook."""
 
     clock: StageClock | None = None
-    phase_hook: Callable[[str], None] | None = None
+    phase_hook: PhaseHook | None = None
 
     def _hook(self, phase: str, nbytes: int = 0) -> None:
         if self.phase_hook is not None:
@@ -249,6 +255,8 @@ class PipelineRuntime:
         kwargs: dict[str, Any] = {}
         losses: list[torch.Tensor] = []
         if self.is_last:
+            if labels is None:
+                raise ValueError(f"step {step}: the last pipeline rank computes the loss, and was given no labels")
             kwargs = {"target": labels.to(self.setup.device, non_blocking=True), "losses": losses}
         # The schedule starts by waiting on peers (in the first step, inside the stages' set-up,
         # before any hook); its own compute marks itself. Without this a rank held there still read

@@ -14,7 +14,9 @@ the zeros are only produced where they are needed.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +24,10 @@ from torch import nn
 from synapse.config import torch_version
 from synapse.models import run_blocks
 from synapse.pipeline.wire import from_wire, to_wire
+
+if TYPE_CHECKING:  # for annotations only: graphs imports this module
+    from synapse.pipeline.clock import StageClock
+    from synapse.pipeline.graphs import StageGraphs
 
 # Oldest release whose pipelining accepts a received input that gets no gradient.
 NO_GRAD_INPUTS_SUPPORTED = torch_version() >= (2, 13)
@@ -61,9 +67,9 @@ class FusedStage(nn.Module):
         if zero_grad_teacher_input is None:
             zero_grad_teacher_input = not NO_GRAD_INPUTS_SUPPORTED
         self.zero_grad_teacher_input = zero_grad_teacher_input and not is_first
-        self.clock = None  # set by the runtime to time teacher and student forwards
-        self.phase_hook = None  # set by the runtime: called with "forward" (fault injection)
-        self.graphs = None  # set by the runtime on CUDA: captured replays of the training forward
+        self.clock: StageClock | None = None  # set by the runtime to time teacher and student forwards
+        self.phase_hook: Callable[[str], None] | None = None  # set by the runtime: called with "forward" (faults)
+        self.graphs: StageGraphs | None = None  # set by the runtime on CUDA: captured replays of the training forward
 
     def train(self, mode: bool = True) -> FusedStage:
         super().train(mode)

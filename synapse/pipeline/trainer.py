@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,13 +168,14 @@ class PipelineRunner:
         dist.all_gather_object(gathered, self.runtime.clock.flush(), group=self.control_group)
         self._record_timings(gathered)
 
-    def _record_timings(self, timings: list[dict[str, Any] | None]) -> bool:
+    def _record_timings(self, timings: Sequence[dict[str, Any] | None]) -> bool:
         """The performance record of these per-rank timings (of one step); False: there are none
         (the first step of a clock read late reports nothing)."""
-        if any(t is None for t in timings):
+        reported = [t for t in timings if t is not None]
+        if len(reported) < len(timings):
             return False
         if self.writes_records:
-            self.write_performance_record(timings[-1]["step"], timings)
+            self.write_performance_record(reported[-1]["step"], reported)
         return True
 
     def exchange_step_state(self, step: int) -> list[dict[str, float]]:
@@ -363,9 +364,13 @@ class PipelineEvaluation:
 
 def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           segment: int = 0, microbatches: int | None = None) -> Trainer:
+                           segment: int = 0, microbatches: int | None = None) -> Trainer[PipelineRunner]:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``; ``microbatches``:
     the run's plan (None: pipeline.microbatches, which must then be a count)."""
+    count = microbatches or cfg.pipeline.microbatches
+    if isinstance(count, str):  # validation leaves a count or "auto", and an auto run's plan holds the count
+        raise ValueError(f"pipeline.microbatches={count!r}: build_pipeline_trainer needs the planned count "
+                         f"(microbatches=)")
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
@@ -374,7 +379,7 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
-    runtime = PipelineRuntime(module, rank, world_size, setup, microbatches or cfg.pipeline.microbatches,
+    runtime = PipelineRuntime(module, rank, world_size, setup, count,
                               cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
                               nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),

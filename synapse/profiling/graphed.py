@@ -27,6 +27,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -37,6 +38,7 @@ from synapse.profiling.context import MeasureContext, loss_gradient
 from synapse.profiling.in_graph import in_graph_block_times
 
 logger = logging.getLogger(__name__)
+Measured = TypeVar("Measured")  # what a retried measurement returns
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def _time_block_replays(block: nn.Module, x: torch.Tensor, context: MeasureConte
     return _time_replays(_Chain([block]), x, context, input_grad=input_grad)
 
 
-def _retried(measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+def _retried(measure: Callable[[], Measured]) -> Measured:
     """``measure()``, once more if its capture failed: on an H200 (torch 2.11) the first capture of
     a backward GEMM (ResNet-50's last Linear, no GEMM captured before it) failed with
     CUBLAS_STATUS_EXECUTION_FAILED and the same capture right after succeeded; a second failure is real."""
@@ -131,8 +133,8 @@ def _time_replays(module: nn.Module, x: torch.Tensor, context: MeasureContext, i
         x = x.detach().clone().requires_grad_(input_grad)
         graphed = _student_replay(module, x)
         gradient = loss_gradient(graphed(x)).detach()
-        samples = [_timed_forward_backward(graphed, x, gradient) for _ in range(request.warmup + request.repeats)]
-    forward, backward = zip(*samples[request.warmup:])
+        pairs = [_timed_forward_backward(graphed, x, gradient) for _ in range(request.warmup + request.repeats)]
+    forward, backward = zip(*pairs[request.warmup:])
     return statistics.median(forward), statistics.median(backward)
 
 

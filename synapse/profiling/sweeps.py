@@ -146,7 +146,7 @@ def _backward_times(timer: MarkTimer, num_blocks: int) -> list[float]:
     """Block k's backward runs from the mark of its output's gradient to that of its input's; the
     first block whose input needs no gradient (the images) ends when backward returns."""
     times = [0.0] * num_blocks
-    upper = ("backward", num_blocks)
+    upper: tuple[str, int | str] = ("backward", num_blocks)  # a block index, then _END past the first block
     if not timer.has(upper):
         return times  # nothing to train
     for index in reversed(range(num_blocks)):
