@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig
 
@@ -29,6 +29,7 @@ from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
 from synapse.launch import DISK_FULL, launch_pipeline, newest_checkpoint
 from synapse.models import count_blocks
+from synapse.partitioning import StagePlanner
 from synapse.pipeline import LaunchTask
 from synapse.planning import (
     RunPlan,
@@ -118,24 +119,24 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     # reading the block profiles once); a manual partition without failover needs none.
     planner = (build_stage_planner(cfg, info, microbatches, log) if cfg.partition.mode == "auto" or failover
                else None)
-    if cfg.partition.mode == "auto":
-        partition, _ = auto_partition(cfg.partition, planner, devices, run_dir, log)
+    if cfg.partition.mode == "auto":  # the planner was built above (cast)
+        partition, _ = auto_partition(cfg.partition, cast(StagePlanner, planner), devices, run_dir, log)
         partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                      count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
     else:
         # fails before any process starts
         partition = placement_for_config(cfg.partition, cfg.teacher, cfg.student, devices, info)
     weights = teacher_weights(cfg, run_dir, log)
-    resume = resolve_resume(cfg.resume, run_dir, log)
+    resume_checkpoint = resolve_resume(cfg.resume, run_dir, log)
     PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
     log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{microbatches} micro-batches")
-    resume = str(resume) if resume else None
+    resume = str(resume_checkpoint) if resume_checkpoint else None
     plan = RunPlan(partition, microbatches)
-    if failover:
-        summary = run_with_failover(cfg, run_dir, planner, plan, str(weights), resume, overrides, log,
-                                    launch=nodes or launch_pipeline)
+    if failover:  # the planner was built above (cast)
+        summary = run_with_failover(cfg, run_dir, cast(StagePlanner, planner), plan, str(weights), resume,
+                                    overrides, log, launch=nodes or launch_pipeline)
         print_failover_story(summary.get("experiment", {}), run_dir, log)
     else:  # failover.enabled=false: a worker failure ends the run
         with supervised_console(run_dir, log, cfg.trainer.progress):

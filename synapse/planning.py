@@ -42,6 +42,7 @@ from synapse.partitioning import (
     PartitionError,
     PartitionPlan,
     Placement,
+    Schedule,
     StagePlanner,
     StepSpec,
     candidate_counts,
@@ -67,12 +68,19 @@ def profile_device(trainer: TrainerConfig) -> str:
 def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
     """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
     micro-batches (measured once, then cached)."""
-    micro_batch = cfg.data.batch_size // (microbatches or cfg.pipeline.microbatches)
+    micro_batch = cfg.data.batch_size // (microbatches or _configured_microbatches(cfg.pipeline))
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
                               profile_device(cfg.trainer), info.num_classes, info.in_chans, info.image_size,
                               cfg.cache_dir, warmup=cfg.partition.profile_warmup,
                               repeats=cfg.partition.profile_repeats, log=log,
                               launch=profile_launch(cfg.trainer, cfg.pipeline))
+
+
+def _configured_microbatches(pipeline: PipelineConfig) -> int:
+    """pipeline.microbatches as a count; with auto the count is the caller's to pass (chosen with the cuts)."""
+    if isinstance(pipeline.microbatches, str):  # validation leaves "auto" as the only string
+        raise PartitionError(f"pipeline.microbatches={pipeline.microbatches}: no fixed count; pass the chosen one")
+    return pipeline.microbatches
 
 
 def profile_launch(trainer: TrainerConfig, pipeline: PipelineConfig) -> str:
@@ -94,16 +102,14 @@ def device_facts(trainer: TrainerConfig, partition: PartitionConfig) -> DeviceFa
     topology = run_topology(trainer)
     if resolve_accelerator(trainer) == "cuda":
         bandwidth = gbps * 1e9 if gbps else math.inf
-        nodes = {"node_of": topology.node_of,
-                 "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
         # Run-wide device ids (partitioning/topology.py): a device is named and sized by its node's local id.
         return DeviceFacts(lambda d: f"cuda:{topology.local_id(d)}", lambda d: _gpu_memory(topology.local_id(d)),
-                           bandwidth, **nodes)
+                           bandwidth, node_of=topology.node_of,
+                           cross_node_bandwidth_bytes_per_s=node_gbps * 1e9 if node_gbps else bandwidth)
     bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
-    nodes = {"node_of": topology.node_of,
-             "cross_node_bandwidth_bytes_per_s": node_gbps * 1e9 if node_gbps else bandwidth}
     return DeviceFacts(lambda d: f"cpu:{topology.local_id(d)}", lambda device: math.inf, bandwidth,
-                       cpu_rank_contention(trainer), GLOO_LOOPBACK_LATENCY_S, **nodes)
+                       cpu_rank_contention(trainer), GLOO_LOOPBACK_LATENCY_S, node_of=topology.node_of,
+                       cross_node_bandwidth_bytes_per_s=node_gbps * 1e9 if node_gbps else bandwidth)
 
 
 def _gpu_memory(device: int) -> float:
@@ -130,7 +136,7 @@ def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callab
 
 
 def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None) -> StagePlanner:
-    step = StepSpec(microbatches or cfg.pipeline.microbatches, cfg.pipeline.schedule,
+    step = StepSpec(microbatches or _configured_microbatches(cfg.pipeline), Schedule.parse(cfg.pipeline.schedule),
                     optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
     return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step,
                         device_facts(cfg.trainer, cfg.partition))
@@ -267,6 +273,9 @@ def placement_for_config(partition_cfg: PartitionConfig, teacher: TeacherConfig,
     teacher_blocks = count_blocks(teacher.name, info.num_classes, info.in_chans, info.image_size)
     student_blocks = count_blocks(student.name, info.num_classes, info.in_chans, info.image_size)
     if partition_cfg.mode == "manual":
+        if partition_cfg.teacher is None or partition_cfg.student is None:  # validation requires both
+            raise PartitionError("partition.mode=manual needs blocks per stage: set partition.teacher and "
+                                 "partition.student, or use partition=even")
         if len(partition_cfg.teacher) != num_stages or len(partition_cfg.student) != num_stages:
             raise PartitionError(f"the partition has {len(partition_cfg.teacher)} stages for {num_stages} devices; "
                                  f"give one block count per device")

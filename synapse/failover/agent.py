@@ -44,17 +44,21 @@ class DeciderLost(RuntimeError):
 def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Serve the decider's orders until it says the run is over; return its last launch's summary.
     Each order carries the whole config of the segment it launches."""
-    channel = NodeChannel.connect(trainer.rdzv_endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
+    endpoint = trainer.rdzv_endpoint
+    if endpoint is None:  # validation requires it of a run on several nodes
+        raise NodeSetupError(f"node_rank {trainer.node_rank}: trainer.rdzv_endpoint is not set. Fix: set "
+                             f"trainer.rdzv_endpoint=host:port, the same as node 0's")
+    channel = NodeChannel.connect(endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
     node = int(trainer.node_rank)
     channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid()))
     welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s)
     if welcome is None:
-        raise NodeSetupError(f"node_rank {node}: node 0 at {trainer.rdzv_endpoint} did not answer within "
+        raise NodeSetupError(f"node_rank {node}: node 0 at {endpoint} did not answer within "
                              f"{2 * trainer.rdzv_timeout_s:g} s. Fix: start node 0 with the same trainer.rdzv_endpoint")
     if welcome.error:
         raise NodeSetupError(f"node_rank {node}: node 0 refused this node: {welcome.error}")
-    log(f"agent: node {node} joined the run at {trainer.rdzv_endpoint}; waiting for the decider's orders")
-    return Agent(channel, node, run_dir, log, trainer.rdzv_endpoint, trainer.rdzv_timeout_s).serve()
+    log(f"agent: node {node} joined the run at {endpoint}; waiting for the decider's orders")
+    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s).serve()
 
 
 class Agent:

@@ -68,7 +68,6 @@ FALLBACK_POLICY = DegradePolicy()  # decides a hard failure when the configured 
 
 
 @dataclass
-@dataclass
 class Episode:
     """One slowdown, from its detection until it is gone (recovered, or its device dropped)."""
 
@@ -105,6 +104,21 @@ class FailoverController:
     _nominal: tuple[list[float], list[float], list[float]] | None = None  # predicted compute, comm, transfer
     _calibration: OnlineCalibration | None = None  # built on first use (a controller may have no planner)
 
+    # ---------------------------------------------------------------- the running segment
+    @property
+    def running_placement(self) -> Placement:
+        """The running segment's placement; records and decisions only come once a segment began."""
+        if self.placement is None:
+            raise RuntimeError("the failover controller has no running placement: call begin_segment first")
+        return self.placement
+
+    @property
+    def nominal_s(self) -> tuple[list[float], list[float], list[float]]:
+        """The running partition's predicted compute, comm and transfer per rank (set with the placement)."""
+        if self._nominal is None:
+            raise RuntimeError("the failover controller has no running placement: call begin_segment first")
+        return self._nominal
+
     # ---------------------------------------------------------------- calibration
     @property
     def calibration(self) -> OnlineCalibration:
@@ -130,11 +144,12 @@ class FailoverController:
         measured = self.calibration.observe(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
         if not measured:
             return
-        old_compute, partition = self._nominal[0], self._partition_of(self.placement)
+        old_compute, partition = self.nominal_s[0], self._partition_of(self.running_placement)
         self._nominal = (self.priced.per_step_compute_s(*partition), self.priced.per_step_comm_s(*partition),
                          self.priced.per_step_transfer_s(*partition))
-        self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.placement.devices, self._nominal[0],
-                                                                             old_compute) if old > 0 and new > 0})
+        self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.running_placement.devices,
+                                                                             self._nominal[0], old_compute)
+                                        if old > 0 and new > 0})
         self.log_event("block_calibration", step=timing.step, stages=self.calibration.describe(measured),
                        factors=self.calibration.factors.to_dict())
 
@@ -216,7 +231,8 @@ class FailoverController:
             if detection.kind == COMPUTE and detection.rank in self.detector.prior_replaced:
                 self._assume_reference(detection.rank)
             if detection.kind == COMPUTE and timing.step > detection.onset_step:  # the estimator reads the new level
-                self.estimator.mark_shift(self.placement.devices[detection.rank], timing.step - detection.onset_step)
+                self.estimator.mark_shift(self.running_placement.devices[detection.rank],
+                                          timing.step - detection.onset_step)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
@@ -247,13 +263,18 @@ class FailoverController:
     def _assume_reference(self, rank: int) -> None:
         """A rank slow from the start: the estimator takes the reference the detector's verdict
         implies (its own would hold the slowdown; alone, all of it)."""
-        expected = self._nominal[0][rank]
-        reference = self.detector.baseline(COMPUTE)[rank] / expected if expected > 0 else None
-        if reference is not None and self.estimator.assume_compute_reference(reference):
-            self.log_event("estimator_reference", rank=rank, device=self.placement.devices[rank],
+        expected = self.nominal_s[0][rank]
+        if not expected > 0:
+            return  # no prediction to take the reference against
+        baseline = self.detector.baseline(COMPUTE)
+        if baseline is None:  # the detector's plan check sets the compute baselines when it finds a rank slow
+            raise RuntimeError(f"rank {rank} was found slow from the start but the detector has no compute baseline")
+        reference = baseline[rank] / expected
+        if self.estimator.assume_compute_reference(reference):
+            self.log_event("estimator_reference", rank=rank, device=self.running_placement.devices[rank],
                            reference=reference, reason="slow from the start (detector's plan check)")
             # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
-            partition = self._partition_of(self.placement)
+            partition = self._partition_of(self.running_placement)
             self._rescale_healthy(self.priced.predict(*partition).step_time_s
                                   / self.priced.predict(*partition, self.alphas(), self.betas()).step_time_s)
 
@@ -273,23 +294,24 @@ class FailoverController:
         return statistics.median(s for _, s in self._recent)
 
     @staticmethod
-    def _partition_of(placement: Placement) -> tuple:
+    def _partition_of(placement: Placement) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         return placement.devices, placement.teacher_counts, placement.student_counts
 
     def _update_estimator(self, timing: StepTiming, link_s: list[float] | None) -> None:
         """Beta (comm) is measured on each link's own send time when the records carry it: the
         cost model prices link r's transfers on stage r, and waiting is no link's slowness.
         Older records only have comm = step - compute, waiting included."""
-        compute, comm, transfer = self._nominal
+        compute, comm, transfer = self.nominal_s
         own = link_s is not None and len(link_s) == timing.num_ranks
-        self.estimator.update(devices=self.placement.devices, measured_compute_s=timing.compute_s,
-                              measured_comm_s=link_s if own else timing.comm_s, predicted_compute_s=compute,
+        measured_comm_s = link_s if own and link_s is not None else timing.comm_s  # own implies link_s is a list
+        self.estimator.update(devices=self.running_placement.devices, measured_compute_s=timing.compute_s,
+                              measured_comm_s=measured_comm_s, predicted_compute_s=compute,
                               predicted_comm_s=transfer if own else comm, comm_is_transfer=own)
 
     def _log_detection(self, detection: Detection, timing: StepTiming) -> None:
         event = "slowdown_detected" if detection.event == SLOWDOWN else "slowdown_recovered"
         fields = {k: v for k, v in detection.to_dict().items() if k != "event"}
-        device = self.placement.devices[detection.rank]
+        device = self.running_placement.devices[detection.rank]
         self.log_event(event, **fields, device=device, step=timing.step)
         what = "slower" if detection.event == SLOWDOWN else "back to normal"
         what_part = "link (its own sends)" if detection.kind == COMM else detection.kind
@@ -302,16 +324,17 @@ class FailoverController:
         """Each device's slowdown: the estimator's once it has a reference, the planned one
         (``prior_alphas``, 1.0 when none) before that and for devices it never measured."""
         known = self.estimator.alphas() if self.estimator.ready else {}
-        return {d: known.get(d, self.prior_alphas.get(d, 1.0)) for d in (*self.placement.devices, *self.spare_devices)}
+        return {d: known.get(d, self.prior_alphas.get(d, 1.0))
+                for d in (*self.running_placement.devices, *self.spare_devices)}
 
     def betas(self) -> dict[int, float]:
         # Betas stand on their own reference: a link's healthy level is known after 15 measured steps,
         # before the compute reference (30), and a slow link must be priced as soon as it is blamed.
         known = self.estimator.betas() if self.estimator.reference(COMM) is not None else {}
-        return {d: known.get(d, 1.0) for d in (*self.placement.devices, *self.spare_devices)}
+        return {d: known.get(d, 1.0) for d in (*self.running_placement.devices, *self.spare_devices)}
 
     def _options(self, bad_device: int | None, measured_step_s: float | None = None, lost: Sequence[int] = ()):
-        placement, alphas, betas = self.placement, self.alphas(), self.betas()
+        placement, alphas, betas = self.running_placement, self.alphas(), self.betas()
         predicted = self.priced.predict(placement.devices, placement.teacher_counts, placement.student_counts,
                                         alphas, betas).step_time_s
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
@@ -321,14 +344,14 @@ class FailoverController:
     def _slowest_device(self) -> int | None:
         """The device of the strongest active slowdown (compute first: it is the device's own)."""
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
-        return self.placement.devices[active[0].rank] if active else None
+        return self.running_placement.devices[active[0].rank] if active else None
 
     def _estimated_factor(self) -> float | None:
         """The estimator's alpha (compute) or beta (comm) of the device the detector blames most."""
         active = sorted(self.detector.active, key=lambda d: (d.kind != COMPUTE, -d.ratio))
         if not active or self.estimator.reference(active[0].kind) is None:
             return None
-        device = self.placement.devices[active[0].rank]
+        device = self.running_placement.devices[active[0].rank]
         return (self.alphas() if active[0].kind == COMPUTE else self.betas())[device]
 
     def decide(self, step: int, total_steps: int) -> Decision:

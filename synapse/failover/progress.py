@@ -118,7 +118,7 @@ def agent_logs_to_run_log() -> Iterator[None]:
     """torch's elastic agent logs each worker it terminates and the traceback of the one that died,
     ~10 lines a failure, to stderr. The supervisor says what failed and prints that rank's last lines,
     so while it runs those records go to the run's log file (train.log) only."""
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    files: list[logging.Handler] = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     saved = []
     for name in AGENT_LOGGERS:
         logger = logging.getLogger(name)

@@ -40,18 +40,18 @@ def restart_cost_model(trainer: TrainerConfig, failover: FailoverConfig, log: Ca
                               "restart", FALLBACK_RESTART, "experiments/bench_restart_cost.py", log)
     live = _benchmark_cost(None, PRIORS_DIR / f"live_replan_{accelerator}.json", "live", FALLBACK_LIVE,
                            "experiments/bench_live_replan.py", log)
-    kind_paths = {OptionKind.REPLAN: "live"} if failover.replan_mode == "live" else {}
+    kind_paths: dict[OptionKind | str, str] = {OptionKind.REPLAN: "live"} if failover.replan_mode == "live" else {}
     return RestartCostModel({"restart": restart, "live": live}, kind_paths=kind_paths)
 
 
 def _benchmark_cost(path: str | None, default: Path, name: str, fallback: RestartCost, script: str,
                     log: Callable[[str], None]) -> RestartCost:
-    path = Path(path) if path else (default if default.is_file() else None)
-    if path is None:
+    source = Path(path) if path else (default if default.is_file() else None)
+    if source is None:
         log(f"failover: no {name} cost measured yet ({script}); assuming {fallback.total_s:.1f} s until this run "
             f"has done one")
         return fallback
-    return RestartCostModel.from_benchmark(json.loads(path.read_text())).estimate(name)
+    return RestartCostModel.from_benchmark(json.loads(source.read_text())).estimate(name)
 
 
 def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, log: Callable[[str], None],

@@ -124,8 +124,8 @@ class Supervisor:
                 break
             if summary and summary["steps"] >= summary["total_steps"]:
                 break  # a stop requested at the very last step: nothing left to run
-            if self.interrupt.requested:
-                return self._end_interrupted(current, summary)
+            if (signal_name := self._interrupted_by()) is not None:
+                return self._end_interrupted(current, summary, signal_name)
             restart = self._plan_restart(current, watcher, failure)
             spec = self._next_segment(current, restart)
             composed = self.composer.compose(spec, self.worker_events)
@@ -154,11 +154,15 @@ class Supervisor:
                                         self.restarts, self.started_at, summary or {},
                                         earlier_restarts=self.earlier_restarts)
 
-    def _end_interrupted(self, spec: Segment, summary: dict | None) -> dict[str, Any]:
+    def _interrupted_by(self) -> str | None:
+        """The signal that asked the run to stop (None: none did, or no handler is set: outside run())."""
+        return None if self.interrupt is None else self.interrupt.signal_name
+
+    def _end_interrupted(self, spec: Segment, summary: dict | None, signal_name: str) -> dict[str, Any]:
         self._write_summary(summary)
         saved = ckpt.latest_valid_checkpoint(CHECKPOINTS.path(self.run_dir))
         at = f"a checkpoint of step {saved.step} is in {saved.path}" if saved else "no checkpoint was written"
-        raise RunInterrupted(f"interrupted by {self.interrupt.signal_name}: segment {spec.index} stopped after step "
+        raise RunInterrupted(f"interrupted by {signal_name}: segment {spec.index} stopped after step "
                              f"{spec.end_step}; {at}. Continue with the same command and resume=auto")
 
     def _launch(self, spec: Segment, composed: ComposedSegment, restart: Restart | None):
@@ -166,8 +170,8 @@ class Supervisor:
         self.control = open_channel(self.run_dir, control_endpoint(segment_cfg.trainer, segment_cfg.failover),
                                     segment_cfg.trainer.rdzv_timeout_s)
         self.control.clear()
-        if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
-            self._stop_on_interrupt(self.interrupt.signal_name)
+        if (signal_name := self._interrupted_by()) is not None:  # it came while the segment was being set up
+            self._stop_on_interrupt(signal_name)
         self.controller.begin_segment(spec.placement, start_step=spec.start_step)
         watcher = LaunchWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
                                live_replan=self.live_replan, on_live_segment=self._on_live_segment,
@@ -274,17 +278,21 @@ class Supervisor:
                                 f"{self.failover.max_restarts} restarts are spent; checkpoints are in "
                                 f"{CHECKPOINTS.path(self.run_dir)}. Fix: raise failover.max_restarts and rerun with "
                                 f"resume=auto")
+        end_step, _ = self._end_of(spec)
         total = (watcher.last_record or {}).get("total_steps") or self._total_steps_hint()
         if failure is not None:
             decision, trigger = self._decide_on_failure(spec, watcher, failure, total)
-        else:
+        elif watcher.decision is not None and watcher.decided_at is not None:
             decision, trigger = watcher.decision, watcher.decided_at
+        else:  # every other stop ends the run before this (an interrupt returns, a controller failure raises)
+            raise FailoverError(f"segment {spec.index} stopped on request but the controller decided nothing; "
+                                f"there is no restart to plan")
         cause = failure.cause if failure else decision.reason
         if failure is None and watcher.pending_live is not None:  # the workers refused the live path
             cause += "; the live re-partition failed, so the workers checkpointed for a restart instead"
         resume = self._resume_checkpoint()
         restart = Restart(segment=spec.index + 1, action=decision.action.value, trigger_time=trigger,
-                          trigger_step=spec.end_step, resume_step=resume.step if resume else 0,
+                          trigger_step=end_step, resume_step=resume.step if resume else 0,
                           cause=cause, decision=decision,
                           resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
                           last_step_time=(watcher.last_record or {}).get("time"))
@@ -292,21 +300,29 @@ class Supervisor:
         self._mark_decision(decision)
         return restart
 
+    @staticmethod
+    def _end_of(spec: Segment) -> tuple[int, float]:
+        """The step and the time ``spec`` ended at (``_finish_segment`` sets both before a restart is planned)."""
+        if spec.end_step is None or spec.ended_at is None:
+            raise FailoverError(f"segment {spec.index} has not ended: a restart is planned only after its end")
+        return spec.end_step, spec.ended_at
+
     def _decide_on_failure(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure,
                            total: int) -> tuple[Decision, float]:
+        end_step, ended_at = self._end_of(spec)
         if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
             raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}")
         device, lost = spec.devices[failure.rank], [spec.devices[r] for r in failure.lost_ranks if r != failure.rank]
         self.log(f"failover: device {device} (rank {failure.rank}) failed: {failure.cause}")
         try:
-            decision = self.controller.on_hard_failure(device, spec.end_step, total, failure.cause, lost_with_it=lost)
+            decision = self.controller.on_hard_failure(device, end_step, total, failure.cause, lost_with_it=lost)
         except NoViableOptionError as exc:
             raise FailoverError(f"device {device} failed and no device is left to continue on ({exc}); "
                                 f"everything finished is saved in {CHECKPOINTS.path(self.run_dir)}. Fix: add "
                                 f"devices (trainer.devices / trainer.spare_devices) and rerun with resume=auto"
                                 ) from failure
         failed_at = min((e["time"] for e in self.worker_events() if e.get("hard") and e["time"] >= spec.started_at),
-                        default=spec.ended_at)
+                        default=ended_at)
         return decision, failed_at
 
     def _resume_checkpoint(self) -> ckpt.CheckpointRef | None:
@@ -321,6 +337,8 @@ class Supervisor:
         return ref
 
     def _next_segment(self, spec: Segment, restart: Restart) -> Segment:
+        if restart.decision is None:  # _plan_restart records the decision of every restart it plans
+            raise FailoverError(f"restart to segment {restart.segment} has no decision to take its placement from")
         chosen = restart.decision.chosen
         pinned = None if restart.resume_path is None else pin_checkpoint(
             restart.resume_path, SEGMENT_RESUME.path(self.run_dir, segment=restart.segment))
@@ -328,7 +346,7 @@ class Supervisor:
                  f"{list(chosen.teacher_counts)}, student blocks {list(chosen.student_counts)}, from step "
                  f"{restart.resume_step}")
         return Segment(restart.segment, chosen.placement, spec.microbatches, reason=restart.action,
-                       resume=pinned and str(pinned), start_step=restart.resume_step)
+                       resume=None if pinned is None else str(pinned), start_step=restart.resume_step)
 
     # ---------------------------------------------------------------- measurements
     def _measure_restart(self, restart: Restart, first_record: dict[str, Any]) -> None:

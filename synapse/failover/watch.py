@@ -26,10 +26,10 @@ from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
 class LaunchWatcher(threading.Thread):
     def __init__(self, run_dir: Path, segment: int, controller: FailoverController, *, period_s: float = 0.05,
                  log: Callable[[str], None] = print, live_replan: bool = False,
-                 on_live_segment: Callable[[Decision, dict[str, Any]], None] | None = None,
+                 on_live_segment: Callable[[Decision, dict[str, Any], dict[str, Any]], None] | None = None,
                  control: ControlChannel | None = None):
         """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_segment``
-        is called with the decision and the first record of the segment it started."""
+        is called with the decision, the first record of the segment it started and the last of the one before."""
         super().__init__(name=f"synapse-watch-{segment}", daemon=True)
         self.run_dir, self.segment, self.controller = Path(run_dir), segment, controller
         self.period_s, self.log = period_s, log
@@ -74,7 +74,7 @@ class LaunchWatcher(threading.Thread):
                 "controller_failed", segment=self.segment, step=step, error=f"{type(exc).__name__}: {exc}"[:2000])
         # The placement stays the running one: a stop, not a decision.
         self.control.send(StopRequest(uuid.uuid4().hex, "controller_failed", int(step or 0), self.segment, "restart",
-                                      self.controller.placement))
+                                      self.controller.running_placement))
 
     def _poll(self) -> None:
         for record in self._records.read_new():
@@ -82,6 +82,9 @@ class LaunchWatcher(threading.Thread):
             if segment < self.segment:
                 continue  # an earlier launch's lines
             if segment > self.segment:  # the workers re-partitioned live: a new segment began
+                if self.on_live_segment is None or self.pending_live is None or self.last_record is None:
+                    raise RuntimeError(f"segment {segment} began live during segment {self.segment}, but no live "
+                                       f"re-partition was asked for (or nothing told of it)")
                 self.on_live_segment(self.pending_live, record, self.last_record)
                 self.segment, self.decision, self.pending_live = segment, None, None
             self.first_record = self.first_record or record

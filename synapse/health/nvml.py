@@ -127,7 +127,7 @@ class NvmlSampler:
         if self._event_set is None:
             return []
         wait = getattr(self.nvml, "nvmlEventSetWait_v2", None) or self.nvml.nvmlEventSetWait
-        events = []
+        events: list[dict[str, Any]] = []
         while True:
             try:
                 data = wait(self._event_set, 0)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import IO, cast
 
 # Exit codes of the probe program.
 _WRONG_RESULT, _OUT_OF_MEMORY = 3, 4
@@ -74,8 +75,9 @@ class CudaProbe:
             process.kill()
             process.wait()
             return ProbeResult(self.device, "timeout", elapsed, f"no answer within {self.timeout_s:.0f} s")
-        detail = process.stderr.read().decode(errors="replace").strip()[-500:]
-        process.stderr.close()
+        stderr = cast(IO[bytes], process.stderr)  # started with stderr=PIPE
+        detail = stderr.read().decode(errors="replace").strip()[-500:]
+        stderr.close()
         outcome = {0: "ok", _OUT_OF_MEMORY: "inconclusive"}.get(code, "failed")
         if code == _WRONG_RESULT:
             detail = "the probe kernel computed a wrong result"

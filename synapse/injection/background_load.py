@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from typing import IO, cast
 
 _PR_SET_PDEATHSIG = 1
 
@@ -122,7 +123,7 @@ class LoadProcess:
             return
         self._signal(signal.SIGCONT)  # a stopped process cannot see the EOF
         try:
-            self.process.stdin.close()
+            cast(IO[bytes], self.process.stdin).close()  # started with stdin=PIPE
         except OSError:
             pass  # it is gone already
         try:
@@ -134,8 +135,9 @@ class LoadProcess:
 
     def _send(self, line: bytes) -> None:
         try:
-            self.process.stdin.write(line)
-            self.process.stdin.flush()
+            stdin = cast(IO[bytes], self.process.stdin)  # started with stdin=PIPE
+            stdin.write(line)
+            stdin.flush()
         except OSError as exc:
             raise BackgroundLoadError(f"background load process {self.pid} is gone (exit code "
                                       f"{self.process.poll()}); see the worker's stderr") from exc

@@ -71,7 +71,7 @@ def split_extra(phase: str, extra: float, base: Mapping[str, float] | None) -> d
     total = sum(base.values()) if base else 0.0
     if extra <= 0.0:
         return {}
-    if total <= 0.0:
+    if base is None or total <= 0.0:
         return {MAIN_PART[phase]: extra}
     return {part: extra * seconds / total for part, seconds in base.items() if seconds > 0.0}
 

@@ -40,7 +40,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write", "repartition")
 # Phases that happen when something is decided, not at a step known in advance: an instant fault
@@ -54,7 +54,7 @@ FAULT_KINDS = (*INSTANT_KINDS, *SPAN_KINDS)
 # The phases each span kind may act in (the first tuple is the default).
 SPAN_PHASES = {"slow_compute": ("forward", "backward"), "slow_comm": ("send",), "background_load": ("step_start",)}
 # Instant kinds that act in fewer phases than PHASES (nan_loss corrupts a forward's output).
-INSTANT_PHASES = {"nan_loss": ("forward",)}
+INSTANT_PHASES: dict[str, tuple[str, ...]] = {"nan_loss": ("forward",)}
 
 # fault_id: the fault's index in the user's list, kept when a restarted segment renumbers ranks or
 # leaves fired faults out (events and "fired once" are keyed by it).
@@ -126,6 +126,8 @@ class FaultSpec:
             return False
         if self.on_steps is None:
             return True
+        if self.off_steps is None:  # parsing sets both or neither
+            raise ValueError(f"fault {self.index} has on_steps but no off_steps")
         return (step - self.start) % (self.on_steps + self.off_steps) < self.on_steps
 
     def level(self, step: int) -> float:
@@ -196,16 +198,19 @@ class _SpecReader:
     def __init__(self, spec: Mapping[str, Any], index: int):
         # An unset key (None, as the typed config node holds every key) is a key not given.
         self.spec, self.index = {str(k): v for k, v in spec.items() if v is not None}, index
-        self.kind = self.spec.get("kind")
+        # The kind is checked first (every other check depends on it), so the reader's kind is a known one.
+        kind = self.spec.get("kind")
+        if not isinstance(kind, str) or kind not in FAULT_KINDS:
+            self.fail(f"kind {kind!r} is unknown" if "kind" in self.spec else "no kind given",
+                      f"use one of {', '.join(FAULT_KINDS)}")
+        self.kind: str = kind
 
-    def fail(self, problem: str, fix: str) -> None:
-        what = f" ({self.kind})" if self.kind in FAULT_KINDS else ""
+    def fail(self, problem: str, fix: str) -> NoReturn:
+        given_kind = self.spec.get("kind")
+        what = f" ({given_kind})" if given_kind in FAULT_KINDS else ""
         raise InjectionError(f"injection.faults[{self.index}]{what}: {problem}; {fix}")
 
     def read(self) -> FaultSpec:
-        if self.kind not in FAULT_KINDS:
-            self.fail(f"kind {self.kind!r} is unknown" if "kind" in self.spec else "no kind given",
-                      f"use one of {', '.join(FAULT_KINDS)}")
         unknown = sorted(set(self.spec) - set(_KEYS[self.kind]))
         if unknown:
             self.fail(f"unknown key(s) {unknown}", f"a {self.kind} fault takes {', '.join(_KEYS[self.kind])}, "
@@ -239,12 +244,12 @@ class _SpecReader:
         on, off = self.optional_integer("on_steps", 1), self.optional_integer("off_steps", 1)
         if (on is None) != (off is None):
             self.fail("on_steps and off_steps go together", "give both, e.g. on_steps: 10, off_steps: 10")
-        fields = dict(kind=self.kind, rank=rank, start=start, end=end, on_steps=on, off_steps=off, index=self.index,
-                      phases=self.phases(SPAN_PHASES[self.kind], default=SPAN_PHASES[self.kind]))
+        span = FaultSpec(self.kind, rank, start, end=end, on_steps=on, off_steps=off, index=self.index,
+                         phases=self.phases(SPAN_PHASES[self.kind], default=SPAN_PHASES[self.kind]))
         if self.kind == "background_load":
-            return FaultSpec(**fields, workers=self.integer("workers", 1, default=1),
-                             matrix_size=self.integer("matrix_size", 64, default=4096))
-        return FaultSpec(**fields, **self.slowdown(start))
+            return dataclasses.replace(span, workers=self.integer("workers", 1, default=1),
+                                       matrix_size=self.integer("matrix_size", 64, default=4096))
+        return dataclasses.replace(span, **self.slowdown(start))
 
     def slowdown(self, start: int) -> dict[str, Any]:
         given = [key for key in ("seconds", "factor", "bytes_per_s") if key in self.spec]

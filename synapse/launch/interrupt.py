@@ -15,10 +15,14 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+# What signal.signal returns and accepts: a handler, SIG_DFL/SIG_IGN, or None (set outside Python).
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class RunInterrupted(RuntimeError):
@@ -32,7 +36,7 @@ class InterruptToStop:
     def __init__(self, on_first: Callable[[str], None]):
         self.on_first = on_first
         self.signal_name: str | None = None  # set by the first signal
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, SignalHandler] = {}  # restored on exit
 
     @property
     def requested(self) -> bool:

@@ -51,8 +51,8 @@ _PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken p
 def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     """The failure records workers wrote, root cause first: the earliest error that is not a
     consequence of losing a peer (then the earliest of those)."""
-    records = [read_json_record(p) for p in sorted(Path(failure_dir).glob(FAILURE_RECORD.glob(within=FAILURES)))]
-    records = [r for r in records if r is not None]  # an empty one: its writer ran out of disk
+    read = [read_json_record(p) for p in sorted(Path(failure_dir).glob(FAILURE_RECORD.glob(within=FAILURES)))]
+    records = [r for r in read if r is not None]  # an empty one: its writer ran out of disk
     return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
 
 
@@ -92,15 +92,14 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
         return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
     if not records:
-        rank = min(reaped) if reaped else None
-        return WorkerFailure(message, rank, SILENT_DEATH, device_failure=True)
+        return WorkerFailure(message, min(reaped) if reaped else None, SILENT_DEATH, device_failure=True)
     if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
         # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
         silent = sorted(set(beats) - {r["rank"] for r in records})
         if silent:
-            rank = first_death(silent, reaped, progress or {})
-            return WorkerFailure(f"pipeline rank {rank} {SILENT_DEATH} (its peers lost it); logs in "
-                                 f"{log_dir}", rank, SILENT_DEATH, device_failure=True)
+            dead = first_death(silent, reaped, progress or {})
+            return WorkerFailure(f"pipeline rank {dead} {SILENT_DEATH} (its peers lost it); logs in "
+                                 f"{log_dir}", dead, SILENT_DEATH, device_failure=True)
     root = records[0]
     device_error = _device_error(root)
     cause = device_error or f"{root['type']}: {root['message']}"
