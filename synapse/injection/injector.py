@@ -39,6 +39,7 @@ from synapse.injection.spec import (  # noqa: F401
     PHASES,
     SLOWDOWN_KINDS,
     SPAN_KINDS,
+    FaultEntry,
     FaultSpec,
     InjectionError,
     parse_faults,
@@ -200,7 +201,7 @@ class FaultInjector:
                 span.load.stop()
 
 
-def build_fault_injector(faults: Sequence[Mapping[str, Any]] | None, rank: int, world_size: int,
+def build_fault_injector(faults: Sequence[FaultEntry] | None, rank: int, world_size: int,
                          run_dir: Path | str, device: torch.device | str = "cpu",
                          local_rank: int | None = None) -> FaultInjector:
     """The injector of one worker: events go to ``<run_dir>/failover_events.jsonl``, delays to

@@ -40,7 +40,14 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # any dataclass instance: exists for the type checker only
+
+# One fault as the config gives it: a mapping (YAML, tests) or the typed config's FaultSettings, a
+# dataclass this package cannot name (config sits above injection).
+FaultEntry: TypeAlias = "Mapping[str, Any] | DataclassInstance"
 
 PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write", "repartition")
 # Phases that happen when something is decided, not at a step known in advance: an instant fault
@@ -175,16 +182,16 @@ class FaultSpec:
         return _SpecReader(spec, index).read()
 
 
-def parse_faults(specs: Sequence[Mapping[str, Any]] | None, world_size: int) -> list[FaultSpec]:
+def parse_faults(specs: Sequence[FaultEntry] | None, world_size: int) -> list[FaultSpec]:
     """Validate every fault against the run's world size before any worker starts."""
     faults = []
     for i, spec in enumerate(specs or []):
-        if dataclasses.is_dataclass(spec) and not isinstance(spec, type):  # the typed config's FaultSettings
-            spec = dataclasses.asdict(spec)
-        if not hasattr(spec, "keys"):
+        # the typed config's FaultSettings, or a mapping
+        entry = dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) and not isinstance(spec, type) else spec
+        if not isinstance(entry, Mapping):  # a DictConfig is one too
             raise InjectionError(f"injection.faults[{i}] is {spec!r}, not a mapping; write each fault as "
                                  f"{_EXAMPLES['raise']}")
-        fault = FaultSpec.from_config(spec, index=i)
+        fault = FaultSpec.from_config(entry, index=i)
         if fault.rank >= world_size:
             raise InjectionError(f"injection.faults[{i}] targets rank {fault.rank} but the run has {world_size} "
                                  f"rank(s) (0..{world_size - 1}); pick an existing rank")
