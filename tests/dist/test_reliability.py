@@ -238,7 +238,7 @@ def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_fil
                                 "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
                                 "trainer.collective_timeout_s=900"))
     assert [(e["rank"], e["phase"]) for e in events(tmp_path, "fault_injected")] == [(1, "repartition")]
-    (ended,) = events(tmp_path, "segment_ended", stage=0)
+    (ended,) = events(tmp_path, "segment_ended", segment=0)
     assert ended["cause"] == "rank_hung" and ended["rank"] == 1, ended
     stages = read_segments(tmp_path)
     assert stages[0].outcome == "failed" and stages[1].devices == [0, 2], [s.devices for s in stages]
