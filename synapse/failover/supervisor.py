@@ -90,7 +90,7 @@ class Supervisor:
     # ---------------------------------------------------------------- the loop
     def run(self, first: Segment, compose: bool = False) -> dict[str, Any]:
         """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides.
-        A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
+        A first Ctrl-C/SIGTERM/SIGHUP stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
                 supervised_console(self.run_dir, self.log, self.trainer.progress, self._running_segment):
             return self._run_segments(first, compose)
@@ -100,9 +100,9 @@ class Supervisor:
         return (self.segments[-1].index, self.segments[-1].placement) if self.segments else None
 
     def _stop_on_interrupt(self, signal_name: str) -> None:
-        """First SIGINT/SIGTERM (signal handler, main thread): every rank stops after its step in flight."""
-        self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (again to abort "
-                 f"now)")
+        """First SIGINT/SIGTERM/SIGHUP (signal handler, main thread): every rank stops after its step in flight."""
+        self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (Ctrl-C again to "
+                 f"abort now)")
         spec = self.segments[-1]  # a stop, not a decision: the placement stays the running one
         control = self.control or FileControlChannel(self.run_dir)
         control.send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})", spec.start_step, spec.index, "restart",

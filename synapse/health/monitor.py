@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from synapse.health.liveness import LivenessTracker, is_own_process, read_heartbeats
+from synapse.health.liveness import LivenessTracker, is_launch_worker, read_heartbeats
 from synapse.health.nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
 from synapse.health.probe import CudaProbe, ProbeResult
 from synapse.rundir import HEALTH, EventLog, JsonlWriter, events_path
@@ -85,8 +85,9 @@ class HealthMonitor:
         self.on_hard_failure = on_hard_failure
         self.log = log
         self.gpu_devices = tuple(gpu_devices)
-        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=time.time() if since is None else since,
-                                       is_ours=is_own_process)
+        since = time.time() if since is None else since
+        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=since,
+                                       is_ours=lambda pid: is_launch_worker(pid, since))
         self.nvml = open_nvml(log, nvml_importer) if self.settings.nvml else NullNvml()
         self.events_log = EventLog(events_path(self.run_dir), source="health")
         self.events: list[dict[str, Any]] = []

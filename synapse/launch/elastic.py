@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import multiprocessing.forkserver
 import pickle
+import signal
 import socket
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -48,6 +51,23 @@ def preload_worker_modules(data_set: str) -> None:
     code and what this run's data set imports lazily. Without the latter, every rank of every launch
     imported scikit-learn for the digits on its own: 3-4 s of CPU per rank, most of a tiny launch."""
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *dataset_lazy_imports(data_set)])
+
+
+def start_fork_server() -> None:
+    """Start the fork server (if it is not running) with SIGHUP ignored, which it keeps: an ignored
+    signal stays ignored across exec, and the workers it forks inherit that too. A closed terminal's
+    SIGHUP reaches every process of the job; the server dying of it would make torch's agent read
+    every worker as exited (their status pipes close with it) instead of letting the supervisor stop
+    them with a checkpoint (launch/interrupt.py). Its sibling, multiprocessing's resource tracker,
+    is started with it and ignores SIGHUP as well."""
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()  # a handler can only be changed in the main thread
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
@@ -85,9 +105,9 @@ def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", sto
                       "is_host": trainer.node_rank == 0 and not store_hosted,
                       "node_rank": trainer.node_rank},  # ranks follow the nodes (launch/rendezvous.py)
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
-        # Under the supervisor, Ctrl-C and SIGTERM mean "checkpoint and stop" (launch/interrupt.py), not
-        # torch's "abort the launch now".
-        signals_to_handle="SIGHUP,SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        # Under the supervisor, Ctrl-C, SIGTERM and a closed terminal's SIGHUP mean "checkpoint and stop"
+        # (launch/interrupt.py), not torch's "abort the launch now".
+        signals_to_handle="SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
         log_line_prefix_template=RANK_PREFIX if trainer.nodes == 1 else f"[node {trainer.node_rank}] {RANK_PREFIX}",
     )
@@ -112,6 +132,7 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
     a multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
     cfg = task.config
     preload_worker_modules(cfg.data.name)
+    start_fork_server()
     for tries_left in reversed(range(PORT_ATTEMPTS)):
         config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:
