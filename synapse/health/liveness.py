@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 from synapse.rundir import HEARTBEAT
 
 FINISHED_PHASE = "finished"
+NOT_OURS = "not ours"  # the state of a heartbeat whose pid is no worker of this launch
 
 
 def pid_alive(pid: int) -> bool:
@@ -189,7 +190,7 @@ class LivenessTracker:
             if not self._is_ours(p.pid):
                 # Alive and someone else's, or already gone and never seen as ours (a planted or stale
                 # file): neither killed nor reported, so it cannot tear a healthy launch down.
-                return {**status, "state": "not ours"}, None
+                return {**status, "state": NOT_OURS}, None
             self._trusted.add(p.pid)
         if not alive:
             return {**status, "state": "dead"}, self._once(("dead", p.pid), {
