@@ -43,6 +43,7 @@ from synapse.rundir import (
     EventLog,
     EventLogError,
     JsonlTail,
+    Refusals,
     events_path,
 )
 from synapse.trackers import NullTracker, Tracker
@@ -163,7 +164,8 @@ class Supervisor:
     def _launch(self, spec: Segment, composed: ComposedSegment, restart: Restart | None):
         segment_cfg = composed.config  # the segment's whole config: carried to the workers
         self.control = open_channel(self.run_dir, control_endpoint(segment_cfg.trainer, segment_cfg.failover),
-                                    segment_cfg.trainer.rdzv_timeout_s)
+                                    segment_cfg.trainer.rdzv_timeout_s, launch=spec.index,
+                                    refused=Refusals(self.run_dir, source="supervisor", log=self.log))
         self.control.clear()
         if self.interrupt is not None and self.interrupt.requested:  # it came while the segment was being set up
             self._stop_on_interrupt(self.interrupt.signal_name)

@@ -13,7 +13,6 @@ is judged in root_cause.py.
 """
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import multiprocessing.forkserver
 import pickle
@@ -90,7 +89,8 @@ def free_port() -> int:
 def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False
                   ) -> LaunchConfig:
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
-    run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
+    # Derived from the run's key, not from run_dir: not guessable (the key's seal is what protects the state)
+    run_id = trainer.rdzv_id or rendezvous.rendezvous_id(run_dir, attempt)
     logs = worker_logs_spec(LAUNCH_LOGS.path(run_dir, attempt=attempt), trainer.local_ranks_filter)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
@@ -103,7 +103,8 @@ def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", sto
                       # Node 0 hosts the c10d store; on one machine the others must not try to. A
                       # multi-node failover run's store is hosted by its decider for the whole run.
                       "is_host": trainer.node_rank == 0 and not store_hosted,
-                      "node_rank": trainer.node_rank},  # ranks follow the nodes (launch/rendezvous.py)
+                      "node_rank": trainer.node_rank,  # ranks follow the nodes (launch/rendezvous.py)
+                      "run_dir": str(run_dir)},  # its run.key seals the rendezvous state (launch/rendezvous.py)
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
         # Under the supervisor, Ctrl-C, SIGTERM and a closed terminal's SIGHUP mean "checkpoint and stop"
         # (launch/interrupt.py), not torch's "abort the launch now".
