@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
-from synapse.checkpoint import CheckpointWriteError, check_run_dir_checkpoints
+from synapse.checkpoint import (
+    CheckpointWriteError,
+    ForeignCheckpointError,
+    IncompatibleCheckpointError,
+    NoIntactCheckpointError,
+    check_run_dir_checkpoints,
+)
 from synapse.config import ConfigError, SynapseConfig, config_yaml, num_stages, run_topology, typed_config, validate
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
@@ -185,9 +192,14 @@ def run_profile_mode(cfg: SynapseConfig, log: Callable[[str], None]) -> dict[str
 def _hydra_entry(cfg: DictConfig) -> None:
     try:
         run(cfg, log=logging.getLogger("synapse").info)  # the console and <run dir>/train.log
-    except ConfigError as exc:  # a bad setting: one clear line (it names the key and the fix), no stack
+    except (ConfigError, *REFUSED_BEFORE_WORK) as exc:  # one clear line (it names the problem and the fix), no stack
         print(f"synapse: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# A run directory or checkpoint this run cannot use, refused before any work starts: like a bad
+# setting, the message says what to change.
+REFUSED_BEFORE_WORK = (ForeignCheckpointError, IncompatibleCheckpointError, NoIntactCheckpointError)
 
 
 def main() -> None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from synapse.partitioning import Placement
 from synapse.rundir import CONTROL, STOP_ACK, STOP_REQUEST, Refusals, SealedStore, run_key

@@ -71,7 +71,7 @@ __all__ = ["Accelerator", "as_node", "CheckpointConfig", "Choice", "ConfigError"
            "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MODES", "Mode", "MonitorConfig",
            "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig", "OptimizerName",
            "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig", "PolicyName",
-           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
-           "TrainerConfig", "UnsupportedTorchError", "config_dict", "config_from_yaml", "config_yaml", "default_cache_dir",
+           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName", "TrainerConfig",
+           "UnsupportedTorchError", "config_dict", "config_from_yaml", "config_yaml", "default_cache_dir",
            "hydra_node", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
            "resolve_devices", "run_topology", "torch_version", "typed_config", "validate", "with_settings"]

@@ -23,8 +23,9 @@ import dataclasses
 import secrets
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from synapse.config import (
     FailoverConfig,

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -68,7 +68,7 @@ class NodeHello:
 
 @dataclass(frozen=True)
 class Welcome:
-    error: Optional[str] = None  # None: accepted
+    error: str | None = None  # None: accepted
     hello_nonce: str = ""  # the nonce of the hello it answers
     instance: str = ""  # the decider's: the scope of every record after the meeting
 
@@ -79,7 +79,7 @@ class LaunchOrder:
     cfg_yaml: str  # this node's config of the segment (its devices, its node_rank in the segment)
     partition: dict[str, Any]  # the segment's placement (Placement.to_dict)
     microbatches: int  # per step: the run's plan
-    resume: Optional[str]
+    resume: str | None
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store
     kind: str = "launch"
@@ -94,7 +94,7 @@ class StopOrder:
 
 @dataclass(frozen=True)
 class ExitOrder:
-    error: Optional[str] = None  # None: the run finished
+    error: str | None = None  # None: the run finished
     kind: str = "exit"
 
 
@@ -104,7 +104,7 @@ class NodeReport:
     segment: int
     outcome: str  # finished | failed (a worker failed) | error (the launch itself failed)
     summary: dict[str, Any] = field(default_factory=dict)
-    rank: Optional[int] = None  # the failed rank (run-wide), when known
+    rank: int | None = None  # the failed rank (run-wide), when known
     cause: str = ""
     message: str = ""
     device_failure: bool = False
