@@ -20,6 +20,7 @@ from synapse.failover import read_segments
 from synapse.health import pid_alive
 from synapse.rundir import HEALTH, read_jsonl
 
+from .helpers import plant_heartbeat
 from .test_reliability import (
     STEPS,
     events,
@@ -29,7 +30,6 @@ from .test_reliability import (
     train_py,
     wait_until,
 )
-from .test_reliability_round2 import plant_heartbeat
 
 pytestmark = [pytest.mark.dist]
 
