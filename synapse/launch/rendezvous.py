@@ -56,6 +56,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from synapse.rundir import (
     ABSENT,
+    RUN_KEY,
     ForeignRecordError,
     Refusals,
     SealedStore,
@@ -178,8 +179,8 @@ def create_handler(params: RendezvousParameters) -> BoundRendezvousHandler:
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
     run_dir = params.get("run_dir")
     if not run_dir:
-        raise ValueError(f"the {BACKEND} rendezvous needs rdzv_configs['run_dir']: the run directory whose run.key "
-                         f"seals the rendezvous state (synapse.launch.elastic.launch_config passes it)")
+        raise ValueError(f"the {BACKEND} rendezvous needs rdzv_configs['run_dir']: the run directory whose "
+                         f"{RUN_KEY.shown} seals the rendezvous state (synapse.launch.elastic.launch_config passes it)")
     try:
         if params.get_as_bool("is_host", True):
             store = store_on(host, rendezvous_bind_address(host, single_node), port, timeout)

@@ -1,7 +1,7 @@
 """The run directory, the processes' shared medium: its layout (every file and folder, who writes
 and reads it, how: `layout.py`), the JSONL records and their one writer and reader, the failover
 event log, the lock that keeps one run per directory, a full disk said as such, and the run's key
-that seals what its processes say to each other over a store (`run_key.py`).
+that seals what its processes say to each other over a store (`sealed.py`).
 """
 from synapse.rundir.disk import DiskFullError, disk_full_error, filesystem_full, is_disk_full, read_json_record
 from synapse.rundir.events import EventLog, EventLogError, events_path, read_events

@@ -157,8 +157,13 @@ def open_record(key: bytes, name: str, scope: str, raw: bytes | str) -> Any:
 
 # ------------------------------------------------------------------------------------------ refusals
 class Refusals:
-    """Says that a store value was refused, once per (key, value): a log line and a
-    ``store_record_refused`` event in the run's event log. Called from any thread."""
+    """Says that a value was refused, once per (where, value): one log line naming what was refused and
+    where, and a ``store_record_refused`` event in the run's event log. Called from any thread.
+
+    At most ``LIMIT`` distinct refusals are said (then one line that the rest are not): someone writing
+    new garbage for the whole run must not fill the disk with the run's account of it."""
+
+    LIMIT = 100
 
     def __init__(self, run_dir: Path | str | None, source: str, log: Callable[[str], None] | None = None):
         self.source = source
@@ -171,12 +176,16 @@ class Refusals:
         value = raw.encode() if isinstance(raw, str) else bytes(raw)
         with self._lock:
             seen = (name, hashlib.sha256(value).digest())
-            if seen in self._seen:
+            if seen in self._seen or len(self._seen) > self.LIMIT:
                 return
             self._seen.add(seen)
-        self.log(f"{self.source}: refused the value under store key {name!r} ({why}): every value this run writes "
-                 f"is sealed with its run.key, so another process wrote it; ignored, the run goes on. Someone who "
-                 f"can reach this run's store is tampering with it: see docs/reliability.md")
+            last = len(self._seen) > self.LIMIT
+        if last:
+            self.log(f"{self.source}: {self.LIMIT} values refused so far; further refusals are not logged")
+            return
+        self.log(f"{self.source}: refused the value under {name!r} ({why}; {len(value)} bytes, starting "
+                 f"{value[:24]!r}): not a record of this run, so another process wrote it; ignored, the run goes "
+                 f"on. See docs/reliability.md (records the run did not write)")
         if self.events is not None:
             try:
                 self.events.append("store_record_refused", key=name, why=why, value_bytes=len(value),
