@@ -12,20 +12,26 @@ half-written request is never seen) serves every process that sees the run direc
 nodes (failover with ``trainer.nodes > 1``) ``StoreControlChannel`` carries the same records
 over the job's own network: two keys in the store node 0 serves at ``trainer.rdzv_endpoint``.
 ``open_channel`` picks the one a segment uses, the same on the supervisor's side and the workers'.
+
+A record that is not one the supervisor or rank 0 wrote is no one's fault and stops nothing: the
+reader refuses it, says so once (a log line and a ``store_record_refused`` event) and reads "no
+request". On the store, which any process that reaches its port can write, every record is sealed
+with the run's key for this launch (``synapse.rundir.run_key``): a forged, damaged or replayed one
+is refused the same way, and the supervisor puts its request back if it finds it overwritten
+(``keep``). Before, rank 0 raised on it and was judged dead: a healthy device dropped.
 """
 from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from synapse.partitioning import Placement
-from synapse.rundir import CONTROL, STOP_ACK, STOP_REQUEST
+from synapse.rundir import CONTROL, STOP_ACK, STOP_REQUEST, Refusals, SealedStore, run_key
 
 MODES = ("restart", "live")
 
@@ -86,13 +92,29 @@ class ControlChannel(Protocol):
     def acknowledge(self, ack: StopAck) -> None: ...
     def acknowledged(self) -> StopAck | None: ...
     def clear(self) -> None: ...
+    def keep(self) -> None: ...
+
+
+Refused = Callable[[str, bytes | str, str], None]  # (where, the value, why): synapse.rundir.Refusals
+
+
+def _typed(cls, data: Any, where: str, raw: bytes | str, refused: Refused):
+    """``cls.from_dict(data)``, or None with the refusal said (a record of the wrong shape)."""
+    try:
+        if not isinstance(data, Mapping):
+            raise ControlRecordError(f"not a JSON object but {type(data).__name__}")
+        return cls.from_dict(data)
+    except Exception as exc:  # noqa: BLE001  (whatever is wrong with it, it is refused, never raised in a rank)
+        refused(where, raw, f"not a {cls.__name__}: {type(exc).__name__}: {exc}"[:300])
+        return None
 
 
 class FileControlChannel:
     """The channel as two small files in ``<run_dir>/control/``."""
 
-    def __init__(self, run_dir: Path | str):
+    def __init__(self, run_dir: Path | str, refused: Refused | None = None):
         self.dir = CONTROL.path(run_dir)
+        self.refused = refused or Refusals(run_dir, source="control")
 
     @property
     def request_path(self) -> Path:
@@ -107,19 +129,20 @@ class FileControlChannel:
         self.ack_path.unlink(missing_ok=True)
 
     def poll(self) -> StopRequest | None:
-        data = self._read(self.request_path)
-        return None if data is None else StopRequest.from_dict(data)
+        return self._read(self.request_path, StopRequest)
 
     def acknowledge(self, ack: StopAck) -> None:
         self._write(self.ack_path, ack.to_dict())
 
     def acknowledged(self) -> StopAck | None:
-        data = self._read(self.ack_path)
-        return None if data is None else StopAck.from_dict(data)
+        return self._read(self.ack_path, StopAck)
 
     def clear(self) -> None:
         self.request_path.unlink(missing_ok=True)
         self.ack_path.unlink(missing_ok=True)
+
+    def keep(self) -> None:
+        """Nothing to put back: only the run's own user can write the run directory."""
 
     def _write(self, path: Path, data: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,63 +150,55 @@ class FileControlChannel:
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
 
-    @staticmethod
-    def _read(path: Path) -> dict[str, Any] | None:
+    def _read(self, path: Path, cls):
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ControlRecordError(f"{path} is not JSON ({exc}); it is written by the supervisor only. "
-                                     f"Fix: delete it and restart with resume=auto") from None
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self.refused(str(path), raw, f"not JSON: {exc}")
+            return None
+        return _typed(cls, data, str(path), raw, self.refused)
 
 
 class StoreControlChannel:
-    """The channel as two keys of a c10d store (``set``/``get``/``check``/``delete_key``: a TCPStore).
-    A key is set whole, so a half-written request is never seen either."""
+    """The channel as two keys of a c10d store (a TCPStore), each record sealed with the run's key for
+    one launch (``scope``). A key is set whole, so a half-written request is never seen either."""
 
     STOP_KEY, ACK_KEY = "synapse/control/stop", "synapse/control/ack"
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, key: bytes, scope: str, refused: Refused):
         self.store = store
         # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
-        self._lock = threading.RLock()
+        self.records = SealedStore(store, key, refused, scope=scope)
 
     def send(self, request: StopRequest) -> None:
-        with self._lock:
-            self.store.set(self.STOP_KEY, json.dumps(request.to_dict()))
-            self.store.delete_key(self.ACK_KEY)
+        self.records.put(self.STOP_KEY, request.to_dict())
+        self.records.delete(self.ACK_KEY)
 
     def poll(self) -> StopRequest | None:
-        data = self._read(self.STOP_KEY)
-        return None if data is None else StopRequest.from_dict(data)
+        return self._read(self.STOP_KEY, StopRequest)
 
     def acknowledge(self, ack: StopAck) -> None:
-        with self._lock:
-            self.store.set(self.ACK_KEY, json.dumps(ack.to_dict()))
-            self.store.check([self.ACK_KEY])  # a set is not answered; a round trip makes it visible to every client
+        self.records.put(self.ACK_KEY, ack.to_dict())
 
     def acknowledged(self) -> StopAck | None:
-        data = self._read(self.ACK_KEY)
-        return None if data is None else StopAck.from_dict(data)
+        return self._read(self.ACK_KEY, StopAck)
 
     def clear(self) -> None:
-        with self._lock:
-            self.store.delete_key(self.STOP_KEY)
-            self.store.delete_key(self.ACK_KEY)
+        self.records.delete(self.STOP_KEY)
+        self.records.delete(self.ACK_KEY)
 
-    def _read(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            text = self.store.get(key) if self.store.check([key]) else None
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ControlRecordError(f"store key {key} is not JSON ({exc}); it is written by the supervisor only. "
-                                     f"Fix: give every run its own trainer.rdzv_endpoint port") from None
+    def keep(self) -> None:
+        """Put the request back if someone overwrote or deleted it before rank 0 acknowledged it."""
+        if self.records.wrote(self.STOP_KEY) and self.acknowledged() is None:
+            self.records.keep(self.STOP_KEY)
+
+    def _read(self, key: str, cls):
+        data = self.records.get(key)  # None also for a value this run did not seal (refused, said once)
+        return None if data is None else _typed(cls, data, key, json.dumps(data), self.records.refused)
 
 
 def control_endpoint(trainer: Any, failover: Any) -> str | None:
@@ -192,11 +207,15 @@ def control_endpoint(trainer: Any, failover: Any) -> str | None:
     return trainer.rdzv_endpoint if failover.enabled and trainer.nodes > 1 and trainer.rdzv_endpoint else None
 
 
-def open_channel(run_dir: Path | str, endpoint: str | None = None, timeout_s: float = 60.0) -> ControlChannel:
-    """The run directory's channel, or with ``endpoint`` (``control_endpoint``) the store there."""
+def open_channel(run_dir: Path | str, endpoint: str | None = None, timeout_s: float = 60.0, launch: int = 0,
+                 refused: Refused | None = None) -> ControlChannel:
+    """The run directory's channel, or with ``endpoint`` (``control_endpoint``) the store there, its
+    records sealed for the launch that starts with segment ``launch`` (both sides name the same one)."""
+    refused = refused or Refusals(run_dir, source="control")
     if not endpoint:
-        return FileControlChannel(run_dir)
+        return FileControlChannel(run_dir, refused)
     from torch.distributed import TCPStore
 
     host, _, port = endpoint.rpartition(":")
-    return StoreControlChannel(TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)))
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return StoreControlChannel(store, run_key(run_dir), f"launch {launch}", refused)

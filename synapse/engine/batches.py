@@ -34,6 +34,7 @@ def _die_with_the_rank(worker_id: int) -> None:
     must not outlive it as orphans, each holding a copy of the data set.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the rank stops at a step boundary, its loader with it
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: likewise
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # no prctl: torch's own watchdog still ends the worker

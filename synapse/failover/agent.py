@@ -12,6 +12,7 @@ everything finished; rerun the same command on the surviving nodes with ``resume
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 import time
@@ -48,25 +49,30 @@ def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] 
     if endpoint is None:  # validation requires it of a run on several nodes
         raise NodeSetupError(f"node_rank {trainer.node_rank}: trainer.rdzv_endpoint is not set. Fix: set "
                              f"trainer.rdzv_endpoint=host:port, the same as node 0's")
-    channel = NodeChannel.connect(endpoint, trainer.node_rank, trainer.rdzv_timeout_s)
+    channel = NodeChannel.connect(endpoint, trainer.node_rank, trainer.rdzv_timeout_s, run_dir, log)
     node = int(trainer.node_rank)
-    channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid()))
-    welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s)
+    nonce = secrets.token_hex(8)  # the welcome must echo it: no welcome of an earlier run is taken for this one's
+    channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(),
+                                nonce))
+    welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s, nonce)
     if welcome is None:
         raise NodeSetupError(f"node_rank {node}: node 0 at {endpoint} did not answer within "
                              f"{2 * trainer.rdzv_timeout_s:g} s. Fix: start node 0 with the same trainer.rdzv_endpoint")
     if welcome.error:
         raise NodeSetupError(f"node_rank {node}: node 0 refused this node: {welcome.error}")
+    channel.join(welcome.instance)
     log(f"agent: node {node} joined the run at {endpoint}; waiting for the decider's orders")
-    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s).serve()
+    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s, welcome.instance).serve()
 
 
 class Agent:
     def __init__(self, channel: NodeChannel, node: int, run_dir: Path, log: Callable[[str], None], endpoint: str,
-                 timeout_s: float):
+                 timeout_s: float, instance: str):
         self.channel, self.node, self.run_dir, self.log = channel, node, Path(run_dir), log
         # the beating thread has its own connection: a main thread blocked in a launch never delays a beat
-        self._beats = NodeChannel.connect(endpoint, node, timeout_s)
+        self._beats = NodeChannel.connect(endpoint, node, timeout_s, run_dir, log)
+        self._beats.records.refused = channel.records.refused  # one refusal said once, whichever thread met it
+        self._beats.join(instance)
         self.decider_lost = threading.Event()
         self.stop_segment: int | None = None  # a StopOrder for this segment arrived
         self.launch: tuple[int, float] | None = None  # (segment, started) while workers run
@@ -98,6 +104,10 @@ class Agent:
             if order is None and self.decider_lost.is_set():
                 raise DeciderLost(decider_lost_message(self.node, self.run_dir))
             if order is None:
+                try:
+                    self.channel.keep_report()  # put back if someone overwrote it before the decider read it
+                except (RuntimeError, OSError):
+                    self.decider_lost.set()
                 continue
             self.orders_seen += 1
             if not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing

@@ -18,8 +18,9 @@ How a segment across nodes ends:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import hashlib
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ from synapse.health import kill_live_workers, read_heartbeats
 from synapse.launch import WorkerFailure, launch_pipeline
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
-from synapse.rundir import EventLog, events_path
+from synapse.rundir import EventLog, derived_id, events_path, run_key
 
 
 def run_across_nodes(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
@@ -95,8 +96,10 @@ class NodeDecider:
         self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
         self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
         self.node_timeout_s = float(failover.node_timeout_s)
-        self.rdzv_base = trainer.rdzv_id or hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]
-        self.channel = NodeChannel.host(self.endpoint, self.timeout_s)
+        # derived from the run's key (launch/rendezvous.py: not guessable; the seal is what protects)
+        self.rdzv_base = trainer.rdzv_id or derived_id(run_key(self.run_dir), "segments", 12)
+        self.channel = NodeChannel.host(self.endpoint, self.timeout_s, self.run_dir, log)
+        self.instance = secrets.token_hex(8)  # scopes this decider's records: none of an earlier run opens
         self.lost: set[int] = set()
         self.events = EventLog(events_path(self.run_dir), source="decider")
 
@@ -112,8 +115,9 @@ class NodeDecider:
             if problems or expected <= set(hellos) or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S * 4)
-        for node in hellos:
-            self.channel.welcome(node, Welcome(problems.get(node)))
+        for node, hello in hellos.items():
+            self.channel.welcome(node, Welcome(problems.get(node), hello_nonce=hello.nonce, instance=self.instance))
+        self.channel.join(self.instance)
         if problems:
             raise NodeSetupError("; ".join(f"node_rank {n}: {p}" for n, p in sorted(problems.items())))
         missing = sorted(expected - set(hellos))
@@ -137,10 +141,17 @@ class NodeDecider:
     def close(self, error: BaseException | None = None) -> None:
         """The run is over: tell every agent still there, so it exits (with the error, if any)."""
         message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
-        for node in range(1, self.topology.nodes):
+        sent = {node: self.channel.orders_sent(node) for node in range(1, self.topology.nodes)}
+        for node in sent:
             if node not in self.lost:
                 self.channel.order(node, ExitOrder(message))
-        time.sleep(2 * POLL_S + 0.5)  # the agents read it before this process (the store's server) exits
+        # the agents read it before this process (the store's server) exits
+        deadline = time.monotonic() + 2 * POLL_S + 0.5
+        while time.monotonic() < deadline:
+            for node, first in sent.items():
+                with contextlib.suppress(RuntimeError, OSError):
+                    self.channel.keep_orders(node, first)  # put back if someone overwrote it meanwhile
+            time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ one segment on all its nodes
     def __call__(self, task: LaunchTask, run_dir: Path, attempt: str = "0", log: Callable[[str], None] = print
@@ -150,11 +161,12 @@ class NodeDecider:
         nodes = self.topology.nodes_of(devices)
         multi = len(nodes) > 1
         configs = {n: self.node_config(task.config, devices, n, segment) for n in nodes}
+        first_orders = {n: self.channel.orders_sent(n) for n in nodes if n != 0}
         for node in [n for n in nodes if n != 0]:
             self.channel.order(node, LaunchOrder(segment, config_yaml(configs[node]), task.placement.to_dict(),
                                                  task.microbatches, task.resume, task.teacher_weights,
                                                  store_hosted=multi))
-        watch = RemoteNodesWatch(self, segment, [n for n in nodes if n != 0], time.time())
+        watch = RemoteNodesWatch(self, segment, [n for n in nodes if n != 0], time.time(), first_orders)
         watch.start()
         local: dict[str, Any] | BaseException = {}
         try:
@@ -219,8 +231,10 @@ class RemoteNodesWatch:
     """While a segment runs (its own thread): the remote nodes' beats and reports; on the first trouble
     it tears down node 0's workers and tells the other nodes to stop."""
 
-    def __init__(self, decider: NodeDecider, segment: int, remote: list[int], started: float):
+    def __init__(self, decider: NodeDecider, segment: int, remote: list[int], started: float,
+                 first_orders: dict[int, int] | None = None):
         self.decider, self.segment, self.remote, self.started = decider, segment, remote, started
+        self.first_orders = first_orders or {}  # per node, the number of this segment's first order
         self.reports: dict[int, NodeReport] = {}
         self.lost: set[int] = set()
         self.stopped_local = False
@@ -257,7 +271,11 @@ class RemoteNodesWatch:
 
     def _run(self) -> None:
         while not self._halt.is_set() and not self._done.is_set():
-            self._poll()
+            try:
+                self._poll()
+            except Exception as exc:  # noqa: BLE001  (a dead watch thread would leave both nodes waiting forever)
+                self.decider.log(f"decider: watching segment {self.segment} failed once ({type(exc).__name__}: "
+                                 f"{exc}); watching on")
             if set(self.remote) <= set(self.reports) | self.lost:
                 self._done.set()
             self._halt.wait(POLL_S * 2)
@@ -267,15 +285,16 @@ class RemoteNodesWatch:
         for node in self.remote:
             if node in self.reports or node in self.lost:
                 continue
-            report = channel.report_of(self.segment, node)
+            report = channel.report_of(self.segment, node)  # None also for a value this run did not seal
             if report is not None:
                 self.reports[node] = report
                 if report.outcome not in ("finished", "stopped"):
                     self._tear_down_local(f"node {node} reported {report.outcome}: {report.cause}")
                 continue
+            channel.keep_orders(node, self.first_orders.get(node, 0))  # this segment's, until the node reports
             beats, since = self._last_beat[node]
             current = channel.beats(node)
-            if current != beats:
+            if current > beats:  # a count that grew: an older sealed beat replayed does not keep a node alive
                 self._last_beat[node] = (current, now)
             elif now - since > self.decider.node_timeout_s:
                 self.lost.add(node)

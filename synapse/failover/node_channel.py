@@ -4,25 +4,34 @@ It runs over the network the job already has: a ``TCPStore`` that the decider ho
 ``trainer.rdzv_endpoint`` for the whole run (the workers' c10d rendezvous of every segment uses the
 same store, under a run id per segment). Every message is one typed record, JSON under its own key:
 
-* ``NodeHello``  agent -> decider, once: who I am (node_rank, nodes, devices); answered by a
-  ``Welcome`` (ok, or the mismatch that stops both sides).
+* ``NodeHello``  agent -> decider, once: who I am (node_rank, nodes, devices, a fresh nonce);
+  answered by a ``Welcome`` (ok, or the mismatch that stops both sides) that echoes the nonce and
+  names the decider's instance, which scopes every record after the meeting.
 * ``LaunchOrder`` decider -> agent: start your workers of segment n with this config;
   ``StopOrder``: tear your segment's workers down now; ``ExitOrder``: the run is over.
 * ``NodeReport`` agent -> decider: how its workers of segment n ended (finished, failed with the
   rank and cause, or an error).
-* beats: each agent adds 1 to its counter every ``BEAT_S``; the decider judges liveness by its
-  own clock (no clock is compared across machines).
+* beats: each agent puts its beat count every ``BEAT_S``; the decider judges liveness by its own
+  clock (no clock is compared across machines) and counts only a count that grew.
 
-Reads never block: a key is checked before it is read, so every wait has its own timeout.
+Anyone who reaches the store can write under these keys (torch's stores have no authentication).
+Every record is sealed with the run's key (``synapse.rundir.run_key``), under the meeting's scope
+or the decider's instance: a value someone else wrote, or one replayed from another run, is
+refused, said once and read as absent; it never raises in the decider's watch thread or an
+agent's beat thread. No key is incremented with the store's ``add`` (an ``add`` on a value that is
+no number makes the store drop the connection that asked); the writers put a record back when
+someone overwrote it (orders until the agent reports, the report until the next order).
+
+Reads never block: a key is read with a compare-and-set that leaves it as it is, so every wait has
+its own timeout.
 """
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from torch.distributed import TCPStore
@@ -30,14 +39,16 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from synapse.config import ConfigError
 from synapse.launch import RendezvousSetupError, rendezvous_bind_address, store_on
+from synapse.rundir import Refusals, SealedStore, run_key
 
 PREFIX = "synapse/nodes"
 BEAT_S = 0.5
 POLL_S = 0.05
+MEETING = "nodes meeting"  # the scope of the records before the decider's instance is known
 
 
 class NodeChannelError(RuntimeError):
-    """The channel cannot be used (a record Synapse did not write); the message names the fix."""
+    """The channel cannot be used; the message names the fix."""
 
 
 class NodeSetupError(RendezvousSetupError, ConfigError):
@@ -52,11 +63,14 @@ class NodeHello:
     devices: list[int]
     host: str
     pid: int
+    nonce: str = ""  # fresh per agent start: the welcome that echoes it answers this hello, no earlier one
 
 
 @dataclass(frozen=True)
 class Welcome:
     error: str | None = None  # None: accepted
+    hello_nonce: str = ""  # the nonce of the hello it answers
+    instance: str = ""  # the decider's: the scope of every record after the meeting
 
 
 @dataclass(frozen=True)
@@ -99,41 +113,43 @@ class NodeReport:
 ORDERS = {"launch": LaunchOrder, "stop": StopOrder, "exit": ExitOrder}
 
 
-def _encode(record: Any) -> str:
-    return json.dumps(asdict(record), default=str)
-
-
-def _decode(cls, text: bytes | str):
+def _typed(cls, data: Any):
+    """A sealed record's dataclass (sealed records are this run's own, so a mismatch is a bug: None)."""
     try:
-        data = json.loads(text)
-        return cls(**data)
-    except (TypeError, ValueError) as exc:
-        raise NodeChannelError(f"a {cls.__name__} record that Synapse did not write ({exc}): {text[:200]!r}. "
-                               f"Fix: give every run its own trainer.rdzv_endpoint port") from None
+        return cls(**data) if isinstance(data, dict) else None
+    except TypeError:
+        return None
 
 
 class NodeChannel:
     """One side of the channel; ``store`` is the decider's ``TCPStore`` (its server or a client)."""
 
-    def __init__(self, store: TCPStore, endpoint: str):
+    def __init__(self, store: TCPStore, endpoint: str, key: bytes, refused: Callable[[str, bytes | str, str], None]):
         self.store, self.endpoint = store, endpoint
-        self._lock = threading.Lock()  # one connection, used by a process's main thread and its watcher
+        # one connection, used by a process's main thread and its watcher (the records' lock)
+        self.records = SealedStore(store, key, refused, scope=MEETING)
+        self._orders_sent: dict[int, int] = {}  # the decider's: orders sent to each node (the next one's number)
+        self._beats_sent = 0  # an agent's beat thread's: its beat count
+        self._last_report: str | None = None  # an agent's: the key of its last report
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def host(cls, endpoint: str, timeout_s: float) -> NodeChannel:
+    def host(cls, endpoint: str, timeout_s: float, run_dir: Path | str, log: Callable[[str], None] | None = None
+             ) -> NodeChannel:
         """The decider's side: serve the store at ``endpoint`` (its address when it is an IP)."""
         host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+        key = run_key(run_dir)  # made before the store serves: an agent that reached the store finds it
         try:
             store = store_on(host, rendezvous_bind_address(host, single_node=False), port,
                              timedelta(seconds=timeout_s))
         except (OSError, RuntimeError) as exc:
             raise NodeSetupError(f"trainer.rdzv_endpoint={endpoint}: node 0 cannot listen there ({exc}). Fix: "
                                    f"choose a free port of this machine's address") from exc
-        return cls(store, endpoint)
+        return cls(store, endpoint, key, Refusals(run_dir, source="decider", log=log))
 
     @classmethod
-    def connect(cls, endpoint: str, node_rank: int, timeout_s: float) -> NodeChannel:
+    def connect(cls, endpoint: str, node_rank: int, timeout_s: float, run_dir: Path | str,
+                log: Callable[[str], None] | None = None) -> NodeChannel:
         """An agent's side: reach the decider's store within ``timeout_s`` or say why not."""
         host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
         try:
@@ -144,80 +160,101 @@ class NodeChannel:
                 f"trainer.rdzv_timeout_s={timeout_s:g} s ({type(exc).__name__}: {str(exc)[:200]}). Fix: start "
                 f"node_rank 0 first (it serves the run's store), use the same trainer.rdzv_endpoint on every node, "
                 f"check that {endpoint} is reachable from this machine, or raise trainer.rdzv_timeout_s") from exc
-        return cls(store, endpoint)
+        # read once the store answers: node 0 made the key (if the run had none) before it served
+        return cls(store, endpoint, run_key(run_dir), Refusals(run_dir, source=f"agent of node {node_rank}", log=log))
 
     def _key(self, *parts: Any) -> str:
         return "/".join([PREFIX, *map(str, parts)])
 
-    def _get(self, key: str) -> bytes | None:
-        with self._lock:
-            return self.store.get(key) if self.store.check([key]) else None
-
-    def _set(self, key: str, value: str) -> None:
-        with self._lock:
-            self.store.set(key, value)
-            self.store.check([key])  # a set is not answered; a round trip makes it visible to every client
-
-    def _add(self, key: str, amount: int) -> int:
-        with self._lock:
-            return self.store.add(key, amount)
-
-    def _wait(self, key: str, timeout_s: float | None, alive: Callable[[], bool] = lambda: True) -> bytes | None:
+    def _wait(self, key: str, cls, timeout_s: float | None, accept: Callable[[Any], bool] = lambda record: True):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:  # checked at least once, even with timeout_s=0
-            value = self._get(key)
-            if value is not None or not alive() or (deadline is not None and time.monotonic() >= deadline):
-                return value
+            record = _typed(cls, self.records.get(key))
+            if record is not None and accept(record):
+                return record
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ meeting
     def say_hello(self, hello: NodeHello) -> None:
-        claims = self._add(self._key("claims", hello.node_rank), 1)
-        if claims > 1:
+        claim = self.records.claim(self._key("claims", hello.node_rank), {"nonce": hello.nonce})
+        if claim is None:
+            raise NodeSetupError(f"trainer.node_rank={hello.node_rank} cannot be claimed: its key on the run's store "
+                                 f"holds a value this run did not write (refused, see the log above). Fix: find who "
+                                 f"else reaches {self.endpoint}, or use another port in trainer.rdzv_endpoint")
+        if claim.get("nonce") != hello.nonce:
             raise NodeSetupError(f"trainer.node_rank={hello.node_rank} is already taken by another node of this "
                                    f"run. Fix: number the nodes 0..trainer.nodes-1, each once")
-        self._set(self._key("hello", hello.node_rank), _encode(hello))
+        self.records.put(self._key("hello", hello.node_rank), asdict(hello))
 
     def hellos(self, max_nodes: int = 64) -> dict[int, NodeHello]:
         """Every hello so far (node ranks 1..max_nodes-1: also those beyond this run's trainer.nodes)."""
         found = {}
         for node in range(1, max_nodes):
-            text = self._get(self._key("hello", node))
-            if text is not None:
-                found[node] = _decode(NodeHello, text)
+            hello = _typed(NodeHello, self.records.get(self._key("hello", node)))
+            if hello is not None:
+                found[node] = hello
         return found
 
     def welcome(self, node_rank: int, welcome: Welcome) -> None:
-        self._set(self._key("welcome", node_rank), _encode(welcome))
+        self.records.put(self._key("welcome", node_rank), asdict(welcome))
 
-    def wait_welcome(self, node_rank: int, timeout_s: float) -> Welcome | None:
-        text = self._wait(self._key("welcome", node_rank), timeout_s)
-        return None if text is None else _decode(Welcome, text)
+    def wait_welcome(self, node_rank: int, timeout_s: float, nonce: str = "") -> Welcome | None:
+        """The welcome that answers the hello with ``nonce`` (an older one, replayed, is not waited for)."""
+        return self._wait(self._key("welcome", node_rank), Welcome, timeout_s,
+                          accept=lambda welcome: welcome.hello_nonce == nonce)
+
+    def join(self, instance: str) -> None:
+        """After the meeting: every record from here on is sealed for the decider's ``instance``."""
+        self.records.scope = instance
 
     # ------------------------------------------------------------------ orders
     def order(self, node_rank: int, order: LaunchOrder | StopOrder | ExitOrder) -> None:
-        seq = self._add(self._key("orders", node_rank), 1) - 1
-        self._set(self._key("order", node_rank, seq), _encode(order))
+        seq = self._orders_sent.get(node_rank, 0)  # only the decider writes orders: its count is the truth
+        self._orders_sent[node_rank] = seq + 1
+        self.records.put(self._key("order", node_rank, seq), asdict(order))
+
+    def orders_sent(self, node_rank: int) -> int:
+        return self._orders_sent.get(node_rank, 0)
+
+    def keep_orders(self, node_rank: int, since: int) -> None:
+        """Put back any order from number ``since`` on that someone overwrote before the agent read it."""
+        for seq in range(since, self.orders_sent(node_rank)):
+            self.records.keep(self._key("order", node_rank, seq))
 
     def next_order(self, node_rank: int, seq: int, timeout_s: float | None = None):
-        text = self._wait(self._key("order", node_rank, seq), timeout_s)
-        if text is None:
-            return None
-        kind = json.loads(text).get("kind")
-        if kind not in ORDERS:
-            raise NodeChannelError(f"order {seq} to node {node_rank} has unknown kind {kind!r}")
-        return _decode(ORDERS[kind], text)
+        key = self._key("order", node_rank, seq)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            data = self.records.get(key)
+            kind = data.get("kind") if isinstance(data, dict) else None
+            if kind in ORDERS and (order := _typed(ORDERS[kind], data)) is not None:
+                return order
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ reports and beats
     def report(self, report: NodeReport) -> None:
-        self._set(self._key("report", report.segment, report.node_rank), _encode(report))
+        self._last_report = self._key("report", report.segment, report.node_rank)
+        self.records.put(self._last_report, asdict(report))
+
+    def keep_report(self) -> None:
+        """Put this agent's last report back if someone overwrote it before the decider read it."""
+        if self._last_report is not None:
+            self.records.keep(self._last_report)
 
     def report_of(self, segment: int, node_rank: int) -> NodeReport | None:
-        text = self._get(self._key("report", segment, node_rank))
-        return None if text is None else _decode(NodeReport, text)
+        return _typed(NodeReport, self.records.get(self._key("report", segment, node_rank)))
 
     def beat(self, node_rank: int) -> int:
-        return self._add(self._key("beat", node_rank), 1)
+        self._beats_sent += 1
+        self.records.put(self._key("beat", node_rank), {"beats": self._beats_sent})
+        return self._beats_sent
 
     def beats(self, node_rank: int) -> int:
-        return self._add(self._key("beat", node_rank), 0)
+        """The node's beat count so far (0: none yet, or none this run sealed)."""
+        data = self.records.get(self._key("beat", node_rank))
+        count = data.get("beats") if isinstance(data, dict) else None
+        return count if isinstance(count, int) else 0

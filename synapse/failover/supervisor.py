@@ -44,6 +44,7 @@ from synapse.rundir import (
     EventLog,
     EventLogError,
     JsonlTail,
+    Refusals,
     events_path,
 )
 from synapse.trackers import NullTracker, Tracker
@@ -91,7 +92,7 @@ class Supervisor:
     # ---------------------------------------------------------------- the loop
     def run(self, first: Segment, compose: bool = False) -> dict[str, Any]:
         """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides.
-        A first Ctrl-C/SIGTERM stops it at the next step with a checkpoint (``RunInterrupted``)."""
+        A first Ctrl-C/SIGTERM/SIGHUP stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
                 supervised_console(self.run_dir, self.log, self.trainer.progress, self._running_segment):
             return self._run_segments(first, compose)
@@ -101,9 +102,9 @@ class Supervisor:
         return (self.segments[-1].index, self.segments[-1].placement) if self.segments else None
 
     def _stop_on_interrupt(self, signal_name: str) -> None:
-        """First SIGINT/SIGTERM (signal handler, main thread): every rank stops after its step in flight."""
-        self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (again to abort "
-                 f"now)")
+        """First SIGINT/SIGTERM/SIGHUP (signal handler, main thread): every rank stops after its step in flight."""
+        self.log(f"\nsupervisor: {signal_name}: stopping after the current step with a checkpoint (Ctrl-C again to "
+                 f"abort now)")
         spec = self.segments[-1]  # a stop, not a decision: the placement stays the running one
         control = self.control or FileControlChannel(self.run_dir)
         control.send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})", spec.start_step, spec.index, "restart",
@@ -168,7 +169,8 @@ class Supervisor:
     def _launch(self, spec: Segment, composed: ComposedSegment, restart: Restart | None):
         segment_cfg = composed.config  # the segment's whole config: carried to the workers
         self.control = open_channel(self.run_dir, control_endpoint(segment_cfg.trainer, segment_cfg.failover),
-                                    segment_cfg.trainer.rdzv_timeout_s)
+                                    segment_cfg.trainer.rdzv_timeout_s, launch=spec.index,
+                                    refused=Refusals(self.run_dir, source="supervisor", log=self.log))
         self.control.clear()
         if (signal_name := self._interrupted_by()) is not None:  # it came while the segment was being set up
             self._stop_on_interrupt(signal_name)

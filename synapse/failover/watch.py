@@ -55,12 +55,19 @@ class LaunchWatcher(threading.Thread):
         try:
             while not self._done.is_set():
                 self._poll()
+                self._keep_request()
                 self._done.wait(self.period_s)
             self._poll()
         except BaseException as exc:  # the supervisor raises it once the workers have stopped
             self.error = exc
             if not self._done.is_set():
                 self._fail_safe(exc)
+
+    def _keep_request(self) -> None:
+        """A request overwritten on the store by someone else goes back before rank 0 looks again
+        (synapse.control); the store being gone is the launch's to report, not the watcher's."""
+        with contextlib.suppress(RuntimeError, OSError):
+            self.control.keep()
 
     def _fail_safe(self, exc: BaseException) -> None:
         """The controller broke mid-segment: without it no slowdown or failure would be acted on, so

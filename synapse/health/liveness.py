@@ -6,10 +6,11 @@ not changed for ``hang_timeout_s``. A heartbeat with phase ``finished`` is a ran
 ended normally: its pid going away is not a death. Heartbeats written before ``since``
 (an earlier launch of the same run) are ignored.
 
-Only processes this supervisor started are judged or signalled: a heartbeat file is plain data
+Only workers of this supervisor's launch are judged or signalled: a heartbeat file is plain data
 in the run directory, and a pid planted there (a hostile or stale file naming an unrelated
-process) must never be hung-reported or killed. "Started here" is checked through the parent
-links in /proc (the workers are children of the fork server, a child of the supervisor).
+process, or one of the supervisor's own helpers) must never be hung-reported or killed. "A worker
+of this launch" is checked in /proc (``is_launch_worker``): a child of the fork server, itself a
+child of the supervisor, started after the launch began.
 
 Each problem is reported once: ``rank_dead`` once per pid, ``rank_hung`` once per
 (pid, step, phase), so a rank that recovers and hangs again later is reported again.
@@ -33,6 +34,7 @@ from typing import Any
 from synapse.rundir import HEARTBEAT
 
 FINISHED_PHASE = "finished"
+NOT_OURS = "not ours"  # the state of a heartbeat whose pid is no worker of this launch
 
 
 def pid_alive(pid: int) -> bool:
@@ -51,32 +53,64 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def is_own_process(pid: int, ancestor: int | None = None) -> bool:
-    """Whether ``pid`` is ``ancestor`` (default: this process) or one of its descendants.
-
-    Read from /proc's parent links; False where they cannot be read (the process is gone, or no
-    procfs), so a pid whose origin cannot be proven is never treated as ours."""
-    ancestor = os.getpid() if ancestor is None else ancestor
-    for _ in range(64):  # deeper than any process tree this program builds
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
-        except (OSError, IndexError, ValueError):
-            return False
-    return False
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields from the 3rd (state) on (the name before them may hold spaces); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
-def signal_own_process(pid: int, signum: int) -> bool:
-    """Send ``signum`` to ``pid`` only if it is a descendant of this process; True if sent.
+def parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None  # field 4: the parent's pid
 
-    A pidfd pins the process while its parentage is checked, so a pid reused in between gets
-    nothing (the signal goes to the exited process and fails)."""
-    if pid == os.getpid():
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started, in wall-clock seconds: /proc gives its start in clock ticks after boot, and
+    /proc/uptime how long ago boot was (both to 10 ms). None if it is gone or there is no procfs."""
+    fields = _stat(pid)
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        ticks = int(fields[19]) if fields else None  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if ticks is None else time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+# How much earlier than the launch a worker's start may read: /proc's 10 ms ticks, and the launch's
+# time taken just before torch's agent starts forking.
+START_SLACK_S = 0.5
+
+
+def is_launch_worker(pid: int, since: float | None = None, supervisor: int | None = None) -> bool:
+    """Whether ``pid`` is a worker that a launch of ``supervisor`` (default: this process) started at or
+    after ``since``, judged from /proc alone, never from what a file says.
+
+    The launcher forks its workers from the fork server, a child of the supervisor (launch/elastic.py,
+    ``START_METHOD``), so a worker is a grandchild of the supervisor through one of its children, and
+    it started after its launch did. That leaves out the supervisor itself and its own children (the
+    fork server, multiprocessing's resource tracker), which are alive and the supervisor's, but no
+    worker: a heartbeat naming them must neither be judged hung nor get them killed. A worker of an
+    earlier launch, or an unrelated process, is left out too. False where /proc cannot be read."""
+    supervisor = os.getpid() if supervisor is None else supervisor
+    parent = parent_of(pid)
+    if parent is None or parent in (supervisor, pid) or pid == supervisor or parent_of(parent) != supervisor:
         return False
+    if since is None:
+        return True
+    start = started_at(pid)
+    return start is not None and start >= since - START_SLACK_S
+
+
+def signal_launch_worker(pid: int, signum: int, since: float | None = None) -> bool:
+    """Send ``signum`` to ``pid`` only if it is a worker of a launch of this process started at or after
+    ``since`` (``is_launch_worker``); True if sent.
+
+    A pidfd pins the process while it is checked, so a pid reused in between gets nothing (the signal
+    goes to the exited process and fails)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -84,7 +118,7 @@ def signal_own_process(pid: int, signum: int) -> bool:
     except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): check, then signal
         fd = None
     try:
-        if not is_own_process(pid):
+        if not is_launch_worker(pid, since):
             return False
         if fd is None:
             os.kill(pid, signum)
@@ -111,9 +145,10 @@ class LivenessTracker:
 
     def __init__(self, hang_timeout_s: float, since: float | None = None,
                  is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True):
-        """``is_ours``: whether a pid was started by this supervisor, asked when a pid is first seen; a
-        pid that was not (a planted or stale heartbeat: someone else's process, or one already gone
-        when first seen) is reported as ``not ours`` and never judged hung or dead."""
+        """``is_ours``: whether a pid is a worker of this launch (``is_launch_worker``), asked when a pid is
+        first seen; a pid that is not (a planted or stale heartbeat: someone else's process, one of the
+        supervisor's helpers, or one already gone when first seen) is reported as ``not ours`` and never
+        judged hung or dead."""
         if hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
         self.hang_timeout_s = hang_timeout_s
@@ -156,7 +191,7 @@ class LivenessTracker:
             if not self._is_ours(p.pid):
                 # Alive and someone else's, or already gone and never seen as ours (a planted or stale
                 # file): neither killed nor reported, so it cannot tear a healthy launch down.
-                return {**status, "state": "not ours"}, None
+                return {**status, "state": NOT_OURS}, None
             self._trusted.add(p.pid)
         if not alive:
             return {**status, "state": "dead"}, self._once(("dead", p.pid), {
@@ -177,13 +212,14 @@ class LivenessTracker:
 def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | None = None,
                       signum: int = 9) -> list[int]:
     """Send ``signum`` (default SIGKILL) to every live worker pid of these heartbeats (written at or
-    after ``since``) that this process started; the elastic agent then sees its workers fail and
-    the launch ends at once. The supervisor's teardown after a hard failure; returns the pids
-    signalled. A pid of another origin is left alone, whatever the file says."""
+    after ``since``) that a launch of this process started at or after ``since``; the elastic agent
+    then sees its workers fail and the launch ends at once. The supervisor's teardown after a hard
+    failure; returns the pids signalled. A pid of another origin is left alone, whatever the file says."""
     signalled = []
     for beat in beats.values():
         pid = int(beat["pid"])
-        if (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) and signal_own_process(pid, signum):
+        if (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) \
+                and signal_launch_worker(pid, signum, since):
             signalled.append(pid)
     return signalled
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from synapse.health.liveness import LivenessTracker, is_own_process, read_heartbeats
+from synapse.health.liveness import NOT_OURS, LivenessTracker, is_launch_worker, read_heartbeats
 from synapse.health.nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
 from synapse.health.probe import CudaProbe, ProbeResult
 from synapse.rundir import HEALTH, EventLog, JsonlWriter, events_path
@@ -86,8 +86,9 @@ class HealthMonitor:
         self.on_hard_failure = on_hard_failure
         self.log = log
         self.gpu_devices = tuple(gpu_devices)
-        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=time.time() if since is None else since,
-                                       is_ours=is_own_process)
+        since = time.time() if since is None else since
+        self.tracker = LivenessTracker(self.settings.hang_timeout_s, since=since,
+                                       is_ours=lambda pid: is_launch_worker(pid, since))
         self.nvml = open_nvml(log, nvml_importer) if self.settings.nvml else NullNvml()
         self.events_log = EventLog(events_path(self.run_dir), source="health")
         self.events: list[dict[str, Any]] = []
@@ -138,9 +139,12 @@ class HealthMonitor:
             now = time.time() if now is None else now
             beats = read_heartbeats(self.run_dir)
             ranks, events = self.tracker.update(beats, now)
-            devices = self._cuda_devices(beats, ranks)
+            # A heartbeat whose pid is no worker of this launch (planted, stale) names no device to
+            # probe and owns none: a GPU event must not be blamed on a rank that does not run.
+            workers = {rank: status for rank, status in ranks.items() if status["state"] != NOT_OURS}
+            devices = self._cuda_devices(beats, workers)
             gpus = self.nvml.sample(sorted({cuda_to_nvml_index(d) for d in devices}))
-            owners = self._owners(beats, ranks)
+            owners = self._owners(beats, workers)
             events += self._gpu_events(gpus, owners)
             events += self._probe_events(devices, gpus)
             sample = {"time": now, "ranks": {str(r): s for r, s in ranks.items()},

@@ -13,10 +13,12 @@ is judged in root_cause.py.
 """
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
+import multiprocessing.forkserver
 import pickle
+import signal
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -51,6 +53,23 @@ def preload_worker_modules(data_set: str) -> None:
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *dataset_lazy_imports(data_set)])
 
 
+def start_fork_server() -> None:
+    """Start the fork server (if it is not running) with SIGHUP ignored, which it keeps: an ignored
+    signal stays ignored across exec, and the workers it forks inherit that too. A closed terminal's
+    SIGHUP reaches every process of the job; the server dying of it would make torch's agent read
+    every worker as exited (their status pipes close with it) instead of letting the supervisor stop
+    them with a checkpoint (launch/interrupt.py). Its sibling, multiprocessing's resource tracker,
+    is started with it and ignores SIGHUP as well."""
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()  # a handler can only be changed in the main thread
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 rendezvous.register()  # the c10d rendezvous with its stores on loopback for one node (launch/rendezvous.py)
 
 
@@ -71,7 +90,8 @@ def free_port() -> int:
 def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", store_hosted: bool = False
                   ) -> LaunchConfig:
     endpoint = trainer.rdzv_endpoint or f"127.0.0.1:{free_port()}"  # nodes > 1 requires an explicit one
-    run_id = trainer.rdzv_id or hashlib.sha1(f"{run_dir}:{attempt}".encode()).hexdigest()[:12]
+    # Derived from the run's key, not from run_dir: not guessable (the key's seal is what protects the state)
+    run_id = trainer.rdzv_id or rendezvous.rendezvous_id(run_dir, attempt)
     logs = worker_logs_spec(LAUNCH_LOGS.path(run_dir, attempt=attempt), trainer.local_ranks_filter)
     return LaunchConfig(
         min_nodes=trainer.nodes, max_nodes=trainer.nodes, nproc_per_node=len(resolve_devices(trainer)),
@@ -84,11 +104,12 @@ def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", sto
                       # Node 0 hosts the c10d store; on one machine the others must not try to. A
                       # multi-node failover run's store is hosted by its decider for the whole run.
                       "is_host": trainer.node_rank == 0 and not store_hosted,
-                      "node_rank": trainer.node_rank},  # ranks follow the nodes (launch/rendezvous.py)
+                      "node_rank": trainer.node_rank,  # ranks follow the nodes (launch/rendezvous.py)
+                      "run_dir": str(run_dir)},  # its run.key seals the rendezvous state (launch/rendezvous.py)
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
-        # Under the supervisor, Ctrl-C and SIGTERM mean "checkpoint and stop" (launch/interrupt.py), not
-        # torch's "abort the launch now".
-        signals_to_handle="SIGHUP,SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        # Under the supervisor, Ctrl-C, SIGTERM and a closed terminal's SIGHUP mean "checkpoint and stop"
+        # (launch/interrupt.py), not torch's "abort the launch now".
+        signals_to_handle="SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
         log_line_prefix_template=RANK_PREFIX if trainer.nodes == 1 else f"[node {trainer.node_rank}] {RANK_PREFIX}",
     )
@@ -113,6 +134,7 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
     a multi-node run's decider, ``synapse.failover.node_channel``), so no node hosts one."""
     cfg = task.config
     preload_worker_modules(cfg.data.name)
+    start_fork_server()
     for tries_left in reversed(range(PORT_ATTEMPTS)):
         config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM: stop at the next step boundary with a checkpoint; a second one aborts.
+"""Ctrl-C, SIGTERM and SIGHUP: stop at the next step boundary with a checkpoint; a second one aborts.
 
 A terminal's Ctrl-C reaches the whole process group: the workers ignore SIGINT (pipeline/
 worker.py), so only the supervisor hears it, and it asks every rank, through the usual stop
@@ -6,8 +6,14 @@ request, to stop after the step in flight and write a checkpoint. The segment's 
 that step and ``resume=auto`` continues from it. A second SIGINT/SIGTERM aborts at once: torch's
 agent tears the workers down (the checkpoint of the step before is what remains).
 
-torch's elastic agent installs its own SIGINT/SIGTERM handlers whenever it starts workers (they
-abort the launch); ``elastic.launch_config`` leaves those two signals to this module while it
+SIGHUP is a closed terminal (or a lost ssh connection): the shell forwards it to every process of
+the job and the kernel sends it again to the foreground group when the shell exits, so one closed
+terminal is often two SIGHUPs. It is a SIGTERM that never counts as the second interrupt: a hangup
+repeated by the terminal's machinery must not abort the checkpoint the first one asked for. The
+workers ignore it like SIGINT.
+
+torch's elastic agent installs its own SIGINT/SIGTERM/SIGHUP handlers whenever it starts workers
+(they abort the launch); ``elastic.launch_config`` leaves those signals to this module while it
 is active (``active()``), and to torch otherwise.
 """
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-HANDLED = (signal.SIGINT, signal.SIGTERM)
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+REPEATS_HARMLESSLY = (signal.SIGHUP,)  # sent again by the terminal itself: never the "abort now" of a second one
 # What signal.signal returns and accepts: a handler, SIG_DFL/SIG_IGN, or None (set outside Python).
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -30,8 +37,9 @@ class RunInterrupted(RuntimeError):
 
 
 class InterruptToStop:
-    """While active (a ``with`` block in the main thread), the first SIGINT/SIGTERM calls
-    ``on_first(signal_name)``; the next raises torch's ``SignalException`` (abort)."""
+    """While active (a ``with`` block in the main thread), the first SIGINT/SIGTERM/SIGHUP calls
+    ``on_first(signal_name)``; the next SIGINT or SIGTERM raises torch's ``SignalException`` (abort);
+    a further SIGHUP changes nothing."""
 
     def __init__(self, on_first: Callable[[str], None]):
         self.on_first = on_first
@@ -45,6 +53,8 @@ class InterruptToStop:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal_name is not None:
+            if signum in REPEATS_HARMLESSLY:
+                return
             raise SignalException(f"second interrupt ({name}): aborting without a further checkpoint", signum)
         self.signal_name = name
         self.on_first(name)

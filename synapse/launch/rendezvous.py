@@ -18,20 +18,53 @@ node ran rank 0 was an accident; here node ``trainer.node_rank`` = n runs the ra
 nodes 0..n-1 (parameter ``node_rank``), which is what a placement across nodes assumes
 (``synapse.partitioning.topology``). Two nodes claiming one node_rank fail the rendezvous, named.
 
-Registered as the rendezvous backend ``synapse-c10d``; same parameters as torch's ``c10d``.
+Binding narrowly does not keep out a process of the same machine (any user reaches 127.0.0.1),
+nor one of the network for several nodes. torch's state is therefore sealed with the run's key
+(``synapse.rundir.run_key``): ``SealedRendezvousBackend`` stores it with an HMAC and checks the
+HMAC of what it reads back before torch unpickles it. A value another process put there (a crafted
+pickle, garbage, torch's "no state yet" marker, a deletion) is refused, said once, and replaced by
+the last state this node verified, so torch never sees it. The run id is derived from the key as
+well (not guessable, but ``list_keys`` shows it: the seal is what protects). The node-rank records
+below are sealed too. What stays unsealed are the few keys torch itself writes and reads once per
+round (the bootstrap store's address, the agents' rank assignment, the exit barrier): a process
+that overwrites one in that instant fails the launch's rendezvous with an error; it runs nothing.
+
+Registered as the rendezvous backend ``synapse-c10d``; same parameters as torch's ``c10d``, plus
+``run_dir`` (where the run's key is; required).
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import socket
+import time
 from datetime import timedelta
+from pathlib import Path
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError, RendezvousInfo
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousInfo,
+    RendezvousStateError,
+)
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from synapse.rundir import (
+    ABSENT,
+    RUN_KEY,
+    ForeignRecordError,
+    Refusals,
+    SealedStore,
+    derived_id,
+    open_bytes,
+    run_key,
+    seal_bytes,
+)
 
 BACKEND = "synapse-c10d"
 LOOPBACK = "127.0.0.1"
@@ -68,17 +101,68 @@ def rendezvous_bind_address(host: str, single_node: bool) -> str:
         return ALL_INTERFACES
 
 
+class SealedRendezvousBackend(C10dRendezvousBackend):
+    """torch's c10d backend with its state sealed by the run's key: what torch would unpickle is
+    first checked to be what one of the run's agents wrote (module docstring)."""
+
+    def __init__(self, store, run_id: str, key: bytes, refused):
+        super().__init__(store, run_id)
+        self._mac_key, self._refused = key, refused
+        self._last: tuple[bytes, bytes] | None = None  # (state, store value) this node last verified
+
+    def get_state(self):
+        # compare_set(k, ABSENT, ABSENT) reads without blocking: torch's get would wait for a deleted key
+        # for the whole read timeout.
+        raw = self._call_store("compare_set", self._key, ABSENT, ABSENT)
+        return self._decode_state(None if raw == ABSENT.encode() else raw)
+
+    def set_state(self, state: bytes, token=None):
+        result = super().set_state(seal_bytes(self._mac_key, self._key, "", state), token)
+        if result is None:
+            return None
+        new_state, new_token, _ = result  # opened by _decode_state; torch compares it with what it asked for
+        return new_state, new_token, new_state == state
+
+    def _decode_state(self, base64_state: bytes | None):
+        for _ in range(8):  # each pass: a foreign value found and the last verified state put back
+            if base64_state == self._NULL_SENTINEL.encode() and self._last is None:
+                return None  # no state yet: torch's own marker, the key's first value
+            try:
+                if base64_state is None or base64_state == self._NULL_SENTINEL.encode():
+                    # a state once verified does not go away: a deletion, or the "no state" marker written
+                    # over it, is someone's reset of the rendezvous
+                    raise ForeignRecordError("the state this node verified was deleted or reset")
+                state = open_bytes(self._mac_key, self._key, "", base64.b64decode(base64_state, validate=True))
+            except (ForeignRecordError, binascii.Error, ValueError) as exc:
+                self._refused(self._key, base64_state or b"", f"torch's rendezvous state: {exc}")
+                base64_state = self._put_back(base64_state)
+                continue
+            self._last = (state, base64_state)
+            return state, base64_state
+        raise RendezvousStateError(f"the rendezvous state under {self._key} was replaced by a foreign value 8 times "
+                                   f"in a row; someone who can reach the store is fighting the run for it")
+
+    def _put_back(self, found: bytes | None) -> bytes:
+        """Put the last verified state (or torch's "no state yet" marker) back where ``found`` is, unless
+        the key changed meanwhile; returns what the key holds now."""
+        desired = self._last[1] if self._last is not None else self._NULL_SENTINEL.encode()
+        return self._call_store("compare_set", self._key, found or "", desired)
+
+
 class BoundRendezvousHandler(DynamicRendezvousHandler):
     """torch's dynamic rendezvous whose workers' bootstrap store listens on loopback for one node."""
 
     single_node: bool = False
     node_rank: int | None = None  # trainer.node_rank of this node: its rank among the nodes
+    records: SealedStore | None = None  # this run's sealed records on the rendezvous store
 
     def next_rendezvous(self) -> RendezvousInfo:
         info = super().next_rendezvous()
-        if self.node_rank is None:
+        if self.node_rank is None or self.records is None:
             return info
-        rank = node_ordered_rank(info.store, info.rank, info.world_size, self.node_rank)
+        records = SealedStore(info.store, self.records.key, self.records.refused)
+        rank = node_ordered_rank(records, info.rank, info.world_size, self.node_rank,
+                                 self._settings.timeout.join.total_seconds())
         return RendezvousInfo(info.store, rank, info.world_size, info.bootstrap_store_info)
 
     def get_backend(self) -> str:
@@ -93,6 +177,10 @@ def create_handler(params: RendezvousParameters) -> BoundRendezvousHandler:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     single_node = params.max_nodes == 1
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
+    run_dir = params.get("run_dir")
+    if not run_dir:
+        raise ValueError(f"the {BACKEND} rendezvous needs rdzv_configs['run_dir']: the run directory whose "
+                         f"{RUN_KEY.shown} seals the rendezvous state (synapse.launch.elastic.launch_config passes it)")
     try:
         if params.get_as_bool("is_host", True):
             store = store_on(host, rendezvous_bind_address(host, single_node), port, timeout)
@@ -101,28 +189,53 @@ def create_handler(params: RendezvousParameters) -> BoundRendezvousHandler:
     except (OSError, ValueError, RuntimeError, TimeoutError) as exc:
         raise RendezvousConnectionError("The connection to the C10d store has failed. See inner exception for "
                                         "details.") from exc
+    key = run_key(Path(run_dir))  # after the store is reached: every node reads the key its run made
+    refused = Refusals(run_dir, source="rendezvous")
     handler = BoundRendezvousHandler.from_backend(
-        params.run_id, store, C10dRendezvousBackend(store, params.run_id), params.min_nodes, params.max_nodes,
-        params.local_addr, RendezvousTimeout(*(_seconds(params, key) for key in ("join", "last_call", "close",
-                                                                                   "heartbeat"))))
+        params.run_id, store, SealedRendezvousBackend(store, params.run_id, key, refused), params.min_nodes,
+        params.max_nodes, params.local_addr, RendezvousTimeout(*(_seconds(params, key) for key in (
+            "join", "last_call", "close", "heartbeat"))))
     handler.single_node = single_node
     handler.node_rank = params.get_as_int("node_rank")
+    handler.records = SealedStore(store, key, refused)
     return handler
 
 
 NODE_RANK_KEY = "synapse/node_rank/{}"
 
 
-def node_ordered_rank(store, rank: int, world_size: int, node_rank: int) -> int:
+def node_ordered_rank(records: SealedStore, rank: int, world_size: int, node_rank: int, timeout_s: float) -> int:
     """This node's rank when the nodes are numbered by their ``trainer.node_rank`` (every node of the
-    round publishes its node_rank under torch's rank, then each reads all of them)."""
-    store.set(NODE_RANK_KEY.format(rank), str(node_rank))
-    claimed = [int(store.get(NODE_RANK_KEY.format(r))) for r in range(world_size)]
-    if sorted(claimed) != list(range(world_size)):
-        raise RendezvousError(f"the {world_size} nodes that met claim trainer.node_rank {sorted(claimed)}; each of "
-                              f"0..{world_size - 1} must be claimed once. Fix: give every node its own "
+    round publishes its node_rank under torch's rank, then each reads all of them). A value another
+    process wrote is refused and waited past (this node puts its own back meanwhile)."""
+    if world_size == 1:
+        return node_rank  # one node: nothing to order, nothing to publish
+    mine = NODE_RANK_KEY.format(rank)
+    records.put(mine, node_rank)
+    deadline = time.monotonic() + timeout_s
+    claimed: dict[int, int] = {}
+    while len(claimed) < world_size:
+        for r in range(world_size):
+            if r not in claimed and isinstance(value := records.get(NODE_RANK_KEY.format(r)), int):
+                claimed[r] = value
+        if len(claimed) < world_size:
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"torch's node(s) {sorted(set(range(world_size)) - set(claimed))} of this round "
+                                      f"did not say their trainer.node_rank within {timeout_s:g} s. Fix: start every "
+                                      f"node with the same trainer.nodes and trainer.rdzv_endpoint")
+            records.keep(mine)
+            time.sleep(0.05)
+    if sorted(claimed.values()) != list(range(world_size)):
+        raise RendezvousError(f"the {world_size} nodes that met claim trainer.node_rank {sorted(claimed.values())}; "
+                              f"each of 0..{world_size - 1} must be claimed once. Fix: give every node its own "
                               f"trainer.node_rank (and the same trainer.nodes on every node)")
     return node_rank
+
+
+def rendezvous_id(run_dir: Path | str, attempt: str) -> str:
+    """The run id of a launch's rendezvous: derived from the run's key, so it is the same on every node of the
+    run and guessed by no one else (module docstring: the seal is what protects, not the name)."""
+    return derived_id(run_key(run_dir), f"rendezvous {attempt}", 12)
 
 
 def _seconds(params: RendezvousParameters, key: str) -> timedelta | None:

@@ -52,7 +52,7 @@ from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
-from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, events_path
+from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, Refusals, events_path
 
 
 class ProcessGroupShards:
@@ -390,7 +390,8 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)
-    control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s)
+    control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s,
+                           launch=segment, refused=Refusals(run_dir, source=f"rank {rank}", log=log))
     runner = PipelineRunner(cfg.pipeline, cfg.optim, cfg.trainer, cfg.data.batch_size, run_dir, setup, runtime, rank,
                             world_size, owned, partition, blocks, injector, Heartbeat(run_dir, rank, str(setup.device)),
                             events, control,

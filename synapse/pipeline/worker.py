@@ -49,6 +49,7 @@ class LaunchTask:
 def worker_main(task: LaunchTask, run_dir: str, failure_dir: str) -> dict[str, Any] | None:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the supervisor's to handle
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # and so is its hangup (closed): a checkpoint, not a death
         die_with_the_supervisor()
         hold_as_worker(Path(run_dir), task.config.trainer.node_rank)
         return _train_launch(task, Path(run_dir))

@@ -1,6 +1,7 @@
 """The run directory, the processes' shared medium: its layout (every file and folder, who writes
 and reads it, how: `layout.py`), the JSONL records and their one writer and reader, the failover
-event log, the lock that keeps one run per directory, and a full disk said as such.
+event log, the lock that keeps one run per directory, a full disk said as such, and the run's key
+that seals what its processes say to each other over a store (`sealed.py`).
 """
 from synapse.rundir.disk import DiskFullError, disk_full_error, filesystem_full, is_disk_full, read_json_record
 from synapse.rundir.events import EventLog, EventLogError, events_path, read_events
@@ -47,6 +48,7 @@ from synapse.rundir.layout import (
     REPORT_FIGURE,
     REPORT_MARKDOWN,
     RUN,
+    RUN_KEY,
     RUN_SUMMARY,
     SEGMENT,
     SEGMENT_CONFIG,
@@ -82,18 +84,31 @@ from synapse.rundir.layout import (
 )
 from synapse.rundir.lock import RunDirInUseError, RunDirUnusableError, hold_as_worker, hold_run_dir
 from synapse.rundir.records import JsonlTail, JsonlWriter, NullWriter, RecordFileError, iter_jsonl, read_jsonl
+from synapse.rundir.sealed import (
+    ABSENT,
+    ForeignRecordError,
+    Refusals,
+    RunKeyError,
+    SealedStore,
+    derived_id,
+    open_bytes,
+    run_key,
+    seal_bytes,
+)
 
-__all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE", "CHECKPOINT_STAGING",
-           "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError", "ENTRIES", "EVENTS",
-           "EXPERIMENT_SUMMARY", "Entry", "EventLog", "EventLogError", "FAILOVER", "FAILURES", "FAILURE_RECORD",
-           "FIELDS", "Field", "HEALTH", "HEARTBEAT", "HYDRA", "HYDRA_JOB", "HYDRA_OVERRIDES", "JsonlTail",
-           "JsonlWriter", "LAUNCH_LOGS", "LIVE", "LOG", "LOGS", "LayoutError", "METRICS", "MICROBATCHES", "MODEL",
-           "MULTIRUN", "NESTED_RUN", "NODE_SUPERVISOR_LOCK", "NODE_WORKERS_LOCK", "NullWriter", "PARTITION",
-           "PERFORMANCE", "PLAN", "PLAN_VS_MEASURED", "PROGRESS_BOARD", "REPORT", "REPORT_FIGURE", "REPORT_MARKDOWN",
-           "RUN", "RUN_SUMMARY", "RecordFileError", "RunDirInUseError", "RunDirUnusableError", "SEGMENT", "SEGMENTS",
-           "SEGMENT_CONFIG", "SEGMENT_OVERRIDES", "SEGMENT_RECORD", "SEGMENT_RESUME", "STOP_ACK", "STOP_REQUEST",
-           "SUBMITIT", "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS",
-           "SWEEP_REPORT", "SWEEP_REPORT_MARKDOWN", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
+__all__ = ["ABSENT", "CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE",
+           "CHECKPOINT_STAGING", "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError",
+           "ENTRIES", "EVENTS", "EXPERIMENT_SUMMARY", "Entry", "EventLog", "EventLogError", "FAILOVER", "FAILURES",
+           "FAILURE_RECORD", "FIELDS", "Field", "ForeignRecordError", "HEALTH", "HEARTBEAT", "HYDRA", "HYDRA_JOB",
+           "HYDRA_OVERRIDES", "JsonlTail", "JsonlWriter", "LAUNCH_LOGS", "LIVE", "LOG", "LOGS", "LayoutError",
+           "METRICS", "MICROBATCHES", "MODEL", "MULTIRUN", "NESTED_RUN", "NODE_SUPERVISOR_LOCK", "NODE_WORKERS_LOCK",
+           "NullWriter", "PARTITION", "PERFORMANCE", "PLAN", "PLAN_VS_MEASURED", "PROGRESS_BOARD", "REPORT",
+           "REPORT_FIGURE", "REPORT_MARKDOWN", "RUN", "RUN_KEY", "RUN_SUMMARY", "RecordFileError", "Refusals",
+           "RunDirInUseError", "RunDirUnusableError", "RunKeyError", "SEGMENT", "SEGMENTS", "SEGMENT_CONFIG",
+           "SEGMENT_OVERRIDES", "SEGMENT_RECORD", "SEGMENT_RESUME", "STOP_ACK", "STOP_REQUEST", "SUBMITIT",
+           "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS", "SWEEP_REPORT",
+           "SWEEP_REPORT_MARKDOWN", "SealedStore", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
            "WORKERS_LOCK", "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared",
-           "disk_full_error", "entries", "events_path", "filesystem_full", "hold_as_worker", "hold_run_dir",
-           "is_disk_full", "iter_jsonl", "markdown_table", "read_events", "read_json_record", "read_jsonl"]
+           "derived_id", "disk_full_error", "entries", "events_path", "filesystem_full", "hold_as_worker",
+           "hold_run_dir", "is_disk_full", "iter_jsonl", "markdown_table", "open_bytes", "read_events",
+           "read_json_record", "read_jsonl", "run_key", "seal_bytes"]

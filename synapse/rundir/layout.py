@@ -299,6 +299,14 @@ NODE_SUPERVISOR_LOCK = Entry(
 NODE_WORKERS_LOCK = Entry(
     ".synapse.node{node}.workers.lock", "node n's workers lock", "every worker of node n",
     "a starting supervisor of node n", "flock; empty", "the lock is the kernel's", channel=True)
+RUN_KEY = Entry(
+    "run.key", "the run's secret: every value the run's processes put on a c10d store is sealed with it "
+               "(HMAC-SHA256), so a value another process wrote there is refused (synapse.rundir.run_key)",
+    "the first process of the run that needs one (a supervisor, or a node's agent), once per run directory; "
+    "kept on resume", "the supervisor and agent of every node; rank 0 (the stop requests across nodes)",
+    "64 hex digits (32 random bytes); mode 0600, refused if another user owns it or can read it",
+    "written to a temporary beside it (mode 0600), then linked into place: the first of two racing writers "
+    "wins and both read its key", channel=True, temp=".{name}.{token}.tmp")
 LIVE = Entry(
     "live/", "where each worker is now", "the workers", "the health monitor; the launcher", "folder",
     "created by the first worker")
@@ -456,7 +464,7 @@ SWEEP_FIGURE = Entry(
 ENTRIES = (
     CONFIG, HYDRA, HYDRA_OVERRIDES, HYDRA_JOB, LOG, METRICS, PERFORMANCE, EVENTS, HEALTH, RUN_SUMMARY,
     EXPERIMENT_SUMMARY, FAILOVER, CONTROLLER_STATE, PARTITION, PLAN, PLAN_VS_MEASURED, MICROBATCHES, MODEL,
-    TEACHER_TRAINING, SUPERVISOR_LOCK, WORKERS_LOCK, NODE_SUPERVISOR_LOCK, NODE_WORKERS_LOCK, LIVE, HEARTBEAT,
+    TEACHER_TRAINING, SUPERVISOR_LOCK, WORKERS_LOCK, NODE_SUPERVISOR_LOCK, NODE_WORKERS_LOCK, RUN_KEY, LIVE, HEARTBEAT,
     PROGRESS_BOARD, CONTROL, STOP_REQUEST, STOP_ACK, SEGMENTS, SEGMENT, SEGMENT_RECORD, SEGMENT_CONFIG,
     SEGMENT_OVERRIDES, SEGMENT_RESUME, CHECKPOINTS, CHECKPOINT, CHECKPOINT_STAGING, CHECKPOINT_SET_ASIDE,
     CHECKPOINT_RUN_IDENTITY, LOGS,

@@ -5,6 +5,7 @@ import pytest
 
 from synapse.control import ControlRecordError, FileControlChannel, StopAck, StopRequest
 from synapse.partitioning import Placement
+from synapse.rundir import read_events
 
 
 def request(mode: str = "live") -> StopRequest:
@@ -24,14 +25,17 @@ def test_a_request_and_its_acknowledgement_round_trip_and_clear(tmp_path):
     assert channel.poll() is None and not any(channel.dir.iterdir())
 
 
-def test_bad_records_are_named(tmp_path):
+def test_bad_records_are_refused_and_logged_never_raised_in_a_rank(tmp_path, caplog):
+    """#33 item 9: rank 0 raised on a bad record, was judged dead and its healthy device dropped."""
     with pytest.raises(ControlRecordError, match="mode must be one of"):
         request("teleport")
     channel = FileControlChannel(tmp_path)
     channel.request_path.parent.mkdir(parents=True)
-    channel.request_path.write_text("{torn")
-    with pytest.raises(ControlRecordError, match="stop.json is not JSON.*Fix: delete it"):
-        channel.poll()
-    channel.request_path.write_text('{"id": "x"}')
-    with pytest.raises(ControlRecordError, match="not a stop request"):
-        channel.poll()
+    for bad in ("{torn", '{"id": "x"}', "[1, 2]", "\udcff"):
+        channel.request_path.write_text(bad, errors="surrogateescape")
+        assert channel.poll() is None
+    refusals = [r.getMessage() for r in caplog.records if "refused the value" in r.getMessage()]
+    assert len(refusals) == 4 and all(f"under '{channel.request_path}'" in line for line in refusals), refusals
+    assert "not a StopRequest" in refusals[1]
+    events = read_events(tmp_path, "store_record_refused")
+    assert [e["key"] for e in events] == [str(channel.request_path)] * 4

@@ -2,7 +2,10 @@
 CUDA probes, and detection against real heartbeating processes."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,13 +22,13 @@ from synapse.health import (
     HealthConfigError,
     HealthMonitor,
     HealthSettings,
-    Heartbeat,
     LivenessTracker,
     NullHealthMonitor,
     NullNvml,
     build_health_monitor,
     cuda_to_nvml_index,
     decode_clock_reasons,
+    heartbeat_path,
     open_nvml,
     pid_alive,
 )
@@ -197,8 +200,56 @@ def test_older_nvml_throttle_reason_name_is_used_when_the_new_one_is_missing():
     assert sampler.sample([0])[0]["clock_event_reasons"] == ["sw_thermal_slowdown"]
 
 
-def gpu_heartbeat(run_dir: Path, rank: int, device: str) -> Heartbeat:
-    return Heartbeat(run_dir, rank, device)  # this process's pid: alive
+# The monitor judges only workers of a launch: a child of the fork server, itself a child of the
+# supervisor (health/liveness.py, is_launch_worker). In these tests this process is the supervisor
+# and the program below plays the fork server: it starts the workers and passes commands on to them.
+LAUNCHER = textwrap.dedent("""
+    import subprocess, sys
+    workers = [subprocess.Popen([sys.executable, "-c", sys.argv[1], *args.split()], stdin=subprocess.PIPE)
+               for args in sys.argv[2:]]
+    print(" ".join(str(w.pid) for w in workers), flush=True)
+    for line in sys.stdin:  # "kill <i>": SIGKILL worker i, not reaped (a zombie); "freeze <i>": pass it on
+        command, index = line.split()
+        worker = workers[int(index)]
+        if command == "kill":
+            worker.kill()
+        else:
+            worker.stdin.write(b"freeze\\n")
+            worker.stdin.flush()
+""")
+SLEEPER = "import time; time.sleep(120)"
+
+
+@contextlib.contextmanager
+def launched(program: str, *args: str):
+    """(send, pids): the workers running ``program`` with each of ``args``, started as a launch starts them;
+    ``send("kill 0")`` passes a command on."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, program, *args], cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+
+    def send(command: str) -> None:
+        launcher.stdin.write(command + "\n")
+        launcher.stdin.flush()
+
+    try:
+        yield send, [int(pid) for pid in launcher.stdout.readline().split()]
+    finally:
+        launcher.stdin.close()  # the launcher's loop ends; its workers are killed below with it
+        for pid in [int(p) for p in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                                                   text=True).stdout.split()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.wait()
+        launcher.stdout.close()
+
+
+def gpu_heartbeat(run_dir: Path, rank: int, device: str, pid: int) -> None:
+    """The heartbeat ``Heartbeat.beat`` writes, for the worker ``pid``."""
+    path = heartbeat_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "pid": pid, "device": device, "step": 0, "phase": "starting",
+                                "time": time.time()}))
 
 
 def test_gpu_events_throttle_ecc_and_xid_go_to_the_log_and_hard_ones_to_the_callback(tmp_path):
@@ -207,14 +258,16 @@ def test_gpu_events_throttle_ecc_and_xid_go_to_the_log_and_hard_ones_to_the_call
     settings = HealthSettings(period_s=1.0, hang_timeout_s=60.0, probe=False)
     monitor = HealthMonitor(tmp_path, settings, on_hard_failure=hard.append, log=lambda line: None,
                             since=0.0, nvml_importer=lambda: fake)
-    gpu_heartbeat(tmp_path, 0, "cuda:0")
-    monitor.sample_once()
-    fake.reasons = 0x40 | 0x1  # thermal slowdown
-    monitor.sample_once()
-    monitor.sample_once()  # unchanged: no second event
-    fake.reasons, fake.ecc, fake.xids = 0x0, 2, [79, 13]
-    monitor.sample_once()
-    monitor.stop()
+    with launched(SLEEPER, "") as (_, [worker]):
+        gpu_heartbeat(tmp_path, 0, "cuda:0", worker)
+        gpu_heartbeat(tmp_path, 9, "cuda:0", os.getpid())  # planted: the supervisor's own pid owns no GPU
+        monitor.sample_once()
+        fake.reasons = 0x40 | 0x1  # thermal slowdown
+        monitor.sample_once()
+        monitor.sample_once()  # unchanged: no second event
+        fake.reasons, fake.ecc, fake.xids = 0x0, 2, [79, 13]
+        monitor.sample_once()
+        monitor.stop()
     names = [(e["event"], e["hard"]) for e in read_events(tmp_path)]
     assert names == [("throttle", False), ("throttle_cleared", False), ("ecc_error", True), ("xid", True),
                      ("xid", False)]
@@ -224,17 +277,19 @@ def test_gpu_events_throttle_ecc_and_xid_go_to_the_log_and_hard_ones_to_the_call
     samples = [json.loads(line) for line in HEALTH.path(tmp_path).read_text().splitlines()]
     assert len(samples) == 4 and samples[0]["gpus"]["0"]["temperature_c"] == 71
     assert samples[0]["ranks"]["0"]["state"] == "alive" and fake.shut
+    assert samples[0]["ranks"]["9"]["state"] == "not ours"
 
 
 def test_on_cpu_the_monitor_logs_nvml_unavailable_once_and_still_samples_liveness(tmp_path):
     lines: list[str] = []
     monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.05, hang_timeout_s=30.0), log=lines.append,
                             since=0.0, nvml_importer=lambda: __import__("pynvml_is_not_installed"))
-    Heartbeat(tmp_path, 0, "cpu")
-    with monitor:
-        deadline = time.monotonic() + 20
-        while len(HEALTH.path(tmp_path).read_text().splitlines()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with launched(SLEEPER, "") as (_, [worker]):
+        gpu_heartbeat(tmp_path, 0, "cpu", worker)
+        with monitor:
+            deadline = time.monotonic() + 20
+            while len(HEALTH.path(tmp_path).read_text().splitlines()) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
     samples = [json.loads(line) for line in HEALTH.path(tmp_path).read_text().splitlines()]
     assert len(samples) >= 3 and all(s["ranks"]["0"]["state"] == "alive" and s["gpus"] == {} for s in samples)
     assert [line for line in lines if "nvml unavailable" in line] == lines and len(lines) == 1
@@ -294,11 +349,9 @@ WORKER = textwrap.dedent("""
 @pytest.mark.slow  # waits for the hang timeout
 @pytest.mark.timeout(60)
 def test_a_killed_worker_is_dead_and_a_frozen_one_hung_within_bounded_time(tmp_path):
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), str(rank)], cwd=REPO,
-                                stdin=subprocess.PIPE) for rank in (0, 1)]
     hard: list[tuple[float, dict]] = []
     settings = HealthSettings(period_s=0.1, hang_timeout_s=1.0, nvml=False)
-    try:
+    with launched(WORKER, f"{tmp_path} 0", f"{tmp_path} 1") as (send, workers):
         monitor = HealthMonitor(tmp_path, settings, on_hard_failure=lambda e: hard.append((time.monotonic(), e)),
                                 log=lambda line: None)
         with monitor:
@@ -308,22 +361,17 @@ def test_a_killed_worker_is_dead_and_a_frozen_one_hung_within_bounded_time(tmp_p
             time.sleep(1.5)  # both advancing for longer than the hang timeout: nothing to report
             assert hard == []
             killed_at = time.monotonic()
-            workers[0].kill()  # not reaped yet: a zombie must read as dead too
-            workers[1].stdin.write(b"freeze\n")
-            workers[1].stdin.flush()
+            send("kill 0")  # not reaped by its parent: a zombie must read as dead too
+            send("freeze 1")
             frozen_at = time.monotonic()
             while len(hard) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-        assert workers[1].poll() is None  # hung, not dead
-    finally:
-        for worker in workers:
-            worker.kill()
-            worker.wait()
+        assert pid_alive(workers[1])  # hung, not dead
     by_event = {e["event"]: (t, e) for t, e in hard}
     assert sorted(by_event) == ["rank_dead", "rank_hung"] and len(hard) == 2
     dead_t, dead = by_event["rank_dead"]
     hung_t, hung = by_event["rank_hung"]
-    assert (dead["rank"], dead["pid"], hung["rank"], hung["pid"]) == (0, workers[0].pid, 1, workers[1].pid)
+    assert (dead["rank"], dead["pid"], hung["rank"], hung["pid"]) == (0, workers[0], 1, workers[1])
     # bounded: a period (plus scheduling slack) for a death, the timeout plus a period for a hang
     assert dead_t - killed_at < 0.1 + 5.0
     assert hung_t - frozen_at < 1.0 + 0.1 + 5.0

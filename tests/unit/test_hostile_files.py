@@ -7,7 +7,10 @@ real processes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,16 +64,37 @@ def test_a_planted_heartbeat_of_a_gone_pid_does_not_tear_the_launch_down(tmp_pat
     assert hard == []
 
 
+# A stand-in fork server: it starts one worker and prints its pid, so the worker is where a launch's
+# workers are (a child of the supervisor's child, started after the launch began: health/liveness.py,
+# issue #33 item 8); this test process plays the supervisor. A worker killed stays a zombie of it.
+FORK_SERVER = ("import subprocess, sys, time\n"
+               "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+               "print(worker.pid, flush=True)\n"
+               "time.sleep(60)\n")
+
+
 def test_a_worker_of_ours_that_dies_is_still_reported(tmp_path):
-    # The control: a child of this process, seen alive, then gone, is a dead rank.
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # The control: a worker of this launch, seen alive, then gone, is a dead rank.
     hard: list = []
     monitor = HealthMonitor(tmp_path, SETTINGS, on_hard_failure=hard.append, log=lambda line: None)
-    plant(tmp_path, 0, json.dumps({"rank": 0, "pid": child.pid, "device": "cpu:0", "step": 2, "phase": "training",
-                                   "time": time.time()}))  # written after the monitor started: this launch's
-    monitor.sample_once()
-    assert hard == []
-    child.kill()
-    child.wait()
-    monitor.sample_once()
-    assert [(e["event"], e["rank"], e["pid"]) for e in hard] == [("rank_dead", 0, child.pid)]
+    fork_server = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(fork_server.stdout.readline())
+        plant(tmp_path, 0, json.dumps({"rank": 0, "pid": worker, "device": "cpu:0", "step": 2, "phase": "training",
+                                       "time": time.time()}))  # written after the monitor started: this launch's
+        monitor.sample_once()
+        assert hard == []
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not hard and time.monotonic() < deadline:  # the kill lands at once; the wait is for a loaded machine
+            monitor.sample_once()
+            time.sleep(0.05)
+    finally:
+        if worker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+        fork_server.kill()
+        fork_server.wait(10)
+        fork_server.stdout.close()
+    assert [(e["event"], e["rank"], e["pid"]) for e in hard] == [("rank_dead", 0, worker)]
