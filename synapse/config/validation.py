@@ -5,7 +5,8 @@ A temperature <= 0, a model name we do not know, a GPU id that does not exist: e
 
 1. the whole tree: no key outside the schema, no NaN or inf anywhere (free-form dicts
    included; NaN passes every range check, so this comes first);
-2. the range checks of the models, data, KD, optimizer, trainer, pipeline and partition groups;
+2. the range checks of the models, data, KD, optimizer, trainer, pipeline and partition groups
+   (and every float's sane range, ``synapse/config/ranges.py``, after step 3's own checks);
 3. the fault-tolerance groups (injection, the health monitor, failover: detector, estimator,
    policy, drills, restart costs; spare devices), each checked by the component that owns it
    (fault specs, `HealthSettings`, `DetectorConfig`, `EstimatorConfig`, the policies), built
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
 from synapse.config.errors import fail, finite, positive
+from synapse.config.ranges import check_float_ranges
 from synapse.config.supported_torch import require_supported_torch
 from synapse.rundir import CHECKPOINTS
 
@@ -259,6 +261,8 @@ def validate(cfg: DictConfig) -> None:
     validate_injection(cfg)
     validate_monitor(cfg)
     validate_failover(cfg)
+    # after the components' own checks (their messages for a value below its bound stay theirs)
+    check_float_ranges(_plain(cfg))
     positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     positive("checkpoint.keep", cfg.checkpoint.keep)
     validate_block_counts(cfg)
