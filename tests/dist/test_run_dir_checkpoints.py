@@ -1,6 +1,6 @@
 """A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4 and 6).
 
-One real run (two CPU pipeline ranks under the failover supervisor, 10 steps, a checkpoint every
+One real run (two CPU pipeline ranks under the failover supervisor, 10 steps of a 15-step schedule, a checkpoint every
 5, ``checkpoint.keep=2``) leaves steps 5 and 10; each test works on its own copy of that
 directory, as a user's next command would:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from synapse import checkpoint as ckpt
-from synapse.failover import read_stages
+from synapse.failover import read_segments
 from tests.conftest import repo_env
 
 from .helpers import BASE_OVERRIDES
@@ -34,7 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_py(run_dir: Path, *extra: str, teacher: Path) -> subprocess.CompletedProcess:
-    args = [*BASE_OVERRIDES, "trainer.devices=2", "trainer.max_steps=10", "checkpoint.every=5", "checkpoint.keep=2",
+    # 15 steps, of which the earlier run trains 10 (trainer.stop_after): a resume continues the same
+    # schedule, since one that changed trainer.max_steps would learn on another LR schedule (refused)
+    args = [*BASE_OVERRIDES, "trainer.devices=2", "trainer.max_steps=15", "checkpoint.every=5", "checkpoint.keep=2",
             "report=false", f"teacher.checkpoint={teacher}", f"run_dir={run_dir}",
             f"hydra.run.dir={run_dir.parent / (run_dir.name + '.hydra')}", *extra]
     return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=repo_env(),
@@ -44,7 +46,7 @@ def train_py(run_dir: Path, *extra: str, teacher: Path) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory, teacher_file) -> Path:
     run_dir = tmp_path_factory.mktemp("earlier") / "run"
-    done = train_py(run_dir, teacher=teacher_file)
+    done = train_py(run_dir, "trainer.stop_after=10", teacher=teacher_file)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
 
@@ -89,9 +91,9 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
             f"in a new directory (run_dir=<new directory>)") in fresh.stderr, fresh.stderr[-3000:]
     assert digest(used_dir) == before and launches(used_dir) == launched
 
-    continued = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    continued = train_py(used_dir, "resume=auto", teacher=teacher_file)
     assert continued.returncode == 0, continued.stderr[-3000:]
-    last = read_stages(used_dir)[-1]
+    last = read_segments(used_dir)[-1]
     assert last.start_step == 10 and last.resume == str(used_dir / "checkpoints" / "step_00000010")
     assert steps(used_dir) == [10, 15]  # keep=2: the run's own step 5 pruned
     assert {c.run for c in ckpt.ordered_checkpoints(used_dir / "checkpoints")} == {identity}
@@ -100,12 +102,12 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
 def test_a_flipped_byte_in_the_newest_metadata_resumes_from_the_previous_checkpoint(used_dir, teacher_file):
     newest = used_dir / "checkpoints" / "step_00000010"
     flip_byte(newest / ckpt.dcp_store.METADATA_FILE)
-    resumed = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    resumed = train_py(used_dir, "resume=auto", teacher=teacher_file)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-3000:]  # was: refused as "cannot be read safely"
     assert (f"skipping checkpoint {newest}: {newest}: .metadata is corrupt or truncated (checksum mismatch)"
             in output), output[-3000:]
-    last = read_stages(used_dir)[-1]
+    last = read_segments(used_dir)[-1]
     assert last.start_step == 5 and last.resume == str(used_dir / "checkpoints" / "step_00000005")
     assert steps(used_dir) == [10, 15]  # step 10 trained again and saved in place of the damaged copy
     ckpt.verify_checkpoint(newest)
@@ -118,7 +120,7 @@ def test_resume_auto_over_only_damaged_checkpoints_is_refused_naming_each(used_d
     state = root / "step_00000005" / ckpt.STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
     before, launched = digest(used_dir), launches(used_dir)
-    refused = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    refused = train_py(used_dir, "resume=auto", teacher=teacher_file)
     assert refused.returncode != 0
     assert (f"NoIntactCheckpointError: resume=auto: none of the 2 checkpoints in {root} is intact, so there is "
             f"nothing to continue from (step_00000010: {root / 'step_00000010'}: .metadata is corrupt or truncated "
