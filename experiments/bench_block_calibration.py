@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("outputs/bench_block_calibration"))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--runs", type=Path, nargs="*", help="earlier run dirs named like the partitions")
-    parser.add_argument("--profiles-from", type=Path, help="a partition=auto run dir (its plan.json names the profiles)")
+    parser.add_argument("--profiles-from", type=Path,
+                        help="a partition=auto run dir (its plan.json names the profiles)")
     args = parser.parse_args(argv)
     load_before = machine_load()
     if args.runs:
@@ -103,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         [[r["learn"], r["predict"], " / ".join(f"{m:.1f}" for m in r["measured_ms"]),
           *(f"{statistics.median(r[k]):.0%} / {max(r[k]):.0%}" for k in ("profile", "global scalar", "block factors"))]
          for r in rows])
-    overall = {k: statistics.median(e for r in rows for e in r[k]) for k in ("profile", "global scalar", "block factors")}
-    table += "\nMedian error over every predicted stage: " + ", ".join(f"{k} {v:.0%}" for k, v in overall.items()) + "\n"
+    kinds = ("profile", "global scalar", "block factors")
+    overall = {k: statistics.median(e for r in rows for e in r[k]) for k in kinds}
+    errors = ", ".join(f"{k} {v:.0%}" for k, v in overall.items())
+    table += f"\nMedian error over every predicted stage: {errors}\n"
     result = {"what": "Per-block calibration: predicting unseen partitions (CPU, 3 ranks)",
               "command": " ".join(["python", *sys.argv]), "rows": rows, "median_error": overall,
               "partitions": PARTITIONS, "load_before": load_before, "load_after": machine_load()}

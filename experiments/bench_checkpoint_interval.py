@@ -26,9 +26,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchlib import REPO, TrainRunError, machine_load, markdown_table, read_jsonl, train_py_summary, write_results
 

@@ -1,4 +1,4 @@
-# python experiments/bench_checkpoint_stall.py --device cuda --teacher vit_large_patch16_224 --student resnet152 --out experiments/results/h200/checkpoint_stall
+# python experiments/bench_checkpoint_stall.py --device cuda --teacher vit_large_patch16_224 --student resnet152 --out experiments/results/h200/checkpoint_stall  # noqa: E501 (a command to copy)
 """How long each periodic checkpoint holds the training loop: synchronous vs asynchronous save.
 
 Runs the user's command (``python train.py``) twice with the same settings, once with
@@ -24,8 +24,9 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, run_train_py, write_results
 

@@ -93,7 +93,8 @@ def photo_jpeg(seed: int, width: int = 500, height: int = 375) -> bytes:
     rng = np.random.default_rng(seed)
     low = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
     mid = Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).resize((width, height), Image.BILINEAR)
-    pixels = 0.6 * np.asarray(low, np.float32) + 0.4 * np.asarray(mid, np.float32) + rng.normal(0, 16, (height, width, 3))
+    pixels = (0.6 * np.asarray(low, np.float32) + 0.4 * np.asarray(mid, np.float32)
+              + rng.normal(0, 16, (height, width, 3)))
     buffer = io.BytesIO()
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=90)
     return buffer.getvalue()
@@ -159,16 +160,19 @@ def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int | N
 def bench_loader(args, tree: Path) -> list[dict]:
     rows = []
     counts = lambda text: [int(w) for w in text.split(",") if w]  # noqa: E731
-    configs = [("cpu", w, 0.0) for w in counts(args.cpu_workers)] + [("gpu", w, 1.0) for w in counts(args.gpu_workers)] \
+    configs = [("cpu", w, 0.0) for w in counts(args.cpu_workers)] \
+        + [("gpu", w, 1.0) for w in counts(args.gpu_workers)] \
         + [("gpu", w, args.split_share) for w in counts(args.split_workers)]
     for decode, workers, share in configs:
-        dataset = ImageNet100(tree, "train", image_size=224, seed=0, decode=decode, gpu_share=share if decode == "gpu" else 1.0)
+        dataset = ImageNet100(tree, "train", image_size=224, seed=0, decode=decode,
+                              gpu_share=share if decode == "gpu" else 1.0)
         row = {"data": "jpeg", "decode": decode, "gpu_share": share,
                **loader_rate(dataset, workers, args.loader_batch, args.loader_batches)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     synthetic = SyntheticImages(num_samples=args.loader_batch * 64, image_size=224)
-    row = {"data": "synthetic", "decode": "-", "gpu_share": 0.0, **loader_rate(synthetic, 4, args.loader_batch, args.loader_batches)}
+    row = {"data": "synthetic", "decode": "-", "gpu_share": 0.0,
+           **loader_rate(synthetic, 4, args.loader_batch, args.loader_batches)}
     print(json.dumps(row), flush=True)
     rows.append(row)
     return rows

@@ -28,9 +28,10 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from benchlib import REPO, machine_load, markdown_table, train_py_summary, write_results
 

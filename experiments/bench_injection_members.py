@@ -2,7 +2,7 @@
 """Every shipped injection member, run with its own documented command: detected where and when,
 what the policy decided, and the time saved against policy=keep (issue #15).
 
-For each ``synapse/conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
+For each ``conf/injection/<member>.yaml`` with a slowdown, the command is the ``python train.py``
 line of the file's header, as a user would copy it, plus ``policy=<p>`` (and no progress bar or
 report). Expected: the first detection names the fault's rank and kind (compute for
 ``slow_compute``/``background_load``, comm for ``slow_comm``) within 10 steps of its start.
@@ -85,7 +85,8 @@ def median_only_first_detection(run_dir: Path) -> dict | None:
             return None
         for event in detector.update(StepTiming.from_dict(record)):
             if event.event == "slowdown":
-                return {"rank": event.rank, "kind": event.kind, "ratio": event.ratio, "detected_step": event.detected_step}
+                return {"rank": event.rank, "kind": event.kind, "ratio": event.ratio,
+                        "detected_step": event.detected_step}
     return None
 
 
@@ -120,7 +121,8 @@ def table(runs: list[dict], policies: list[str]) -> str:
         seen = (f"step {first['detected_step']} (rank {first['rank']} {first['kind']}, {first['ratio']:.1f}x)"
                 if first else "not detected")
         alone = ref.get("median_only_first_detection")
-        seen += f"; median alone: step {alone['detected_step']} (rank {alone['rank']})" if alone else "; median alone: -"
+        seen += (f"; median alone: step {alone['detected_step']} (rank {alone['rank']})" if alone
+                 else "; median alone: -")
         decided = ", ".join(f"{d['action']}@{d['step']}" for d in eta["decisions"]) if eta else "-"
         spans = [[r["training_span_s"] for r in group] for group in (keeps, etas)]
         saved = saving(*spans) if keep and eta else "-"
@@ -148,8 +150,9 @@ def main() -> None:
                 for policy in policies:
                     run = run_member(member, policy, Path(tmp) / f"{member}_{policy}_{repeat}")
                     runs.append(run)
-                    print(f"{member:16s} {policy:5s} span {run['training_span_s']:6.1f} s wall {run['wall_time_s']:6.1f}"
-                          f" s  first detection {run['detections'][:1]} (median alone: {run['median_only_first_detection']})"
+                    print(f"{member:16s} {policy:5s} span {run['training_span_s']:6.1f} s"
+                          f" wall {run['wall_time_s']:6.1f} s  first detection {run['detections'][:1]}"
+                          f" (median alone: {run['median_only_first_detection']})"
                           f"  decisions {run['decisions']}", flush=True)
     result = {"what": "Shipped injection members, each with its documented command: detection, decision, "
                       "time saved vs policy=keep (CPU)",

@@ -1,4 +1,4 @@
-# python experiments/bench_kd_throughput.py --teacher resnet_mini --student resnet_micro --image-size 32 --batch 64 --steps 20 --device cpu --out experiments/results/bench_kd_throughput_cpu.json
+# python experiments/bench_kd_throughput.py --teacher resnet_mini --student resnet_micro --image-size 32 --batch 64 --steps 20 --device cpu --out experiments/results/bench_kd_throughput_cpu.json  # noqa: E501 (a command to copy)
 """KD throughput of Synapse's single-device trainer against a minimal hand-written PyTorch loop.
 
 Both sides distil the same teacher into the same student architecture, on the same device, with
@@ -25,7 +25,8 @@ On a GPU, segments need to be long (short ones are dominated by clock ramp-up an
 ``loop`` mostly measures the host generating 224x224 synthetic images, equally for both sides:
 
     python experiments/bench_kd_throughput.py --teacher vit_base --student resnet50 --image-size 224 \
-        --batch 64 --steps 100 --segments 7 --warmup-segments 2 --device cuda --out experiments/results/bench_kd_throughput_h200.json
+        --batch 64 --steps 100 --segments 7 --warmup-segments 2 --device cuda \
+        --out experiments/results/bench_kd_throughput_h200.json
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from hydra import compose, initialize_config_dir

@@ -68,7 +68,8 @@ def main() -> None:
                   "decision came (useful work on the old partition), the same for both modes.",
               f"live has {result['speedup_downtime']:.1f}x less downtime (target >= 10x) and is "
               f"{result['speedup_recovery']:.1f}x faster from decision to first step; "
-                  f"{live['moved_blocks']} student blocks ({live['moved_bytes'] / 1e6:.0f} MB with optimizer state) moved"
+                  f"{live['moved_blocks']} student blocks"
+                  f" ({live['moved_bytes'] / 1e6:.0f} MB with optimizer state) moved"
                   f"; load average {load}"]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

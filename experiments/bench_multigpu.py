@@ -127,8 +127,8 @@ def failover_summary(run_dir: Path) -> dict:
         return {}
     summary = json.loads(summary_file.read_text())
     events = read_jsonl(run_dir / "failover_events.jsonl")
-    detected = [{k: e.get(k) for k in ("rank", "device", "kind", "ratio", "onset_step", "detected_step",
-                                       "latency_steps", "latency_s")} for e in events if e["event"] == "slowdown_detected"]
+    fields = ("rank", "device", "kind", "ratio", "onset_step", "detected_step", "latency_steps", "latency_s")
+    detected = [{k: e.get(k) for k in fields} for e in events if e["event"] == "slowdown_detected"]
     return {"wall_time_s": summary["wall_time_s"], "steps": summary["steps"], "detections": detected,
             "decisions": summary["decisions"], "time_lost_s": summary["time_lost_s"],
             "restarts": [{k: r[k] for k in ("action", "mode", "trigger", "cause", "recovery_s", "downtime_s",

@@ -74,7 +74,8 @@ def main() -> None:
     for m in args.microbatches:
         for k, runtime in [(1, "single"), (1, "pipeline"), (2, "pipeline"), (3, "pipeline")]:
             run_dir = work / f"k{k}_{runtime}_m{m}"
-            cfg = compose_run(run_dir, [*base, f"trainer.devices={k}", f"pipeline.microbatches={m}", "trainer.threads=1"])
+            overrides = [*base, f"trainer.devices={k}", f"pipeline.microbatches={m}", "trainer.threads=1"]
+            cfg = compose_run(run_dir, overrides)
             if runtime == "single":  # the single-device loop in this process: the reference the pipeline reproduces
                 distil_on_one_device(cfg, run_dir, log=lambda message: None)
             else:

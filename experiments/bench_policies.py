@@ -1,4 +1,4 @@
-# python experiments/bench_policies.py [--policies eta,keep,replan,degrade,ski_rental] [--factor 4] [--start 50] [--repeats 3]
+# python experiments/bench_policies.py [--policies eta,keep,replan,degrade,ski_rental] [--factor 4] [--start 50] [--repeats 3]  # noqa: E501 (a command to copy)
 """Which policy finishes first? One fixed CPU scenario, full runs per policy, side by side.
 
 Scenario: the default demo's models and data on 3 CPU ranks (partition=auto), and a strong,

@@ -91,7 +91,8 @@ def run_layout(name: str, seconds: float, topology: dict[int, str]) -> None:
     for p in procs:
         p.join()
     ticks = os.sysconf("SC_CLK_TCK")
-    print(f"{name}: cores {placement}, host steal {(steal_jiffies() - steal) / ticks:.2f} cpu-s over the layout", flush=True)
+    steal_s = (steal_jiffies() - steal) / ticks
+    print(f"{name}: cores {placement}, host steal {steal_s:.2f} cpu-s over the layout", flush=True)
     for core, times in results:
         print(f"  core {core}: {describe(times)}", flush=True)
 

@@ -42,7 +42,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for run in args.runs:
         steps = [r for r in rows(run / "performance.jsonl") if "compute_s" in r and r["step"] > args.skip]
-        detections = [f"r{e['rank']}@{e['detected_step']} {e['ratio']:.2f}x" for e in rows(run / "failover_events.jsonl")
+        events = rows(run / "failover_events.jsonl")
+        detections = [f"r{e['rank']}@{e['detected_step']} {e['ratio']:.2f}x" for e in events
                       if e.get("event") == "slowdown_detected"]
         if len(steps) <= args.window:
             print(f"| {run.name} | {len(steps)} | - | - | - | - | - | {', '.join(detections) or 'none'} |")
@@ -51,7 +52,8 @@ def main() -> None:
             compute = [r["compute_s"][rank] for r in steps]
             w = rank_wander(compute, args.window)
             print(f"| {run.name} | {len(steps)} | {rank} | {1e3 * statistics.median(compute):.1f} | "
-                  f"{w['p5']:.2f}-{w['p95']:.2f} | {w['roll_min']:.2f}-{w['roll_max']:.2f} | {100 * w['above_1.25']:.1f}% | "
+                  f"{w['p5']:.2f}-{w['p95']:.2f} | {w['roll_min']:.2f}-{w['roll_max']:.2f} | "
+                  f"{100 * w['above_1.25']:.1f}% | "
                   f"{(', '.join(detections) or 'none') if rank == 0 else ''} |")
 
 

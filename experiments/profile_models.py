@@ -1,4 +1,4 @@
-# Run (repo root): PYTHONPATH=. python experiments/profile_models.py --teachers vit_base vit_large --students resnet50 resnet152 --micro-batches 16 32 --dtype bf16 --device cuda --image-size 224 --num-classes 100 --out experiments/results/profiles_h200
+# Run (repo root): PYTHONPATH=. python experiments/profile_models.py --teachers vit_base vit_large --students resnet50 resnet152 --micro-batches 16 32 --dtype bf16 --device cuda --image-size 224 --num-classes 100 --out experiments/results/profiles_h200  # noqa: E501 (a command to copy)
 """Profile teachers and students block by block at several micro-batch sizes.
 
 Writes ``<out>/profiles/<key>.csv`` (+ ``.meta.json`` and ``.details.json``) for every

@@ -357,7 +357,8 @@ def main() -> None:
     old_scale = k1["measured"]["step_s"] / models1["profile only"].evaluate(*counts1).step_time_s
     rows = [row(1, k1, predictions(models1, counts1, old_scale), "calibration")]
     for k in (2, 3):
-        models = model_variants(compose_run(work / "unused", work, k, args, None), k, teacher, student, terms, link, args)
+        cfg = compose_run(work / "unused", work, k, args, None)
+        models = model_variants(cfg, k, teacher, student, terms, link, args)
         plan = plan_with_cost_model(models[PLANNER])
         counts = (plan.teacher_counts, plan.student_counts)
         record = measured_runs(work, k, args, counts)

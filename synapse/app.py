@@ -11,13 +11,20 @@ import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from synapse.checkpoint import CheckpointWriteError, check_run_dir_checkpoints
+from synapse.checkpoint import (
+    CheckpointWriteError,
+    ForeignCheckpointError,
+    IncompatibleCheckpointError,
+    NoIntactCheckpointError,
+    check_run_dir_checkpoints,
+)
 from synapse.config import (
     ConfigError,
     SynapseConfig,
@@ -238,7 +245,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         run(cfg, log=log.info)
-    except ConfigError as exc:  # a bad setting: one clear line (it names the key and the fix), no stack
+    except (ConfigError, *REFUSED_BEFORE_WORK) as exc:  # one clear line (it names the problem and the fix), no stack
         print(f"synapse: {f'job {HydraConfig.get().job.num}: ' if in_sweep else ''}{exc}", file=sys.stderr)
         if not in_sweep:
             raise SystemExit(2) from None
@@ -263,6 +270,11 @@ def _record_failed_job(cfg: DictConfig, error: Exception) -> None:
         with hold_run_dir(job_dir, node_rank if isinstance(node_rank, int) else 0):
             EventLog(EVENTS.path(job_dir), source="supervisor").append(
                 "run_failed", error=f"{type(error).__name__}: {error}"[:2000])
+
+
+# A run directory or checkpoint this run cannot use, refused before any work starts: like a bad
+# setting, the message says what to change.
+REFUSED_BEFORE_WORK = (ForeignCheckpointError, IncompatibleCheckpointError, NoIntactCheckpointError)
 
 
 def main() -> None:

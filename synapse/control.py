@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from synapse.partitioning import Placement
 from synapse.rundir import CONTROL, STOP_ACK, STOP_REQUEST
@@ -147,7 +148,8 @@ class StoreControlChannel:
 
     def __init__(self, store: Any):
         self.store = store
-        self._lock = threading.RLock()  # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
+        # one connection: the supervisor sends from its watcher and (re-entrant) its signal handler
+        self._lock = threading.RLock()
 
     def send(self, request: StopRequest) -> None:
         with self._lock:

@@ -17,9 +17,10 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from synapse.config import (
     PartitionConfig,
@@ -255,7 +256,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def even_placement(teacher_blocks: int, student_blocks: int, devices: Sequence[int]) -> Placement:
-    return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)), even_counts(student_blocks, len(devices)))
+    return Placement(tuple(devices), even_counts(teacher_blocks, len(devices)),
+                     even_counts(student_blocks, len(devices)))
 
 
 def placement_for_config(partition_cfg: PartitionConfig, teacher: TeacherConfig, student: StudentConfig,

@@ -129,7 +129,7 @@ class TrackedWriter:
         self.records.close()
         self.tracker.close()
 
-    def __enter__(self) -> "TrackedWriter":
+    def __enter__(self) -> TrackedWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

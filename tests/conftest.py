@@ -8,17 +8,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 import synapse.config  # noqa: F401  (registers the structured-config schema used by conf/config.yaml)
+from synapse.conf import CONF_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-from synapse.conf import CONF_DIR
 
 # Overrides that make any run tiny and CPU-only: micro models, one thread, no progress bar, and a
 # teacher that is "trained" for zero epochs (its initial weights: enough to exercise KD).
@@ -97,6 +97,15 @@ def as_written(value):
     if isinstance(value, list):
         return [as_written(v) for v in value]
     return value
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A long test is slow as well. `-m` on the command line replaces the `-m 'not long'` of addopts,
+    # so the fast loop's `-m "not dist and not slow"` would otherwise bring the hour-long runs back.
+    for item in items:
+        if item.get_closest_marker("long"):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -24,24 +24,36 @@ class S(AsyncStager):
     o={}
     for n,v in sd.items():
       b=s.b.get(n)
-      if b is None:b=torch.empty(v.shape,dtype=v.dtype,pin_memory=True)
+      if b is None:
+        b=torch.empty(v.shape,dtype=v.dtype,pin_memory=True)
       o[n]=b.copy_(v.detach(),non_blocking=True)
-    s.b=o;torch.cuda.current_stream().synchronize();return o
+    s.b=o
+    torch.cuda.current_stream().synchronize()
+    return o
   def synchronize_staging(s):pass
-m=torchvision.models.resnet152().cuda();o=torch.optim.SGD(m.parameters(),lr=.1,momentum=.9)
-m(torch.randn(8,3,224,224,device="cuda")).sum().backward();o.step()
+m=torchvision.models.resnet152().cuda()
+o=torch.optim.SGD(m.parameters(),lr=.1,momentum=.9)
+m(torch.randn(8,3,224,224,device="cuda")).sum().backward()
+o.step()
 sd={"model/"+k:v for k,v in m.state_dict(keep_vars=True).items()}
 sd.update({f"optim/{n}/momentum_buffer":o.state[p]["momentum_buffer"] for n,p in m.named_parameters()})
-sg=S();stall=[];tot=[];up=None
+sg=S()
+stall=[]
+tot=[]
+up=None
 for k in range(7):
-  torch.cuda.synchronize();t=time.perf_counter()
-  if up:up.result()
+  torch.cuda.synchronize()
+  t=time.perf_counter()
+  if up:
+    up.result()
   up=dcp.async_save(sd,storage_writer=W(f"/tmp/a{k}"),async_stager=sg,no_dist=True)
   stall.append(time.perf_counter()-t)
   time.sleep(3)
 up.result()
 print("async stall",[round(x,3) for x in stall],sorted(stall[1:])[2])
-t=time.perf_counter();dcp.save({k:v.detach() for k,v in sd.items()},storage_writer=W("/tmp/s"),no_dist=True);print("sync save",round(time.perf_counter()-t,3))
+t=time.perf_counter()
+dcp.save({k:v.detach() for k,v in sd.items()},storage_writer=W("/tmp/s"),no_dist=True)
+print("sync save",round(time.perf_counter()-t,3))
 class P(LP):
   def load_bytes(s,r,v):s.state_dict[r.dest_index.fqn]=torch.load(v,weights_only=True)
 tg={k:torch.empty_like(v,device="cpu") for k,v in sd.items()}

@@ -16,7 +16,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     report = commands.add_parser("report", help=f"write <dir>/{REPORT.template} (figures as PNG and SVG, "
                                                 f"{REPORT_MARKDOWN.name()})")
-    report.add_argument("dirs", nargs="+", help="run directories (hydra.run.dir) or sweep directories (hydra.sweep.dir)")
+    report.add_argument("dirs", nargs="+",
+                        help="run directories (hydra.run.dir) or sweep directories (hydra.sweep.dir)")
     report.add_argument("--formats", default="png,svg", help="figure formats, comma-separated (default: png,svg)")
     return parser.parse_args(argv)
 

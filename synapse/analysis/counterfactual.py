@@ -72,7 +72,7 @@ def policy_regret(sweep: pd.DataFrame, metric: str = "wall_time_s") -> pd.DataFr
     per_policy = (usable.groupby(["scenario", "policy"], sort=True)[metric].agg(["mean", "size", "min", "max"])
                   .rename(columns={"mean": "value", "size": "jobs"}).reset_index())
     rows = []
-    for scenario, group in per_policy.groupby("scenario", sort=True):
+    for _scenario, group in per_policy.groupby("scenario", sort=True):
         if group["policy"].nunique() < 2:
             continue  # nothing to compare with
         best = group.loc[group["value"].idxmin()]

@@ -53,7 +53,8 @@ def _event_markers(event: Mapping[str, Any], run: Run) -> list[dict[str, Any]]:
         return point(FAULT_CLEARED, f"fault cleared on rank {_int_text(event.get('rank'))}")
     if name == "slowdown_detected":
         return point(DETECTION, f"slowdown: rank {_int_text(event.get('rank'))} {event.get('kind')} "
-                                f"x{event.get('ratio', math.nan):.1f}, {_int_text(event.get('latency_steps'))} steps late")
+                                f"x{event.get('ratio', math.nan):.1f}, "
+                                f"{_int_text(event.get('latency_steps'))} steps late")
     if name == "slowdown_recovered":
         return point(RECOVERY, f"rank {_int_text(event.get('rank'))} recovered")
     if name == "decision":

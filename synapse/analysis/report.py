@@ -130,9 +130,11 @@ def run_facts(run: Run) -> dict[str, object]:
     return {
         "policy": (config.get("policy") or {}).get("name", summary.get("policy")),
         "injection": (config.get("injection") or {}).get("name", summary.get("injection")),
-        "student / teacher": f"{(config.get('student') or {}).get('name')} / {(config.get('teacher') or {}).get('name')}",
+        "student / teacher": f"{(config.get('student') or {}).get('name')} / "
+                             f"{(config.get('teacher') or {}).get('name')}",
         "wall time (s)": run.wall_time_s,
-        "steps": f"{summary.get('steps', len(steps))} of {summary.get('total_steps', run.run_summary.get('total_steps', '?'))}",
+        "steps": f"{summary.get('steps', len(steps))} of "
+                 f"{summary.get('total_steps', run.run_summary.get('total_steps', '?'))}",
         "segments": max(1, len(run.segments)),
         "restarts": len(run.restarts),
         "decisions logged (acting)": f"{run.decisions['decision'].nunique()} ({len(summary.get('decisions') or [])})",

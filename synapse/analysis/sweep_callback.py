@@ -1,6 +1,6 @@
 """A Hydra callback that writes a multirun's sweep report when the sweep ends, and says where.
 
-Wired in ``synapse/conf/config.yaml`` (``hydra.callbacks.sweep_report``), so every
+Wired in ``conf/config.yaml`` (``hydra.callbacks.sweep_report``), so every
 ``python train.py -m ...`` ends with ``<sweep dir>/report/report.md`` (jobs table, policy
 comparison, regret, figures) instead of leaving the reader to run
 ``python -m synapse.analysis report <sweep dir>`` by hand. A report that cannot be drawn is

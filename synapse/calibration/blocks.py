@@ -98,7 +98,8 @@ def measurements(placement: Placement, predicted_s: Sequence[float], measured_s:
     slowdowns = [1.0] * k if slowdowns is None else list(slowdowns)
     for name, values in (("predicted_s", predicted_s), ("measured_s", measured_s), ("slowdowns", slowdowns)):
         if len(values) != k:
-            raise CalibrationError(f"{name} has {len(values)} entries for a placement of {k} stages; give one per stage")
+            raise CalibrationError(f"{name} has {len(values)} entries for a placement of {k} stages; "
+                                   "give one per stage")
     return [StageMeasurement(placement.teacher_range(r), placement.student_range(r), predicted_s[r], measured_s[r],
                              slowdowns[r]) for r in range(k)]
 
@@ -170,7 +171,8 @@ class BlockCalibration:
         fill = self.neutral_factor  # once, so the order of the stages does not matter
         teacher = [fill if f is None else f for f in self.teacher_factors]
         student = [fill if f is None else f for f in self.student_factors]
-        measured_t, measured_s = set(), set()
+        measured_t: set[int] = set()
+        measured_s: set[int] = set()
         for stage in stages:
             step = stage.ratio / self.stage_factor(stage.teacher_blocks, stage.student_blocks)
             for b in stage.teacher_blocks:
@@ -219,7 +221,7 @@ class BlockCalibration:
 
     def to_dict(self, digits: int = 4) -> dict[str, Any]:
         """The factors (rounded; null = never measured), for records and state files."""
-        def rounded(factors):
+        def rounded(factors: Sequence[float | None]) -> list[float | None]:
             return [None if f is None else round(f, digits) for f in factors]
         return {"teacher": rounded(self.teacher_factors), "student": rounded(self.student_factors),
                 "neutral": round(self.neutral_factor, digits), "observations": self.observations}
@@ -348,6 +350,8 @@ class OnlineCalibration:
 
     def describe(self, measured: Sequence[StageMeasurement]) -> list[dict[str, Any]]:
         """The measured stages of the running placement as records (rank, device, seconds, ratio)."""
+        if self._window is None:
+            raise CalibrationError("describe() names the stages of the running placement: call begin() first")
         placement = self._window.placement
         rows = []
         for m in measured:

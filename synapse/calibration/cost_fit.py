@@ -16,10 +16,11 @@ Per-block factors learnt from measured stages are ``synapse.calibration.blocks``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from synapse.partitioning import CostModel, require
 
@@ -37,13 +38,13 @@ class Calibration:
         require(math.isfinite(self.overhead_s) and self.overhead_s >= 0,
                 f"calibration overhead_s={self.overhead_s!r} must be >= 0")
 
-    def apply(self, predicted_s):
+    def apply(self, predicted_s: npt.ArrayLike) -> float | np.ndarray:
         """Wall-time seconds for model seconds (a float, or an array of them)."""
         result = self.scale * np.asarray(predicted_s, dtype=np.float64) + self.overhead_s
         return float(result) if result.ndim == 0 else result
 
     @classmethod
-    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> "Calibration":
+    def fit(cls, predicted_s: Sequence[float], measured_s: Sequence[float]) -> Calibration:
         """Least-squares fit of measured = scale * predicted + overhead, with overhead >= 0.
 
         With a single pair, or when all predictions are equal, scale and overhead

@@ -53,9 +53,10 @@ the link carries (no latency), beta is read as a bandwidth slowdown::
 ``healthy_s[g]`` is the link's lower-quartile own time over its first
 ``transfer_baseline_steps`` measured steps (posting overhead a healthy link pays whatever it
 carries; the lower quartile stays healthy if a fault starts inside them). That is the
-detector's baseline window, so beta is mostly known by the time the detector blames a link. A link that moves bytes k times slower then reads about
-k whatever the cuts, so the planner's price of each cut (bytes x beta / bandwidth) holds
-after a re-plan too. No reference: the excess is already in the prediction's units.
+detector's baseline window, so beta is mostly known by the time the detector blames a link.
+A link that moves bytes k times slower then reads about k whatever the cuts, so the
+planner's price of each cut (bytes x beta / bandwidth) holds after a re-plan too. No
+reference: the excess is already in the prediction's units.
 The default upper bound is 1000: a link between processes of one host is ~4 GB/s, and
 one a thousand times slower (4 MB/s) still moves a small activation.
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -8,8 +8,9 @@ fails once, naming the fix, instead of in every worker after the launch; and bef
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from synapse.checkpoint import dcp as dcp_store
 from synapse.checkpoint.layout import CheckpointError, ForeignCheckpointError, IncompatibleCheckpointError

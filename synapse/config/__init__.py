@@ -9,6 +9,7 @@ own slice of it, and nothing changes it after validation.
 """
 from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology
 from synapse.config.errors import ConfigError
+from synapse.config.resume import MAY_CHANGE, check_resume_settings
 from synapse.config.schema import (
     MODES,
     NONFINITE_POLICIES,
@@ -58,7 +59,6 @@ from synapse.config.schema import (
     typed_config,
     with_settings,
 )
-from synapse.config.resume import MAY_CHANGE, check_resume_settings
 from synapse.config.supported_torch import (
     OLDEST_SUPPORTED,
     UnsupportedTorchError,

@@ -34,7 +34,8 @@ def resolve_devices(trainer: TrainerSettings) -> list[int]:
     elif isinstance(devices, int) and not isinstance(devices, bool):
         ids = list(range(devices))
     else:
-        fail("trainer.devices", f"{devices!r} is neither a count nor a list of ids", "use trainer.devices=2 or trainer.devices=[0,1]")
+        fail("trainer.devices", f"{devices!r} is neither a count nor a list of ids",
+             "use trainer.devices=2 or trainer.devices=[0,1]")
     if not ids:
         fail("trainer.devices", "no devices given", "use at least one device, e.g. trainer.devices=1")
     if len(set(ids)) != len(ids):

@@ -13,8 +13,9 @@ bound a component already checks is repeated so that the range reads whole in th
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from synapse.config.errors import fail
 
@@ -115,4 +116,5 @@ def check_float_ranges(plain: dict[str, Any]) -> None:
                 continue  # a wrong type is the component's to name
             if math.isfinite(value) and value not in allowed:
                 example = allowed.example if "[" in key else f"{key}={allowed.example}"
-                fail(key, f"{value:g} is outside its sane range {allowed}", f"set {key} within {allowed}, e.g. {example}")
+                fail(key, f"{value:g} is outside its sane range {allowed}",
+                     f"set {key} within {allowed}, e.g. {example}")

@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -149,7 +149,7 @@ class PolicyName(Choice):
 @dataclass(frozen=True)
 class TeacherConfig:
     name: str = MISSING
-    checkpoint: Optional[str] = None  # local weights file (the seed's --t_model); never downloaded
+    checkpoint: str | None = None  # local weights file (the seed's --t_model); never downloaded
     # With no checkpoint, train one on the configured data first (cached by model/data/seed).
     auto_train: bool = True
     auto_train_epochs: int = 5
@@ -159,14 +159,14 @@ class TeacherConfig:
 @dataclass(frozen=True)
 class StudentConfig:
     name: str = MISSING
-    init: Optional[str] = None  # local initial weights (the seed's --s_init)
+    init: str | None = None  # local initial weights (the seed's --s_init)
     drop_rate: float = 0.0
 
 
 @dataclass(frozen=True)
 class DataConfig:
     name: DataName = DataName.digits
-    root: Optional[str] = None  # ImageNet100: folder holding train/ and val/
+    root: str | None = None  # ImageNet100: folder holding train/ and val/
     image_size: int = 32
     batch_size: int = 64
     val_batch_size: int = 256
@@ -210,26 +210,26 @@ class TrainerConfig:
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     # The devices of each node when they differ (a failover segment after a device or node was dropped,
     # composed by the supervisor); None: trainer.devices on every node.
-    node_devices: Optional[tuple[tuple[int, ...], ...]] = None
-    rdzv_endpoint: Optional[str] = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
-    rdzv_id: Optional[str] = None  # the same string on every node of one run (default: derived from run_dir)
+    node_devices: tuple[tuple[int, ...], ...] | None = None
+    rdzv_endpoint: str | None = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
+    rdzv_id: str | None = None  # the same string on every node of one run (default: derived from run_dir)
     collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
     rdzv_timeout_s: int = 60
     epochs: int = 6
-    max_steps: Optional[int] = None  # length of the schedule in optimizer steps (overrides epochs)
+    max_steps: int | None = None  # length of the schedule in optimizer steps (overrides epochs)
     # Stop this launch after N steps with a checkpoint (the schedule is unchanged): splits a run
     # into pieces that resume=auto continues, e.g. to fit a job time limit.
-    stop_after: Optional[int] = None
+    stop_after: int | None = None
     precision: Precision = Precision.auto
-    channels_last: Optional[bool] = None  # None: on CUDA, off on the CPU; true/false: on/off on both
+    channels_last: bool | None = None  # None: on CUDA, off on the CPU; true/false: on/off on both
     cudnn_benchmark: bool = True
-    threads: Optional[int] = None  # torch intra-op threads per process (None: torch's default)
+    threads: int | None = None  # torch intra-op threads per process (None: torch's default)
     eval_every_epochs: int = 1
     log_every: int = 1
     progress: bool = True  # one bar (drawn by the supervisor from the records); off a terminal, a few lines
     # Whose output reaches the console, as torchrun's --local-ranks-filter: local ranks (() none, None all).
     # Every rank's stdout/stderr is in <run dir>/logs/launch_<n>/; a failed rank's last lines are printed.
-    local_ranks_filter: Optional[tuple[int, ...]] = (0,)
+    local_ranks_filter: tuple[int, ...] | None = (0,)
     deterministic: bool = False
     # A step whose loss is NaN or infinite: stop (raise before the update, naming the step) or
     # skip (drop its update on every rank; the step still counts and the schedule advances).
@@ -248,7 +248,7 @@ class PipelineConfig:
     # Micro-batches per step (a count), or "auto": the planner chooses the count with the cuts
     # (synapse.partitioning.microbatches) and the run's plan holds it. With one device this is
     # gradient accumulation over the same micro-batches.
-    microbatches: Union[int, str] = 1
+    microbatches: int | str = 1
     # On CUDA, capture each stage's teacher forward and student forward/backward as CUDA graphs
     # and replay them (synapse.pipeline.graphs): small micro-batches stop being launch bound.
     # Ignored on the CPU; a shape whose capture fails runs eagerly, with a logged reason.
@@ -263,15 +263,15 @@ class PipelineConfig:
 @dataclass(frozen=True)
 class PartitionConfig:
     mode: PartitionMode = PartitionMode.even
-    teacher: Optional[tuple[int, ...]] = None  # blocks per stage, for mode=manual
-    student: Optional[tuple[int, ...]] = None
+    teacher: tuple[int, ...] | None = None  # blocks per stage, for mode=manual
+    student: tuple[int, ...] | None = None
     # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
     # link bandwidth between neighbours (None: communication not modelled), profiling effort.
-    alphas: Optional[tuple[float, ...]] = None
-    link_bandwidth_gbps: Optional[float] = None
+    alphas: tuple[float, ...] | None = None
+    link_bandwidth_gbps: float | None = None
     # trainer.nodes > 1: the link between nodes, priced on every stage boundary that crosses nodes
     # (None: as fast as link_bandwidth_gbps); e.g. 12.5 for 100 Gb/s Ethernet or InfiniBand EDR.
-    node_link_bandwidth_gbps: Optional[float] = None
+    node_link_bandwidth_gbps: float | None = None
     profile_warmup: int = 3
     profile_repeats: int = 10
 
@@ -291,21 +291,21 @@ class FaultSettings:
     """One injected fault; which keys each kind takes is synapse.injection.spec's to say (unset:
     not given). E.g. {kind: slow_compute, rank: 2, start: 70, factor: 4}."""
 
-    kind: Optional[str] = None
-    rank: Optional[int] = None
+    kind: str | None = None
+    rank: int | None = None
     phase: Any = None  # one phase or a list of phases (OmegaConf cannot type that union; the spec checks it)
-    fault_id: Optional[int] = None
-    step: Optional[int] = None
-    start: Optional[int] = None
-    end: Optional[int] = None
-    seconds: Optional[float] = None
-    factor: Optional[float] = None
-    bytes_per_s: Optional[float] = None
-    ramp_steps: Optional[int] = None
-    on_steps: Optional[int] = None
-    off_steps: Optional[int] = None
-    workers: Optional[int] = None
-    matrix_size: Optional[int] = None
+    fault_id: int | None = None
+    step: int | None = None
+    start: int | None = None
+    end: int | None = None
+    seconds: float | None = None
+    factor: float | None = None
+    bytes_per_s: float | None = None
+    ramp_steps: int | None = None
+    on_steps: int | None = None
+    off_steps: int | None = None
+    workers: int | None = None
+    matrix_size: int | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys this fault sets (what synapse.injection.spec parses)."""
@@ -356,7 +356,7 @@ class DrillConfig:
 
     step: int = MISSING  # >= 1
     action: DrillAction = MISSING
-    device: Optional[int] = None  # the device degrade/replace drops (default: the last)
+    device: int | None = None  # the device degrade/replace drops (default: the last)
 
 
 @dataclass(frozen=True)
@@ -367,7 +367,7 @@ class FailoverConfig:
     max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together; live REPLANs are free
     decide_every: int = 1  # steps between two decisions while a slowdown is detected
     replan_mode: ReplanMode = ReplanMode.live
-    restart_cost_file: Optional[str] = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
+    restart_cost_file: str | None = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
     # The slowdown detector's and the alpha/beta estimator's own settings (failover.detector.window=5)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
@@ -394,7 +394,7 @@ class ExperimentConfig:
 class SynapseConfig:
     mode: Mode = Mode.kd
     seed: int = 0
-    resume: Optional[str] = None  # a checkpoint path, or 'auto' for the newest one in the run dir
+    resume: str | None = None  # a checkpoint path, or 'auto' for the newest one in the run dir
     report: bool = True  # write figures and report.md (synapse.analysis) into the run dir at the end
     run_dir: str = MISSING
     cache_dir: str = MISSING

@@ -339,7 +339,8 @@ def _validate_models(cfg: DictConfig) -> None:
     for key in ("teacher.checkpoint", "student.init"):
         path = OmegaConf.select(cfg, key)
         if path is not None and not Path(path).is_file():
-            fail(key, f"file {path!r} does not exist", "give the path of a local weights file (weights are never downloaded)")
+            fail(key, f"file {path!r} does not exist",
+                 "give the path of a local weights file (weights are never downloaded)")
     positive("teacher.auto_train_epochs", cfg.teacher.auto_train_epochs, allow_zero=True)
     positive("teacher.auto_train_lr", cfg.teacher.auto_train_lr)
     if not 0 <= cfg.student.drop_rate < 1:
@@ -357,14 +358,16 @@ def _validate_data(data: DictConfig) -> None:
              "use e.g. data.gpu_decode_share=0.5 (half the JPEGs on the GPU, half in the loader workers)")
     if data.name == "imagenet100":
         if data.root is None:
-            fail("data.root", "ImageNet100 needs a data root", "set data.root=/path/to/imagenet (holding train/ and val/)")
+            fail("data.root", "ImageNet100 needs a data root",
+                 "set data.root=/path/to/imagenet (holding train/ and val/)")
         check_imagenet100_root(data.root)
 
 
 def _validate_kd(kd: DictConfig) -> None:
     positive("kd.T", kd.T)
     if not 0.0 <= kd.lambda_kd <= 1.0:
-        fail("kd.lambda_kd", f"must be in [0, 1], got {kd.lambda_kd}", "kd.lambda_kd=0.9 weighs KD 0.9 and cross-entropy 0.1")
+        fail("kd.lambda_kd", f"must be in [0, 1], got {kd.lambda_kd}",
+             "kd.lambda_kd=0.9 weighs KD 0.9 and cross-entropy 0.1")
 
 
 MAX_LR = 1e3
@@ -389,11 +392,13 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.nodes", trainer.nodes)
     if not 0 <= trainer.node_rank < trainer.nodes:
         fail("trainer.node_rank", f"must be in 0..{trainer.nodes - 1} for trainer.nodes={trainer.nodes}, got "
-              f"{trainer.node_rank}", "number the nodes 0..nodes-1 (node 0 hosts the rendezvous), or raise trainer.nodes")
+              f"{trainer.node_rank}",
+             "number the nodes 0..nodes-1 (node 0 hosts the rendezvous), or raise trainer.nodes")
     if trainer.node_devices is not None and (len(trainer.node_devices) != trainer.nodes
                                              or not all(len(d) for d in trainer.node_devices)):
         fail("trainer.node_devices", f"{trainer.node_devices} must list the devices of each of trainer.nodes="
-              f"{trainer.nodes} nodes, none empty", "leave it unset (null): the supervisor sets it for failover segments")
+              f"{trainer.nodes} nodes, none empty",
+             "leave it unset (null): the supervisor sets it for failover segments")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
     if trainer.nodes == 1 and trainer.rdzv_endpoint and not _is_loopback_endpoint(trainer.rdzv_endpoint):
@@ -479,7 +484,8 @@ def _validate_partition(cfg: DictConfig) -> None:
         if len(counts) != k:
             fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
         if min(counts) < 1:
-            fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}", "make each count >= 1")
+            fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}",
+                 "make each count >= 1")
 
 
 def _check_nonfinite_check(trainer: DictConfig) -> None:

@@ -1,5 +1,6 @@
 """Data: the embedded digits default, ImageNet100 (CPU or on-device JPEG decoding), synthetic
-images generated on the device, and a deterministic, resumable sampler. Start with ``build_dataset``/``dataset_info`` and ``ResumableSampler``.
+images generated on the device, and a deterministic, resumable sampler. Start with
+``build_dataset``/``dataset_info`` and ``ResumableSampler``.
 """
 from synapse.data.base import DataError, DataLayoutWarning, DatasetInfo, EpochDataset
 from synapse.data.crops import (

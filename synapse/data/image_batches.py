@@ -58,7 +58,7 @@ class ImageBatch:
     sources: list[tuple[int, str]]  # (index, path) of each encoded slot, to name a bad file
     bad: list[BadSample] = field(default_factory=list)
 
-    def pin_memory(self) -> "ImageBatch":
+    def pin_memory(self) -> ImageBatch:
         """Called by the DataLoader's pinning thread: pinned pixels copy asynchronously.
         (File bytes stay pageable: the decoder reads them on the host.)"""
         self.labels = self.labels.pin_memory()

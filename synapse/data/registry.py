@@ -87,7 +87,8 @@ def data_kwargs(data: DictConfig, seed: int, split: str | None = None) -> dict[s
     if data.name == "digits":
         return {"image_size": data.image_size, **({"augment": data.augment, "seed": seed} if split == "train" else {})}
     if data.name == "imagenet100":
-        return {"root": data.root, "image_size": data.image_size, **({"seed": seed, "decode": data.decode, "gpu_share": data.gpu_decode_share} if split else {})}
+        return {"root": data.root, "image_size": data.image_size,
+                **({"seed": seed, "decode": data.decode, "gpu_share": data.gpu_decode_share} if split else {})}
     kwargs = {"image_size": data.image_size, "num_classes": data.synthetic_num_classes,
               "in_chans": data.synthetic_in_chans}
     if split:

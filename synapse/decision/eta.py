@@ -280,8 +280,8 @@ def _replanned_option(kind: OptionKind, devices: tuple[DeviceId, ...], current: 
     )
 
 
-def _check_plan_output(kind: OptionKind, devices: tuple, teacher: tuple, student: tuple, step_s: float,
-                       current: RunningPartition) -> None:
+def _check_plan_output(kind: OptionKind, devices: tuple[int, ...], teacher: tuple[int, ...], student: tuple[int, ...],
+                       step_s: float, current: RunningPartition) -> None:
     what = f"plan_fn for {kind.value} on devices {devices}"
     if len(teacher) != len(devices) or len(student) != len(devices):
         raise EtaModelError(f"{what}: {len(devices)} devices but {len(teacher)} teacher counts {teacher} and "

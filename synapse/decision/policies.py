@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -125,7 +125,10 @@ class DecisionContext:
 
     @property
     def keep(self) -> Option:
-        return self.option(OptionKind.KEEP)
+        keep = self.option(OptionKind.KEEP)
+        if keep is None:  # refused when the options were checked; this narrows the type
+            raise PolicyError("options must include KEEP (build them with build_options)")
+        return keep
 
     def eta_s(self, option: Option) -> float:
         return option.eta_s(self.remaining_steps)
@@ -404,7 +407,8 @@ class EtaPolicy(Policy):
         return None
 
 
-_POLICIES: dict[str, tuple[type[Policy], type | None]] = {
+# Each policy's constructor (a settings object, or nothing) and its settings dataclass.
+_POLICIES: dict[str, tuple[Callable[..., Policy], type | None]] = {
     EtaPolicy.name: (EtaPolicy, EtaPolicyConfig),
     KeepPolicy.name: (KeepPolicy, None),
     ReplanPolicy.name: (ReplanPolicy, None),

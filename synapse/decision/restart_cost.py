@@ -34,7 +34,8 @@ class RestartCost:
 
     @property
     def total_s(self) -> float:
-        return sum(getattr(self, name) for name in RESTART_COMPONENTS)
+        total_s: float = sum(getattr(self, name) for name in RESTART_COMPONENTS)
+        return total_s
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -89,7 +90,7 @@ class RestartCostModel:
         self._sums = {p: dict.fromkeys(RESTART_COMPONENTS, 0.0) for p in self._defaults}
         self._counts = {p: dict.fromkeys(RESTART_COMPONENTS, 0) for p in self._defaults}
 
-    def _validated_kind_paths(self, kind_paths: Mapping[OptionKind | str, str] | None) -> dict:
+    def _validated_kind_paths(self, kind_paths: Mapping[OptionKind | str, str] | None) -> dict[OptionKind, str]:
         first_path = DEFAULT_PATH if DEFAULT_PATH in self._defaults else next(iter(self._defaults))
         resolved = dict.fromkeys(RESTARTING_KINDS, first_path)
         for kind, path in (kind_paths or {}).items():

@@ -268,7 +268,8 @@ class Tracker:
 
 
 def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Sequence[int], carried: Mapping[str, bool],
-                     relearn: Sequence[int], fresh: Sequence[int]) -> tuple[dict[tuple[str, int], Tracker], list[Detection]]:
+                     relearn: Sequence[int], fresh: Sequence[int]
+                     ) -> tuple[dict[tuple[str, int], Tracker], list[Detection]]:
     """Active slowdowns over a re-partition (new rank i was old rank ``mapping[i]``): each follows
     its device where that kind's baseline was ``carried``, unless the device is gone, the new rank
     is ``fresh`` (another device) or re-learns its compute. Returns (trackers, dropped detections)."""
@@ -616,7 +617,8 @@ class SlowdownDetector:
         if any(t.active is not None or t.above > 0 for t in self._trackers.values()):
             return
         if self._link_mode:
-            quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio")) if ratio < self.config.recover_below]
+            quiet = [r for r, ratio in enumerate(self._signal(latest, "link_ratio"))
+                     if ratio < self.config.recover_below]
             self._link.refine(cast(tuple[float, ...], latest.send_s), quiet)  # link mode: the latest has send_s
             for entry in self._history:
                 for name in ("link_excess", "link_ratio", "link_peer"):
@@ -628,7 +630,8 @@ class SlowdownDetector:
                 self._comm_baseline.spread_s[rank] = robust_sd(samples)
         quiet = [rank for rank in range(len(self._compute.samples)) if rank not in self._compute.pending
                  and not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
-        if self._compute.refine(latest.compute_s, quiet):  # cached per-step compute signals were relative to the old baseline
+        if self._compute.refine(latest.compute_s, quiet):
+            # cached per-step compute signals were relative to the old baseline
             self._forget_compute_signals()
 
     def _forget_compute_signals(self) -> None:

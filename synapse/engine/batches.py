@@ -14,9 +14,9 @@ import ctypes
 import signal
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -186,7 +186,8 @@ def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.d
         host = DataLoader(_HostItems(dataset), batch_sampler=chunks, num_workers=num_workers,
                           collate_fn=dataset.host_collate, pin_memory=device.type == "cuda", **loader_processes())
     log = BadSampleLog()
-    for images, labels, bad in DevicePrefetcher(host, lambda h: (*dataset.device_batch(h, device), getattr(h, "bad", ())),
+    for images, labels, bad in DevicePrefetcher(host,
+                                                lambda h: (*dataset.device_batch(h, device), getattr(h, "bad", ())),
                                                 device):
         log.record(bad)
         yield images, labels

@@ -18,10 +18,11 @@ name and wait for each other, and DCP coordinates on the group's own ``process_g
 one device; a separate gloo group in the pipeline, so DCP's thread never shares a group with
 the training loop's collectives).
 
-Where an asynchronous checkpoint's tensors wait while DCP writes them: ``HostBufferStager``, a DCP ``AsyncStager`` that copies a state dict into host buffers it keeps
-from save to save (pinned on a CUDA device, so the copy runs at full PCIe speed; plain memory on
-CPU ranks), and returns once the copy is done: training may change its tensors right after.
-The buffers are reused, so the loop must not stage again before the previous upload finished
+Where an asynchronous checkpoint's tensors wait while DCP writes them: ``HostBufferStager``, a
+DCP ``AsyncStager`` that copies a state dict into host buffers it keeps from save to save
+(pinned on a CUDA device, so the copy runs at full PCIe speed; plain memory on CPU ranks), and
+returns once the copy is done: training may change its tensors right after. The buffers are
+reused, so the loop must not stage again before the previous upload finished
 (``Checkpointer.wait``): that is what bounds staging memory to one copy of the rank's state.
 
 Why not torch's ``DefaultStager``: on torch 2.11 it closes its cache after each ``stage`` (a
@@ -37,10 +38,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager

@@ -6,7 +6,8 @@ partition loads into any other (each stage restores the names it owns).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -17,9 +17,10 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -172,7 +173,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, epoch: int, step_in_epoch: int) -> Path:
-        return self.checkpointer.save(self.step, self.runner.held_state(), self.sampler.state_after(epoch, step_in_epoch))
+        return self.checkpointer.save(self.step, self.runner.held_state(),
+                                      self.sampler.state_after(epoch, step_in_epoch))
 
     def load_checkpoint(self, path: Path) -> None:
         self.step, sampler_state = self.checkpointer.load(Path(path), self.runner.held_state())
@@ -187,7 +189,8 @@ class Trainer:
         settings = self.settings
         stop_after = settings.stop_after
         images_per_step = settings.images_per_step
-        progress = Progress(self.total_steps, self.step, enabled=settings.progress and self.writes_records, log=self.log)
+        progress = Progress(self.total_steps, self.step, enabled=settings.progress and self.writes_records,
+                            log=self.log)
         runner = self.runner
         fault_steps = settings.fault_steps
         with self._metrics_writer() as metrics:
@@ -318,7 +321,8 @@ class Trainer:
         result = self.evaluate()
         if result is None:  # a pipeline rank without the logits
             return
-        record = {"kind": "eval", "step": self.step, "epoch": epoch, **{k if k.startswith("teacher_") else f"student_{k}": v for k, v in result.items()}}
+        record = {"kind": "eval", "step": self.step, "epoch": epoch,
+                  **{k if k.startswith("teacher_") else f"student_{k}": v for k, v in result.items()}}
         metrics.write(record)
         self.history.append(record)
         self.log(f"epoch {epoch}: val top-1 {result['top1']:.2f}%  top-5 {result['top5']:.2f}%")

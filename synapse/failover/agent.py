@@ -15,8 +15,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from synapse.config import TrainerConfig, config_from_yaml, resolve_devices
 from synapse.failover.node_channel import (
@@ -103,7 +104,8 @@ class Agent:
         task = LaunchTask(cfg, Placement.from_dict(order.partition), order.microbatches, order.segment,
                           order.teacher_weights, order.resume)
         self.stop_segment, self.launch = None, (order.segment, time.time())
-        self.log(f"agent: node {self.node}: segment {order.segment} on local devices {list(resolve_devices(cfg.trainer))}")
+        self.log(f"agent: node {self.node}: segment {order.segment} on local devices "
+                 f"{list(resolve_devices(cfg.trainer))}")
         report = NodeReport(self.node, order.segment, "finished")
         try:
             summary = launch_pipeline(task, self.run_dir, attempt=f"{order.segment}_node{self.node}", log=self.log,

@@ -31,8 +31,9 @@ import statistics
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from synapse.calibration import AlphaBetaEstimator, OnlineCalibration
 from synapse.decision import (
@@ -376,7 +377,8 @@ class FailoverController:
         except Exception as error:  # noqa: BLE001
             self._report_error("on_hard_failure", error, step=step, failed_device=failed_device)
             decision = FALLBACK_POLICY.decide(ctx)
-        return self._record(decision, step, cause=cause, **({"lost_devices": list(lost_with_it)} if lost_with_it else {}))
+        return self._record(decision, step, cause=cause,
+                            **({"lost_devices": list(lost_with_it)} if lost_with_it else {}))
 
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),

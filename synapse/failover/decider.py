@@ -22,8 +22,9 @@ import dataclasses
 import hashlib
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from synapse.config import (
     FailoverConfig,

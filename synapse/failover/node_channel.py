@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -55,7 +56,7 @@ class NodeHello:
 
 @dataclass(frozen=True)
 class Welcome:
-    error: Optional[str] = None  # None: accepted
+    error: str | None = None  # None: accepted
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class LaunchOrder:
     cfg_yaml: str  # this node's config of the segment (its devices, its node_rank in the segment)
     partition: dict[str, Any]  # the segment's placement (Placement.to_dict)
     microbatches: int  # per step: the run's plan
-    resume: Optional[str]
+    resume: str | None
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store
     kind: str = "launch"
@@ -79,7 +80,7 @@ class StopOrder:
 
 @dataclass(frozen=True)
 class ExitOrder:
-    error: Optional[str] = None  # None: the run finished
+    error: str | None = None  # None: the run finished
     kind: str = "exit"
 
 
@@ -89,7 +90,7 @@ class NodeReport:
     segment: int
     outcome: str  # finished | failed (a worker failed) | error (the launch itself failed)
     summary: dict[str, Any] = field(default_factory=dict)
-    rank: Optional[int] = None  # the failed rank (run-wide), when known
+    rank: int | None = None  # the failed rank (run-wide), when known
     cause: str = ""
     message: str = ""
     device_failure: bool = False

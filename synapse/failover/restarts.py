@@ -6,9 +6,10 @@ events the workers wrote, not part of running segments.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from synapse.decision import Decision
 

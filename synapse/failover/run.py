@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from synapse import checkpoint as ckpt
 from synapse.calibration import AlphaBetaEstimator

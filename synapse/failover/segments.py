@@ -26,9 +26,10 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir

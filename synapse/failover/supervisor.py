@@ -18,9 +18,10 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from synapse import checkpoint as ckpt
 from synapse.config import FailoverConfig, TrainerConfig
@@ -213,7 +214,8 @@ class Supervisor:
         old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
         write_segment(self.run_dir, old)
         chosen = decision.chosen
-        spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason="replan (live)", start_step=old.end_step)
+        spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason="replan (live)",
+                       start_step=old.end_step)
         self.segments.append(spec)
         composed = self.composer.compose(spec, self.worker_events)
         write_segment(self.run_dir, spec, composed.config, composed.overrides)
@@ -222,7 +224,8 @@ class Supervisor:
         self.controller.begin_segment(spec.placement)
         live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("segment") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
-        restart = Restart(segment=spec.index, action="replan", trigger_time=self.controller.decided_at(decision) or time.time(),
+        restart = Restart(segment=spec.index, action="replan",
+                          trigger_time=self.controller.decided_at(decision) or time.time(),
                           trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
                           decision=decision, trigger="decision", mode="live", last_step_time=last_old["time"])
         warm = float(first_record["step_seconds"]) - self.controller.baseline_step_s

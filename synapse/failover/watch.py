@@ -12,8 +12,9 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision, OptionKind

@@ -25,9 +25,10 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from synapse.rundir import HEARTBEAT
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from synapse.health.liveness import LivenessTracker, is_own_process, read_heartbeats
 from synapse.health.nvml import APPLICATION_XIDS, SLOWDOWN_REASONS, NullNvml, cuda_to_nvml_index, open_nvml
@@ -65,7 +66,7 @@ class HealthSettings:
                                     f"sample: raise hang_timeout_s or lower period_s")
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "HealthSettings":
+    def from_config(cls, cfg: Any) -> HealthSettings:
         """Settings from any object or mapping with some of these fields (e.g. the ``monitor`` config)."""
         get = cfg.get if hasattr(cfg, "get") else lambda key, default: getattr(cfg, key, default)
         return cls(**{f.name: get(f.name, f.default) for f in fields(cls)})
@@ -101,7 +102,7 @@ class HealthMonitor:
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self) -> "HealthMonitor":
+    def start(self) -> HealthMonitor:
         self._thread = threading.Thread(target=self._run, name="synapse-health", daemon=True)
         self._thread.start()
         return self
@@ -116,7 +117,7 @@ class HealthMonitor:
             self.nvml.close()
             self._samples.close()
 
-    def __enter__(self) -> "HealthMonitor":
+    def __enter__(self) -> HealthMonitor:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -176,7 +177,8 @@ class HealthMonitor:
             if slowdown != self._throttle.get(index, ()):
                 name = "throttle" if slowdown else "throttle_cleared"
                 events.append({"event": name, **where, "reasons": list(slowdown),
-                               "sm_clock_mhz": gpu.get("sm_clock_mhz"), "max_sm_clock_mhz": gpu.get("max_sm_clock_mhz")})
+                               "sm_clock_mhz": gpu.get("sm_clock_mhz"),
+                               "max_sm_clock_mhz": gpu.get("max_sm_clock_mhz")})
                 self._throttle[index] = slowdown
             if "ecc_uncorrected" in gpu:
                 before = self._ecc.setdefault(index, gpu["ecc_uncorrected"])
@@ -235,7 +237,7 @@ class NullHealthMonitor:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
 
-    def start(self) -> "NullHealthMonitor":
+    def start(self) -> NullHealthMonitor:
         return self
 
     def stop(self) -> None:
@@ -244,7 +246,7 @@ class NullHealthMonitor:
     def sample_once(self, now: float | None = None) -> dict[str, Any]:
         return {}
 
-    def __enter__(self) -> "NullHealthMonitor":
+    def __enter__(self) -> NullHealthMonitor:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,8 @@ NVML event set polled without waiting.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # nvmlClocksEventReason* bit values (stable NVML API; older releases call them ThrottleReasons).
 CLOCK_EVENT_REASONS = {

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 import torch
 
@@ -28,7 +29,7 @@ MAIN_PART = {"forward": "student_fwd", "backward": "student_bwd", "send": "comm"
 
 
 class StageClockLike(Protocol):
-    def interval(self, name: str) -> ContextManager[None]: ...
+    def interval(self, name: str) -> AbstractContextManager[None]: ...
 
 
 class TaskBaseline:
@@ -106,7 +107,7 @@ class DeviceDelay:
         return self._cycles_per_s
 
 
-def timed(clock: StageClockLike | None, part: str) -> ContextManager[None]:
+def timed(clock: StageClockLike | None, part: str) -> AbstractContextManager[None]:
     """The stage clock's interval for ``part`` (comm and an absent clock: none)."""
     if clock is None or part == "comm":
         return nullcontext()

@@ -26,19 +26,21 @@ intermittent: on for ``on_steps`` steps, off for ``off_steps``, repeating from `
 
 Steps are 1-based optimizer steps, like the metrics records. Everything here is pure.
 
-Which faults a later launch still injects, and on which of its ranks (`faults_for_segment`): a fault in ``injection.faults`` names a rank of the run as the user started it; what it
-models is a *device* (that rank's device) misbehaving. After a restart the devices may be
-renumbered (DEGRADE drops one, REPLACE swaps one), so each fault follows its device to the
-rank that now runs it, and disappears with the device. An instant fault (kill, hang, ...)
-that already fired stays fired: resuming from a checkpoint taken before its step must not
-kill the device a second time. Pure.
+Which faults a later launch still injects, and on which of its ranks
+(`faults_for_segment`): a fault in ``injection.faults`` names a rank of the run as the
+user started it; what it models is a *device* (that rank's device) misbehaving. After a
+restart the devices may be renumbered (DEGRADE drops one, REPLACE swaps one), so each
+fault follows its device to the rank that now runs it, and disappears with the device. An
+instant fault (kill, hang, ...) that already fired stays fired: resuming from a checkpoint
+taken before its step must not kill the device a second time. Pure.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 PHASES = ("step_start", "forward", "backward", "send", "optimizer", "checkpoint_write", "repartition")
 # Phases that happen when something is decided, not at a step known in advance: an instant fault
@@ -167,7 +169,7 @@ class FaultSpec:
         return fields
 
     @classmethod
-    def from_config(cls, spec: Mapping[str, Any], index: int = 0) -> "FaultSpec":
+    def from_config(cls, spec: Mapping[str, Any], index: int = 0) -> FaultSpec:
         return _SpecReader(spec, index).read()
 
 
@@ -218,7 +220,8 @@ class _SpecReader:
 
     def read_instant(self, rank: int) -> FaultSpec:
         if "step" not in self.spec:
-            self.fail("no step given", f"an instant fault fires once: add step: N (1-based), e.g. {_EXAMPLES[self.kind]}")
+            self.fail("no step given",
+                      f"an instant fault fires once: add step: N (1-based), e.g. {_EXAMPLES[self.kind]}")
         allowed = INSTANT_PHASES.get(self.kind, PHASES)
         phases = self.phases(allowed, default=allowed[:1] if self.kind in INSTANT_PHASES else ("step_start",))
         if len(phases) != 1:

@@ -27,7 +27,8 @@ class KDLossParams:
         if not self.T > 0:
             raise ValueError(f"kd.T must be > 0 (a softmax temperature), got {self.T}")
         if not 0.0 <= self.lambda_kd <= 1.0:
-            raise ValueError(f"kd.lambda_kd weighs KD against cross-entropy and must be in [0, 1], got {self.lambda_kd}")
+            raise ValueError(f"kd.lambda_kd weighs KD against cross-entropy and must be in [0, 1], "
+                             f"got {self.lambda_kd}")
 
 
 def soft_target_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -45,7 +45,7 @@ class InterruptToStop:
         self.signal_name = name
         self.on_first(name)
 
-    def __enter__(self) -> "InterruptToStop":
+    def __enter__(self) -> InterruptToStop:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)

@@ -24,7 +24,8 @@ class TokenEmbed(nn.Module):
     def __init__(self, vit: nn.Module):
         super().__init__()
         if getattr(vit, "dynamic_img_size", False):
-            raise ModelError("ViTs with dynamic_img_size=True cannot be cut into blocks; build it with a fixed img_size")
+            raise ModelError("ViTs with dynamic_img_size=True cannot be cut into blocks; "
+                             "build it with a fixed img_size")
         self.cls_token = vit.cls_token
         self.reg_token = vit.reg_token
         self.pos_embed = vit.pos_embed
@@ -49,7 +50,8 @@ class TokenPool(nn.Module):
     def __init__(self, vit: nn.Module):
         super().__init__()
         if vit.attn_pool is not None:
-            raise ModelError("ViTs with attention pooling are not supported as blocks; use global_pool='token' or 'avg'")
+            raise ModelError("ViTs with attention pooling are not supported as blocks; "
+                             "use global_pool='token' or 'avg'")
         from timm.layers import global_pool_nlc
 
         self._pool = global_pool_nlc
@@ -114,7 +116,8 @@ def model_blocks(model: nn.Module) -> list[nn.Module]:
         return _resnet_blocks(model)
     if isinstance(model, EfficientNet):
         return _efficientnet_blocks(model)
-    raise ModelError(f"cannot cut {type(model).__name__} into blocks; supported: VisionTransformer, ResNet, EfficientNet")
+    raise ModelError(f"cannot cut {type(model).__name__} into blocks; "
+                     "supported: VisionTransformer, ResNet, EfficientNet")
 
 
 def run_blocks(blocks: list[nn.Module], x: torch.Tensor) -> torch.Tensor:

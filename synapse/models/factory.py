@@ -10,10 +10,11 @@ Weights only ever come from local files (``load_weights``), loaded with
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import timm
 import torch
@@ -207,7 +208,7 @@ def _classifier_keys(model: nn.Module) -> list[str]:
     return [k for k in model.state_dict() if k.rsplit(".", 1)[0] in ("fc", "head", "classifier")]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _architecture_signature(name: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Names and shapes of a registry model's tensors, leaving out those that depend on the data:
     the classifier (class count), position embeddings (image size) and the first layer (channels)."""

@@ -64,9 +64,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class Schedule(str, Enum):
     ONE_F_ONE_B = "1f1b"
 
     @classmethod
-    def parse(cls, value: "Schedule | str") -> "Schedule":
+    def parse(cls, value: Schedule | str) -> Schedule:
         try:
             return cls(value)
         except ValueError:
@@ -172,6 +172,11 @@ class StepSpec:
 
 
 MS_TO_S = 1e-3
+# A cut (a block index), or an array of cuts: the partitioner's search evaluates whole grids of cuts
+# at once, and the stage terms below then return arrays of the cuts' broadcast shape. (numpy's stubs
+# type indexing by such cuts, and arithmetic on the result, as Any: the terms' annotated locals say
+# what comes back.)
+Cuts = int | np.ndarray
 # Per micro-batch, stage r sends the teacher and the student activation and receives the student gradient.
 MESSAGES_PER_MICROBATCH = 3
 
@@ -256,37 +261,46 @@ class CostModel:
         loss_s = self.step.loss_s if stage == self.num_stages - 1 else 0.0
         return self.compute_scale(stage) * loss_s + self.stage_overhead_s(stage)
 
-    def stage_time_s(self, stage: int, i0, i1, j0, j1) -> np.ndarray:
+    def stage_time_s(self, stage: int, i0: Cuts, i1: Cuts, j0: Cuts, j1: Cuts) -> np.ndarray:
         """Per-micro-batch time of `stage` holding teacher [i0, i1) and student [j0, j1)."""
         parts = self.teacher_work_s(i0, i1), self.student_work_s(j0, j1), self.comm_time_s(stage, i1, j1)
         return self.combine_stage_time(stage, *parts)
 
-    def teacher_work_s(self, i0, i1) -> np.ndarray:
-        return self.teacher_fwd_prefix_s[i1] - self.teacher_fwd_prefix_s[i0]
+    def teacher_work_s(self, i0: Cuts, i1: Cuts) -> np.ndarray:
+        work_s: np.ndarray = self.teacher_fwd_prefix_s[i1] - self.teacher_fwd_prefix_s[i0]
+        return work_s
 
-    def student_work_s(self, j0, j1) -> np.ndarray:
-        return self.student_work_prefix_s[j1] - self.student_work_prefix_s[j0]
+    def student_work_s(self, j0: Cuts, j1: Cuts) -> np.ndarray:
+        work_s: np.ndarray = self.student_work_prefix_s[j1] - self.student_work_prefix_s[j0]
+        return work_s
 
-    def combine_stage_time(self, stage: int, teacher_work_s, student_work_s, comm_s) -> np.ndarray:
+    def combine_stage_time(self, stage: int, teacher_work_s: np.ndarray, student_work_s: np.ndarray,
+                           comm_s: np.ndarray) -> np.ndarray:
         """The one place where a stage time is assembled; callers may cache the parts."""
-        return self.compute_scale(stage) * (teacher_work_s + student_work_s) + self.stage_fixed_s(stage) + comm_s
+        time_s: np.ndarray = (self.compute_scale(stage) * (teacher_work_s + student_work_s) + self.stage_fixed_s(stage)
+                              + comm_s)
+        return time_s
 
-    def comm_time_s(self, stage: int, i1, j1) -> np.ndarray:
+    def comm_time_s(self, stage: int, i1: Cuts, j1: Cuts) -> np.ndarray:
         """Per-micro-batch communication time of `stage` whose cuts end at teacher i1, student j1."""
-        return self._comm_s[stage][i1, j1]
+        comm_s: np.ndarray = self._comm_s[stage][i1, j1]
+        return comm_s
 
-    def stage_memory_bytes(self, stage: int, i0, i1, j0, j1) -> np.ndarray:
+    def stage_memory_bytes(self, stage: int, i0: Cuts, i1: Cuts, j0: Cuts, j1: Cuts) -> np.ndarray:
         """Peak memory of `stage` holding teacher [i0, i1) and student [j0, j1)."""
-        return self.teacher_memory_bytes(stage, i0, i1) + self.student_memory_bytes(stage, j0, j1)
+        memory: np.ndarray = self.teacher_memory_bytes(stage, i0, i1) + self.student_memory_bytes(stage, j0, j1)
+        return memory
 
-    def teacher_memory_bytes(self, stage: int, i0, i1) -> np.ndarray:
+    def teacher_memory_bytes(self, stage: int, i0: Cuts, i1: Cuts) -> np.ndarray:
         """Teacher params plus the in-flight boundary activations at cut i1 (no_grad: nothing else)."""
         tp = self.teacher_param_prefix_bytes
-        return (tp[i1] - tp[i0]) + self._teacher_held_bytes[stage][i1]
+        memory: np.ndarray = (tp[i1] - tp[i0]) + self._teacher_held_bytes[stage][i1]
+        return memory
 
-    def student_memory_bytes(self, stage: int, j0, j1) -> np.ndarray:
+    def student_memory_bytes(self, stage: int, j0: Cuts, j1: Cuts) -> np.ndarray:
         prefix = self.student_memory_prefix_bytes(stage)
-        return prefix[j1] - prefix[j0]
+        memory: np.ndarray = prefix[j1] - prefix[j0]
+        return memory
 
     def student_memory_prefix_bytes(self, stage: int) -> np.ndarray:
         """Prefix sums over student blocks of params, grads, optimizer state and held activations."""

@@ -9,8 +9,8 @@ step. Pure: the caller measures (or reads cached) profiles per candidate.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from synapse.partitioning.cost_model import CostModelError
 from synapse.partitioning.partitioner import PartitionPlan, PlanError

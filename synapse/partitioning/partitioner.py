@@ -41,8 +41,8 @@ them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -74,6 +74,10 @@ class _StageGrid:
     sorted by i1 so that a minimum over i0 is one `np.minimum.reduceat`;
     student end cuts j1 run along axis 1 (shape (1, J)); j0 holds the start cuts.
     """
+
+    # The parts of the stage time that do not depend on j0, set by PartitionDP for its cost model.
+    teacher_work: np.ndarray
+    comm: np.ndarray
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
         t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
@@ -116,7 +120,10 @@ class PartitionDP:
         teacher = self.model.teacher_memory_bytes(stage, grid.i0, grid.i1)
         prefix = self.model.student_memory_prefix_bytes(stage)
         guess = np.searchsorted(prefix, (prefix[grid.j1] - (capacity - teacher)).ravel()).reshape(lo.shape)
-        fits = lambda j0: teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
+        def fits(j0: np.ndarray) -> np.ndarray:
+            return teacher + self.model.student_memory_bytes(stage, j0, grid.j1) <= capacity
+
         return _first_true_near(fits, guess, lo, hi)
 
     def _stage_time(self, stage: int, j0: np.ndarray) -> np.ndarray:
@@ -125,7 +132,7 @@ class PartitionDP:
         student_work = self.model.student_work_s(j0, grid.j1)
         return self.model.combine_stage_time(stage, grid.teacher_work, student_work, grid.comm)
 
-    def _window_minima(self, stage: int, rows: np.ndarray) -> "_WindowMin":
+    def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
         """Window minima over rows[i0, lo..hi] for the grid's teacher start cuts i0."""
         first, last = int(self.grids[stage].i0.min()), int(self.grids[stage].i0.max())
         return _WindowMin(rows[first : last + 1], self.grids[stage].i0 - first)
@@ -155,7 +162,10 @@ class PartitionDP:
         grid = self.grids[stage]
         lo, hi = self._memory_lo[stage], np.broadcast_to(grid.j1, self._memory_lo[stage].shape)
         window_min = self._window_minima(stage, values)
-        h = lambda q: window_min.query(q, grid.j1 - 1)
+
+        def h(q: np.ndarray) -> np.ndarray:
+            return window_min.query(q, grid.j1 - 1)
+
         cross = _first_true(lambda q: h(q) >= self._stage_time(stage, q), lo, hi)
         at_cross = np.where(cross < hi, np.maximum(h(cross), self._stage_time(stage, cross)), np.inf)
         before = np.maximum(cross - 1, 0)
@@ -181,7 +191,10 @@ class PartitionDP:
             # Guess the first fast-enough j0 from the prefix sums, then let the canonical time decide.
             budget = (bound - grid.comm - fixed) / scale - grid.teacher_work
             guess = np.searchsorted(sw, (sw[grid.j1] - budget).ravel()).reshape(lo.shape)
-            fast_enough = lambda j0: _within(self._stage_time(stage, j0), bound, strict)
+
+            def fast_enough(j0: np.ndarray) -> np.ndarray:
+                return _within(self._stage_time(stage, j0), bound, strict)
+
             lo = _first_true_near(fast_enough, guess, lo, np.broadcast_to(grid.j1, lo.shape))
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)
@@ -210,15 +223,19 @@ class PartitionDP:
             s_cuts.append(j1)
         t_counts = tuple(np.diff(t_cuts[::-1]).tolist())
         s_counts = tuple(np.diff(s_cuts[::-1]).tolist())
-        times = model.evaluate(t_counts, s_counts).stage_times_s
-        return Solution(t_counts, s_counts, math.fsum(times), max(times), model.step_time_s(times))
+        stage_times = model.evaluate(t_counts, s_counts).stage_times_s
+        return Solution(t_counts, s_counts, math.fsum(stage_times), max(stage_times), model.step_time_s(stage_times))
+
+
+# A monotone test over an array of cuts: elementwise False up to some cut, True from there on.
+CutPredicate = Callable[[np.ndarray], np.ndarray]
 
 
 def _within(times: np.ndarray, bound: float, strict: bool) -> np.ndarray:
     return times < bound if strict else times <= bound
 
 
-def _first_true(predicate, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _first_true(predicate: CutPredicate, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Elementwise smallest j in [lo, hi) with predicate(j), or hi; predicate is monotone False..True."""
     lo, hi = lo.copy(), hi.copy()
     while True:
@@ -231,9 +248,9 @@ def _first_true(predicate, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         lo = np.where(active & ~ok, mid + 1, lo)
 
 
-def _first_true_near(predicate, guess: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _first_true_near(predicate: CutPredicate, guess: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """`_first_true` starting from a guess that is right or off by a few steps (rounding)."""
-    j = np.clip(guess, lo, hi)
+    j: np.ndarray = np.clip(guess, lo, hi)
     while True:
         step_up = (j < hi) & ~predicate(j)
         step_down = (j > lo) & predicate(np.maximum(j - 1, 0))
@@ -367,6 +384,10 @@ def _check_enough_blocks(model: CostModel) -> None:
                             f"of each model: use at most {n} devices or cut the {which} into finer blocks")
 
 
+# An interval of bottlenecks still to explore: (lo, sum_at_lo, hi, closed, sum_floor), as _BottleneckSearch says.
+_Interval = tuple[float, float, float, bool, float]
+
+
 class _BottleneckSearch:
     """Branch and bound over the bottleneck B (see module docstring).
 
@@ -388,13 +409,15 @@ class _BottleneckSearch:
             return cheapest
         b0 = self.dp.min_bottleneck()
         at_b0 = self.dp.min_sum(b0, strict=False)  # its max is exactly b0
+        if at_b0 is None:
+            raise RuntimeError(f"partitioner bug: no plan within the smallest feasible bottleneck {b0}")
         best = min(at_b0, cheapest, key=lambda s: s.objective_s)
         stack = [(b0, at_b0.sum_s, cheapest.max_s, False, cheapest.sum_s)]
         while stack:
             best = self._explore(stack, *stack.pop(), best)
         return best
 
-    def _explore(self, stack: list, lo: float, sum_at_lo: float, hi: float, closed: bool, sum_floor: float,
+    def _explore(self, stack: list[_Interval], lo: float, sum_at_lo: float, hi: float, closed: bool, sum_floor: float,
                  best: Solution) -> Solution:
         cutoff = (best.objective_s - self.fixed_s - sum_floor) / self.waiting_factor
         if cutoff < hi:  # a bottleneck above the cutoff cannot beat `best` even at the minimum sum

@@ -9,9 +9,10 @@ independently). Pure: plain integers, no torch.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from synapse.partitioning.partitioner import PlanError
 from synapse.partitioning.partitioner import even_partition as planner_even

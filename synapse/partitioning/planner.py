@@ -12,12 +12,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model
 from synapse.partitioning.profile import ModelProfile
+
+# Each device's speed factor (alpha): by device id, or aligned with the stages; None, or a device
+# missing from the mapping: 1.0. Its link factor (beta), by device id in the same way.
+Alphas = Mapping[int, float] | Sequence[float] | None
+Betas = Mapping[int, float] | None
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,7 @@ class DeviceFacts:
     cross_node_bandwidth_bytes_per_s: float = math.inf
     cross_node_latency_s: float = 0.0
 
-    def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
-              betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
+    def specs(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> list[DeviceSpec]:
         """DeviceSpecs in pipeline order; alphas by device id (or aligned with ``devices``), missing: 1.0."""
         if alphas is None or isinstance(alphas, Mapping):
             by_stage = [float((alphas or {}).get(d, 1.0)) for d in devices]
@@ -69,8 +73,7 @@ class StagePlanner:
     step: StepSpec
     facts: DeviceFacts = DeviceFacts()
 
-    def specs(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
-              betas: Mapping[int, float] | None = None) -> list[DeviceSpec]:
+    def specs(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> list[DeviceSpec]:
         return self.facts.specs(devices, alphas, betas)
 
     def with_profiles(self, teacher: ModelProfile, student: ModelProfile) -> StagePlanner:
@@ -78,16 +81,15 @@ class StagePlanner:
         gives it the run's measured corrections, so its cuts, and not only its step times, follow them."""
         return dataclasses.replace(self, teacher=teacher, student=student)
 
-    def full_plan(self, devices: Sequence[int], alphas: Mapping[int, float] | Sequence[float] | None = None,
-                  betas: Mapping[int, float] | None = None) -> PartitionPlan:
+    def full_plan(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> PartitionPlan:
         """The best placement on ``devices`` with every prediction of the cost model (the first plan)."""
         return plan_with_cost_model(self.cost_model(devices, alphas, betas))
 
-    def cost_model(self, devices: Sequence[int], alphas=None, betas=None) -> CostModel:
+    def cost_model(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> CostModel:
         return CostModel(self.teacher, self.student, self.specs(devices, alphas, betas), self.step)
 
     def predict(self, devices: Sequence[int], teacher_counts: Sequence[int], student_counts: Sequence[int],
-                alphas=None, betas=None) -> PlanCost:
+                alphas: Alphas = None, betas: Betas = None) -> PlanCost:
         """Per micro-batch stage times and the step time of a given partition."""
         return self.cost_model(devices, alphas, betas).evaluate(teacher_counts, student_counts)
 
@@ -109,19 +111,19 @@ class StagePlanner:
         bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
         return bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
 
-    def plan(self, devices: Sequence[int], alphas: Sequence[float], betas=None
+    def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         """``plan_fn`` of ``build_options``: the best partition of ``devices`` and its step time.
 
         Factors are rounded to 1% first: estimates move a little every step, and a plan for
         alphas 1% apart is the same plan, so it is computed once and reused (the controller
         may ask every step, and a K=8 plan of a 57-block student takes tens of ms)."""
-        alphas = tuple(round(float(a), 2) for a in alphas)
-        betas = tuple(sorted((d, round(float(b), 2)) for d, b in (betas or {}).items()))
-        return self._plan_cached(tuple(devices), alphas, betas)
+        rounded_alphas = tuple(round(float(a), 2) for a in alphas)
+        rounded_betas = tuple(sorted((d, round(float(b), 2)) for d, b in (betas or {}).items()))
+        return self._plan_cached(tuple(devices), rounded_alphas, rounded_betas)
 
-    @functools.lru_cache(maxsize=256)
-    def _plan_cached(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - planners live as long as the run; at most 256 plans are kept
+    def _plan_cached(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple[tuple[int, float], ...]
                      ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))
         return plan.teacher_counts, plan.student_counts, plan.step_time_s

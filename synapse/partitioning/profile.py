@@ -25,6 +25,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class ProfileError(ValueError):
 
 
 def _is_positive_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1
 
 
 # Beyond these a value is a unit mistake or garbage, not a measurement: one block's pass taking over
@@ -149,7 +150,8 @@ def _parse_cell(text: str | None, path: Path, line: int, layer: str, column: str
     return value
 
 
-def _check_header(header: list[str] | None, path: Path) -> None:
+def _check_header(header: list[str] | None, path: Path) -> list[str]:
+    """The header's column names, stripped; refuses a file without one, or with wrong columns."""
     if header is None:
         raise ProfileError(f"{path}: file is empty; expected the header line {','.join(PROFILE_COLUMNS)}")
     stripped = [name.strip() for name in header]
@@ -163,6 +165,7 @@ def _check_header(header: list[str] | None, path: Path) -> None:
             f"{path}: the header (line 1) has {', '.join(problems)}; the header must be exactly "
             f"{','.join(PROFILE_COLUMNS)} (the format of TSPipe-based tools and of mode=profile)"
         )
+    return stripped
 
 
 def _parse_row(row: list[str], header: list[str], path: Path, line: int) -> BlockProfile:
@@ -179,7 +182,8 @@ def _parse_row(row: list[str], header: list[str], path: Path, line: int) -> Bloc
     return BlockProfile(layer=layer, **values)
 
 
-def _load_metadata(csv_path: Path) -> dict[str, object]:
+def _load_metadata(csv_path: Path) -> dict[str, Any]:
+    """The sidecar's keys (of ``_METADATA_KEYS``) and values, each checked to be None or of its field's type."""
     meta_file = metadata_path(csv_path)
     if not meta_file.exists():
         return {}
@@ -207,9 +211,7 @@ def load_profile_csv(path: str | Path) -> ModelProfile:
         raise ProfileError(f"{path}: no such profile file; check the path (profiles are *.csv)")
     with path.open(newline="") as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        _check_header(header, path)
-        header = [name.strip() for name in header]
+        header = _check_header(next(reader, None), path)
         blocks = [
             _parse_row(row, header, path, reader.line_num)
             for row in reader

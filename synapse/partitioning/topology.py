@@ -9,8 +9,8 @@ in node order (node 0's first): ``synapse.launch.rendezvous`` orders the ranks b
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 class TopologyError(ValueError):

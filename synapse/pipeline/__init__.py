@@ -10,6 +10,6 @@ from synapse.pipeline.stage import FusedStage
 from synapse.pipeline.wire import from_wire, to_wire
 from synapse.pipeline.worker import LaunchTask, worker_main, write_failure
 
-__all__ = ["BlockMove", "LaunchTask", "FusedStage", "PipelineRuntime", "ProgressBoard", "StageClock", "StageGraphs", "WAIT_PHASES",
-           "exchange_blocks", "from_wire", "progress_path", "read_progress", "reads_timing_late", "slots_for",
-           "to_wire", "worker_main", "write_failure"]
+__all__ = ["BlockMove", "LaunchTask", "FusedStage", "PipelineRuntime", "ProgressBoard", "StageClock", "StageGraphs",
+           "WAIT_PHASES", "exchange_blocks", "from_wire", "progress_path", "read_progress", "reads_timing_late",
+           "slots_for", "to_wire", "worker_main", "write_failure"]

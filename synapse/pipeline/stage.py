@@ -65,7 +65,7 @@ class FusedStage(nn.Module):
         self.phase_hook = None  # set by the runtime: called with "forward" (fault injection)
         self.graphs = None  # set by the runtime on CUDA: captured replays of the training forward
 
-    def train(self, mode: bool = True) -> "FusedStage":
+    def train(self, mode: bool = True) -> FusedStage:
         super().train(mode)
         self.teacher.eval()  # the teacher is frozen: BatchNorm statistics and dropout stay in eval
         return self

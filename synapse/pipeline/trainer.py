@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,7 @@ from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, Null
 class ProcessGroupShards:
     """The ranks of the pipeline as a checkpoint's shard group (collectives on the default group)."""
 
-    def __init__(self, runner: "PipelineRunner"):
+    def __init__(self, runner: PipelineRunner):
         self.runner = runner
         self.rank, self.world_size = runner.rank, runner.world_size
         # DCP's own gloo group: its collectives run on the checkpoint thread, concurrently with the
@@ -91,7 +92,7 @@ class PipelineRunner:
     world_size: int
     owned: dict[str, torch.Tensor]  # original student parameter/buffer name -> tensor held by this rank
     partition: Placement
-    blocks: "AllBlocks"  # every teacher and student block (for live re-partitions)
+    blocks: AllBlocks  # every teacher and student block (for live re-partitions)
     injector: FaultInjector
     heartbeat: Heartbeat
     events: EventLog

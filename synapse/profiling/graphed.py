@@ -24,8 +24,9 @@ import copy
 import gc
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -73,12 +74,17 @@ def graphed_times(blocks: list[nn.Module], images: torch.Tensor, context: Measur
     inputs = _block_inputs(blocks, images, context)
     forward, backward = [], []
     for index, (block, x) in enumerate(zip(blocks, inputs)):
-        # a wrapper is captured, not the block: it copies a leaf input an in-place first block would modify
-        fwd, bwd = _retried(lambda: _time_replays(_Chain([block]), x, context, input_grad=index > 0))
+        fwd, bwd = _retried(partial(_time_block_replays, block, x, context, input_grad=index > 0))
         forward.append(fwd)
         backward.append(bwd)
         _release_graphs()
     return GraphedTimes(forward, backward, whole_fwd, whole_bwd, "block_replays")
+
+
+def _time_block_replays(block: nn.Module, x: torch.Tensor, context: MeasureContext, input_grad: bool
+                        ) -> tuple[float, float]:
+    # a wrapper is captured, not the block: it copies a leaf input an in-place first block would modify
+    return _time_replays(_Chain([block]), x, context, input_grad=input_grad)
 
 
 def _retried(measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:

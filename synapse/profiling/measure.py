@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Hashable, Iterable, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import torch
 
@@ -104,7 +105,7 @@ class SavedTensorBytes:
     def _unpack(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
-    def __enter__(self) -> "SavedTensorBytes":
+    def __enter__(self) -> SavedTensorBytes:
         self._hooks.__enter__()
         return self
 

@@ -22,9 +22,9 @@ import contextlib
 import logging
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterator
 
 import timm
 import torch
@@ -61,7 +61,7 @@ class _Medians:
     block_timing: str = "sweeps"  # graphed: 'in_graph' (one whole-model graph) or 'block_replays'
 
     @classmethod
-    def of(cls, sweeps: list[SweepTimes], launch: str) -> "_Medians":
+    def of(cls, sweeps: list[SweepTimes], launch: str) -> _Medians:
         def per_block(samples: list[list[float]]) -> list[float]:
             return [float(statistics.median(column)) for column in zip(*samples)]
 

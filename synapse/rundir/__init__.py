@@ -83,17 +83,17 @@ from synapse.rundir.layout import (
 from synapse.rundir.lock import RunDirInUseError, RunDirUnusableError, hold_as_worker, hold_run_dir
 from synapse.rundir.records import JsonlTail, JsonlWriter, NullWriter, RecordFileError, iter_jsonl, read_jsonl
 
-__all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE", "CHECKPOINT_STAGING", "CONFIG", "CONTROL",
-           "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError", "ENTRIES", "EVENTS", "EXPERIMENT_SUMMARY",
-           "Entry", "EventLog", "EventLogError", "FAILOVER", "FAILURES", "FAILURE_RECORD", "FIELDS", "Field",
-           "HEALTH", "HEARTBEAT", "HYDRA", "HYDRA_JOB", "HYDRA_OVERRIDES", "JsonlTail", "JsonlWriter", "LAUNCH_LOGS",
-           "LIVE", "LOG", "LOGS", "LayoutError", "METRICS", "MICROBATCHES", "MODEL", "MULTIRUN", "NESTED_RUN",
-           "NODE_SUPERVISOR_LOCK", "NODE_WORKERS_LOCK", "NullWriter", "PARTITION", "PERFORMANCE", "PLAN",
-           "PLAN_VS_MEASURED", "PROGRESS_BOARD", "REPORT", "REPORT_FIGURE", "REPORT_MARKDOWN", "RUN", "RUN_SUMMARY",
-           "RecordFileError", "RunDirInUseError", "RunDirUnusableError", "SEGMENT", "SEGMENTS", "SEGMENT_CONFIG",
-           "SEGMENT_OVERRIDES", "SEGMENT_RECORD", "SEGMENT_RESUME", "STOP_ACK", "STOP_REQUEST", "SUBMITIT",
-           "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS", "SWEEP_REPORT",
-           "SWEEP_REPORT_MARKDOWN", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS", "WORKERS_LOCK",
-           "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared", "disk_full_error",
-           "entries", "events_path", "filesystem_full", "hold_as_worker", "hold_run_dir", "is_disk_full",
-           "iter_jsonl", "markdown_table", "read_events", "read_json_record", "read_jsonl"]
+__all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE", "CHECKPOINT_STAGING",
+           "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError", "ENTRIES", "EVENTS",
+           "EXPERIMENT_SUMMARY", "Entry", "EventLog", "EventLogError", "FAILOVER", "FAILURES", "FAILURE_RECORD",
+           "FIELDS", "Field", "HEALTH", "HEARTBEAT", "HYDRA", "HYDRA_JOB", "HYDRA_OVERRIDES", "JsonlTail",
+           "JsonlWriter", "LAUNCH_LOGS", "LIVE", "LOG", "LOGS", "LayoutError", "METRICS", "MICROBATCHES", "MODEL",
+           "MULTIRUN", "NESTED_RUN", "NODE_SUPERVISOR_LOCK", "NODE_WORKERS_LOCK", "NullWriter", "PARTITION",
+           "PERFORMANCE", "PLAN", "PLAN_VS_MEASURED", "PROGRESS_BOARD", "REPORT", "REPORT_FIGURE", "REPORT_MARKDOWN",
+           "RUN", "RUN_SUMMARY", "RecordFileError", "RunDirInUseError", "RunDirUnusableError", "SEGMENT", "SEGMENTS",
+           "SEGMENT_CONFIG", "SEGMENT_OVERRIDES", "SEGMENT_RECORD", "SEGMENT_RESUME", "STOP_ACK", "STOP_REQUEST",
+           "SUBMITIT", "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS",
+           "SWEEP_REPORT", "SWEEP_REPORT_MARKDOWN", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
+           "WORKERS_LOCK", "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared",
+           "disk_full_error", "entries", "events_path", "filesystem_full", "hold_as_worker", "hold_run_dir",
+           "is_disk_full", "iter_jsonl", "markdown_table", "read_events", "read_json_record", "read_jsonl"]

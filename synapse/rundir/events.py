@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from synapse.rundir.layout import EVENTS
 from synapse.rundir.records import RecordFileError, iter_jsonl

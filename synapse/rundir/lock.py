@@ -21,8 +21,9 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from synapse.rundir.layout import HEARTBEAT, NODE_SUPERVISOR_LOCK, NODE_WORKERS_LOCK, SUPERVISOR_LOCK, WORKERS_LOCK
 

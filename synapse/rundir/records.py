@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 class RecordFileError(ValueError):
@@ -70,7 +71,7 @@ class JsonlWriter:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "JsonlWriter":
+    def __enter__(self) -> JsonlWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

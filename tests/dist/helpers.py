@@ -1,6 +1,8 @@
 """Shared pieces of the multi-process tests: composed configs on tiny models and CPU ranks."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import torch
@@ -45,3 +47,12 @@ def assert_identical_states(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
             other = optim_b[name][key]
             same = torch.equal(value, other) if torch.is_tensor(value) else value == other
             assert same, f"optimizer state {name}.{key} differs"
+
+
+def plant_heartbeat(run_dir: Path, rank: int, pid: int) -> None:
+    """A hostile live/rank_<r>.json: a pid that is not the run's, dated in the future (so no
+    'older than this launch' filter skips it) and never advancing."""
+    path = run_dir / "live" / f"rank_{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "pid": pid, "device": "cpu:9", "step": 0, "phase": "training",
+                                "time": time.time() + 3600}))

@@ -167,7 +167,7 @@ def test_the_run_report_has_every_figure_and_the_tables(run_dir):
         for fmt in ("png", "svg"):
             assert (report.parent / f"{name}.{fmt}").stat().st_size > 1000, f"{name}.{fmt}"
     text = report.read_text()
-    for heading in ("## Summary", "## Stages", "## Decisions", "## Restarts", "## Time lost",
+    for heading in ("## Summary", "## Segments", "## Decisions", "## Restarts", "## Time lost",
                     "## Counterfactual: predicted vs realised", "## Figures"):
         assert heading in text
     assert "drill at step 25" in text and "not drawn" not in text and "](timeline.svg)" in text

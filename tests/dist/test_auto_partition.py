@@ -52,8 +52,12 @@ def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_
     times = {int(m): t for m, t in choice["predicted_step_s"].items()}
     assert choice["chosen"] == min(times, key=times.get)
     assert json.loads((tmp_path / "plan.json").read_text())["plan"]["microbatches"] == choice["chosen"]
+    # The count lives in the run's plan, not in the user's config: each segment records it, segment 0's
+    # config says what the user asked (auto), and a later segment's is composed with the count.
     for segment in (0, 1):
-        composed = yaml.safe_load((tmp_path / "segments" / str(segment) / "config.yaml").read_text())
-        assert composed["pipeline"]["microbatches"] == choice["chosen"]
+        record = json.loads((tmp_path / "segments" / str(segment) / "segment.json").read_text())
+        assert record["microbatches"] == choice["chosen"]
+    first, second = (yaml.safe_load((tmp_path / "segments" / str(s) / "config.yaml").read_text()) for s in (0, 1))
+    assert first["pipeline"]["microbatches"] == "auto" and second["pipeline"]["microbatches"] == choice["chosen"]
     profiles = {p.name for p in (tmp_path / "cache" / "profiles").glob("*student*.csv")}
     assert {f"mb{16 // m}" for m in (2, 4, 8)} <= {part for name in profiles for part in name.split("_")}

@@ -53,7 +53,7 @@ from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_stat
 
 pytestmark = [pytest.mark.dist]
 
-# Every policy of synapse/conf/policy, and REPLACE: eta with a spare device to swap in. The eta
+# Every policy of conf/policy, and REPLACE: eta with a spare device to swap in. The eta
 # policy's hysteresis is scaled to an 8-step run (it would otherwise never act in one).
 FAST_ETA = ["policy=eta", "policy.params.sustain=1", "policy.params.quiet_last_steps=1",
             "policy.params.cooldown_steps=2"]
@@ -226,7 +226,7 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 # Two cases run by default, the other four with -m long: each is a real run with a hang watchdog,
 # and the default suite has a 20-minute budget.
 # Every case is -m long (20 s each); the default suite finds hung ranks in test_reliability (the watchdog drops
-# the hung device) and test_reliability_round2 (a hang during a live re-plan).
+# the hung device, also during a live re-plan).
 @pytest.mark.parametrize("phase, step", [pytest.param("forward", 1, marks=pytest.mark.long),
                                          pytest.param("send", 3, marks=pytest.mark.long),
                                          pytest.param("step_start", 3, marks=pytest.mark.long),

@@ -1,6 +1,6 @@
-"""Issue #8's fault matrix: what a real run does when ranks die, hang or compute NaN, when the
-supervisor itself is killed, when checkpoints are damaged or cannot be written, and when the
-workers cannot meet.
+"""Issue #8's fault matrix: what a real run does when ranks die, hang (also inside a live
+re-partition) or compute NaN, when the supervisor itself is killed, when checkpoints are damaged or
+cannot be written or the disk fills up, and when the workers cannot meet.
 
 Every case is a real run: K gloo ranks started by the elastic launcher under the failover
 supervisor (or ``python train.py`` in a subprocess), tiny models, 8 steps. Where a run recovers,
@@ -228,6 +228,23 @@ def test_hung_rank_is_found_by_the_watchdog_and_its_device_dropped(tmp_path, tea
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
+@pytest.mark.timeout(300)
+def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_file, reference):
+    # A fire drill re-partitions live at step 3; rank 1 hangs while preparing its blocks. The others
+    # wait for it in the re-partition's agreement, so every rank stalls: the one blamed must be 1.
+    run_overrides(overrides_for(tmp_path, teacher_file, "failover.replan_mode=live",
+                                "failover.drills=[{step:3,action:replan}]",
+                                "injection.faults=[{kind:hang,rank:1,step:1,phase:repartition}]",
+                                "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
+                                "trainer.collective_timeout_s=900"))
+    assert [(e["rank"], e["phase"]) for e in events(tmp_path, "fault_injected")] == [(1, "repartition")]
+    (ended,) = events(tmp_path, "segment_ended", stage=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 1, ended
+    stages = read_segments(tmp_path)
+    assert stages[0].outcome == "failed" and stages[1].devices == [0, 2], [s.devices for s in stages]
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
 # ---------------------------------------------------------------- the supervisor killed
 def train_py(run_dir: Path, args: list[str]) -> subprocess.Popen:
     """``python train.py`` in its own process group (so it and everything it starts can be killed at once)."""
@@ -250,7 +267,7 @@ def steps_done(run_dir: Path) -> int:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.long  # 30 s; the default suite keeps test_reliability_round2's supervisor kill (the workers die
+@pytest.mark.long  # 30 s; the default suite keeps test_supervisor's supervisor kill (the workers die
 # with it, and the restarted supervisor continues the segment history from the last checkpoint, exactly)
 def test_supervisor_killed_and_restarted_continues_its_stages_from_the_last_checkpoint(tmp_path, teacher_file,
                                                                                       reference):
@@ -454,6 +471,53 @@ def test_unwritable_checkpoint_directory_is_a_clear_error_and_the_last_checkpoin
     assert {p.name: p.read_bytes() for p in (root / ckpt.step_dir_name(4)).iterdir()} == before
     run_overrides([*overrides, "resume=auto"])  # writable again: the run finishes, nothing lost
     assert_identical_states(final_student_state(tmp_path), reference)
+
+
+def fill_disk(path: Path) -> Path:
+    """Fill the filesystem holding ``path`` to the last byte (a real full disk); the filler file."""
+    filler = path / "filler.bin"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+# -m long: the default suite keeps the disk full *while* checkpointing above (19 s here)
+@pytest.mark.long
+@pytest.mark.timeout(240)
+def test_disk_full_between_checkpoints_names_enospc_and_loses_nothing(tmp_path, teacher_file, reference):
+    run_dir = tmp_path / "run"
+    mount_tmpfs(run_dir, 64 << 20)  # the run's own disk; filled once step 3 is done (checkpoint 2 is safe)
+    try:
+        overrides = overrides_for(run_dir, teacher_file, "policy=keep",
+                                  "injection.faults=[{kind:slow_compute,rank:0,start:3,seconds:0.05}]")
+        filled = threading.Event()
+
+        def fill_after_step_3() -> None:
+            deadline = time.monotonic() + 180
+            while steps_done(run_dir) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            fill_disk(run_dir)
+            filled.set()
+
+        filler = threading.Thread(target=fill_after_step_3, daemon=True)
+        filler.start()
+        with pytest.raises(Exception) as failure:
+            run_overrides(overrides)
+        filler.join(5)
+        assert filled.is_set()
+        message = f"{type(failure.value).__name__}: {failure.value}"
+        assert "No space left on device" in message and str(run_dir) in message, message
+        assert "Fix: free space" in message and "resume=auto" in message, message
+        (run_dir / "filler.bin").unlink()
+        run_overrides([*overrides, "resume=auto"])
+        assert_identical_states(final_student_state(run_dir), reference)
+    finally:
+        unmount(run_dir)
 
 
 # ---------------------------------------------------------------- NaN / Inf loss

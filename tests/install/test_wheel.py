@@ -2,14 +2,16 @@
 
 The wheel must carry what a run needs at run time (the Hydra config groups, the restart-cost
 priors, the class list): a run launched from that environment, in a folder that is not the
-checkout, composes its segment configs from the installed package. The environment reuses this
-interpreter's site-packages for torch and the other dependencies (``--system-site-packages``),
-and the test checks that ``synapse`` itself is imported from the wheel, not from the checkout.
+checkout, composes its segment configs from the installed package. The environment reuses the
+site-packages of the interpreter running the tests for torch and the other dependencies (nothing
+is downloaded), and the test checks that ``synapse`` itself is imported from the wheel, not from
+the checkout.
 """
 from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import venv
@@ -34,11 +36,28 @@ def installed(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
                     str(REPO)], check=True, cwd=root, timeout=300)
     env_dir = root / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    see_the_dependencies(env_dir / "bin" / "python")
     wheel = next(wheels.glob("synapse-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "--ignore-installed", "-q", str(wheel)], check=True, cwd=root, timeout=300, env=CLEAN_ENV)
+                    "--no-index", "--ignore-installed", "-q", str(wheel)],
+                   check=True, cwd=root, timeout=300, env=CLEAN_ENV)
     return env_dir / "bin"
+
+
+def see_the_dependencies(python: Path) -> None:
+    """Let the venv of ``python`` import what the interpreter running the tests has installed.
+
+    ``--system-site-packages`` would show it the *base* interpreter's packages, which lack the
+    dependencies when the tests run from a virtual environment (as the README installs Synapse).
+    A .pth file in the venv's own site-packages appends this interpreter's site directories after
+    it, so the wheel installed there is found first. Their own .pth files are not run, so an
+    editable install of the checkout there (an import hook) stays out of the venv.
+    """
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         check=True, capture_output=True, text=True, timeout=60, env=CLEAN_ENV).stdout.strip()
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (Path(own) / "enclosing_environment.pth").write_text("".join(f"{path}\n" for path in ours))
 
 
 def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed, tmp_path):
@@ -49,7 +68,8 @@ def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed,
                          cwd=tmp_path, timeout=120, env=CLEAN_ENV).stdout
     found = json.loads(out)
     assert not found["file"].startswith(str(REPO)), f"synapse was imported from the checkout: {found['file']}"
-    assert (Path(found["conf"]) / "config.yaml").is_file() and (Path(found["conf"]) / "injection" / "demo.yaml").is_file()
+    assert ((Path(found["conf"]) / "config.yaml").is_file()
+            and (Path(found["conf"]) / "injection" / "demo.yaml").is_file())
     assert {"restart_cost_cpu.json", "live_replan_cpu.json"} <= set(found["priors"])
 
 

@@ -65,7 +65,8 @@ def test_a_stage_measured_twice_as_slow_gets_fewer_blocks(planner):
     # Its blocks cost 2x wherever they go: 72 ms of work in all, now 36 ms a stage.
     balanced = calibrated.per_step_compute_s((0, 1), teacher, student)
     assert balanced[0] == pytest.approx(balanced[1], rel=1e-12)
-    # The same cut on the same devices with the same alphas: the predictions of the running stages are the measured ones.
+    # The same cut on the same devices with the same alphas:
+    # the predictions of the running stages are the measured ones.
     cost = calibrated.predict(*_parts(running))
     assert cost.stage_compute_s[1] == pytest.approx(2 * cost.stage_compute_s[0], rel=1e-12)
 

@@ -45,6 +45,7 @@ def steps(refs: list[ckpt.CheckpointRef]) -> list[int]:
 
 # ----------------------------------------------------------------------------- round trip
 
+@pytest.mark.slow  # a real model and optimizer state to save and load
 def test_round_trip_of_a_real_training_state(tmp_path):
     torch.manual_seed(0)
     model = build_model("resnet_micro", 10)
@@ -275,6 +276,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # a subprocess killed while it writes
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kill_point", ["mid_shard", "before_commit"])
 def test_sigkill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path, kill_point):

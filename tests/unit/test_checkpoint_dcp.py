@@ -214,7 +214,8 @@ CHILD = textwrap.dedent("""
     saver.wait()
     real_fsync = os.fsync
     def fsync(fd):
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".distcp") and "step_00000002" in os.readlink(f"/proc/self/fd/{fd}"):
+        if (os.readlink(f"/proc/self/fd/{fd}").endswith(".distcp")
+                and "step_00000002" in os.readlink(f"/proc/self/fd/{fd}")):
             (ready / "writer").touch()
             time.sleep(600)
         real_fsync(fd)
@@ -227,6 +228,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess that saves with DCP until it is killed
 @pytest.mark.timeout(120)
 def test_sigkill_during_an_async_save_leaves_the_previous_checkpoint_in_use(tmp_path):
     root, ready = tmp_path / "checkpoints", tmp_path / "ready"

@@ -81,6 +81,7 @@ def test_run_dir_comes_from_hydra_unless_given(make_config, tmp_path):
     assert make_config(run_dir=tmp_path / "elsewhere").run_dir == str(tmp_path / "elsewhere")
 
 
+@pytest.mark.slow  # 66 members, a Hydra composition and validation each
 @pytest.mark.parametrize("group, member", MEMBERS, ids=[f"{g}={m}" for g, m in MEMBERS])
 def test_every_group_member_composes_is_applied_and_validates(make_config, group, member):
     cfg = make_config(f"{group}={member}")
@@ -143,6 +144,7 @@ def test_only_experiments_with_gpu_scale_models_get_stand_ins(make_config):
         assert at_gpu_scale == (experiment in GPU_SCALE), experiment
 
 
+@pytest.mark.slow  # each shipped experiment really runs
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_smoke_runs_on_cpu(make_config, tmp_path, experiment):
@@ -309,6 +311,7 @@ def test_run_refuses_a_bad_config_before_creating_anything(make_config, tmp_path
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow  # composes and validates many configs
 def test_relative_eta_thresholds_are_checked_by_validate(make_config):
     validate(make_config("policy.params.min_saving_restart_frac=1.5", "policy.params.min_saving_frac=0.2"))
     with pytest.raises(ConfigError, match=r"^policy: .*min_saving_restart_frac must be in \[0, 10\]"):

@@ -28,7 +28,8 @@ KB = 1024
 
 
 def profile(name: str, fwd, bwd, out_kb) -> ModelProfile:
-    blocks = tuple(BlockProfile(f"{name}{k}", f, b, 1.0, o, 1.0, 1.0) for k, (f, b, o) in enumerate(zip(fwd, bwd, out_kb)))
+    blocks = tuple(BlockProfile(f"{name}{k}", f, b, 1.0, o, 1.0, 1.0)
+                   for k, (f, b, o) in enumerate(zip(fwd, bwd, out_kb)))
     return ModelProfile(name, blocks)
 
 
@@ -115,7 +116,8 @@ def test_loss_is_computed_on_the_last_stage_only_at_its_compute_speed():
     cost, cost0 = with_loss.evaluate([2, 1], [1, 1]), base.evaluate([2, 1], [1, 1])
     assert cost.stage_times_s[0] == cost0.stage_times_s[0]
     assert cost.stage_times_s[1] - cost0.stage_times_s[1] == pytest.approx(2.0 * 1.5 * 0.004)
-    assert cost.stage_compute_s[1] - cost0.stage_compute_s[1] == pytest.approx(2.0 * 1.5 * 0.004)  # compute, like the clock
+    # compute, like the clock
+    assert cost.stage_compute_s[1] - cost0.stage_compute_s[1] == pytest.approx(2.0 * 1.5 * 0.004)
     assert cost.stage_overhead_s == (0.0, 0.0)
 
 

@@ -234,6 +234,7 @@ def loader_batches(dataset, sampler: ResumableSampler, num_workers: int):
     return seen
 
 
+@pytest.mark.slow  # data loader worker processes
 def test_dataloader_batches_do_not_depend_on_num_workers():
     dataset = DigitsDataset("train", image_size=16, augment=True, seed=3)
     make = lambda: ResumableSampler(len(dataset), seed=1, batch_size=400)  # noqa: E731

@@ -305,6 +305,7 @@ def test_labels_only_matches_for_every_data_set():
 
 # ----------------------------------------------------------------------------- resume
 
+@pytest.mark.slow  # JPEG decoding through a data loader, twice per case
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
 def test_resume_replays_the_same_images_in_the_same_order(tree, decode):
     dataset = ImageNet100(tree, "train", image_size=SIZE, seed=2, decode=decode)

@@ -60,15 +60,16 @@ def stream(num_ranks: int, num_steps: int, seed: int, *, compute_slow=(), transf
     base_compute = [rng.uniform(0.3, 0.6) for _ in range(num_ranks)]
     base_transfer = [rng.uniform(0.1, 0.3) if num_ranks > 1 else 0.0 for _ in range(num_ranks)]
     wall, records = 1.7e9, []
-    for step in range(first_step, first_step + num_steps):
-        def draw(base: list[float], slows, rank: int, noise: float = noise) -> float:
-            value = base[rank] * rng.uniform(1 - noise, 1 + noise)
-            for slow in slows:
-                value *= slow.factor_at(rank, step)
-            return value * (spike_factor if rng.random() < spike_prob else 1.0)
 
-        compute = [draw(base_compute, compute_slow, r) for r in range(num_ranks)]
-        transfer = [draw(base_transfer, transfer_slow, r, transfer_noise or noise) for r in range(num_ranks)]
+    def draw(step: int, base: list[float], slows, rank: int, noise: float = noise) -> float:
+        value = base[rank] * rng.uniform(1 - noise, 1 + noise)
+        for slow in slows:
+            value *= slow.factor_at(rank, step)
+        return value * (spike_factor if rng.random() < spike_prob else 1.0)
+
+    for step in range(first_step, first_step + num_steps):
+        compute = [draw(step, base_compute, compute_slow, r) for r in range(num_ranks)]
+        transfer = [draw(step, base_transfer, transfer_slow, r, transfer_noise or noise) for r in range(num_ranks)]
         per_micro = [(c + x) / microbatches for c, x in zip(compute, transfer)]
         step_s = sum(per_micro) + (microbatches - 1) * max(per_micro)
         if model == "waiting":
@@ -191,6 +192,7 @@ def test_own_comm_isolates_a_rank_whose_transfers_got_slower():
 
 
 # ---------------------------------------------------------- false positives
+@pytest.mark.slow  # 2000 noisy steps through the detector, per kind
 @pytest.mark.parametrize("model", ["waiting", "transfer"])
 def test_no_false_positives_over_2000_noisy_steps_with_spikes(model):
     for num_ranks in range(1, 9):
@@ -204,6 +206,7 @@ def test_no_false_positives_over_2000_noisy_steps_with_spikes(model):
         assert len(detector.latest_ratios[COMPUTE]) == num_ranks  # it did evaluate
 
 
+@pytest.mark.slow  # thousands of noisy steps through the detector
 def test_no_false_positives_with_jittery_comm():
     # comm +-50% per step (plus the spikes): the own-comm noise floor must hold it
     for num_ranks in range(2, 9):
@@ -212,6 +215,7 @@ def test_no_false_positives_with_jittery_comm():
 
 
 # -------------------------------------------------------- detection/attribution
+@pytest.mark.slow  # a detector run per rank and factor
 @pytest.mark.parametrize("factor", [1.3, 2.0, 5.0])
 def test_compute_slowdown_is_detected_on_the_right_rank_only(factor):
     # waiting model: every other rank's comm grows too, and must not be blamed
@@ -232,6 +236,7 @@ def test_compute_slowdown_is_detected_on_the_right_rank_only(factor):
         assert event.ratio >= CONFIG.threshold
 
 
+@pytest.mark.slow  # a detector run per rank and factor
 @pytest.mark.parametrize("factor", [2.0, 5.0])
 def test_comm_slowdown_is_detected_on_the_right_rank_only(factor):
     for num_ranks in range(2, 9):

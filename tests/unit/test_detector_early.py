@@ -27,7 +27,8 @@ INDEX = json.loads((STREAMS / "index.json").read_text())
 FAULT_STREAMS = DATA / "fault_streams"  # recorded with a fault injected (see its index.json)
 FAULT_INDEX = json.loads((FAULT_STREAMS / "index.json").read_text())
 # What `trainer=gpu` sets: a lone GPU is judged against the plan
-GPU_ALONE = OmegaConf.load(Path(__file__).resolve().parents[2] / "synapse/conf/trainer/gpu.yaml").failover.detector.alone_threshold
+GPU_ALONE = OmegaConf.load(Path(__file__).resolve().parents[2]
+                           / "conf/trainer/gpu.yaml").failover.detector.alone_threshold
 
 
 def recorded(name: str, folder: Path = STREAMS) -> list[StepTiming]:

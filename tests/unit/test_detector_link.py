@@ -69,6 +69,7 @@ def test_a_slow_compute_is_not_read_as_a_slow_link():
     assert summary(feed(SlowdownDetector(), records)) == [(2, COMPUTE, SLOWDOWN)]
 
 
+@pytest.mark.slow  # 2000 noisy steps through the detector
 def test_2000_noisy_fault_free_steps_with_own_send_time_raise_nothing():
     for seed in range(4):
         records = link_stream(3, 500, seed=100 + seed, spike_prob=0.03)

@@ -98,6 +98,7 @@ def test_a_ramp_is_found_on_its_rank_sooner_than_by_the_window_median_alone():
     assert median(with_trend) < median(median_only), (with_trend, median_only)
 
 
+@pytest.mark.slow  # 2000 noisy steps through the detector
 def test_the_trend_reading_adds_no_false_detection_over_2000_noisy_steps():
     for num_ranks in (1, 2, 3, 4):
         records = stream(num_ranks, 2000, seed=600 + num_ranks, spike_prob=0.02)

@@ -132,6 +132,7 @@ def wandering_ranks(num_steps: int, seed: int, fault: Slow | None = None) -> lis
     return records
 
 
+@pytest.mark.slow  # long recorded streams, twice
 def test_ranks_that_wander_by_themselves_are_reported_less_than_half_as_often():
     fixed = adaptive = 0
     for seed in range(8):
@@ -142,6 +143,7 @@ def test_ranks_that_wander_by_themselves_are_reported_less_than_half_as_often():
     assert fixed >= 80 and adaptive <= fixed / 2, (fixed, adaptive)
 
 
+@pytest.mark.slow  # long streams through the detector, per factor
 @pytest.mark.parametrize("factor", [2.0, 3.0])
 def test_a_real_slowdown_on_a_wandering_rank_is_still_found_within_10_steps(factor):
     """Unless another rank is reported slow when it starts (its peers are then one calm rank)."""
@@ -171,6 +173,7 @@ def detections(name: str, config: DetectorConfig) -> list[tuple[int, int]]:
             if e.event == SLOWDOWN]
 
 
+@pytest.mark.slow  # long recorded streams, twice
 def test_the_recorded_wandering_cpu_streams_raise_fewer_detections():
     """3,000 fault-free steps of 3 CPU ranks on an idle 16-core KVM host, whose vCPUs drift by
     themselves (a lone process on a pinned core: 10-step medians 0.65-1.07x). The peer threshold

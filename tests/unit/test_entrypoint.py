@@ -47,6 +47,7 @@ if not torch.cuda.is_available():
                           "Fix: use trainer.accelerator=cpu"))
 
 
+@pytest.mark.slow  # a train.py subprocess each (Hydra and torch start up)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("overrides, message", BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
 def test_bad_override_fails_with_a_clear_message_and_no_run_output(train_py, tmp_path, overrides, message):

@@ -30,14 +30,15 @@ def run(estimator: AlphaBetaEstimator, steps: range, devices: list[int], *, seed
     rng = random.Random(seed)
     predicted_compute = predicted_compute or [0.2 + 0.1 * r for r in range(len(devices))]
     predicted_comm = predicted_comm or [0.05 + 0.01 * r for r in range(len(devices))]
-    for step in steps:
-        def measure(predicted: list[float], scale: float, factor: Callable[[int, int], float]) -> list[float]:
-            return [p * scale * factor(step, d) * spike(step, d) * rng.uniform(1 - noise, 1 + noise)
-                    for p, d in zip(predicted, devices)]
 
+    def measure(step: int, predicted: list[float], scale: float, factor: Callable[[int, int], float]) -> list[float]:
+        return [p * scale * factor(step, d) * spike(step, d) * rng.uniform(1 - noise, 1 + noise)
+                for p, d in zip(predicted, devices)]
+
+    for step in steps:
         estimator.update(devices=devices,
-                         measured_compute_s=measure(predicted_compute, compute_scale, alpha),
-                         measured_comm_s=measure(predicted_comm, comm_scale, beta),
+                         measured_compute_s=measure(step, predicted_compute, compute_scale, alpha),
+                         measured_comm_s=measure(step, predicted_comm, comm_scale, beta),
                          predicted_compute_s=predicted_compute, predicted_comm_s=predicted_comm)
 
 
@@ -153,7 +154,7 @@ def test_a_stage_predicted_too_small_to_measure_keeps_its_devices_alpha(share, s
     estimator = AlphaBetaEstimator(EstimatorConfig(min_predicted_share=share))
     run(estimator, range(100), [0, 1, 2], seed=9, alpha=slow, predicted_compute=[0.5, 0.5, 0.5])
     assert estimator.alpha(2) == pytest.approx(3.0, rel=0.1)
-    for step in range(100, 160):
+    for _ in range(100, 160):
         estimator.update(devices=[0, 1, 2], measured_compute_s=[0.5, 0.5, 3.0 * (0.01 + 0.05)],
                          measured_comm_s=[0.05, 0.05, 0.05], predicted_compute_s=[0.5, 0.5, 0.01],
                          predicted_comm_s=[0.05, 0.05, 0.05])

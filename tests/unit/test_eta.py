@@ -43,7 +43,8 @@ def running(devices, alphas, calibration=1.0, plan_alphas=None):
     teacher, student, _ = analytic_plan(devices, plan_alphas, None)
     device_alphas = [alphas[d] for d in devices]
     predicted = step_seconds(teacher, student, device_alphas)
-    return RunningPartition(Placement(tuple(devices), tuple(teacher), tuple(student)), calibration * predicted, predicted)
+    return RunningPartition(Placement(tuple(devices), tuple(teacher), tuple(student)), calibration * predicted,
+                            predicted)
 
 
 COSTS = {OptionKind.KEEP: 0.0, OptionKind.REPLAN: 40.0, OptionKind.DEGRADE: 45.0, OptionKind.REPLACE: 50.0}

@@ -6,9 +6,10 @@ validated with ``trainer.accelerator=cpu`` (block counts on the meta device, no 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import product
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -95,6 +96,7 @@ def sweep_jobs(cfg: DictConfig, *command_line: str) -> list[list[str]]:
     return batch
 
 
+@pytest.mark.slow  # composes and validates every job of the sweep
 def test_the_batch_sweep_runs_every_batch_size_under_both_policies(tmp_path):
     cfg = compose_experiment("failover_batch_sweep", tmp_path, hydra=True)
     jobs = sweep_jobs(cfg)
@@ -108,6 +110,7 @@ def test_the_batch_sweep_runs_every_batch_size_under_both_policies(tmp_path):
         validate(compose_experiment("failover_batch_sweep", tmp_path, "trainer.accelerator=cpu", *by_batch[batch]))
 
 
+@pytest.mark.slow  # composes and validates sweep jobs
 def test_the_batch_sweeps_floor_has_no_fault_and_the_command_line_policy_wins(tmp_path):
     floor = ("trainer.accelerator=cpu", "injection.faults=[]", "injection.name=none")
     jobs = sweep_jobs(compose_experiment("failover_batch_sweep", tmp_path, *floor, hydra=True), "policy=keep")

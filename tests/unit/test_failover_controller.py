@@ -21,8 +21,8 @@ TOTAL = 20_000
 
 @pytest.fixture(scope="module")
 def planner() -> StagePlanner:
-    return StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"), load_profile_csv(SHARED / "snet_resnet152.csv"),
-                        StepSpec(4))
+    return StagePlanner(load_profile_csv(SHARED / "tnet_vit_large.csv"),
+                        load_profile_csv(SHARED / "snet_resnet152.csv"), StepSpec(4))
 
 
 def make_controller(planner, policy="eta", events=None, decide_every=1, detector=None, **params) -> FailoverController:
@@ -68,6 +68,7 @@ class Timings:
         return []
 
 
+@pytest.mark.slow  # a whole scenario's controller run
 def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(planner):
     """The seed's scenario: a device's slowdown grows; the decisions escalate, and the degraded
     partition never contains the failed device."""
@@ -96,6 +97,7 @@ def test_regression_mild_then_sustained_then_failed_goes_keep_replan_degrade(pla
     assert detected["device"] == 2 and detected["kind"] == "compute" and detected["onset_step"] >= 200
 
 
+@pytest.mark.slow  # a whole scenario's controller run
 def test_mild_slowdown_with_little_work_left_is_kept(planner):
     controller = make_controller(planner)
     placement = start(controller)
@@ -109,6 +111,7 @@ def test_mild_slowdown_with_little_work_left_is_kept(planner):
     assert controller.detector.active and controller.episode.consecutive_detections > 3
 
 
+@pytest.mark.slow  # a whole scenario's controller run per policy
 @pytest.mark.parametrize("policy, expected", [("keep", []), ("replan", [REPLAN]), ("degrade", [DEGRADE])])
 def test_baseline_policies_act_as_named(planner, policy, expected):
     controller = make_controller(planner, policy, decide_every=5)
@@ -190,6 +193,7 @@ def test_state_survives_a_json_round_trip(planner):
     assert restored.estimator.alphas() == pytest.approx(controller.estimator.alphas())
 
 
+@pytest.mark.slow  # a whole scenario's controller run
 def test_a_cheap_live_replan_is_taken_for_a_slowdown_a_restart_would_not_pay_for(planner):
     """Issue #9: once REPLAN costs a block transfer instead of a restart, the ETA policy re-plans
     for shorter slowdowns (here: the same 1.6x slowdown with 400 steps left)."""
@@ -214,6 +218,7 @@ def test_a_cheap_live_replan_is_taken_for_a_slowdown_a_restart_would_not_pay_for
     assert decisions(RestartCost(launch_s=0.3, warmup_s=0.1)) == [REPLAN]
 
 
+@pytest.mark.slow  # two controller runs of the whole scenario per policy
 @pytest.mark.parametrize("policy", ["eta", "keep", "replan", "degrade", "ski_rental"])
 def test_a_resume_before_the_last_action_rewinds_it_and_the_slowdown_is_still_decided(planner, policy):
     """Issue #15 item 3: a hard failure's DEGRADE is decided at the last step seen (here 140) but
@@ -258,6 +263,7 @@ class _BrokenPolicy(type(make_policy("keep"))):
         raise ZeroDivisionError("a bug in a policy")
 
 
+@pytest.mark.slow  # a whole scenario's controller run
 def test_a_failing_policy_is_logged_and_read_as_keep_and_a_hard_failure_still_degrades(planner):
     events = []
     controller = make_controller(planner, events=events)
@@ -337,9 +343,11 @@ def test_a_slow_link_is_blamed_on_its_rank_priced_by_beta_and_replanned_to_small
         return _boundary_kb(planner.teacher, teacher, 1) + 2 * _boundary_kb(planner.student, student, 1)
 
     assert (new.teacher_counts, new.student_counts) != (placement.teacher_counts, placement.student_counts)
-    assert link1_kb(new.teacher_counts, new.student_counts) < link1_kb(placement.teacher_counts, placement.student_counts)
+    assert (link1_kb(new.teacher_counts, new.student_counts)
+            < link1_kb(placement.teacher_counts, placement.student_counts))
 
 
+@pytest.mark.slow  # a whole scenario's controller run
 def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_priced_with_it(planner):
     """Stage 1's blocks cost 2x their profile (an eager profile of a graphed stage, say): the first steady
     steps calibrate them, the estimator does not also read device 1 as slow, a later slowdown of device 0
@@ -378,7 +386,8 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
         device_alphas = [alphas[d] for d in devices]
         calibrated_plan = controller.priced.plan(devices, device_alphas, betas)
         assert [option["teacher_counts"], option["student_counts"]] == [list(c) for c in calibrated_plan[:2]]
-        assert option["inputs"]["planner_step_s"] == calibrated_plan[2] != planner.plan(devices, device_alphas, betas)[2]
+        assert (option["inputs"]["planner_step_s"] == calibrated_plan[2]
+                != planner.plan(devices, device_alphas, betas)[2])
 
     # The re-planned placement, device 0 still 2x slow: the healthy ranks' new block ranges are measured
     # (what the first placement taught, re-grouped), device 0's are not (its 2x is not yet known well).

@@ -77,8 +77,12 @@ class Simulation:
         for fault in self.faults:
             if fault.device in alphas:
                 alphas[fault.device] *= fault.factor_at(step)
-        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts, alphas)
-        noise = lambda: 1.0 + self.rng.uniform(-0.1, 0.1)
+        cost = PLANNER.predict(self.placement.devices, self.placement.teacher_counts, self.placement.student_counts,
+                               alphas)
+
+        def noise() -> float:
+            return 1.0 + self.rng.uniform(-0.1, 0.1)
+
         step_s = cost.step_time_s * noise()
         self.clock += step_s
         return {"step": step, "time": self.clock, "step_seconds": step_s, "total_steps": TOTAL,
@@ -148,6 +152,7 @@ def with_cascades(test):
     return test
 
 
+@pytest.mark.slow  # 15 whole controller runs (10 drawn, the 5 cascades)
 @settings(max_examples=10, **SETTINGS)
 @given(policy=st.sampled_from(POLICY_NAMES), sequence=st.lists(faults, min_size=1, max_size=3),
        seed=st.integers(0, 2**16))

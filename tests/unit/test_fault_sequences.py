@@ -2,12 +2,14 @@
 are valid injection configs, cover every fault kind and phase, and spare one device."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 
 from synapse.injection import PHASES, parse_faults
 from tests.dist.fault_sequences import KINDS, STEPS, hydra_list, injection_faults, sequences
 
 
+@pytest.mark.slow  # 300 drawn sequences
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(sequence=sequences())
 def test_every_drawn_sequence_is_a_valid_injection_config_that_spares_a_device(sequence):
@@ -17,6 +19,7 @@ def test_every_drawn_sequence_is_a_valid_injection_config_that_spares_a_device(s
     assert all(1 <= f.start <= STEPS for f in specs)
 
 
+@pytest.mark.slow  # draws until every kind and phase was seen
 def test_the_strategy_reaches_every_kind_and_phase_and_the_first_step():
     seen_kinds, seen_phases, starts = set(), set(), set()
 

@@ -259,6 +259,7 @@ def test_probe_outcomes(program, outcome, hard):
     assert not probe.running
 
 
+@pytest.mark.slow  # probe subprocesses that import torch
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks that a missing GPU fails the probe")
 def test_a_gpu_that_cannot_compute_is_a_hard_probe_failure(tmp_path):
@@ -289,6 +290,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # waits for the hang timeout
 @pytest.mark.timeout(60)
 def test_a_killed_worker_is_dead_and_a_frozen_one_hung_within_bounded_time(tmp_path):
     workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), str(rank)], cwd=REPO,

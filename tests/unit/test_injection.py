@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -506,6 +507,7 @@ def gone(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+@pytest.mark.slow  # a load process that burns a core for a while
 @pytest.mark.timeout(60)
 def test_background_load_burns_the_pinned_core_only_after_go_and_stops():
     core = sorted(os.sched_getaffinity(0))[-1]
@@ -555,6 +557,7 @@ def start_worker(run_dir: Path) -> tuple[subprocess.Popen, list[int], int]:
     return worker, started["load_pids"], pinned
 
 
+@pytest.mark.slow  # a worker process and its load
 @pytest.mark.timeout(60)
 def test_worker_and_its_load_share_the_ranks_core_and_the_load_stops_at_the_end_step(tmp_path):
     worker, pids, pinned = start_worker(tmp_path)
@@ -564,11 +567,12 @@ def test_worker_and_its_load_share_the_ranks_core_and_the_load_stops_at_the_end_
     worker.stdin.write("\nfinish\n")
     worker.stdin.flush()
     assert worker.wait(timeout=30) == 0
-    assert all(wait_until(lambda: gone(pid), 5) for pid in pids)
+    assert all(wait_until(partial(gone, pid), 5) for pid in pids)
     cleared = read_events(tmp_path, "fault_cleared")
     assert [(e["step"], e["reason"]) for e in cleared] == [(4, "end_step")]
 
 
+@pytest.mark.slow  # a worker process and its load
 @pytest.mark.timeout(60)
 def test_a_load_dies_with_its_sigkilled_worker(tmp_path):
     worker, pids, _ = start_worker(tmp_path)
@@ -576,7 +580,7 @@ def test_a_load_dies_with_its_sigkilled_worker(tmp_path):
     worker.stdin.write("\ndie\n")
     worker.stdin.flush()
     assert worker.wait(timeout=30) == -signal.SIGKILL
-    assert all(wait_until(lambda: gone(pid), 10) for pid in pids), "an orphan load outlived its worker"
+    assert all(wait_until(partial(gone, pid), 10) for pid in pids), "an orphan load outlived its worker"
 
 
 KILL_OR_HANG = textwrap.dedent("""
@@ -591,6 +595,7 @@ KILL_OR_HANG = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a worker process
 @pytest.mark.timeout(60)
 def test_kill_sigkills_the_worker_after_recording_the_event(tmp_path):
     worker = subprocess.run([sys.executable, "-c", KILL_OR_HANG, str(tmp_path), "kill"], cwd=REPO,
@@ -602,6 +607,7 @@ def test_kill_sigkills_the_worker_after_recording_the_event(tmp_path):
         "fault_injected", "kill", 2, "backward", event["pid"])
 
 
+@pytest.mark.slow  # a worker process
 @pytest.mark.timeout(60)
 def test_hang_blocks_the_worker_alive_in_its_phase(tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", KILL_OR_HANG, str(tmp_path), "hang"], cwd=REPO,

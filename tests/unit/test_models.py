@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import csv
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -52,12 +52,16 @@ EXPECTED_BLOCKS = {
 }
 FAMILY_CLASS = {"vit": VisionTransformer, "resnet": ResNet, "efficientnet": EfficientNet}
 
-# (name, image size, batch) of the models that are actually run.
+# (name, image size, batch) of the models that are actually run. The 224-pixel ones and
+# efficientnet_micro are slow (seconds each on a CPU); the other micro models run the same code quickly.
 RUN_CASES = [
-    ("vit_micro", 32, 4), ("resnet_micro", 32, 4), ("resnet_mini", 32, 4), ("efficientnet_micro", 32, 4),
-    ("resnet18", 224, 1), ("vit_tiny", 224, 1), ("deit_tiny", 224, 1), ("efficientnet_b0", 224, 1),
+    pytest.param(name, image_size, batch, id=name,
+                 marks=[pytest.mark.slow] if image_size == 224 or name == "efficientnet_micro" else [])
+    for name, image_size, batch in [
+        ("vit_micro", 32, 4), ("resnet_micro", 32, 4), ("resnet_mini", 32, 4), ("efficientnet_micro", 32, 4),
+        ("resnet18", 224, 1), ("vit_tiny", 224, 1), ("deit_tiny", 224, 1), ("efficientnet_b0", 224, 1),
+    ]
 ]
-RUN_IDS = [name for name, _, _ in RUN_CASES]
 
 
 @pytest.fixture(autouse=True)
@@ -68,13 +72,13 @@ def _two_threads():
     torch.set_num_threads(previous)
 
 
-@lru_cache(maxsize=None)
+@cache
 def meta_model(name: str) -> nn.Module:
     with torch.device("meta"):
         return build_model(name, num_classes=100, img_size=224)
 
 
-@lru_cache(maxsize=None)
+@cache
 def run_case(name: str, image_size: int, batch: int) -> tuple[nn.Module, torch.Tensor]:
     """A real model (built once per session) and an input batch."""
     torch.manual_seed(0)
@@ -159,7 +163,7 @@ def test_block_parameter_names_refuses_a_foreign_block():
 
 # ----------------------------------------------------------------------------- the blocks are the model
 
-@pytest.mark.parametrize("name, image_size, batch", RUN_CASES, ids=RUN_IDS)
+@pytest.mark.parametrize("name, image_size, batch", RUN_CASES)
 def test_blocks_equal_model_in_eval_mode(name, image_size, batch):
     model, x = run_case(name, image_size, batch)
     blocks = model_blocks(model)
@@ -169,7 +173,7 @@ def test_blocks_equal_model_in_eval_mode(name, image_size, batch):
     model.train()
 
 
-@pytest.mark.parametrize("name, image_size, batch", RUN_CASES, ids=RUN_IDS)
+@pytest.mark.parametrize("name, image_size, batch", RUN_CASES)
 def test_blocks_equal_model_in_train_mode_outputs_gradients_and_statistics(name, image_size, batch):
     model, x = run_case(name, image_size, batch)
     model.train()
@@ -185,6 +189,7 @@ def test_blocks_equal_model_in_train_mode_outputs_gradients_and_statistics(name,
     assert all(torch.equal(after_blocks[k], after_model[k]) for k in after_model)  # BatchNorm running stats
 
 
+@pytest.mark.slow  # a real model run twice
 def test_train_mode_dropout_really_draws_random_numbers():
     # Guards the test above: with dropout > 0 two different seeds must give different outputs.
     model, x = run_case("resnet_micro", 32, 4)
@@ -197,6 +202,7 @@ def test_train_mode_dropout_really_draws_random_numbers():
     assert not torch.equal(*outputs)
 
 
+@pytest.mark.slow  # three real models, each run twice
 @pytest.mark.parametrize("timm_name, kwargs", [
     ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, depth=2, embed_dim=48, num_heads=3, pos_drop_rate=0.2,
                                   proj_drop_rate=0.2, attn_drop_rate=0.2, drop_path_rate=0.2, drop_rate=0.2,

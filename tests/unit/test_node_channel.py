@@ -65,6 +65,7 @@ def test_a_foreign_record_is_named(pair):
         decider.report_of(0, 1)
 
 
+@pytest.mark.slow  # waits out the connection timeout
 def test_an_unreachable_decider_is_named_within_the_timeout():
     endpoint = f"127.0.0.1:{free_port()}"  # nobody listens
     started = time.monotonic()

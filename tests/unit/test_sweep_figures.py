@@ -44,7 +44,8 @@ def test_one_policy_no_recoveries_and_two_patterns_make_one_row_each_without_an_
     title = fig.get_suptitle()
     assert title.startswith("Policy keep: 4 jobs, one job each") and "no recoveries" in title
     assert "compared" not in title
-    assert sorted(sub.get_suptitle() for sub in fig.subfigs) == sorted([f"slowdown: {INTERMITTENT}", "slowdown: slow r2"])
+    assert (sorted(sub.get_suptitle() for sub in fig.subfigs)
+            == sorted([f"slowdown: {INTERMITTENT}", "slowdown: slow r2"]))
     panels = [ax for ax in fig.axes if ax.containers]
     assert len(panels) == 4 and {ax.get_ylabel() for ax in panels} == {"total wall time (s)", "time lost (s)"}
     assert all([t.get_text() for t in ax.get_xticklabels()] == ["32", "64"] for ax in panels)
@@ -101,6 +102,7 @@ def test_the_sweep_report_links_each_jobs_logs_that_exist(tmp_path):
         (tmp_path / ".submitit" / "4242" / f"4242_0_log.{suffix}").write_text("")
     lines = job_log_lines(tmp_path, pd.DataFrame({"job": [0, 1]}))
     assert lines == [("- job 0: [folder](../0/) · [train.log](../0/train.log) · "
-                      "[console err](../.submitit/4242/4242_0_log.err) · [console out](../.submitit/4242/4242_0_log.out)"
+                      "[console err](../.submitit/4242/4242_0_log.err) · "
+                      "[console out](../.submitit/4242/4242_0_log.out)"
                       " · [rank logs](../0/logs/)"),
                      "- job 1: [folder](../1/)"]

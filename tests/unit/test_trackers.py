@@ -21,6 +21,7 @@ def event_scalars(directory) -> EventAccumulator:
     return accumulator
 
 
+@pytest.mark.slow  # a real run that writes TensorBoard files
 @pytest.mark.timeout(300)
 def test_a_run_writes_its_step_and_eval_scalars_to_tensorboard(make_config, tiny_run, tmp_path):
     run_dir = tmp_path / "run"

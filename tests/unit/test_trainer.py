@@ -77,6 +77,7 @@ def resume_runs(make_config, tiny_run, tmp_path):
 
 # ----------------------------------------------------------------------------- exact resume
 
+@pytest.mark.slow  # real training runs
 @pytest.mark.timeout(300)
 def test_stop_and_resume_equals_one_uninterrupted_run_bit_for_bit(resume_runs, tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -102,6 +103,7 @@ def test_stop_and_resume_equals_one_uninterrupted_run_bit_for_bit(resume_runs, t
     assert [r["student_top1"] for r in records(split, "eval")] == [r["student_top1"] for r in records(whole, "eval")]
 
 
+@pytest.mark.slow  # real training runs
 @pytest.mark.timeout(300)
 def test_resume_that_lost_the_rng_state_would_diverge(resume_runs, tmp_path, monkeypatch):
     # Shows the test above can fail: the run really draws random numbers after the resume.
@@ -168,6 +170,7 @@ def test_kd_run_writes_one_record_per_step_evaluations_checkpoints_and_summary(m
     assert 0 <= on_disk["teacher_eval"]["top1"] <= 100
 
 
+@pytest.mark.slow  # real training runs
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode, trained, other", [("teacher", "resnet_mini", "resnet_micro"),
                                                    ("baseline", "resnet_micro", "resnet_mini")])
