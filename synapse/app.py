@@ -55,11 +55,15 @@ from synapse.rundir import (
     CONFIG,
     EVENTS,
     PARTITION,
+    PERFORMANCE,
+    PLAN,
     RUN_SUMMARY,
     DiskFullError,
     EventLog,
+    RecordFileError,
     RunDirInUseError,
     RunDirUnusableError,
+    cut_torn_tail,
     disk_full_error,
     hold_run_dir,
     is_disk_full,
@@ -80,6 +84,9 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
             log(resumed)
         if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
             check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
+            # A killed run's torn last event would merge with this run's first appended one into a line
+            # no reader can parse; under the lock no other writer is alive to be cut short
+            cut_torn_tail(EVENTS.path(run_dir))
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:
@@ -160,7 +167,13 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
         with supervised_console(run_dir, log, cfg.trainer.progress):
             summary = launch_pipeline(LaunchTask(cfg, partition, microbatches, 0, str(weights), resume), run_dir,
                                       log=log)
-    comparison = compare_plan_with_run(run_dir)
+    try:
+        comparison = compare_plan_with_run(run_dir)
+    except (RecordFileError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # an informational line: records it cannot read must not fail a run that trained to its end
+        comparison = None
+        log(f"planner: comparison of the plan with the run skipped: {PERFORMANCE.path(run_dir)} or "
+            f"{PLAN.path(run_dir)} holds a record it cannot read ({type(exc).__name__}: {exc})"[:600])
     if comparison:
         log(f"planner: predicted step {comparison['predicted_step_s'] * 1e3:.1f} ms, measured "
             f"{comparison['measured_step_s'] * 1e3:.1f} ms ({comparison['step_error']:+.0%}, uncalibrated)")

@@ -81,7 +81,15 @@ from synapse.rundir.layout import (
     markdown_table,
 )
 from synapse.rundir.lock import RunDirInUseError, RunDirUnusableError, hold_as_worker, hold_run_dir
-from synapse.rundir.records import JsonlTail, JsonlWriter, NullWriter, RecordFileError, iter_jsonl, read_jsonl
+from synapse.rundir.records import (
+    JsonlTail,
+    JsonlWriter,
+    NullWriter,
+    RecordFileError,
+    cut_torn_tail,
+    iter_jsonl,
+    read_jsonl,
+)
 
 __all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE", "CHECKPOINT_STAGING",
            "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError", "ENTRIES", "EVENTS",
@@ -95,5 +103,6 @@ __all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_S
            "SUBMITIT", "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS",
            "SWEEP_REPORT", "SWEEP_REPORT_MARKDOWN", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
            "WORKERS_LOCK", "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared",
-           "disk_full_error", "entries", "events_path", "filesystem_full", "hold_as_worker", "hold_run_dir",
-           "is_disk_full", "iter_jsonl", "markdown_table", "read_events", "read_json_record", "read_jsonl"]
+           "cut_torn_tail", "disk_full_error", "entries", "events_path", "filesystem_full",
+           "hold_as_worker", "hold_run_dir", "is_disk_full", "iter_jsonl", "markdown_table", "read_events",
+           "read_json_record", "read_jsonl"]
