@@ -94,6 +94,7 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
                     is_disk_full(exc) or getattr(exc, "cause", None) == DISK_FULL):
                 raise
             # Whatever write hit the full disk last (a record, a segment file), the user hears ENOSPC.
+            # (A full cache disk is named where the cache is written, as a DiskFullError of its own.)
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 

@@ -2,7 +2,14 @@
 and reads it, how: `layout.py`), the JSONL records and their one writer and reader, the failover
 event log, the lock that keeps one run per directory, and a full disk said as such.
 """
-from synapse.rundir.disk import DiskFullError, disk_full_error, filesystem_full, is_disk_full, read_json_record
+from synapse.rundir.disk import (
+    DiskFullError,
+    cache_full_error,
+    disk_full_error,
+    filesystem_full,
+    is_disk_full,
+    read_json_record,
+)
 from synapse.rundir.events import EventLog, EventLogError, events_path, read_events
 from synapse.rundir.layout import (
     CHECKPOINT,
@@ -103,6 +110,6 @@ __all__ = ["CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_S
            "SUBMITIT", "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS",
            "SWEEP_REPORT", "SWEEP_REPORT_MARKDOWN", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
            "WORKERS_LOCK", "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared",
-           "cut_torn_tail", "disk_full_error", "entries", "events_path", "filesystem_full",
+           "cache_full_error", "cut_torn_tail", "disk_full_error", "entries", "events_path", "filesystem_full",
            "hold_as_worker", "hold_run_dir", "is_disk_full", "iter_jsonl", "markdown_table", "read_events",
            "read_json_record", "read_jsonl"]
