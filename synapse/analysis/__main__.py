@@ -32,6 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AnalysisError as exc:
             print(f"error: {exc}", file=sys.stderr)
             status = 2
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # a record of the right syntax but the wrong types or shape (a string where a number or a
+            # table belongs, nesting deeper than any Synapse writes): one line, not a stack of pandas frames
+            print(f"error: {directory}: the report was not written: a record there holds a value of the wrong type "
+                  f"or shape ({type(exc).__name__}: {str(exc)[:300]}). Fix: repair or remove the damaged record "
+                  f"(failover_events.jsonl, performance.jsonl, metrics.jsonl or a summary .json), then rerun",
+                  file=sys.stderr)
+            status = 2
     return status
 
 
