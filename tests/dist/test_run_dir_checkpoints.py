@@ -1,4 +1,4 @@
-"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4 and 6).
+"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4, 5 and 6).
 
 One real run (two CPU pipeline ranks under the failover supervisor, 10 steps of a 15-step schedule, a checkpoint every
 5, ``checkpoint.keep=2``) leaves steps 5 and 10; each test works on its own copy of that
@@ -10,7 +10,9 @@ directory, as a user's next command would:
 * with a flipped byte in the newest checkpoint's ``.metadata``, ``resume=auto`` says so and
   continues from the previous one;
 * with every checkpoint damaged, ``resume=auto`` stops naming each damage and the setting that
-  starts over, instead of training from step 0.
+  starts over, instead of training from step 0;
+* ``resume=auto`` with settings that change what is learned (``kd.T``, ``data.batch_size``) is
+  refused before any work, naming each key with its recorded value.
 """
 from __future__ import annotations
 
@@ -132,3 +134,17 @@ def test_resume_auto_over_only_damaged_checkpoints_is_refused_naming_each(used_d
     assert "no checkpoint yet, starting fresh" not in refused.stdout + refused.stderr
     assert digest(used_dir) == before  # refused by validate: not even config.yaml rewritten
     assert launches(used_dir) == launched
+
+
+def test_a_resume_that_would_learn_with_other_settings_is_refused_before_any_work(used_dir, teacher_file):
+    # issue #33, item 5: was accepted, and distilled at another temperature from the resume step on
+    before, launched = digest(used_dir), launches(used_dir)
+    refused = train_py(used_dir, "resume=auto", "kd.T=2.0", "data.batch_size=8", teacher=teacher_file)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    message = refused.stderr
+    assert (f"synapse: resume: this run would learn with other settings than the run it continues (recorded in "
+            f"{used_dir / 'config.yaml'}): ") in message, message[-3000:]
+    for named in ("kd.T=4.0 (now 2.0)", "data.batch_size=16 (now 8)", "Fix: continue it with the recorded values (",
+                  "or start a new run with the new ones: resume=null in a new run directory"):
+        assert named in message, message[-3000:]
+    assert digest(used_dir) == before and launches(used_dir) == launched
