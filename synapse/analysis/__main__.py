@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from synapse.analysis.files import AnalysisError
 from synapse.analysis.report import write_report
-from synapse.rundir import REPORT, REPORT_MARKDOWN
+from synapse.rundir import EVENTS, METRICS, PERFORMANCE, REPORT, REPORT_MARKDOWN
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # table belongs, nesting deeper than any Synapse writes): one line, not a stack of pandas frames
             print(f"error: {directory}: the report was not written: a record there holds a value of the wrong type "
                   f"or shape ({type(exc).__name__}: {str(exc)[:300]}). Fix: repair or remove the damaged record "
-                  f"(failover_events.jsonl, performance.jsonl, metrics.jsonl or a summary .json), then rerun",
+                  f"({EVENTS.name()}, {PERFORMANCE.name()}, {METRICS.name()} or a summary .json), then rerun",
                   file=sys.stderr)
             status = 2
     return status

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from synapse.analysis.files import AnalysisError
 from synapse.analysis.report import write_report
 from synapse.analysis.sweep import failed_jobs, job_dirs
+from synapse.rundir import LOG
 
 
 class SweepReport(Callback):
@@ -37,6 +38,6 @@ class SweepReport(Callback):
             # every job ran; the exit status still says that some failed (Hydra's sweeper would have raised)
             listed = "; ".join(f"job {job}: {error[:300]}" for job, error in failed)
             print(f"sweep: {len(failed)} of {len(job_dirs(sweep_dir))} jobs failed ({listed}); every other job ran to "
-                  f"its end. Each failed job's error is in the report's job table and in its folder's train.log",
+                  f"its end. Each failed job's error is in the report's job table and in its folder's {LOG.template}",
                   file=sys.stderr, flush=True)
             raise SystemExit(1)  # Hydra lets a SystemExit through its callbacks (other exceptions become warnings)

@@ -29,7 +29,7 @@ MAY_CHANGE: dict[str, str] = {
     "resume": "which checkpoint to continue from",
     "run_dir": "where the run's files go (resume=<checkpoint> into a new directory)",
     "cache_dir": "where trained teachers and profiles are cached",
-    "report": "whether report.md is drawn at the end",
+    "report": "whether the report is drawn at the end",
     "trainer.accelerator": "the devices it runs on",
     "trainer.devices": "the devices it runs on (the pipeline's cuts are placement, not learning)",
     "trainer.spare_devices": "the devices it runs on",
