@@ -1,7 +1,6 @@
 """Markdown tables from DataFrames (no extra dependency: pandas' to_markdown needs tabulate)."""
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +19,9 @@ def cell(value: Any, digits: int | None = None) -> str:
 def escape(text: str) -> str:
     """Text from records (an error, a cause, a reason: anything a damaged or planted record may hold) as inert
     Markdown: no HTML (a ``<script>``), no link or image (``[x](javascript:...)``), no table cell or row broken."""
-    text = html.escape(text.replace("\\", "\\\\"), quote=False)  # a backslash first: it must not escape ours
+    # A backslash first (it must not escape ours); then "&" and "<", which are all a tag or an entity
+    # needs ("&gt;=" in a message would only be harder to read)
+    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;")
     return text.replace("[", "\\[").replace("]", "\\]").replace("|", "\\|").replace("\n", " ")
 
 
