@@ -278,7 +278,9 @@ def validate_steps_within_run(cfg: DictConfig) -> None:
         step = fault.get(key)
         if isinstance(step, int) and step > total:
             fail(f"injection.faults[{i}].{key}", f"{step} is beyond the run's last step {total} ({why}): the "
-                 f"{fault.get('kind')} fault would never fire", f"choose a step in 1..{total}, or lengthen the run")
+                 f"{fault.get('kind')} fault would never fire",
+                 f"choose a step in 1..{total}, or lengthen the run; or run without injected faults "
+                 f"(injection=none: a shortened demo run keeps the demo's fault)")
     for i, drill in enumerate(drills):
         if drill.step >= total:
             fail(f"failover.drills[{i}].step", f"{drill.step} is not before the run's last step {total} ({why}): a "
