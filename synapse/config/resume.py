@@ -87,7 +87,8 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def shown(value: Any) -> str:
     """A value as an override writes it (``null``, ``true``, ``[2,5,4]``)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+    dumped: str = yaml.safe_dump(value, default_flow_style=True, width=10_000)  # (yaml is untyped: Any)
+    text = dumped.strip().removesuffix("\n...").strip()
     return text.replace(", ", ",") if isinstance(value, (list, dict)) else text
 
 
