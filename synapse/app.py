@@ -7,6 +7,7 @@ it. Modes: distil (kd), profile the blocks, or train a teacher/baseline with lab
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from omegaconf import DictConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from synapse.checkpoint import (
     CheckpointWriteError,
@@ -23,11 +25,20 @@ from synapse.checkpoint import (
     NoIntactCheckpointError,
     check_run_dir_checkpoints,
 )
-from synapse.config import ConfigError, SynapseConfig, config_yaml, num_stages, run_topology, typed_config, validate
+from synapse.config import (
+    ConfigError,
+    SynapseConfig,
+    check_resume_settings,
+    config_yaml,
+    num_stages,
+    run_topology,
+    typed_config,
+    validate,
+)
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
-from synapse.launch import DISK_FULL, launch_pipeline, newest_checkpoint
+from synapse.launch import DISK_FULL, RunInterrupted, launch_pipeline, newest_checkpoint
 from synapse.models import count_blocks
 from synapse.partitioning import StagePlanner
 from synapse.pipeline import LaunchTask
@@ -43,9 +54,17 @@ from synapse.planning import (
 from synapse.rundir import (
     CHECKPOINTS,
     CONFIG,
+    EVENTS,
     PARTITION,
+    PERFORMANCE,
+    PLAN,
     RUN_SUMMARY,
     DiskFullError,
+    EventLog,
+    RecordFileError,
+    RunDirInUseError,
+    RunDirUnusableError,
+    cut_torn_tail,
     disk_full_error,
     hold_run_dir,
     is_disk_full,
@@ -57,11 +76,18 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     """Run the config Hydra ``composed``. ``overrides`` are the command-line overrides that composed it
     (inside ``@hydra.main`` they are read from Hydra); later segments' configs are composed from them."""
     validate(composed)
+    # A resume that would change what the run learns is refused here, before any work (synapse/config/resume.py)
+    resumed = check_resume_settings(composed)
     cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
+        if resumed:
+            log(resumed)
         if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
             check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
+            # A killed run's torn last event would merge with this run's first appended one into a line
+            # no reader can parse; under the lock no other writer is alive to be cut short
+            cut_torn_tail(EVENTS.path(run_dir))
         try:
             return _run_holding(cfg, run_dir, log, overrides)
         except Exception as exc:
@@ -69,6 +95,7 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
                     is_disk_full(exc) or getattr(exc, "cause", None) == DISK_FULL):
                 raise
             # Whatever write hit the full disk last (a record, a segment file), the user hears ENOSPC.
+            # (A full cache disk is named where the cache is written, as a DiskFullError of its own.)
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 
@@ -142,7 +169,13 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
         with supervised_console(run_dir, log, cfg.trainer.progress):
             summary = launch_pipeline(LaunchTask(cfg, partition, microbatches, 0, str(weights), resume), run_dir,
                                       log=log)
-    comparison = compare_plan_with_run(run_dir)
+    try:
+        comparison = compare_plan_with_run(run_dir)
+    except (RecordFileError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # an informational line: records it cannot read must not fail a run that trained to its end
+        comparison = None
+        log(f"planner: comparison of the plan with the run skipped: {PERFORMANCE.path(run_dir)} or "
+            f"{PLAN.path(run_dir)} holds a record it cannot read ({type(exc).__name__}: {exc})"[:600])
     if comparison:
         log(f"planner: predicted step {comparison['predicted_step_s'] * 1e3:.1f} ms, measured "
             f"{comparison['measured_step_s'] * 1e3:.1f} ms ({comparison['step_error']:+.0%}, uncalibrated)")
@@ -190,12 +223,68 @@ def run_profile_mode(cfg: SynapseConfig, log: Callable[[str], None]) -> dict[str
     return {"teacher_profile": str(paths.teacher), "student_profile": str(paths.student)}
 
 
+class HoldRunDir(Callback):
+    """Hydra callback (``hydra.callbacks.run_dir_lock``): take the run directory's lock before Hydra
+    writes into it. Hydra writes ``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml`` and opens
+    ``train.log`` before the job starts, so a second run refused by the lock in ``run`` had already
+    overwritten the running run's records and appended to its log; and a directory that cannot be
+    written failed in Hydra with a raw ``OSError``. ``run`` takes the same lock again (re-entrant
+    within the process). A multirun's job folders are Hydra's own fresh ones: ``run`` holds those."""
+
+    def __init__(self) -> None:
+        self._held = contextlib.ExitStack()
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        node_rank = OmegaConf.select(config, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
+        try:
+            self._held.enter_context(hold_run_dir(run_dir, node_rank if isinstance(node_rank, int) else 0))
+        except (RunDirInUseError, RunDirUnusableError) as exc:
+            # Hydra turns a callback's exception into a warning and goes on; a SystemExit it lets through
+            print(f"synapse: {type(exc).__name__}: {exc}", file=sys.stderr)
+            raise SystemExit(2 if isinstance(exc, RunDirUnusableError) else 1) from None
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._held.close()
+
+
 def _hydra_entry(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    log = logging.getLogger("synapse")  # the console and <run dir>/train.log
+    # In a sweep one job's failure must not end the others: Hydra's basic sweeper raises the first
+    # failed job's error once the batch is done, before the sweep report's end-of-sweep hook, and a
+    # SystemExit ends the sweep at once. So a failed job is said, recorded in its folder (the sweep
+    # report marks it with its error) and returns; the sweep's exit status says that jobs failed.
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        run(cfg, log=logging.getLogger("synapse").info)  # the console and <run dir>/train.log
+        run(cfg, log=log.info)
     except (ConfigError, *REFUSED_BEFORE_WORK) as exc:  # one clear line (it names the problem and the fix), no stack
-        print(f"synapse: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        print(f"synapse: {f'job {HydraConfig.get().job.num}: ' if in_sweep else ''}{exc}", file=sys.stderr)
+        if not in_sweep:
+            raise SystemExit(2) from None
+        _record_failed_job(cfg, exc)
+    except RunInterrupted:
+        raise  # Ctrl-C or SIGTERM stops the sweep, not only this job
+    except Exception as exc:
+        if not in_sweep:
+            raise
+        log.exception(f"synapse: job {HydraConfig.get().job.num} failed; the sweep goes on with the next job")
+        _record_failed_job(cfg, exc)
+
+
+def _record_failed_job(cfg: DictConfig, error: Exception) -> None:
+    """A ``run_failed`` event in the job's folder, for the sweep report. Only under the folder's
+    lock: a job refused because another run holds the folder must not write into that run's log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    node_rank = OmegaConf.select(cfg, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
+    with contextlib.suppress(RunDirInUseError, RunDirUnusableError, OSError):
+        with hold_run_dir(job_dir, node_rank if isinstance(node_rank, int) else 0):
+            EventLog(EVENTS.path(job_dir), source="supervisor").append(
+                "run_failed", error=f"{type(error).__name__}: {error}"[:2000])
 
 
 # A run directory or checkpoint this run cannot use, refused before any work starts: like a bad

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from synapse.analysis.files import AnalysisError
 from synapse.analysis.report import write_report
-from synapse.rundir import REPORT, REPORT_MARKDOWN
+from synapse.rundir import EVENTS, METRICS, PERFORMANCE, REPORT, REPORT_MARKDOWN
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -31,6 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"report: {write_report(directory, formats)}")
         except AnalysisError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            status = 2
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            # a record of the right syntax but the wrong types or shape (a string where a number or a
+            # table belongs, nesting deeper than any Synapse writes): one line, not a stack of pandas frames
+            print(f"error: {directory}: the report was not written: a record there holds a value of the wrong type "
+                  f"or shape ({type(exc).__name__}: {str(exc)[:300]}). Fix: repair or remove the damaged record "
+                  f"({EVENTS.name()}, {PERFORMANCE.name()}, {METRICS.name()} or a summary .json), then rerun",
+                  file=sys.stderr)
             status = 2
     return status
 

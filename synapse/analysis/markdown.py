@@ -12,7 +12,20 @@ MISSING = "–"
 
 def cell(value: Any, digits: int | None = None) -> str:
     """One table cell: numbers rounded (``digits`` decimals, else 1 from 100, 2 from 1, 3 significant digits below),
-    sequences joined, missing values as a dash, pipes escaped."""
+    sequences joined, missing values as a dash; text made inert (``escape``)."""
+    return escape(_formatted(value, digits))
+
+
+def escape(text: str) -> str:
+    """Text from records (an error, a cause, a reason: anything a damaged or planted record may hold) as inert
+    Markdown: no HTML (a ``<script>``), no link or image (``[x](javascript:...)``), no table cell or row broken."""
+    # A backslash first (it must not escape ours); then "&" and "<", which are all a tag or an entity
+    # needs ("&gt;=" in a message would only be harder to read)
+    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;")
+    return text.replace("[", "\\[").replace("]", "\\]").replace("|", "\\|").replace("\n", " ")
+
+
+def _formatted(value: Any, digits: int | None) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return MISSING
     if isinstance(value, bool):
@@ -20,10 +33,10 @@ def cell(value: Any, digits: int | None = None) -> str:
     if isinstance(value, float):
         return _number(value, digits)
     if isinstance(value, (list, tuple)):
-        return ",".join(cell(v, digits) for v in value) or MISSING
+        return ",".join(_formatted(v, digits) for v in value) or MISSING
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {cell(v, digits)}" for k, v in value.items()) or MISSING
-    return str(value).replace("|", "\\|").replace("\n", " ")
+        return ", ".join(f"{k}: {_formatted(v, digits)}" for k, v in value.items()) or MISSING
+    return str(value)
 
 
 def _number(value: float, digits: int | None) -> str:
@@ -61,4 +74,6 @@ def markdown_table(df: pd.DataFrame, columns: Mapping[str, str] | Sequence[str] 
 
 def key_value_table(items: Mapping[str, Any], digits: int | None = None) -> str:
     """A two-column table (what, value) of ``items``."""
-    return markdown_table(pd.DataFrame({"what": list(items), "value": [cell(v, digits) for v in items.values()]}))
+    # formatted here (digits), escaped once by markdown_table
+    return markdown_table(pd.DataFrame({"what": list(items),
+                                        "value": [_formatted(v, digits) for v in items.values()]}))

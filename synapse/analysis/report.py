@@ -27,7 +27,7 @@ from synapse.analysis.figures_predictions import plot_decision_etas, plot_plan_v
 from synapse.analysis.figures_sweep import plot_regret, plot_sweep
 from synapse.analysis.files import read_yaml
 from synapse.analysis.load import Run, load_run
-from synapse.analysis.markdown import key_value_table, markdown_table
+from synapse.analysis.markdown import escape, key_value_table, markdown_table
 from synapse.analysis.style import FORMATS, NoDataError, save_figure
 from synapse.analysis.sweep import load_sweep
 from synapse.analysis.tables import RESTART_COMPONENTS
@@ -71,7 +71,7 @@ class FigureSet:
             links = " · ".join(f"[{fmt.upper()}]({name}.{fmt})" for fmt in self.formats)
             lines += [f"### {caption}", "", f"![{caption}]({name}.{self.formats[0]})", "", links, ""]
         for name, reason in self.missing.items():
-            lines.append(f"- `{name}` not drawn: {reason}")
+            lines.append(f"- `{name}` not drawn: {escape(reason)}")  # the reason may quote a record
         return "\n".join(lines)
 
 

@@ -107,12 +107,23 @@ def _is_policy_key(key: str) -> bool:
 
 
 def job_outcome(job: Path) -> dict[str, Any]:
-    """The friendly columns of one job; ``status`` says 'finished', 'incomplete' or why it is unreadable."""
+    """The friendly columns of one job; ``status`` says 'finished', 'incomplete', 'failed: <its error>'
+    or why it is unreadable."""
     try:
         run = load_run(job)
     except files.AnalysisError as exc:
         return {"job": int(job.name), "path": str(job), "status": f"unreadable: {exc}"}
-    return {"job": int(job.name), "path": str(job), **run_outcome(run)}
+    outcome = {"job": int(job.name), "path": str(job), **run_outcome(run)}
+    failed = run.events[run.events["event"] == "run_failed"] if "event" in run.events else run.events.iloc[:0]
+    if outcome["status"] != "finished" and len(failed):  # the error that ended it (synapse.app records it)
+        outcome["status"] = f"failed: {failed['error'].iloc[-1]}"
+    return outcome
+
+
+def failed_jobs(sweep_dir: str | Path) -> list[tuple[int, str]]:
+    """(job, error) of each job of a sweep that ended in an error."""
+    outcomes = (job_outcome(job) for job in job_dirs(sweep_dir))
+    return [(o["job"], o["status"].removeprefix("failed: ")) for o in outcomes if str(o["status"]).startswith("failed")]
 
 
 def run_outcome(run: Run) -> dict[str, Any]:

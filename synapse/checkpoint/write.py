@@ -99,7 +99,8 @@ def save_tensor_file(obj: Any, path: Path) -> None:
         raise NonFiniteCheckpointError(
             f"refusing to write {path}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
             f"checkpoint with non-finite values is ever written, so the newest intact one in {path.parent.parent} "
-            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
+            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps) in a new run (resume=null in a new "
+            f"run directory: a resumed run keeps the learning settings of the run it continues)")
     writer = None
     try:
         with open(path, "wb") as f:

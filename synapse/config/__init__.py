@@ -9,6 +9,7 @@ own slice of it, and nothing changes it after validation.
 """
 from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology
 from synapse.config.errors import ConfigError
+from synapse.config.resume import MAY_CHANGE, check_resume_settings
 from synapse.config.schema import (
     MODES,
     NONFINITE_POLICIES,
@@ -68,10 +69,12 @@ from synapse.config.validation import validate
 
 __all__ = ["Accelerator", "as_node", "CheckpointConfig", "Choice", "ConfigError", "DataConfig", "DataName", "Decode",
            "DrillAction", "DrillConfig", "ExperimentConfig", "FailoverConfig", "FaultSettings", "HostRead",
-           "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MODES", "Mode", "MonitorConfig",
+           "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MAY_CHANGE", "MODES", "Mode",
+           "MonitorConfig",
            "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig", "OptimizerName",
            "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig", "PolicyName",
-           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName", "TrainerConfig",
-           "UnsupportedTorchError", "config_dict", "config_from_yaml", "config_yaml", "default_cache_dir",
+           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
+           "TrainerConfig", "UnsupportedTorchError", "check_resume_settings", "config_dict", "config_from_yaml",
+           "config_yaml", "default_cache_dir",
            "hydra_node", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
            "resolve_devices", "run_topology", "torch_version", "typed_config", "validate", "with_settings"]

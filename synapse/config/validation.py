@@ -5,12 +5,14 @@ A temperature <= 0, a model name we do not know, a GPU id that does not exist: e
 
 1. the whole tree: no key outside the schema, no NaN or inf anywhere (free-form dicts
    included; NaN passes every range check, so this comes first);
-2. the range checks of the models, data, KD, optimizer, trainer, pipeline and partition groups;
+2. the range checks of the models, data, KD, optimizer, trainer, pipeline and partition groups
+   (and every float's sane range, ``synapse/config/ranges.py``, after step 3's own checks);
 3. the fault-tolerance groups (injection, the health monitor, failover: detector, estimator,
    policy, drills, restart costs; spare devices), each checked by the component that owns it
    (fault specs, `HealthSettings`, `DetectorConfig`, `EstimatorConfig`, the policies), built
    once here with its errors turned into ``ConfigError``;
-4. the config against the models, data and files it names: block counts per stage,
+4. the config against the schedule, models, data and files it names: faults and drills inside
+   the run's steps, a writable cache, block counts per stage,
    micro-batches BatchNorm cannot train on, weight files and the checkpoint to resume from.
    The models are built on the meta device (shapes only: no memory, no compute).
 """
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
 from synapse.config.errors import fail, finite, positive
+from synapse.config.ranges import check_float_ranges
 from synapse.config.supported_torch import require_supported_torch
 from synapse.rundir import CHECKPOINTS
 
@@ -244,6 +247,63 @@ def validate_failover(cfg: DictConfig) -> None:
         check_gpu_ids(spares)
 
 
+def schedule_steps(cfg: DictConfig) -> tuple[int, str] | None:
+    """The run's length in optimizer steps and how it follows from the config (for messages), or
+    None where only reading the data set's files would tell (imagenet100 without trainer.max_steps)."""
+    trainer = cfg.trainer
+    if trainer.max_steps is not None:
+        return int(trainer.max_steps), f"trainer.max_steps={trainer.max_steps}"
+    from synapse.data import train_samples
+
+    samples = train_samples(cfg.data)
+    if samples is None:
+        return None
+    per_epoch = samples // cfg.data.batch_size  # the sampler drops the last partial batch
+    return trainer.epochs * per_epoch, (f"trainer.epochs={trainer.epochs} x {per_epoch} steps of data.batch_size="
+                                        f"{cfg.data.batch_size} over {samples} training samples")
+
+
+def validate_steps_within_run(cfg: DictConfig) -> None:
+    """Injected faults and fire drills at steps the run never reaches were accepted and never fired:
+    a test or a drill that silently did nothing. Each must fall inside the schedule."""
+    faults, drills = list(cfg.injection.faults), list(cfg.failover.drills) if cfg.mode == "kd" else []
+    if cfg.mode == "profile" or not (faults or drills):
+        return
+    length = schedule_steps(cfg)
+    if length is None or length[0] < 1:
+        return  # an empty schedule is refused where it is run; imagenet100's length needs its files
+    total, why = length
+    for i, fault in enumerate(faults):
+        key = "start" if fault.get("start") is not None else "step"
+        step = fault.get(key)
+        if isinstance(step, int) and step > total:
+            fail(f"injection.faults[{i}].{key}", f"{step} is beyond the run's last step {total} ({why}): the "
+                 f"{fault.get('kind')} fault would never fire",
+                 f"choose a step in 1..{total}, or lengthen the run; or run without injected faults "
+                 f"(injection=none: a shortened demo run keeps the demo's fault)")
+    for i, drill in enumerate(drills):
+        if drill.step >= total:
+            fail(f"failover.drills[{i}].step", f"{drill.step} is not before the run's last step {total} ({why}): a "
+                 f"drill acts after its step, and after the last one nothing is left to run",
+                 f"choose a step in 1..{total - 1}, or lengthen the run")
+
+
+def validate_cache_dir(cfg: DictConfig) -> None:
+    """The cache (trained teachers, block profiles) must be writable: found here, not as a raw
+    OSError from the first process that writes there after minutes of work."""
+    import tempfile
+
+    path = Path(cfg.cache_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".synapse-write-check-"):
+            pass
+    except OSError as exc:
+        fail("cache_dir", f"{path} cannot be written ({exc.strerror or exc}: {exc.filename or path}); trained "
+             f"teachers and block profiles are cached there", "point SYNAPSE_CACHE (or cache_dir=...) at a writable "
+             "directory")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value that types cannot; raise ConfigError before any work starts."""
     require_supported_torch()
@@ -259,8 +319,12 @@ def validate(cfg: DictConfig) -> None:
     validate_injection(cfg)
     validate_monitor(cfg)
     validate_failover(cfg)
+    # after the components' own checks (their messages for a value below its bound stay theirs)
+    check_float_ranges(_plain(cfg))
     positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     positive("checkpoint.keep", cfg.checkpoint.keep)
+    validate_steps_within_run(cfg)
+    validate_cache_dir(cfg)
     validate_block_counts(cfg)
     validate_single_sample_batch_norm(cfg)
     validate_weight_files(cfg)

@@ -23,6 +23,7 @@ from synapse.data.registry import (
     dataset_info,
     dataset_lazy_imports,
     dataset_names,
+    train_samples,
 )
 from synapse.data.sampler import BatchIndexSampler, IndexBatch, ResumableSampler, epoch_batches, iterate_batches
 from synapse.data.seeding import derive_seed, seeded_generator
@@ -35,4 +36,4 @@ __all__ = ["BadSample", "BatchIndexSampler", "CROP_ATTEMPTS", "CropDraw", "DataE
            "crop_box", "data_kwargs", "dataset_info", "dataset_lazy_imports", "dataset_names", "decode_cpu",
            "derive_seed", "device_decodable", "digits_split_indices", "draw_train_crop", "epoch_batches",
            "imagenet100_synsets", "iterate_batches", "jpeg_frame", "normalize_uint8", "read_bytes", "resized_crop",
-           "resized_crops", "seeded_generator", "translate"]
+           "resized_crops", "seeded_generator", "train_samples", "translate"]

@@ -121,6 +121,19 @@ def data_kwargs(data: DataSettings, seed: int, split: str | None = None) -> dict
     return kwargs
 
 
+def train_samples(data: DataSettings) -> int | None:
+    """How many training samples the configured data set holds, found without loading any image;
+    None where only reading its files would tell (imagenet100). What a run's schedule length, and
+    so a check of steps against it before any work, is computed from."""
+    if data.name == "digits":
+        from synapse.data.digits import digits_split_indices
+
+        return len(digits_split_indices("train"))
+    if data.name == "synthetic":
+        return int(data.synthetic_train_size)
+    return None
+
+
 def build_datasets(data: DataSettings, seed: int) -> tuple[EpochDataset, EpochDataset]:
     return (build_dataset(data.name, "train", **data_kwargs(data, seed, "train")),
             build_dataset(data.name, "val", **data_kwargs(data, seed, "val")))

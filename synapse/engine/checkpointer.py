@@ -296,7 +296,8 @@ def _refuse_nonfinite(staged: Mapping[str, Any], tmp: Path) -> None:
         raise ckpt.NonFiniteCheckpointError(
             f"refusing to commit {tmp}: tensor {bad!r} holds NaN or infinite values (training diverged); no "
             f"checkpoint with non-finite values is ever committed, so the newest intact one in {tmp.parent} "
-            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps), then resume=auto from it")
+            f"stays the newest. Fix: lower optim.lr (or raise optim.warmup_steps) in a new run (resume=null in a new "
+            f"run directory: a resumed run keeps the learning settings of the run it continues)")
 
 
 def _write_failure(tmp: Path, exc: BaseException) -> BaseException:

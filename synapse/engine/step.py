@@ -34,9 +34,10 @@ class NonFiniteLossError(FloatingPointError):
         self.step, self.loss = step, loss
         super().__init__(
             f"step {step}: the loss is {loss} (trainer.nonfinite=stop); the run stops before any checkpoint "
-            f"holds this step, so every checkpoint has only finite steps. Fix: lower optim.lr (or use "
-            f"optim.warmup_steps), check the data and the teacher, or set trainer.nonfinite=skip to drop such "
-            f"steps; then continue with resume=auto")
+            f"holds this step, so every checkpoint has only finite steps. Fix: set trainer.nonfinite=skip to drop "
+            f"such steps and continue with resume=auto; or check the data and the teacher, and lower optim.lr (or "
+            f"use optim.warmup_steps) in a new run (resume=null in a new run directory: a resumed run keeps the "
+            f"learning settings of the run it continues)")
 
 
 class NonFiniteGuard:

@@ -28,7 +28,7 @@ from synapse.config import (
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine.device import ComputeSetup
 from synapse.engine.trainer import build_trainer, load_teacher
-from synapse.rundir import MODEL, TEACHER_TRAINING
+from synapse.rundir import MODEL, TEACHER_TRAINING, cache_full_error, is_disk_full
 
 
 def teacher_cache_key(cfg: SynapseConfig) -> str:
@@ -76,8 +76,14 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
                                     lambda line: log(f"teacher {cfg.teacher.name} (training on labels): {line}"))
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp-{os.getpid()}")
-        shutil.copyfile(weights, tmp)
-        os.replace(tmp, cached)  # atomic: a concurrent run never reads half a file
+        try:
+            shutil.copyfile(weights, tmp)
+            os.replace(tmp, cached)  # atomic: a concurrent run never reads half a file
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)  # a full cache disk must not keep a partial (or 0-byte) copy
+            if is_disk_full(exc):  # the cache's disk, named as such (not the run directory's)
+                raise cache_full_error(Path(cfg.cache_dir), f"caching the trained teacher as {cached}") from exc
+            raise
     return cached
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from synapse.profiling.profiler import Log, run_profile
 from synapse.profiling.request import ProfileRequest, cache_key, device_name, resolve_device, resolve_precision
 from synapse.profiling.result import ProfileResult, load_result, save_result
+from synapse.rundir import cache_full_error, is_disk_full
 
 PROFILES_SUBDIR = "profiles"
 
@@ -31,7 +32,12 @@ def get_or_profile(request: ProfileRequest, cache_dir: str | Path, refresh: bool
             log(f"{request.model_name} ({request.role}): cached profile {path}")
         return load_result(path), path
     result = run_profile(request, log)
-    save_result(result, path)
+    try:
+        save_result(result, path)  # staged in a scratch folder that goes with it: nothing partial stays
+    except OSError as exc:
+        if is_disk_full(exc):  # the cache's disk, named as such (not the run directory's)
+            raise cache_full_error(Path(cache_dir), f"caching the profile {path}") from exc
+        raise
     if log:
         log(f"{request.model_name} ({request.role}): profile written to {path}")
     return result, path

@@ -3,7 +3,14 @@ and reads it, how: `layout.py`), the JSONL records and their one writer and read
 event log, the lock that keeps one run per directory, a full disk said as such, and the run's key
 that seals what its processes say to each other over a store (`sealed.py`).
 """
-from synapse.rundir.disk import DiskFullError, disk_full_error, filesystem_full, is_disk_full, read_json_record
+from synapse.rundir.disk import (
+    DiskFullError,
+    cache_full_error,
+    disk_full_error,
+    filesystem_full,
+    is_disk_full,
+    read_json_record,
+)
 from synapse.rundir.events import EventLog, EventLogError, events_path, read_events
 from synapse.rundir.layout import (
     CHECKPOINT,
@@ -83,7 +90,15 @@ from synapse.rundir.layout import (
     markdown_table,
 )
 from synapse.rundir.lock import RunDirInUseError, RunDirUnusableError, hold_as_worker, hold_run_dir
-from synapse.rundir.records import JsonlTail, JsonlWriter, NullWriter, RecordFileError, iter_jsonl, read_jsonl
+from synapse.rundir.records import (
+    JsonlTail,
+    JsonlWriter,
+    NullWriter,
+    RecordFileError,
+    cut_torn_tail,
+    iter_jsonl,
+    read_jsonl,
+)
 from synapse.rundir.sealed import (
     ABSENT,
     ForeignRecordError,
@@ -109,6 +124,6 @@ __all__ = ["ABSENT", "CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CH
            "SUBMITIT_LOG", "SUPERVISOR_LOCK", "SWEEP", "SWEEP_FIGURE", "SWEEP_JOB", "SWEEP_JOBS", "SWEEP_REPORT",
            "SWEEP_REPORT_MARKDOWN", "SealedStore", "TEACHER_TRAINING", "TENSORBOARD", "TENSORBOARD_EVENTS",
            "WORKERS_LOCK", "WORKER_LOGS", "WORKER_RANK_LOGS", "WORKER_STDERR", "WORKER_STDOUT", "declared",
-           "derived_id", "disk_full_error", "entries", "events_path", "filesystem_full", "hold_as_worker",
-           "hold_run_dir", "is_disk_full", "iter_jsonl", "markdown_table", "open_bytes", "read_events",
-           "read_json_record", "read_jsonl", "run_key", "seal_bytes"]
+           "cache_full_error", "cut_torn_tail", "derived_id", "disk_full_error", "entries", "events_path",
+           "filesystem_full", "hold_as_worker", "hold_run_dir", "is_disk_full", "iter_jsonl", "markdown_table",
+           "open_bytes", "read_events", "read_json_record", "read_jsonl", "run_key", "seal_bytes"]

@@ -49,6 +49,16 @@ def disk_full_error(run_dir: Path, newest_checkpoint: Path | None, detail: str =
                          f"run_dir to another disk), then continue with resume=auto")
 
 
+def cache_full_error(cache_dir: Path, detail: str = "") -> DiskFullError:
+    """The disk of the cache (trained teachers, block profiles), not the run directory's, is full:
+    the fix is elsewhere (SYNAPSE_CACHE), and freeing the run directory's disk would not help. The
+    cache is written before the first launch, so nothing trained in this run is lost."""
+    return DiskFullError(errno.ENOSPC, f"No space left on device: the disk holding the cache {cache_dir} (trained "
+                         f"teachers, block profiles) is full{f' ({detail})' if detail else ''}, not the run "
+                         f"directory's. Fix: free space on that filesystem, or point SYNAPSE_CACHE (or cache_dir=...) "
+                         f"at another disk; then rerun the same command")
+
+
 def read_json_record(path: Path) -> dict | None:
     """A JSON record another process wrote, or None if it is empty or cut short (its writer ran out
     of disk, or died while writing)."""

@@ -60,9 +60,24 @@ def _holder(path: Path) -> dict:
         return {}
 
 
+# (run directory, node rank) -> how many holds of it this process has open. Taken first by the
+# process's entry (before Hydra writes .hydra/ and train.log into it), then again by the run itself:
+# a second flock from the same process would conflict with the first, so a nested hold only counts.
+_HELD: dict[tuple[Path, int], int] = {}
+
+
 @contextlib.contextmanager
 def hold_run_dir(run_dir: Path, node_rank: int = 0) -> Iterator[None]:
-    """Hold the run directory for this supervisor; ``RunDirInUseError`` if another run holds it."""
+    """Hold the run directory for this supervisor; ``RunDirInUseError`` if another run holds it.
+    Re-entrant within a process: a hold inside a hold of the same directory is the outer one's."""
+    key = (Path(run_dir).resolve(), node_rank)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
     supervisor_lock, workers_lock = lock_paths(run_dir, node_rank)
     try:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -85,7 +100,11 @@ def hold_run_dir(run_dir: Path, node_rank: int = 0) -> Iterator[None]:
         handle.truncate()
         handle.write(json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
         handle.flush()
-        yield
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
     finally:
         handle.close()  # closing drops the flock
 

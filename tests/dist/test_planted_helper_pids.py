@@ -3,7 +3,7 @@ fork server the workers are forked from, multiprocessing's resource tracker) or 
 itself. Those pids are alive and the supervisor's, but no worker: judged as workers, they "hung"
 (their step never moves), the teardown SIGKILLed them and a healthy device was dropped. Now they
 are "not ours": the run trains on untouched. A real ``python train.py``; a row of
-docs/reliability.md ("Outside round three") names this test.
+docs/reliability.md ("Stores, pids and signals") names this test.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4 and 6).
+"""A run directory's checkpoints in real ``python train.py`` runs (issue #33, items 4, 5 and 6).
 
-One real run (two CPU pipeline ranks under the failover supervisor, 10 steps, a checkpoint every
+One real run (two CPU pipeline ranks under the failover supervisor, 10 steps of a 15-step schedule, a checkpoint every
 5, ``checkpoint.keep=2``) leaves steps 5 and 10; each test works on its own copy of that
 directory, as a user's next command would:
 
@@ -10,7 +10,9 @@ directory, as a user's next command would:
 * with a flipped byte in the newest checkpoint's ``.metadata``, ``resume=auto`` says so and
   continues from the previous one;
 * with every checkpoint damaged, ``resume=auto`` stops naming each damage and the setting that
-  starts over, instead of training from step 0.
+  starts over, instead of training from step 0;
+* ``resume=auto`` with settings that change what is learned (``kd.T``, ``data.batch_size``) is
+  refused before any work, naming each key with its recorded value.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_py(run_dir: Path, *extra: str, teacher: Path) -> subprocess.CompletedProcess:
-    args = [*BASE_OVERRIDES, "trainer.devices=2", "trainer.max_steps=10", "checkpoint.every=5", "checkpoint.keep=2",
+    # 15 steps, of which the earlier run trains 10 (trainer.stop_after): a resume continues the same
+    # schedule, since one that changed trainer.max_steps would learn on another LR schedule (refused)
+    args = [*BASE_OVERRIDES, "trainer.devices=2", "trainer.max_steps=15", "checkpoint.every=5", "checkpoint.keep=2",
             "report=false", f"teacher.checkpoint={teacher}", f"run_dir={run_dir}",
             f"hydra.run.dir={run_dir.parent / (run_dir.name + '.hydra')}", *extra]
     return subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *args], cwd=REPO_ROOT, env=repo_env(),
@@ -44,7 +48,7 @@ def train_py(run_dir: Path, *extra: str, teacher: Path) -> subprocess.CompletedP
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory, teacher_file) -> Path:
     run_dir = tmp_path_factory.mktemp("earlier") / "run"
-    done = train_py(run_dir, teacher=teacher_file)
+    done = train_py(run_dir, "trainer.stop_after=10", teacher=teacher_file)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
 
@@ -89,7 +93,7 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
             f"in a new directory (run_dir=<new directory>)") in fresh.stderr, fresh.stderr[-3000:]
     assert digest(used_dir) == before and launches(used_dir) == launched
 
-    continued = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    continued = train_py(used_dir, "resume=auto", teacher=teacher_file)
     assert continued.returncode == 0, continued.stderr[-3000:]
     last = read_segments(used_dir)[-1]
     assert last.start_step == 10 and last.resume == str(used_dir / "checkpoints" / "step_00000010")
@@ -100,7 +104,7 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
 def test_a_flipped_byte_in_the_newest_metadata_resumes_from_the_previous_checkpoint(used_dir, teacher_file):
     newest = used_dir / "checkpoints" / "step_00000010"
     flip_byte(newest / ckpt.dcp_store.METADATA_FILE)
-    resumed = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    resumed = train_py(used_dir, "resume=auto", teacher=teacher_file)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-3000:]  # was: refused as "cannot be read safely"
     assert (f"skipping checkpoint {newest}: {newest}: .metadata is corrupt or truncated (checksum mismatch)"
@@ -118,7 +122,7 @@ def test_resume_auto_over_only_damaged_checkpoints_is_refused_naming_each(used_d
     state = root / "step_00000005" / ckpt.STATE_FILE
     state.write_bytes(state.read_bytes()[:100])
     before, launched = digest(used_dir), launches(used_dir)
-    refused = train_py(used_dir, "resume=auto", "trainer.max_steps=15", teacher=teacher_file)
+    refused = train_py(used_dir, "resume=auto", teacher=teacher_file)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert (f"synapse: resume=auto: none of the 2 checkpoints in {root} is intact, so there is "
             f"nothing to continue from (step_00000010: {root / 'step_00000010'}: .metadata is corrupt or truncated "
@@ -130,3 +134,17 @@ def test_resume_auto_over_only_damaged_checkpoints_is_refused_naming_each(used_d
     assert "no checkpoint yet, starting fresh" not in refused.stdout + refused.stderr
     assert digest(used_dir) == before  # refused by validate: not even config.yaml rewritten
     assert launches(used_dir) == launched
+
+
+def test_a_resume_that_would_learn_with_other_settings_is_refused_before_any_work(used_dir, teacher_file):
+    # issue #33, item 5: was accepted, and distilled at another temperature from the resume step on
+    before, launched = digest(used_dir), launches(used_dir)
+    refused = train_py(used_dir, "resume=auto", "kd.T=2.0", "data.batch_size=8", teacher=teacher_file)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    message = refused.stderr
+    assert (f"synapse: resume: this run would learn with other settings than the run it continues (recorded in "
+            f"{used_dir / 'config.yaml'}): ") in message, message[-3000:]
+    for named in ("kd.T=4.0 (now 2.0)", "data.batch_size=16 (now 8)", "Fix: continue it with the recorded values (",
+                  "or start a new run with the new ones: resume=null in a new run directory"):
+        assert named in message, message[-3000:]
+    assert digest(used_dir) == before and launches(used_dir) == launched

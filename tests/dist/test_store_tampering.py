@@ -8,7 +8,7 @@ and a value that is not is refused before it is parsed or unpickled, logged once
 was refused and where, and a ``store_record_refused`` event): the runs below finish on every device,
 and the marker the pickle would create never appears. The attacker is a real ``TCPStore`` client that
 lists the store's keys (as anyone who reaches the port can) and writes over the run's records.
-Rows of docs/reliability.md ("Outside round three") name these tests.
+Rows of docs/reliability.md ("Stores, pids and signals") name these tests.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ real pseudo-terminal, its controlling terminal. Closing a terminal does two thin
 the shell forwards SIGHUP to every process of its job (``killpg``), and the terminal itself hangs up
 (the pty's master side is closed: the kernel sends SIGHUP, then SIGCONT, to the session leader).
 So the supervisor hears SIGHUP twice, and the workers, the fork server and multiprocessing's
-resource tracker once each. A row of docs/reliability.md ("Outside round three") names this test.
+resource tracker once each. A row of docs/reliability.md ("Stores, pids and signals") names this test.
 """
 from __future__ import annotations
 
