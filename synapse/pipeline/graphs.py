@@ -30,7 +30,7 @@ from torch import nn
 
 from synapse.engine import ForwardReplay, TrainingReplay
 from synapse.models import run_blocks
-from synapse.pipeline.wire import to_wire
+from synapse.pipeline.wire import attach_zero_grad, to_wire
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ class _StudentSlot(nn.Module):
         self.channels_last_wire = channels_last_wire
 
     def forward(self, student_in: torch.Tensor, *teacher_in: torch.Tensor) -> torch.Tensor:
-        from synapse.pipeline.stage import attach_zero_grad  # stage imports this module
-
         if student_in.requires_grad and student_in.is_leaf:
             student_in = student_in.clone()  # an in-place first block may not modify a leaf
         out = run_blocks(list(self.blocks), student_in)

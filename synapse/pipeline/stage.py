@@ -5,12 +5,8 @@ takes (teacher activation, student activation) from stage r-1, or the images on 
 returns both activations for stage r+1. The teacher runs under no_grad in eval mode; on the
 last stage the two outputs are the logits, so the KD loss needs no extra communication.
 
-Versions: torch.distributed.pipelining before 2.13 registers a backward send for *every*
-floating-point tensor a stage receives, and fails with "has gradients None and is expecting
-to send gradients" when the no-grad teacher activation gets no gradient. ``attach_zero_grad``
-gives that input an exact zero gradient without touching the forward values (an identity,
-not ``x + 0 * t``, which would turn an inf in t into NaN). Newer versions skip the send, so
-the zeros are only produced where they are needed.
+Before torch 2.13 the no-grad teacher activation a stage receives must get a gradient (see
+``pipeline.wire.attach_zero_grad``).
 """
 from __future__ import annotations
 
@@ -21,35 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from synapse.config import torch_version
 from synapse.models import run_blocks
-from synapse.pipeline.wire import from_wire, to_wire
+from synapse.pipeline.wire import NO_GRAD_INPUTS_SUPPORTED, attach_zero_grad, from_wire, to_wire
 
-if TYPE_CHECKING:  # for annotations only: graphs imports this module
+if TYPE_CHECKING:  # for annotations only: the runtime sets these on the stage
     from synapse.pipeline.clock import StageClock
     from synapse.pipeline.graphs import StageGraphs
-
-# Oldest release whose pipelining accepts a received input that gets no gradient.
-NO_GRAD_INPUTS_SUPPORTED = torch_version() >= (2, 13)
-
-
-class _AttachZeroGrad(torch.autograd.Function):
-    """Returns ``output`` unchanged; in backward gives ``companion`` a zero gradient."""
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
-        ctx.companion_meta = (companion.shape, companion.dtype, companion.device)
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        shape, dtype, device = ctx.companion_meta
-        return grad_output, torch.zeros(shape, dtype=dtype, device=device)
-
-
-def attach_zero_grad(output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
-    return _AttachZeroGrad.apply(output, companion)
-
 
 class FusedStage(nn.Module):
     """Teacher blocks (forward only) and student blocks (trained) of one pipeline stage."""

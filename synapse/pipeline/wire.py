@@ -12,10 +12,19 @@ copy on either side; the receiver views it back as a channels_last NCHW tensor. 
 the same way, through autograd's permutes. The teacher's activations travel the same way as the
 student's. Everything else (tokens, logits, 4-D tensors when channels_last is off, as on the
 CPU by default) travels as before.
+
+Gradients of received inputs: torch.distributed.pipelining before 2.13 registers a backward send
+for *every* floating-point tensor a stage receives, and fails with "has gradients None and is
+expecting to send gradients" when the no-grad teacher activation gets no gradient.
+``attach_zero_grad`` gives that input an exact zero gradient without touching the forward values
+(an identity, not ``x + 0 * t``, which would turn an inf in t into NaN). Newer versions skip the
+send, so the zeros are only produced where they are needed.
 """
 from __future__ import annotations
 
 import torch
+
+from synapse.config import torch_version
 
 _TO_NHWC = (0, 2, 3, 1)
 _TO_NCHW = (0, 3, 1, 2)
@@ -37,3 +46,25 @@ def from_wire(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
         # not modify a view of a leaf that requires grad. The copy is exact and keeps the layout.
         x = x.clone()
     return x.permute(_TO_NCHW)
+
+
+# Oldest release whose pipelining accepts a received input that gets no gradient.
+NO_GRAD_INPUTS_SUPPORTED = torch_version() >= (2, 13)
+
+
+class _AttachZeroGrad(torch.autograd.Function):
+    """Returns ``output`` unchanged; in backward gives ``companion`` a zero gradient."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
+        ctx.companion_meta = (companion.shape, companion.dtype, companion.device)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        shape, dtype, device = ctx.companion_meta
+        return grad_output, torch.zeros(shape, dtype=dtype, device=device)
+
+
+def attach_zero_grad(output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
+    return _AttachZeroGrad.apply(output, companion)
