@@ -235,6 +235,13 @@ class HoldRunDir(Callback):
         self._held = contextlib.ExitStack()
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A config that will be refused leaves nothing behind, not even the lock's files: refuse it first
+        job = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+        try:
+            validate(job)
+        except ConfigError as exc:
+            print(f"synapse: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
         node_rank = OmegaConf.select(config, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
         try:

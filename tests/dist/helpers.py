@@ -9,9 +9,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import synapse.config  # noqa: F401  (registers the schema)
-from synapse.conf import CONF_DIR as PACKAGE_CONF_DIR
 from synapse.checkpoint import latest_valid_checkpoint, load_student_state
-from synapse.models import build_model
+from synapse.conf import CONF_DIR as PACKAGE_CONF_DIR
 
 CONF_DIR = str(PACKAGE_CONF_DIR)
 

@@ -19,10 +19,21 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
-from synapse.analysis import (NoDataError, decision_outcomes, load_run, load_sweep, plot_decision_etas,
-                              plot_plan_vs_measured, plot_rank_heatmap, plot_regret, plot_sweep, plot_timeline,
-                              policy_regret, write_report)
-from synapse.analysis import SWEEP_METRICS
+from synapse.analysis import (
+    SWEEP_METRICS,
+    NoDataError,
+    decision_outcomes,
+    load_run,
+    load_sweep,
+    plot_decision_etas,
+    plot_plan_vs_measured,
+    plot_rank_heatmap,
+    plot_regret,
+    plot_sweep,
+    plot_timeline,
+    policy_regret,
+    write_report,
+)
 from tests.conftest import REPO_ROOT, run_train_py
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -78,7 +89,8 @@ def test_loaders_on_a_real_failover_run(run):
     assert list(steps["step"]) == list(range(1, STEPS + 1)) and set(steps["attempts"]) == {1}
     first_segment1 = steps[steps["segment"] == 1]["step"].min()
     assert steps[steps["segment"] == 0]["step"].max() < first_segment1
-    assert set(steps[steps["segment"] == 0]["num_devices"]) == {3} and set(steps[steps["segment"] == 1]["num_devices"]) == {2}
+    devices = {segment: set(steps[steps["segment"] == segment]["num_devices"]) for segment in (0, 1)}
+    assert devices == {0: {3}, 1: {2}}
     ranks = run.rank_timings.groupby("segment")["rank"].nunique()
     assert ranks.to_dict() == {0: 3, 1: 2}
     assert {"teacher_fwd", "student_bwd", "compute", "comm"} <= set(run.rank_timings["part"])

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 
-import yaml
-
 import pytest
+import yaml
 
 from synapse.app import run
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from synapse.launch import rank_log_files
-
 from tests.conftest import repo_env
+
 from .helpers import BASE_OVERRIDES
 
 pytestmark = [pytest.mark.dist]

@@ -13,11 +13,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from synapse.failover import compose_segment_config, merge_overrides, read_segment_overrides, read_segments
 from synapse.app import run
-from synapse.rundir import read_events
-
-from synapse.rundir import read_jsonl
+from synapse.failover import compose_segment_config, merge_overrides, read_segment_overrides, read_segments
+from synapse.rundir import read_events, read_jsonl
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 
@@ -57,7 +55,8 @@ def uninterrupted(tmp_path_factory, teacher_file):
     return final_student_state(run_dir)
 
 
-@pytest.mark.parametrize("action, mode, devices_after", [("replan", "live", [0, 1, 2]), ("replan", "restart", [0, 1, 2]),
+@pytest.mark.parametrize("action, mode, devices_after", [("replan", "live", [0, 1, 2]),
+                                                   ("replan", "restart", [0, 1, 2]),
                                                    ("degrade", "restart", [1, 2]), ("replace", "restart", [0, 3, 2])])
 def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_path, teacher_file, uninterrupted,
                                                                          action, mode, devices_after):
@@ -95,7 +94,8 @@ def test_planned_restart_learns_exactly_what_an_uninterrupted_run_learns(tmp_pat
                                               "warmup_s"}
     else:
         saved = read_events(tmp_path / "failover_events.jsonl", "checkpoint_saved")
-        assert "relaunch" not in events and not any(e["for_stop"] for e in saved), "a live re-plan neither stops nor saves"
+        assert "relaunch" not in events and not any(e["for_stop"] for e in saved), \
+            "a live re-plan neither stops nor saves"
         assert [e["step"] for e in saved] == [STEPS], "the only checkpoint is the one at the end of the run"
 
 

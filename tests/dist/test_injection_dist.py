@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from synapse.rundir import read_jsonl
-from synapse.launch import WorkerFailure
 from synapse.app import run
+from synapse.health import HealthMonitor, HealthSettings, kill_live_workers, pid_alive, read_heartbeats
 from synapse.injection import cpu_core_for_rank
-from synapse.rundir import read_events
-from synapse.health import HealthMonitor, HealthSettings
-from synapse.health import read_heartbeats
-from synapse.health import kill_live_workers, pid_alive
+from synapse.launch import WorkerFailure
+from synapse.rundir import read_events, read_jsonl
 
 from .helpers import compose_config
 

@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 
 from synapse.app import run
-from synapse.config import ConfigError, validate
-from synapse.config import typed_config
+from synapse.config import ConfigError, typed_config, validate
 from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import free_port
-from synapse.rundir import read_events
-from synapse.rundir import read_jsonl
+from synapse.rundir import read_events, read_jsonl
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
 
@@ -115,8 +113,8 @@ def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exac
     assert "node 0 (the decider) was lost" in output and "resume=auto" in output, output[-3000:]
     assert "the newest checkpoint is" in output and "checkpoints/step_" in output
     # The documented way on: the survivor alone, as a one-node run, continues from the newest checkpoint.
-    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", f"trainer.max_steps={STEPS}",
-                                 "resume=auto", "report=false", "logger=none"]),
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2",
+                                 f"trainer.max_steps={STEPS}", "resume=auto", "report=false", "logger=none"]),
         log=lambda m: None)
     assert_identical_states(final_student_state(run_dir), reference)
     assert read_segments(run_dir)[-1].devices == [0, 1] and read_segments(run_dir)[-1].outcome == "finished"
@@ -149,10 +147,11 @@ def test_a_node_rank_out_of_range_is_refused_before_anything_starts(tmp_path):
 
 SLOW_STEPS = 40
 # Rank 2 (node 1's first device; the same rank on one node) waits 50 ms in each of its forward
-# and backward tasks from step 10, after the detector's baseline (a fixed delay, not a factor: on a shared 2-core machine a factor
-# of the measured compute follows the load of the moment). A quick detector and an eta policy that
-# acts on any saving, as in test_failover's cascade.
-SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2", "failover.detector.baseline_window=3",
+# and backward tasks from step 10, after the detector's baseline (a fixed delay, not a factor: on a
+# shared 2-core machine a factor of the measured compute follows the load of the moment). A quick
+# detector and an eta policy that acts on any saving, as in test_failover's cascade.
+SLOWDOWN = [f"trainer.max_steps={SLOW_STEPS}", "failover.detector.warmup_steps=2",
+            "failover.detector.baseline_window=3",
             "failover.detector.window=3", "failover.detector.sustain=2", "failover.detector.threshold=1.5",
             "policy.params.min_saving_s=0.0", "policy.params.cooldown_steps=0",
             "injection.faults=[{kind:slow_compute,rank:2,start:10,seconds:0.05}]"]

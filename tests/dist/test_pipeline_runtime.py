@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from synapse.rundir import read_jsonl
-from synapse.launch import WorkerFailure
 from synapse.app import run
+from synapse.launch import WorkerFailure
+from synapse.rundir import read_jsonl
 
 from .helpers import assert_identical_states, compose_config, final_student_state
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -34,19 +33,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
-from torch.distributed.elastic.multiprocessing.errors import (
-    ChildFailedError,
-    ProcessFailure,
-)
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from synapse.app import run
 from synapse.failover import compose_segment_config, read_segments
+from synapse.health import HealthMonitor, HealthSettings, read_heartbeats
 from synapse.launch import elastic, root_cause
+from synapse.pipeline import WAIT_PHASES, write_failure
 from synapse.rundir import read_events
-from synapse.health import HealthMonitor, HealthSettings
-from synapse.health import read_heartbeats
-from synapse.pipeline import WAIT_PHASES
-from synapse.pipeline import write_failure
+from tests.launched_workers import launched_workers
 
 from .fault_sequences import CHECKPOINT_EVERY, STEPS, Sequence, sequences
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
@@ -270,31 +265,25 @@ def test_workers_the_teardown_killed_are_not_blamed_for_the_failure_that_caused_
     # step 8): device 2 was replaced, "died without a word". Rank 0 reported its error and exited,
     # the monitor saw it gone and the teardown SIGKILLed ranks 1 and 2; the monitor then saw those
     # gone too, and as rank 0's own exit does not count against it, the first of them was blamed.
-    # Three real processes stand in for the workers (the teardown signals only its own children).
-    workers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
-    try:
-        for rank, worker in enumerate(workers):
-            write_beat(tmp_path, rank, worker.pid)
+    # Three real processes stand in for the workers (the teardown signals only its own launch's).
+    with launched_workers(3) as workers:
+        for rank, pid in enumerate(workers.pids):
+            write_beat(tmp_path, rank, pid)
         tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
-        workers[0].kill()
-        workers[0].wait(10)
-        first = {"event": "rank_dead", "rank": 0, "pid": workers[0].pid, "hard": True}
+        workers.signal(0)
+        assert workers.wait(0) == -signal.SIGKILL
+        first = {"event": "rank_dead", "rank": 0, "pid": workers.pids[0], "hard": True}
         tear_down(first)
-        assert [w.wait(10) for w in workers[1:]] == [-signal.SIGKILL] * 2, "the teardown kills the live workers"
+        assert [workers.wait(r) for r in (1, 2)] == [-signal.SIGKILL] * 2, "the teardown kills the live workers"
         for rank in (1, 2):
-            tear_down({"event": "rank_dead", "rank": rank, "pid": workers[rank].pid, "hard": True})
+            tear_down({"event": "rank_dead", "rank": rank, "pid": workers.pids[rank], "hard": True})
         assert tear_down.failures == [first]
         cuda = getattr(torch, "AcceleratorError", RuntimeError)("CUDA error: an illegal memory access was encountered")
         write_failure(tmp_path / "failures", 0, cuda)
-        exc = ChildFailedError("worker_main", {0: ProcessFailure(0, workers[0].pid, 1, "/nonexistent")})
+        exc = ChildFailedError("worker_main", {0: ProcessFailure(0, workers.pids[0], 1, "/nonexistent")})
         beats = read_heartbeats(tmp_path)
         failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, tear_down.failures, beats)
         assert failure.rank == 0 and "CUDA error" in failure.cause, failure
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(10)
 
 
 def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
@@ -303,25 +292,24 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
     # agent reaped rank 2 and terminated rank 0 (SIGTERM, no word either); the monitor's next pass
     # found all three gone at once, reported them in rank order, and rank 0 was blamed. Real
     # processes stand in for the workers, a real monitor pass and teardown see them die.
-    workers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
-    try:
-        for rank, worker in enumerate(workers):
-            write_beat(tmp_path, rank, worker.pid)
+    with launched_workers(3) as workers:
+        for rank, pid in enumerate(workers.pids):
+            write_beat(tmp_path, rank, pid)
         tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
         monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.25, hang_timeout_s=10, nvml=False, probe=False),
                                 on_hard_failure=tear_down, log=lambda message: None, since=time.time() - 5)
         monitor.sample_once()  # all alive: the monitor knows them as its own
-        workers[2].kill()
+        workers.signal(2)
         write_failure(tmp_path / "failures", 1, RuntimeError("Read error [127.0.0.1]:60075: Connection reset by peer"))
-        workers[1].kill()
-        workers[0].terminate()
-        assert [w.wait(10) for w in workers] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
+        workers.signal(1)
+        workers.signal(0, signal.SIGTERM)
+        assert [workers.wait(r) for r in (0, 1, 2)] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
         monitor.sample_once()
         assert [e["rank"] for e in tear_down.failures] == [0, 1, 2], "one pass sees all three, in rank order"
         beats = read_heartbeats(tmp_path)
 
         def blamed(agent_reaped: dict, hard_failures: list[dict], progress: dict | None = None) -> int:
-            exc = ChildFailedError("worker_main", {rank: ProcessFailure(rank, workers[rank].pid, code, "/nonexistent")
+            exc = ChildFailedError("worker_main", {rank: ProcessFailure(rank, workers.pids[rank], code, "/nonexistent")
                                                    for rank, code in agent_reaped.items()})
             return root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hard_failures, beats,
                                          progress).rank
@@ -331,15 +319,10 @@ def test_ranks_found_dead_together_blame_the_one_that_died_first(tmp_path):
         # The agent reaped rank 1 first (ready in the same poll, lower rank): of the silent two, the one
         # its board shows in its own work, not the one waiting on a peer; the same when the monitor saw
         # nothing before the launch ended.
-        boards = {0: {"pid": workers[0].pid, "step": 3, "time": time.time(), "phase": "recv"},
-                  2: {"pid": workers[2].pid, "step": 3, "time": time.time(), "phase": "forward"}}
+        boards = {0: {"pid": workers.pids[0], "step": 3, "time": time.time(), "phase": "recv"},
+                  2: {"pid": workers.pids[2], "step": 3, "time": time.time(), "phase": "forward"}}
         assert blamed({1: 1}, tear_down.failures, boards) == 2
         assert blamed({1: 1}, [], boards) == 2
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(10)
 
 
 def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_signal(tmp_path):
@@ -349,38 +332,33 @@ def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_
     # the agent reaped its SIGKILL and terminated rank 0 (SIGTERM, before its peer-loss error was
     # raised), and the monitor reported rank 0 dead, the only hard event left. Real processes and a
     # real monitor pass and teardown.
-    workers = {rank: subprocess.Popen(["sleep", "60"]) for rank in (0, 2)}
-    try:
-        for rank, worker in workers.items():
-            write_beat(tmp_path, rank, worker.pid)
+    with launched_workers(2) as workers:  # ranks 0 and 2 are workers 0 and 1; rank 1 starts later, worker 2
+        worker_of = {0: 0, 2: 1, 1: 2}
+        for rank in (0, 2):
+            write_beat(tmp_path, rank, workers.pids[worker_of[rank]])
         tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
         monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.25, hang_timeout_s=10, nvml=False, probe=False),
                                 on_hard_failure=tear_down, log=lambda message: None, since=time.time() - 5)
         monitor.sample_once()  # ranks 0 and 2 alive: the monitor knows them as its own
-        workers[1] = subprocess.Popen(["sleep", "60"])
-        write_beat(tmp_path, 1, workers[1].pid)
-        workers[1].kill()
-        workers[0].terminate()
+        write_beat(tmp_path, 1, workers.start())
+        workers.signal(worker_of[1])
+        workers.signal(worker_of[0], signal.SIGTERM)
         write_failure(tmp_path / "failures", 2, RuntimeError("Connection closed by peer [127.0.0.1]:416"))
-        workers[2].kill()
-        assert [workers[r].wait(10) for r in (0, 1, 2)] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
+        workers.signal(worker_of[2])
+        assert [workers.wait(worker_of[r]) for r in (0, 1, 2)] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGKILL]
         monitor.sample_once()
         assert [e["rank"] for e in tear_down.failures] == [0, 2], "rank 1 was never seen alive: not reported"
         beats = read_heartbeats(tmp_path)
+        rank_1 = workers.pids[worker_of[1]]
 
         def blamed(killed: set[int]) -> int:
-            reaped = {1: ProcessFailure(1, workers[1].pid, -signal.SIGKILL, "/x")}  # the agent's SIGKILL of rank 1
+            reaped = {1: ProcessFailure(1, rank_1, -signal.SIGKILL, "/x")}  # the agent's SIGKILL of rank 1
             return root_cause.failure_of(tmp_path / "failures", reaped, tmp_path, tear_down.failures, beats,
                                          killed=killed).rank
 
         assert blamed(tear_down.killed) == 1
         # A SIGKILL the teardown itself sent is its consequence, never the cause.
-        assert blamed({workers[1].pid}) == 0
-    finally:
-        for worker in workers.values():
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait(10)
+        assert blamed({rank_1}) == 0
 
 
 class _DiesWhenFormatted(Exception):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RUN, REPO_ROOT, repo_env
+from tests.conftest import REPO_ROOT, TINY_RUN, repo_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -62,8 +62,8 @@ def test_a_run_refused_by_the_lock_leaves_the_running_runs_files_untouched(tmp_p
                                     f"supervisor (pid {holder.pid}"), second.stderr[-3000:]
     assert "Fix:" in second.stderr and "Traceback" not in second.stderr
     after = digest(run_dir)
-    assert after == before, f"the refused run wrote into the running run's directory: {sorted(set(after) ^ set(before))}" \
-                            f" changed: {[k for k in before if after.get(k) != before[k]]}"
+    changed = sorted(set(after) ^ set(before)) + [k for k in before if after.get(k) != before[k]]
+    assert after == before, f"the refused run wrote into the running run's directory: {changed}"
 
 
 def test_a_run_directory_that_cannot_be_written_is_named_with_the_fix(tmp_path):
@@ -72,7 +72,8 @@ def test_a_run_directory_that_cannot_be_written_is_named_with_the_fix(tmp_path):
     result = train_py("hydra.run.dir=/sys")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.startswith("synapse: RunDirUnusableError: run directory /sys cannot be used: Permission "
-                                    "denied (/sys/.synapse.lock). Fix: give a writable directory"), result.stderr[-3000:]
+                                    "denied (/sys/.synapse.lock). Fix: give a writable directory"), \
+        result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "OSError" not in result.stderr
 
 

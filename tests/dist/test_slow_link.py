@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from synapse.failover import read_segments
-from synapse.rundir import read_events
-from synapse.rundir import read_jsonl
+from synapse.rundir import read_events, read_jsonl
 
 from .helpers import assert_identical_states, final_student_state
 from .test_failover import moved_blocks, overrides_for, run_overrides

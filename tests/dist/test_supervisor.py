@@ -45,7 +45,7 @@ from .test_reliability import (  # noqa: F401  (the fixtures apply here too; no_
 pytestmark = [pytest.mark.dist]
 
 
-# ---------------------------------------------------------------- signals: Ctrl-C, SIGTERM, and SIGKILL of the supervisor alone
+# ------------------------------------------------ signals: Ctrl-C, SIGTERM, and SIGKILL of the supervisor alone
 def wait_for_step(run_dir: Path, proc, step: int, timeout: float = 200) -> None:
     wait_until(lambda: steps_done(run_dir) >= step, proc, timeout, f"step {step}")
 

@@ -29,7 +29,7 @@ def test_a_sweep_runs_every_job_and_reports_the_failed_ones_with_their_error(tra
     # exit 1: every job ran, but the sweep's status still says that some failed
     assert result.returncode == 1, output[-4000:]
     assert "synapse: job 0: failover.max_restarts: must be >= 0, got -1" in result.stderr, output[-4000:]
-    assert (f"sweep: 2 of 3 jobs failed (job 0: ConfigError: failover.max_restarts: must be >= 0, got -1"
+    assert ("sweep: 2 of 3 jobs failed (job 0: ConfigError: failover.max_restarts: must be >= 0, got -1"
             in result.stderr), output[-4000:]
     # (whether rank 1 is named as failed first or as died without a word depends on the timing)
     assert "job 1: FailoverError: segment 0 ended (pipeline rank 1 " in result.stderr, output[-4000:]

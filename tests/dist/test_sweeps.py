@@ -21,10 +21,10 @@ from hydra.core.plugins import Plugins
 from omegaconf import OmegaConf
 
 import synapse.config  # noqa: F401  (registers the schema)
+from synapse.conf import CONF_DIR
 
 pytestmark = pytest.mark.dist
 
-from synapse.conf import CONF_DIR
 TINY = ("trainer=cpu", "trainer.devices=3", "trainer.threads=1", "partition=even", "teacher=resnet_micro",
         "student=resnet_micro", "teacher.auto_train_epochs=0", "trainer.progress=false", "data.batch_size=16",
         "report=false", "injection=none",

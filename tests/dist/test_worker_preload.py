@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from tests.conftest import repo_env
 from synapse.data import dataset_lazy_imports, dataset_names
+from tests.conftest import repo_env
 
 pytestmark = [pytest.mark.dist]
 
