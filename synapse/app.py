@@ -236,7 +236,7 @@ class HoldRunDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # A config that will be refused leaves nothing behind, not even the lock's files: refuse it first
-        job = OmegaConf.masked_copy(config, [key for key in config if key != "hydra"])
+        job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
         try:
             validate(job)
         except ConfigError as exc:

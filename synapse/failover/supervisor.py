@@ -313,7 +313,10 @@ class Supervisor:
                            total: int) -> tuple[Decision, float]:
         end_step, ended_at = self._end_of(spec)
         if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
-            raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}")
+            raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}. "
+                                f"Everything finished is saved in {CHECKPOINTS.path(self.run_dir)}. Fix: rerun "
+                                f"with resume=auto (on other devices with trainer.devices if one of these is "
+                                f"faulty)") from failure
         device, lost = spec.devices[failure.rank], [spec.devices[r] for r in failure.lost_ranks if r != failure.rank]
         self.log(f"failover: device {device} (rank {failure.rank}) failed: {failure.cause}")
         try:

@@ -53,6 +53,12 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger): alive, and frozen where it stands."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 def _stat(pid: int) -> list[str] | None:
     """/proc/<pid>/stat's fields from the 3rd (state) on (the name before them may hold spaces); None if gone."""
     try:
@@ -144,7 +150,8 @@ class LivenessTracker:
     """Turns successive heartbeat snapshots into per-rank status and new events."""
 
     def __init__(self, hang_timeout_s: float, since: float | None = None,
-                 is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True):
+                 is_alive: Callable[[int], bool] = pid_alive, is_ours: Callable[[int], bool] = lambda pid: True,
+                 is_stopped: Callable[[int], bool] = is_stopped):
         """``is_ours``: whether a pid is a worker of this launch (``is_launch_worker``), asked when a pid is
         first seen; a pid that is not (a planted or stale heartbeat: someone else's process, one of the
         supervisor's helpers, or one already gone when first seen) is reported as ``not ours`` and never
@@ -153,7 +160,7 @@ class LivenessTracker:
             raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 (seconds without progress)")
         self.hang_timeout_s = hang_timeout_s
         self.since = since
-        self._is_alive, self._is_ours = is_alive, is_ours
+        self._is_alive, self._is_ours, self._is_stopped = is_alive, is_ours, is_stopped
         self._trusted: set[int] = set()
         self._progress: dict[int, _RankProgress] = {}
         self._reported: set[tuple] = set()
@@ -171,6 +178,12 @@ class LivenessTracker:
             status[rank] = rank_status
             if event is not None:
                 events.append(event)
+        # Every rank of a stalled pipeline stops progressing at once, so the first rank judged hung is
+        # as likely a healthy one waiting on its peer. A stopped process is no guess: name it.
+        stopped = sorted(rank for rank, s in status.items() if s.get("stopped"))
+        for event in events:
+            if event["event"] == "rank_hung":
+                event["stopped_ranks"] = stopped
         return status, events
 
     def _track(self, rank: int, beat: Mapping[str, Any], now: float) -> _RankProgress:
@@ -197,6 +210,7 @@ class LivenessTracker:
             return {**status, "state": "dead"}, self._once(("dead", p.pid), {
                 "event": "rank_dead", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase})
         if stalled >= self.hang_timeout_s:
+            status["stopped"] = self._is_stopped(p.pid)
             return {**status, "state": "hung"}, self._once(("hung", p.pid, p.step, p.phase), {
                 "event": "rank_hung", "rank": rank, "pid": p.pid, "step": p.step, "phase": p.phase,
                 "stalled_s": round(stalled, 3), "hang_timeout_s": self.hang_timeout_s})

@@ -178,20 +178,40 @@ def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict]
     ``signals``: the signal that ended each rank the agent reaped, so that a dead rank's cause says
     how it died whether the monitor or the agent noticed it first."""
     rank = _rank_of_event(event, beats)
-    culprit = hang_culprit(progress) if event["event"] == "rank_hung" else None
-    if culprit is not None:
-        board = progress[culprit]
-        waiting = sorted(r for r, b in progress.items() if b["phase"] in WAIT_PHASES)
-        message = (f"pipeline rank {culprit} hung in {board['phase']} of step {board['step']}: no progress for "
-                   f"{event.get('stalled_s')} s (monitor.hang_timeout_s={event.get('hang_timeout_s')}), while "
-                   f"rank(s) {waiting} waited on it; logs in {log_dir}")
-        return WorkerFailure(message, culprit, "rank_hung", device_failure=True)
+    if event["event"] == "rank_hung":
+        return _hang(event, progress, log_dir)
     details = {k: v for k, v in event.items() if k not in ("event", "rank", "time")}
     message = f"pipeline rank {rank} failed first: {event['event']} ({details}); logs in {log_dir}"
     cause = event["event"]
     if cause == "rank_dead":
         cause = f"killed by {signals[rank]}" if rank in signals else f"rank_dead: {SILENT_DEATH}"
     return WorkerFailure(message, rank, cause, device_failure=True)
+
+
+def _hang(event: dict, progress: dict[int, dict], log_dir: Path) -> WorkerFailure:
+    """The pipeline stalled. Its culprit is a rank found stopped, else the one busy in its own work
+    while the others wait (``hang_culprit``). When every rank waits on a peer the culprit cannot be
+    told: the failure names no rank, so no device is dropped (dropping the first rank judged hung
+    dropped a healthy device 0 in 3 of 8 stalls of rank 2: issue #33)."""
+    stalled = (f"no progress for {event.get('stalled_s')} s "
+               f"(monitor.hang_timeout_s={event.get('hang_timeout_s')})")
+    stopped = event.get("stopped_ranks") or []
+    if stopped:
+        culprit = stopped[0]
+        message = f"pipeline rank {culprit} was found stopped (SIGSTOP or a debugger) with the pipeline hung: {stalled}"
+    else:
+        found = hang_culprit(progress)
+        if found is None:
+            phases = {rank: board["phase"] for rank, board in sorted(progress.items())}
+            return WorkerFailure(f"the pipeline hung ({stalled}) and no rank can be told as the cause: every rank "
+                                 f"waited on a peer ({phases or 'no progress boards'}), so no device is dropped; "
+                                 f"logs in {log_dir}", None, "rank_hung", device_failure=True)
+        culprit = found
+        board = progress[culprit]
+        message = f"pipeline rank {culprit} hung in {board['phase']} of step {board['step']}: {stalled}"
+    waiting = sorted(r for r, b in progress.items() if b["phase"] in WAIT_PHASES and r != culprit)
+    return WorkerFailure(f"{message}, while rank(s) {waiting} waited on it; logs in {log_dir}", culprit, "rank_hung",
+                         device_failure=True)
 
 
 def _rank_of_event(event: dict, beats: dict[int, dict]) -> int | None:

@@ -218,8 +218,6 @@ def test_random_fault_sequences_finish_bit_identical_many(batch, tmp_path_factor
 
 # ---------------------------------------------------------------- bugs the sequences found
 @pytest.mark.timeout(RUN_TIMEOUT_S)
-# Two cases run by default, the other four with -m long: each is a real run with a hang watchdog,
-# and the default suite has a 20-minute budget.
 # Every case is -m long (20 s each); the default suite finds hung ranks in test_reliability (the watchdog drops
 # the hung device, also during a live re-plan).
 @pytest.mark.parametrize("phase, step", [pytest.param("forward", 1, marks=pytest.mark.long),
@@ -243,7 +241,7 @@ def test_a_hung_rank_is_the_one_blamed_whatever_phase_it_hangs_in(tmp_path, teac
     # checkpoint_write: already right (the checkpoint barrier marks sync); kept as a case.
     boards = []
     blame = root_cause.hang_culprit
-    monkeypatch.setattr(elastic, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
+    monkeypatch.setattr(root_cause, "hang_culprit", lambda progress: boards.append(progress) or blame(progress))
     run_overrides(overrides_for(tmp_path, teacher_file, "policy=keep", *FAST_FAILOVER,
                                 f"injection.faults=[{{kind:hang,rank:1,step:{step},phase:{phase}}}]"))
     (progress,) = boards
@@ -359,6 +357,31 @@ def test_a_rank_the_monitor_never_saw_alive_is_blamed_when_the_agent_reaped_its_
         assert blamed(tear_down.killed) == 1
         # A SIGKILL the teardown itself sent is its consequence, never the cause.
         assert blamed({rank_1}) == 0
+
+
+def test_a_stopped_rank_is_blamed_for_a_stall_not_the_first_rank_judged_hung(tmp_path):
+    # Found by an outside matrix (rank 2 SIGSTOPped for 40 s, monitor.hang_timeout_s=10): in 3 of 8
+    # runs device 0 was dropped. Every rank of the stalled pipeline stops progressing at once, the
+    # monitor judges rank 0 hung first, and every board read "recv" (rank 2 was stopped inside a
+    # wait), so the boards told no culprit and rank 0 was blamed. Real processes, one really stopped.
+    with launched_workers(3) as workers:
+        for rank, pid in enumerate(workers.pids):
+            write_beat(tmp_path, rank, pid)
+        tear_down = elastic.TearDown(tmp_path, since=time.time() - 5)
+        monitor = HealthMonitor(tmp_path, HealthSettings(period_s=0.25, hang_timeout_s=10, nvml=False, probe=False),
+                                on_hard_failure=tear_down, log=lambda message: None, since=time.time() - 5)
+        monitor.sample_once()
+        workers.signal(2, signal.SIGSTOP)
+        monitor.sample_once(now=time.time() + 11)  # no heartbeat moved for longer than the hang timeout
+        first = tear_down.failures[0]
+        assert (first["event"], first["rank"], first["stopped_ranks"]) == ("rank_hung", 0, [2]), tear_down.failures
+        assert [workers.wait(r) for r in (0, 1, 2)] == [-signal.SIGKILL] * 3, "the teardown kills a stopped rank too"
+        boards = {rank: {"pid": pid, "step": 8, "time": time.time(), "phase": "recv"}
+                  for rank, pid in enumerate(workers.pids)}
+        reaped = {0: ProcessFailure(0, workers.pids[0], -signal.SIGKILL, "/x")}
+        failure = root_cause.failure_of(tmp_path / "failures", reaped, tmp_path, tear_down.failures,
+                                        read_heartbeats(tmp_path), boards, killed=tear_down.killed)
+        assert (failure.rank, failure.cause) == (2, "rank_hung"), failure
 
 
 class _DiesWhenFormatted(Exception):

@@ -222,6 +222,34 @@ def test_hung_rank_is_found_by_the_watchdog_and_its_device_dropped(tmp_path, tea
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
+@pytest.mark.timeout(240)
+def test_a_stopped_rank_is_the_device_dropped_after_the_stall(tmp_path, teacher_file, reference):
+    # An outside matrix SIGSTOPped rank 2 with a 10-s hang timeout: in 3 of 8 runs device 0 was
+    # dropped (every board read a wait, and the first rank judged hung was blamed). A real stop here.
+    stopped: list[int] = []
+
+    def stop_rank_2_at_step_3() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not stopped:
+            beat = read_heartbeats(tmp_path).get(2)
+            if beat and beat["step"] >= 3:
+                os.kill(beat["pid"], signal.SIGSTOP)
+                stopped.append(beat["pid"])
+            time.sleep(0.02)
+
+    stopper = threading.Thread(target=stop_rank_2_at_step_3, daemon=True)
+    stopper.start()
+    run_overrides(overrides_for(tmp_path, teacher_file, "monitor.hang_timeout_s=4", "monitor.period_s=0.25",
+                                "trainer.collective_timeout_s=900"))
+    stopper.join()
+    assert stopped, "rank 2 was never seen at step 3"
+    (ended,) = events(tmp_path, "segment_ended", segment=0)
+    assert ended["cause"] == "rank_hung" and ended["rank"] == 2, ended
+    assert [s.devices for s in read_segments(tmp_path)] == [[0, 1, 2], [0, 1]]
+    assert not pid_alive(stopped[0]), "the stopped process was ended"
+    assert_identical_states(final_student_state(tmp_path), reference)
+
+
 @pytest.mark.timeout(300)
 def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_file, reference):
     # A fire drill re-partitions live at step 3; rank 1 hangs while preparing its blocks. The others
@@ -723,6 +751,13 @@ def test_the_hung_rank_is_the_one_busy_in_its_own_work_not_one_waiting_for_it(tm
     failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hung, {}, boards)
     assert (failure.rank, failure.cause, failure.device_failure) == (1, "rank_hung", True)
     assert "rank 1 hung in backward of step 5" in str(failure) and "rank(s) [0, 2] waited on it" in str(failure)
-    # Everyone waiting (a hang in the network itself): no rank can be told apart; the monitor's stands.
+    # Everyone waiting (a hang in the network itself, or a rank stalled inside a wait): no rank can be
+    # told apart, so none is blamed and no device dropped (the monitor's first hung rank was device 0
+    # in 3 of 8 stalls of rank 2).
     waiting = {r: {**b, "phase": "recv"} for r, b in boards.items()}
-    assert root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hung, {}, waiting).rank == 0
+    untold = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, hung, {}, waiting)
+    assert untold.rank is None and untold.device_failure and "no rank can be told" in str(untold), untold
+    # A rank found stopped (SIGSTOP) is the culprit whatever the boards say.
+    stopped = [{**hung[0], "stopped_ranks": [2]}]
+    failure = root_cause.failure_of(tmp_path / "failures", exc.failures, tmp_path, stopped, {}, waiting)
+    assert failure.rank == 2 and "rank 2 was found stopped" in str(failure), failure

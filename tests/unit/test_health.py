@@ -43,15 +43,16 @@ def beat(pid=100, step=1, phase="training", t=0.0):
 
 
 def test_progress_keeps_a_rank_alive_and_a_stall_is_a_hang_reported_once():
-    tracker = LivenessTracker(hang_timeout_s=10.0, is_alive=lambda pid: True)
+    tracker = LivenessTracker(hang_timeout_s=10.0, is_alive=lambda pid: True, is_stopped=lambda pid: False)
     status, events = tracker.update({0: beat(step=1, t=0.0)}, now=1.0)
     assert status[0]["state"] == "alive" and events == []
     status, events = tracker.update({0: beat(step=2, t=8.0)}, now=15.0)  # advanced: timer restarts at 8
     assert status[0]["state"] == "alive" and events == []
     status, events = tracker.update({0: beat(step=2, t=8.0)}, now=18.0)
-    assert status[0] == {"pid": 100, "step": 2, "phase": "training", "stalled_s": 10.0, "state": "hung"}
+    assert status[0] == {"pid": 100, "step": 2, "phase": "training", "stalled_s": 10.0, "state": "hung",
+                         "stopped": False}
     assert events == [{"event": "rank_hung", "rank": 0, "pid": 100, "step": 2, "phase": "training",
-                       "stalled_s": 10.0, "hang_timeout_s": 10.0}]
+                       "stalled_s": 10.0, "hang_timeout_s": 10.0, "stopped_ranks": []}]
     assert tracker.update({0: beat(step=2, t=8.0)}, now=30.0)[1] == []  # once
     tracker.update({0: beat(step=3, t=31.0)}, now=31.0)
     assert [e["step"] for e in tracker.update({0: beat(step=3, t=31.0)}, now=45.0)[1]] == [3]  # hangs again
