@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -235,13 +236,17 @@ class HoldRunDir(Callback):
         self._held = contextlib.ExitStack()
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # A config that will be refused leaves nothing behind, not even the lock's files: refuse it first
+        # A config that will be refused leaves nothing behind, not even the lock's files: refuse it first.
+        # The job's ${hydra:...} values resolve only once Hydra's config is set (run_job sets it again).
+        HydraConfig.instance().set_config(config)
         job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
         try:
             validate(job)
         except ConfigError as exc:
             print(f"synapse: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        except Exception:  # anything else: run() validates again under the lock and reports it there;
+            pass  # raised here, Hydra would only warn and go on without the lock
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
         node_rank = OmegaConf.select(config, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
         try:
@@ -256,7 +261,6 @@ class HoldRunDir(Callback):
 
 
 def _hydra_entry(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     log = logging.getLogger("synapse")  # the console and <run dir>/train.log

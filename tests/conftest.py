@@ -101,10 +101,10 @@ def as_written(value):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A long test is slow as well. `-m` on the command line replaces the `-m 'not long'` of addopts,
+    # A long or extended test is slow as well. `-m` on the command line replaces the `-m` of addopts,
     # so the fast loop's `-m "not dist and not slow"` would otherwise bring the hour-long runs back.
     for item in items:
-        if item.get_closest_marker("long"):
+        if item.get_closest_marker("long") or item.get_closest_marker("extended"):
             item.add_marker(pytest.mark.slow)
 
 

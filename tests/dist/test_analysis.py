@@ -186,6 +186,7 @@ def test_the_run_report_has_every_figure_and_the_tables(run_dir):
 
 
 # ---------------------------------------------------------------- the sweep
+@pytest.mark.extended  # a real 6-job sweep (a minute); the sweep loader on recorded sweeps is in tests/unit
 def test_load_sweep_on_a_real_multirun(sweep_dir):
     sweep = load_sweep(sweep_dir)
     assert len(sweep) == 4 and set(sweep["status"]) == {"finished"}

@@ -37,6 +37,7 @@ def test_profile_mode_writes_both_profiles_to_the_cache(tmp_path):
         assert (tmp_path / "cache" / "profiles").is_dir()
 
 
+@pytest.mark.extended  # auto cuts run in the default suite; auto micro-batches are a further run
 def test_auto_microbatches_are_chosen_with_the_cuts_and_kept_by_every_stage(tmp_path, teacher_file):
     # Two CPU ranks, batch 16: candidates 2, 4 and 8 micro-batches, each priced with profiles measured
     # at its own micro-batch size; a forced restart shows the next segment keeps the chosen count. The run

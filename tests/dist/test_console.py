@@ -21,7 +21,7 @@ from tests.conftest import repo_env
 
 from .helpers import BASE_OVERRIDES
 
-pytestmark = [pytest.mark.dist]
+pytestmark = [pytest.mark.dist, pytest.mark.extended]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
 PROGRESS_LINE = re.compile(r"step \d+/\d+ \(\d+%\)")

@@ -11,7 +11,7 @@ from synapse.rundir import read_events
 
 from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600), pytest.mark.extended]
 
 STEPS = 60
 # 8x slow from step 2; the plan check at 5x: on this CPU a healthy lone stage measures ~1.6x its

@@ -33,6 +33,7 @@ def test_a_raising_rank_fails_the_launch_fast_with_its_error(tmp_path, teacher_f
     assert elapsed < 120, f"the failure took {elapsed:.0f} s to surface"
 
 
+@pytest.mark.extended  # K=3 to K=2 across a restart is every DEGRADE of test_failover; here on its own
 @pytest.mark.timeout(400)
 def test_checkpoint_from_k3_resumes_on_k2_with_another_partition(tmp_path, teacher_file):
     reference_dir = tmp_path / "uninterrupted"

@@ -31,7 +31,7 @@ from .test_reliability import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.dist]
+pytestmark = [pytest.mark.dist, pytest.mark.extended]
 HANG_TIMEOUT_S = 10
 
 

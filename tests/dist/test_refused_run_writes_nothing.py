@@ -77,6 +77,7 @@ def test_a_run_directory_that_cannot_be_written_is_named_with_the_fix(tmp_path):
     assert "Traceback" not in result.stderr and "OSError" not in result.stderr
 
 
+@pytest.mark.extended  # every run of the suite takes the lock through the callback; this one through train.py itself
 def test_the_lock_taken_before_hydra_still_lets_the_run_itself_finish(tmp_path):
     # The control: the callback's hold and the run's own hold of the same directory are one (re-entrant)
     run_dir = tmp_path / "run"

@@ -250,6 +250,7 @@ def test_a_stopped_rank_is_the_device_dropped_after_the_stall(tmp_path, teacher_
     assert_identical_states(final_student_state(tmp_path), reference)
 
 
+@pytest.mark.extended  # a hang found and blamed is test_hung_rank_...; here during a live re-plan
 @pytest.mark.timeout(300)
 def test_a_hang_during_a_live_replan_drops_the_hung_device(tmp_path, teacher_file, reference):
     # A fire drill re-partitions live at step 3; rank 1 hangs while preparing its blocks. The others

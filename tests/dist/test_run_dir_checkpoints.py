@@ -101,6 +101,7 @@ def test_a_fresh_run_into_a_used_run_dir_is_refused_and_resume_auto_continues_th
     assert {c.run for c in ckpt.ordered_checkpoints(used_dir / "checkpoints")} == {identity}
 
 
+@pytest.mark.extended  # checkpoint choice on damage is unit-tested on real checkpoints; here through train.py
 def test_a_flipped_byte_in_the_newest_metadata_resumes_from_the_previous_checkpoint(used_dir, teacher_file):
     newest = used_dir / "checkpoints" / "step_00000010"
     flip_byte(newest / ckpt.dcp_store.METADATA_FILE)

@@ -134,6 +134,7 @@ def test_crafted_pickles_under_the_rendezvous_key_and_garbage_control_records_ch
     assert not events(run_dir, "rank_dead") and not events(run_dir, "worker_failed")
 
 
+@pytest.mark.extended  # two nodes; the one-node store case stays in the default suite, the refusals are unit-tested
 @pytest.mark.timeout(420)
 def test_garbage_and_forged_records_on_the_nodes_store_change_nothing(tmp_path, teacher_file):
     run_dir = tmp_path / "run"

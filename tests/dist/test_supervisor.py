@@ -104,6 +104,7 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path, teacher_file):
     assert steps < STEPS
 
 
+@pytest.mark.extended  # the supervisor killed alone; its whole group killed is test_reliability's
 @pytest.mark.timeout(300)
 def test_workers_die_with_their_supervisor_and_resume_continues(tmp_path, teacher_file, reference):
     run_dir = tmp_path / "run"

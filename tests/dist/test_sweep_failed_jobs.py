@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import TINY_RUN
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300), pytest.mark.extended]
 
 SWEEP = (*TINY_RUN, "trainer.devices=2", "data.batch_size=16", "trainer.max_steps=4", "report=false",
          "injection.faults=[{kind:kill,rank:1,step:2}]", "failover.max_restarts=-1,0,1")

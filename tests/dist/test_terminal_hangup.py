@@ -37,7 +37,7 @@ from .test_reliability import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.dist]
+pytestmark = [pytest.mark.dist, pytest.mark.extended]
 
 
 class Terminal:

@@ -232,14 +232,16 @@ def launched(program: str, *args: str):
         launcher.stdin.write(command + "\n")
         launcher.stdin.flush()
 
+    pids = [int(pid) for pid in launcher.stdout.readline().split()]
     try:
-        yield send, [int(pid) for pid in launcher.stdout.readline().split()]
+        yield send, pids
     finally:
-        launcher.stdin.close()  # the launcher's loop ends; its workers are killed below with it
-        for pid in [int(p) for p in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
-                                                   text=True).stdout.split()]:
+        # The workers first, while the launcher is alive: it has not reaped them, so no pid is reused
+        # yet, and they are not left orphaned to run on (a frozen worker loops for ever).
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        launcher.stdin.close()
         launcher.kill()
         launcher.wait()
         launcher.stdout.close()
