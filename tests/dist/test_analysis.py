@@ -186,7 +186,12 @@ def test_the_run_report_has_every_figure_and_the_tables(run_dir):
 
 
 # ---------------------------------------------------------------- the sweep
-@pytest.mark.extended  # a real 6-job sweep (a minute); the sweep loader on recorded sweeps is in tests/unit
+# A real 4-job sweep (a minute); -m extended. The default suite sweeps through train.py in
+# test_sweeps.py, and loads and draws recorded sweeps in tests/unit (test_analysis_load, test_sweep_figures).
+on_a_real_sweep = pytest.mark.extended
+
+
+@on_a_real_sweep
 def test_load_sweep_on_a_real_multirun(sweep_dir):
     sweep = load_sweep(sweep_dir)
     assert len(sweep) == 4 and set(sweep["status"]) == {"finished"}
@@ -201,6 +206,7 @@ def test_load_sweep_on_a_real_multirun(sweep_dir):
     assert len(regret) == 4 and (regret.groupby("scenario")["regret_s"].min() == 0).all()
 
 
+@on_a_real_sweep
 def test_the_sweep_figures_have_a_bar_per_policy_and_group(sweep_dir):
     sweep = load_sweep(sweep_dir)
     fig = plot_sweep(sweep)
@@ -217,6 +223,7 @@ def test_the_sweep_figures_have_a_bar_per_policy_and_group(sweep_dir):
         plot_regret(policy_regret(sweep))
 
 
+@on_a_real_sweep
 def test_the_sweep_report_from_the_command_line(sweep_dir):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run([sys.executable, "-m", "synapse.analysis", "report", str(sweep_dir)], cwd=REPO_ROOT,

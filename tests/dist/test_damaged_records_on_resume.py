@@ -42,7 +42,7 @@ def stopped_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("damage", ["missing keys", "garbage line"])
+@pytest.mark.parametrize("damage", ["missing keys", pytest.param("garbage line", marks=pytest.mark.extended)])
 def test_a_resume_over_damaged_records_trains_to_the_end_and_reports(train_py, stopped_run, tmp_path, damage):
     run_dir = tmp_path / "run"
     shutil.copytree(stopped_run, run_dir, ignore=shutil.ignore_patterns(".synapse*.lock"))

@@ -73,6 +73,7 @@ def test_the_wheel_carries_configs_and_priors_and_imports_from_itself(installed,
     assert {"restart_cost_cpu.json", "live_replan_cpu.json"} <= set(found["priors"])
 
 
+@pytest.mark.extended  # a real run from the installed wheel; the install itself is the test above
 def test_the_installed_command_runs_a_failover_that_composes_a_segment_config(installed, tmp_path):
     teacher = tmp_path / "teacher.pt"
     torch.manual_seed(1234)

@@ -1,6 +1,8 @@
 """The control channel's one request and one acknowledgement, through the file transport."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from synapse.control import ControlRecordError, FileControlChannel, StopAck, StopRequest
@@ -25,8 +27,13 @@ def test_a_request_and_its_acknowledgement_round_trip_and_clear(tmp_path):
     assert channel.poll() is None and not any(channel.dir.iterdir())
 
 
-def test_bad_records_are_refused_and_logged_never_raised_in_a_rank(tmp_path, caplog):
+def test_bad_records_are_refused_and_logged_never_raised_in_a_rank(tmp_path, caplog, monkeypatch):
     """#33 item 9: rank 0 raised on a bad record, was judged dead and its healthy device dropped."""
+    # An in-process Hydra run earlier in this worker configures logging and may have disabled the
+    # existing "synapse" logger or stopped it propagating to caplog's handler
+    logger = logging.getLogger("synapse")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", True)
     with pytest.raises(ControlRecordError, match="mode must be one of"):
         request("teleport")
     channel = FileControlChannel(tmp_path)
