@@ -177,9 +177,9 @@ def _hard_failure(event: dict, beats: dict[int, dict], progress: dict[int, dict]
 
     ``signals``: the signal that ended each rank the agent reaped, so that a dead rank's cause says
     how it died whether the monitor or the agent noticed it first."""
-    rank = _rank_of_event(event, beats)
     if event["event"] == "rank_hung":
         return _hang(event, progress, log_dir)
+    rank = _rank_of_event(event, beats)
     details = {k: v for k, v in event.items() if k not in ("event", "rank", "time")}
     message = f"pipeline rank {rank} failed first: {event['event']} ({details}); logs in {log_dir}"
     cause = event["event"]
