@@ -35,10 +35,11 @@ class RecordFileError(AnalysisError, BaseRecordFileError):
     """A record file that exists but is not what Synapse writes."""
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file in file order ([] when the file is missing), by
-    ``synapse.rundir.records``' one policy (a torn last line is skipped; any other bad line is an error)."""
-    return read_records(path, RecordFileError)
+    ``synapse.rundir.records``' one policy (a torn last line is skipped; any other bad line is an
+    error, or, given a ``skipped`` list, left out and named there)."""
+    return read_records(path, RecordFileError, skipped)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -61,6 +61,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)  # config.yaml
     start_time: float = math.nan
     step_clock: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["time", "step"]))
+    skipped_lines: list[str] = field(default_factory=list)  # damaged record lines left out, each one's error
 
     @property
     def name(self) -> str:
@@ -98,12 +99,18 @@ class Run:
         return times - self.start_time
 
 
-def load_run(path: str | Path) -> Run:
-    """Load a run directory (what ``python train.py`` wrote); RunDirError if it is not one."""
+def load_run(path: str | Path, skip_damaged_lines: bool = False) -> Run:
+    """Load a run directory (what ``python train.py`` wrote); RunDirError if it is not one.
+
+    A damaged line inside a record file is a RecordFileError naming it, or with
+    ``skip_damaged_lines`` left out and named in ``Run.skipped_lines`` (what the report does:
+    a run that trained to its end is reported over a line someone or something broke).
+    """
     path = files.check_run_dir(Path(path))
-    metrics = files.read_jsonl(METRICS.path(path))
-    performance = files.read_jsonl(PERFORMANCE.path(path))
-    events = files.read_jsonl(EVENTS.path(path))
+    skipped: list[str] | None = [] if skip_damaged_lines else None
+    metrics = files.read_jsonl(METRICS.path(path), skipped)
+    performance = files.read_jsonl(PERFORMANCE.path(path), skipped)
+    events = files.read_jsonl(EVENTS.path(path), skipped)
     summary = files.read_json(EXPERIMENT_SUMMARY.path(path))
     comparison = files.read_json(PLAN_VS_MEASURED.path(path))
     segments = tables.segments_frame(summary.get("segments") or _segment_records(path))
@@ -124,6 +131,7 @@ def load_run(path: str | Path) -> Run:
         plan_step={k: v for k, v in comparison.items() if not isinstance(v, list)},
         config=files.read_yaml(CONFIG.path(path)) or {},
         step_clock=tables.step_clock_frame(performance, metrics),
+        skipped_lines=skipped or [],
     )
     run.start_time = _start_time(run)
     for df in (run.steps, run.events, run.decisions):

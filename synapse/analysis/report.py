@@ -83,7 +83,7 @@ def write_report(path: str | Path, formats: tuple[str, ...] = FORMATS) -> Path:
         from synapse.analysis.report import write_sweep_report
 
         return write_sweep_report(path, formats)
-    return write_run_report(load_run(path), formats)
+    return write_run_report(load_run(path, skip_damaged_lines=True), formats)
 
 
 def write_run_report(run: Run, formats: tuple[str, ...] = FORMATS) -> Path:
@@ -119,6 +119,9 @@ def run_markdown(run: Run, figures: FigureSet) -> str:
         "## Counterfactual: predicted vs realised", _counterfactual_markdown(run),
         "## Figures", figures.markdown(),
     ]
+    if run.skipped_lines:  # said before anything drawn from the records
+        sections[2:2] = ["## Damaged records left out",
+                         "\n".join(f"- {escape(reason)}" for reason in run.skipped_lines)]
     return "\n\n".join(sections) + "\n"
 
 

@@ -6,7 +6,9 @@ wrote. One policy for reading them, everywhere:
 
 - a last line without its newline is a record still being written (or cut off by a kill or a
   full disk): it is not read yet, never an error;
-- any other line that is not a JSON object is an error naming the file, the line and the fix.
+- any other line that is not a JSON object is an error naming the file, the line and the fix,
+  unless the reader asks to skip such lines and be told (``skipped``): the report of a run that
+  trained to its end is drawn over a damaged line and names it.
 
 A writer that opens a file whose last record was torn by a killed predecessor first cuts the
 torn piece off, so it can never merge with the next record into a bad middle line.
@@ -104,20 +106,29 @@ def parse_line(line: bytes | str, where: str, error: type[Exception] = RecordFil
     return record
 
 
-def iter_jsonl(path: Path | str, error: type[Exception] = RecordFileError) -> Iterator[dict[str, Any]]:
-    """The records of a file in order (none when it is missing), by the policy above."""
+def iter_jsonl(path: Path | str, error: type[Exception] = RecordFileError,
+               skipped: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The records of a file in order (none when it is missing), by the policy above. With a
+    ``skipped`` list, a bad complete line is left out and its error message appended there."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return
     for number, line in enumerate(data.split(b"\n")[:-1], start=1):  # the last piece lacks its newline
-        if line.strip():
+        if not line.strip():
+            continue
+        try:
             yield parse_line(line, f"{path}:{number}", error)
+        except error as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
 
 
-def read_jsonl(path: Path | str, error: type[Exception] = RecordFileError) -> list[dict[str, Any]]:
-    return list(iter_jsonl(path, error))
+def read_jsonl(path: Path | str, error: type[Exception] = RecordFileError,
+               skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    return list(iter_jsonl(path, error, skipped))
 
 
 class JsonlTail:

@@ -43,6 +43,7 @@ from synapse.analysis import (
     policy_regret,
     scenario_labels,
     timeline_markers,
+    write_report,
 )
 
 T0 = 1_000_000.0
@@ -184,6 +185,17 @@ def test_a_torn_last_line_is_skipped_but_a_broken_middle_line_is_an_error(failov
     path.write_text(path.read_text().replace("\n", "\nnot json\n", 1))
     with pytest.raises(RecordFileError, match=r"performance.jsonl:2 is not JSON"):
         load_run(failover_run)
+
+
+def test_the_report_leaves_a_broken_middle_line_out_and_names_it(failover_run):
+    path = failover_run / "performance.jsonl"
+    path.write_text(path.read_text().replace("\n", "\n<b>not json\n", 1))
+    run = load_run(failover_run, skip_damaged_lines=True)
+    assert len(run.skipped_lines) == 1 and "performance.jsonl:2 is not JSON" in run.skipped_lines[0]
+    assert len(run.steps) == 10, "every other record is read"
+    text = write_report(failover_run, formats=("svg",)).read_text()
+    section = text.split("## Damaged records left out")[1].split("##")[0]
+    assert "performance.jsonl:2 is not JSON" in section and "<b>" not in section  # named, inert
 
 
 def test_a_single_device_run_has_empty_failover_frames_with_their_columns(tmp_path):
