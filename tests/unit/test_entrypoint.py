@@ -59,3 +59,19 @@ def test_bad_override_fails_with_a_clear_message_and_no_run_output(train_py, tmp
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     left = {p.name for p in run_dir.iterdir()} if run_dir.exists() else set()
     assert left <= HYDRA_ONLY, f"the failed run wrote {sorted(left - HYDRA_ONLY)}"
+
+
+@pytest.mark.slow  # a train.py subprocess
+@pytest.mark.timeout(120)
+def test_a_sweep_value_that_cannot_be_composed_refuses_the_sweep_before_any_job_runs(train_py, tmp_path):
+    """Issue #33, item 11: a value of the wrong type (a typo) is found by Hydra when it composes
+    every job of the batch, before the first job starts: nothing runs, no job folder is left.
+    (A value that composes but fails validation or at run time fails only its own job:
+    tests/dist/test_sweep_failed_jobs.py.)"""
+    sweep = tmp_path / "sweep"
+    result = train_py(["-m", f"hydra.sweep.dir={sweep}", "trainer=cpu", "kd.T=4,abc,2"], timeout=110)
+    assert result.returncode != 0
+    assert "Error merging override kd.T=abc" in result.stderr, result.stderr[-3000:]
+    assert "could not be converted to Float" in result.stderr, result.stderr[-3000:]
+    jobs = [p for p in sweep.iterdir() if p.is_dir()] if sweep.exists() else []
+    assert not jobs, f"a job ran before the sweep was refused: {jobs}"
