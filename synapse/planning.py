@@ -29,9 +29,11 @@ from synapse.config import (
     SynapseConfig,
     TeacherConfig,
     TrainerConfig,
+    cuda_index,
     resolve_accelerator,
     resolve_devices,
     run_topology,
+    shares_a_gpu,
 )
 from synapse.engine import default_threads
 from synapse.models import count_blocks
@@ -61,7 +63,7 @@ OPTIMIZER_STATE = {"sgd": OPTIMIZER_STATE_MULTIPLIERS["sgd_momentum"], "adamw": 
 def profile_device(trainer: TrainerConfig) -> str:
     """Where profiles are measured: the run's first device."""
     if resolve_accelerator(trainer) == "cuda":
-        return f"cuda:{resolve_devices(trainer)[0]}"
+        return f"cuda:{cuda_index(trainer, resolve_devices(trainer)[0])}"
     return "cpu"
 
 
@@ -100,6 +102,14 @@ def device_facts(trainer: TrainerConfig, partition: PartitionConfig) -> DeviceFa
     gbps = partition.link_bandwidth_gbps
     node_gbps = partition.node_link_bandwidth_gbps
     topology = run_topology(trainer)
+    if shares_a_gpu(trainer):
+        # A dry run on one GPU: each rank gets its share of the GPU's memory, and its links are
+        # host copies and gloo (the plan is this run's, not that of K separate GPUs).
+        gpu, ranks = cuda_index(trainer, 0), len(resolve_devices(trainer))
+        bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
+        return DeviceFacts(lambda d: f"cuda:{gpu}", lambda d: _gpu_memory(gpu) / ranks, bandwidth, 1,
+                           GLOO_LOOPBACK_LATENCY_S, node_of=topology.node_of,
+                           cross_node_bandwidth_bytes_per_s=node_gbps * 1e9 if node_gbps else bandwidth)
     if resolve_accelerator(trainer) == "cuda":
         bandwidth = gbps * 1e9 if gbps else math.inf
         # Run-wide device ids (partitioning/topology.py): a device is named and sized by its node's local id.

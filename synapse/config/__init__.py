@@ -7,7 +7,14 @@ and raises ``ConfigError`` naming the offending override and a fix. ``typed_conf
 composed config into the frozen ``SynapseConfig`` once, at the root; each component receives its
 own slice of it, and nothing changes it after validation.
 """
-from synapse.config.devices import num_stages, resolve_accelerator, resolve_devices, run_topology
+from synapse.config.devices import (
+    cuda_index,
+    num_stages,
+    resolve_accelerator,
+    resolve_devices,
+    run_topology,
+    shares_a_gpu,
+)
 from synapse.config.errors import ConfigError
 from synapse.config.resume import MAY_CHANGE, check_resume_settings
 from synapse.config.schema import (
@@ -75,6 +82,7 @@ __all__ = ["Accelerator", "as_node", "CheckpointConfig", "Choice", "ConfigError"
            "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig", "PolicyName",
            "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
            "TrainerConfig", "UnsupportedTorchError", "check_resume_settings", "config_dict", "config_from_yaml",
-           "config_yaml", "default_cache_dir",
+           "config_yaml", "cuda_index", "default_cache_dir",
            "hydra_node", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
-           "resolve_devices", "run_topology", "torch_version", "typed_config", "validate", "with_settings"]
+           "resolve_devices", "run_topology", "shares_a_gpu", "torch_version", "typed_config", "validate",
+           "with_settings"]

@@ -42,11 +42,22 @@ def resolve_devices(trainer: TrainerSettings) -> list[int]:
         fail("trainer.devices", f"duplicate device ids in {ids}", "list each device once")
     if min(ids) < 0:
         fail("trainer.devices", f"negative device id in {ids}", "device ids start at 0")
-    if accelerator == "cuda":
+    if accelerator == "cuda" and trainer.shared_gpu is None:
         check_gpu_ids(ids)
-    elif max(ids) >= 64:
-        fail("trainer.devices", f"{len(ids)} CPU slots requested", "use at most 64 CPU worker processes")
+    elif max(ids) >= 64:  # CPU slots, or ranks sharing one GPU
+        fail("trainer.devices", f"{len(ids)} {'ranks on one GPU' if accelerator == 'cuda' else 'CPU slots'} "
+             f"requested", "use at most 64 worker processes")
     return ids
+
+
+def shares_a_gpu(trainer: TrainerSettings) -> bool:
+    """Whether every rank runs on one GPU (trainer.shared_gpu): the stages' wire is host memory."""
+    return trainer.shared_gpu is not None and resolve_accelerator(trainer) == "cuda"
+
+
+def cuda_index(trainer: TrainerSettings, device_id: int) -> int:
+    """The CUDA device a device id runs on: itself, or the one shared GPU (trainer.shared_gpu)."""
+    return int(trainer.shared_gpu) if trainer.shared_gpu is not None else int(device_id)
 
 
 def num_stages(trainer: TrainerSettings) -> int:

@@ -209,6 +209,11 @@ class TrainerConfig:
     # Per node: CPU, the number of worker slots (or their ids); CUDA, a list of GPU ids (or a count).
     # A count or a list, which OmegaConf cannot type as one union: validate() checks it.
     devices: Any = 1
+    # A dry run of a K-GPU config on one GPU: every device id (and spare) is a rank on this GPU,
+    # stages exchange through host memory over gloo (NCCL refuses two ranks on one GPU). Everything
+    # else (graphs, clocks, checkpoints, detection, failover) is the multi-GPU code; correctness
+    # carries over, throughput does not. None: each device id is its own GPU.
+    shared_gpu: int | None = None
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     # The devices of each node when they differ (a failover segment after a device or node was dropped,

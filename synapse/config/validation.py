@@ -243,7 +243,7 @@ def validate_failover(cfg: DictConfig) -> None:
     if clash or len(set(spares)) != len(spares):
         fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "
               f"{resolve_devices(cfg.trainer)}", "list idle devices only, each once")
-    if resolve_accelerator(cfg.trainer) == "cuda" and spares:
+    if resolve_accelerator(cfg.trainer) == "cuda" and spares and cfg.trainer.shared_gpu is None:
         check_gpu_ids(spares)
 
 
@@ -421,11 +421,22 @@ def _validate_trainer(trainer: DictConfig) -> None:
     positive("trainer.eval_every_epochs", trainer.eval_every_epochs)
     positive("trainer.log_every", trainer.log_every)
     _check_nonfinite_check(trainer)
+    _check_shared_gpu(trainer)
     local = resolve_devices(trainer)
     shown = trainer.local_ranks_filter
     if shown is not None and any(not 0 <= int(r) < len(local) for r in shown):
         fail("trainer.local_ranks_filter", f"{list(shown)} names a local rank outside 0..{len(local) - 1} (this node "
               f"runs {len(local)} worker(s))", "list local ranks in that range, [] for none, or null for all")
+
+
+def _check_shared_gpu(trainer: DictConfig) -> None:
+    if trainer.shared_gpu is None:
+        return
+    if resolve_accelerator(trainer) != "cuda":
+        fail("trainer.shared_gpu", f"{trainer.shared_gpu} names a GPU for every rank, but the run is on the CPU",
+              "set trainer.accelerator=cuda on a machine with a GPU, or trainer.shared_gpu=null")
+    positive("trainer.shared_gpu", trainer.shared_gpu, allow_zero=True)
+    check_gpu_ids([int(trainer.shared_gpu)])
 
 
 def _is_loopback_endpoint(endpoint: str) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from synapse.config import TrainerConfig, resolve_accelerator
+from synapse.config import TrainerConfig, cuda_index, resolve_accelerator, shares_a_gpu
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,14 @@ class ComputeSetup:
     device: torch.device
     autocast_dtype: torch.dtype | None  # None: full fp32
     channels_last: bool
+    # Where tensors cross between processes (stage boundaries, collectives): the device itself
+    # under NCCL and on the CPU; host memory when several ranks share one GPU (gloo cannot send
+    # CUDA tensors, NCCL refuses two ranks on one GPU). None: the device.
+    wire_device: torch.device | None = None
+
+    @property
+    def wire(self) -> torch.device:
+        return self.wire_device or self.device
 
     def autocast(self, cache: bool = True):
         """``cache=False`` where CUDA graphs are captured: they may not use the cast-weight cache."""
@@ -59,11 +67,18 @@ def build_compute_setup(trainer: TrainerConfig, device_id: int = 0, local_proces
     accelerator = resolve_accelerator(trainer)
     torch.set_num_threads(trainer.threads or default_threads(local_processes))
     if accelerator == "cuda":
-        torch.cuda.set_device(device_id)
+        device = torch.device("cuda", cuda_index(trainer, device_id))
+        torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = trainer.cudnn_benchmark and not trainer.deterministic
-        device = torch.device("cuda", device_id)
+        if trainer.deterministic:
+            # cuBLAS is reproducible only with a fixed workspace (read when its first handle is made);
+            # ops without a deterministic kernel (atomics in some backward passes) warn, not fail.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.deterministic = True
+            torch.use_deterministic_algorithms(True, warn_only=True)
         bf16 = trainer.precision in ("auto", "bf16")
-        return ComputeSetup(device, torch.bfloat16 if bf16 else None, trainer.channels_last is not False)
+        return ComputeSetup(device, torch.bfloat16 if bf16 else None, trainer.channels_last is not False,
+                            wire_device=torch.device("cpu") if shares_a_gpu(trainer) else None)
     bf16 = trainer.precision == "bf16"
     # channels_last on the CPU only when asked for: the exactness tests run a channels_last
     # pipeline against a channels_last single device this way

@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from synapse.config import TrainerConfig, resolve_accelerator, resolve_devices
+from synapse.config import TrainerConfig, cuda_index, resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
 from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
 from synapse.launch import interrupt, rendezvous
@@ -180,7 +180,9 @@ def _launch_once(config: LaunchConfig, task: LaunchTask, run_dir: Path, attempt:
         progress = read_progress_boards(run_dir, beats, since=launched_at)
         return failure_of(failure_dir, reaped, log_dir, hard_failures, beats, progress, killed=tear_down.killed)
 
-    gpus = resolve_devices(cfg.trainer) if resolve_accelerator(cfg.trainer) == "cuda" else ()
+    # the GPUs the ranks run on (one, shared, under trainer.shared_gpu)
+    gpus = (sorted({cuda_index(cfg.trainer, d) for d in resolve_devices(cfg.trainer)})
+            if resolve_accelerator(cfg.trainer) == "cuda" else ())
     try:
         with build_health_monitor(run_dir, cfg.monitor, on_hard_failure=tear_down, log=log, gpu_devices=gpus):
             results = elastic_launch(config, worker_main)(task, str(run_dir), str(failure_dir))

@@ -37,6 +37,7 @@ from synapse.injection import PHASES, FaultInjector
 from synapse.pipeline.clock import StageClock
 from synapse.pipeline.graphs import StageGraphs, slots_for
 from synapse.pipeline.stage import FusedStage
+from synapse.pipeline.wire import ThroughHost
 from synapse.rundir import PROGRESS_BOARD
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
@@ -173,7 +174,9 @@ class PipelineRuntime:
         self.loss_fn = loss_fn
         self.guard = NonFiniteGuard(nonfinite, module.student, late=check_late)
         self.board = board or ProgressBoard()
-        self.stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
+        # What pipelining drives: the stage itself, or (ranks sharing a GPU) the stage behind a host boundary
+        staged = module if setup.wire == setup.device else ThroughHost(module, setup.device, rank < world_size - 1)
+        self.stage = TimedPipelineStage(staged, rank, world_size, setup.wire, group=group)
         self.stage.clock = self.clock
         self.injector = injector or FaultInjector([], rank)
         self.current_step = 0
@@ -185,7 +188,7 @@ class PipelineRuntime:
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
-        self._eval_stage = TimedPipelineStage(module, rank, world_size, setup.device, group=group)
+        self._eval_stage = TimedPipelineStage(staged, rank, world_size, setup.wire, group=group)
         self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
@@ -287,9 +290,9 @@ class PipelineRuntime:
         """
         if self.guard.policy != "skip":
             return 0.0 if loss is None else float(loss)
-        value = torch.zeros(1, device=self.setup.device)
+        value = torch.zeros(1, device=self.setup.wire)
         if loss is not None:
-            value += loss.float()
+            value += loss.float().to(value.device)
         self.mark("sync")
         dist.all_reduce(value, group=self.group)
         return float(value)

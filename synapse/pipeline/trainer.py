@@ -237,7 +237,7 @@ class PipelineRunner:
         if prepared is None:
             return False
         moves, optim_state, outgoing = prepared
-        device = self.setup.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        device = self.setup.wire  # where the process group moves tensors
         self.runtime.mark("recv")  # a point-to-point exchange: each rank waits on its peers
         received = exchange_blocks(moves, self.rank, outgoing.__getitem__, device)
         self.runtime.mark("repartition")

@@ -19,10 +19,17 @@ expecting to send gradients" when the no-grad teacher activation gets no gradien
 ``attach_zero_grad`` gives that input an exact zero gradient without touching the forward values
 (an identity, not ``x + 0 * t``, which would turn an inf in t into NaN). Newer versions skip the
 send, so the zeros are only produced where they are needed.
+
+Ranks that share one GPU (``trainer.shared_gpu``) exchange through host memory: NCCL refuses two
+ranks on one GPU and gloo cannot send CUDA tensors. ``ThroughHost`` keeps the stage on its GPU
+and puts its boundary on the host; pipelining's buffers, sends and receives are then gloo's.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from synapse.config import torch_version
 
@@ -68,3 +75,30 @@ class _AttachZeroGrad(torch.autograd.Function):
 
 def attach_zero_grad(output: torch.Tensor, companion: torch.Tensor) -> torch.Tensor:
     return _AttachZeroGrad.apply(output, companion)
+
+
+class ThroughHost(nn.Module):
+    """A stage computed on its GPU whose received inputs and sent outputs live in host memory.
+
+    torch.distributed.pipelining allocates receive buffers on its stage's device and moves its
+    module there; here that device is the host, so ``to`` leaves the stage where it is. The
+    copies are autograd's own: gradients come back through them to the host tensors that
+    pipelining sends upstream. The last stage's outputs stay on the GPU, where the loss is.
+    """
+
+    def __init__(self, stage: nn.Module, device: torch.device, outputs_to_host: bool):
+        super().__init__()
+        self.stage, self.device, self.outputs_to_host = stage, device, outputs_to_host
+
+    @property
+    def graphs(self) -> Any:  # the stage's captures (TimedPipelineStage selects a micro-batch's)
+        return getattr(self.stage, "graphs", None)
+
+    def to(self, *args: Any, **kwargs: Any) -> ThroughHost:  # type: ignore[override]
+        return self  # pipelining's move to the wire device: the stage computes on its GPU
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.stage(*(x.to(self.device) for x in inputs))
+        if not self.outputs_to_host:
+            return outputs
+        return tuple(y.to("cpu") for y in outputs)

@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from synapse.config import SynapseConfig, resolve_accelerator, resolve_devices
+from synapse.config import SynapseConfig, resolve_devices
 from synapse.engine import build_compute_setup
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
@@ -127,7 +127,7 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device_id = resolve_devices(cfg.trainer)[local_rank]
     setup = build_compute_setup(cfg.trainer, device_id=device_id, local_processes=local_world)
-    backend = "nccl" if resolve_accelerator(cfg.trainer) == "cuda" else "gloo"
+    backend = "nccl" if setup.wire.type == "cuda" else "gloo"  # ranks sharing a GPU: gloo through host memory
     if cfg.trainer.nodes == 1:
         listen_on_loopback_only()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))

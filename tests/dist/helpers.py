@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -14,10 +15,17 @@ from synapse.conf import CONF_DIR as PACKAGE_CONF_DIR
 
 CONF_DIR = str(PACKAGE_CONF_DIR)
 
+# SYNAPSE_TEST_SHARED_GPU=<gpu>: the same runs with every rank on that one GPU (trainer.shared_gpu),
+# in fp32 with deterministic kernels: the multi-GPU code paths (graphs, CUDA clocks read late, GPU
+# checkpoints, live re-partition) where one GPU is all there is (experiments/gpu/shared_gpu.sh).
+SHARED_GPU = os.environ.get("SYNAPSE_TEST_SHARED_GPU")
+ON_DEVICE = (["trainer.accelerator=cpu"] if SHARED_GPU is None else
+             ["trainer.accelerator=cuda", f"trainer.shared_gpu={SHARED_GPU}", "trainer.deterministic=true"])
+
 # Small, fast and deterministic: one thread per rank, fixed micro-batches, no augmentation.
 BASE_OVERRIDES = [
     "trainer=cpu", "partition=even", "injection=none",  # not the default demo's partition=auto and slowdown
-    "trainer.accelerator=cpu", "trainer.threads=1", "trainer.progress=false", "trainer.max_steps=4",
+    *ON_DEVICE, "trainer.threads=1", "trainer.progress=false", "trainer.max_steps=4",
     "data.batch_size=16", "data.augment=false", "pipeline.microbatches=4", "checkpoint.keep=10",
     "teacher=resnet_micro", "student=resnet_micro",
 ]

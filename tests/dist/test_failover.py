@@ -17,7 +17,7 @@ from synapse.app import run
 from synapse.failover import compose_segment_config, merge_overrides, read_segment_overrides, read_segments
 from synapse.rundir import read_events, read_jsonl
 
-from .helpers import BASE_OVERRIDES, assert_identical_states, final_student_state
+from .helpers import BASE_OVERRIDES, SHARED_GPU, assert_identical_states, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -205,4 +205,8 @@ def test_a_kill_after_a_handled_slowdown_finishes_under_every_policy(tmp_path, t
     events = read_events(tmp_path / "failover_events.jsonl")
     assert not [e for e in events if e["event"] == "controller_error"]
     detected = [e for e in events if e["event"] == "slowdown_detected"]
-    assert detected and detected[0]["device"] == 0 and detected[0]["kind"] == "compute"
+    assert detected
+    # Ranks sharing one GPU (SYNAPSE_TEST_SHARED_GPU) take turns on it: each one's clock also counts
+    # the others' kernels, so which rank reads slow first is not the device's own (docs/gpu.md).
+    if SHARED_GPU is None:
+        assert detected[0]["device"] == 0 and detected[0]["kind"] == "compute"

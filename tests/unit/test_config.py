@@ -30,6 +30,7 @@ HAS_CUDA = torch.cuda.is_available()
 NEEDS_MORE = {("data", "imagenet100"): "data.root"}
 if not HAS_CUDA:
     NEEDS_MORE[("trainer", "gpu")] = "trainer.accelerator"
+    NEEDS_MORE[("trainer", "shared_gpu")] = "trainer.accelerator"
     NEEDS_MORE[("experiment", "failover_vit_resnet")] = "trainer.accelerator"
     NEEDS_MORE[("experiment", "failover_batch_sweep")] = "trainer.accelerator"
 NEEDS_MORE[("experiment", "kd_vit_resnet_imagenet100")] = "teacher.checkpoint"  # its documented command names a file
@@ -109,8 +110,8 @@ def test_every_group_member_composes_is_applied_and_validates(make_config, group
 
 def wants_more_gpus_than_here(cfg: DictConfig) -> bool:
     """A GPU run on a machine with a GPU but fewer than it names (a 4-GPU experiment on one H200)."""
-    if not HAS_CUDA or cfg.trainer.accelerator == "cpu":
-        return False
+    if not HAS_CUDA or cfg.trainer.accelerator == "cpu" or cfg.trainer.shared_gpu is not None:
+        return False  # (ranks sharing one GPU need only that one)
     devices = cfg.trainer.devices
     wanted = int(devices) if isinstance(devices, int) else max(int(d) for d in devices) + 1
     return wanted > torch.cuda.device_count()
@@ -253,6 +254,8 @@ VALIDATION_ERRORS = [
     (["pipeline.microbatches=0"], "pipeline.microbatches: must be > 0", "set pipeline.microbatches"),
     (["trainer.accelerator=cpu", "trainer.devices=[0,0]"], "trainer.devices: duplicate device ids in [0, 0]",
      "list each device once"),
+    (["trainer.accelerator=cpu", "trainer.shared_gpu=0"],
+     "trainer.shared_gpu: 0 names a GPU for every rank, but the run is on the CPU", "trainer.shared_gpu=null"),
     (["trainer.accelerator=cpu", "trainer.devices=[]"], "trainer.devices: no devices given",
      "trainer.devices=1"),
     (["trainer.accelerator=cpu", "trainer.devices=abc"], "trainer.devices: 'abc' is neither a count nor a list",
