@@ -49,7 +49,8 @@ def decision_outcomes(run: Run) -> pd.DataFrame:
     rows = []
     acting = chosen.loc[chosen["action"] != "keep", "decision"].tolist()
     for record in chosen.to_dict("records"):
-        realised = run.end_time - record["time"]
+        # a decision taken on the last step's record is logged after it: nothing was left to run
+        realised = max(0.0, run.end_time - record["time"])
         error = record["eta_s"] - realised
         rows.append({"decision": record["decision"], "step": record["step"], "elapsed_s": record.get("elapsed_s"),
                      "action": record["action"], "reason": record["reason"], "predicted_eta_s": record["eta_s"],

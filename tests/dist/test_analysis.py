@@ -57,10 +57,11 @@ def train(args: list[str], timeout: float) -> None:
 def run_dir(tmp_path_factory, teacher_file) -> Path:
     run_dir = tmp_path_factory.mktemp("analysis_run")
     # teacher.checkpoint: a random teacher is enough for KD, and skips training one with labels.
-    # policy=keep: the drill is the one restart. The ETA policy weighs the slowdown against a restart
-    # from timings, so on a loaded machine it may act first, and the drill then drops another device.
+    # policy=keep and the drill's device named: the drill is the one restart, and it drops device 2
+    # (a DEGRADE drill without a device drops the one the run's timings judge slowest: on a loaded
+    # machine that was device 0 once, and the ETA policy once acted before the drill).
     train([f"hydra.run.dir={run_dir}", *TINY, f"teacher.checkpoint={teacher_file}", "partition=auto",
-           "data.batch_size=16", "policy=keep", "failover.drills=[{step:25,action:degrade}]"], timeout=300)
+           "data.batch_size=16", "policy=keep", "failover.drills=[{step:25,action:degrade,device:2}]"], timeout=300)
     return run_dir
 
 
@@ -158,7 +159,7 @@ def test_the_decision_figure_shows_every_option_and_the_realised_time(run):
     assert sum(1 for p in ax.patches if p.get_hatch()) == decisions  # the chosen option of each
     realised = next(line for line in ax.lines if line.get_gid() == "realised")
     expected = decision_outcomes(run)["realised_remaining_s"]
-    assert np.allclose(realised.get_ydata(), expected) and (expected > 0).all()
+    assert np.allclose(realised.get_ydata(), expected) and (expected >= 0).all()
     assert ax.get_ylabel() == "time to finish the run (s)"
 
 

@@ -132,3 +132,32 @@ def test_the_slurm_launcher_asks_for_one_node_and_one_task_per_job(tmp_path, mon
     for flag in ("--partition=gpu", "--nodes=1", "--ntasks-per-node=1", "--gpus-per-node=4", "--cpus-per-task=32",
                  "--time=240", "--array=0-1%2"):
         assert f"#SBATCH {flag}" in flags, sorted(flags)
+
+
+@pytest.mark.timeout(60)
+def test_the_slurm_nodes_launcher_keeps_the_job_when_a_node_fails_and_requeues_it(tmp_path, monkeypatch):
+    """Issue #36, item 4: by default Slurm ends the allocation when a node fails, so a lost node's
+    DEGRADE could never run. The sbatch file of conf/hydra/launcher/slurm_nodes.yaml asks for
+    --no-kill (the job) and exports SLURM_NO_KILL before srun (the step's --no-kill), and --requeue (a lost
+    node 0, the decider, puts the job back; resume=auto in its documented command continues it)."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    cfg = hydra_config(tmp_path, "hydra/launcher=slurm_nodes", "trainer.nodes=2", "resume=auto")
+    launcher = Plugins.instance().instantiate_launcher(hydra_context=None, task_function=print, config=cfg)
+    files: list[str] = []
+
+    def capture(executor: SlurmExecutor, command: str):
+        files.append(executor._make_submission_file_text(command, "test"))
+        raise Submitted
+
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))
+    monkeypatch.setattr(SlurmExecutor, "_submit_command", capture)
+    with pytest.raises(Submitted):
+        launcher.launch([["trainer.nodes=2"]], initial_job_idx=0)
+    lines = files[0].splitlines()
+    for flag in ("--no-kill", "--requeue", "--nodes=2", "--ntasks-per-node=1"):
+        assert f"#SBATCH {flag}" in lines, [line for line in lines if line.startswith("#SBATCH")]
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert "export SLURM_NO_KILL=1" in lines[:srun]
+    documented = (CONF_DIR / "hydra" / "launcher" / "slurm_nodes.yaml").read_text()
+    assert "resume=auto" in documented.split("python train.py -m hydra/launcher=slurm_nodes")[1].splitlines()[0]

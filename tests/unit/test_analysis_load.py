@@ -283,6 +283,15 @@ def test_decision_outcomes_compare_the_chosen_eta_with_the_realised_remaining_ti
     assert list(outcomes["later_actions"]) == [1, 0]
 
 
+def test_a_decision_logged_after_the_last_step_s_record_had_nothing_left_to_run(failover_run):
+    """The controller decides on a step's record, so a decision on the last step is logged after
+    the run's end: its realised remaining time is 0, not a negative one, and its error is unscaled."""
+    with (failover_run / "failover_events.jsonl").open("a") as f:
+        f.write(json.dumps(decision(10, "keep", T0 + 16.02)) + "\n")
+    last = decision_outcomes(load_run(failover_run)).set_index("step").loc[10]
+    assert last["realised_remaining_s"] == 0.0 and last["error_s"] == 9.0 and math.isnan(last["error_frac"])
+
+
 def test_option_etas_has_one_column_per_option_in_order(failover_run):
     etas = option_etas(load_run(failover_run))
     assert list(etas.columns) == ["decision", "step", "action", "eta_keep_s", "eta_replan_s", "eta_degrade_s"]
