@@ -51,7 +51,7 @@ from synapse.health import kill_live_workers, read_heartbeats
 from synapse.launch import WorkerFailure, launch_pipeline
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
-from synapse.rundir import EventLog, derived_id, events_path, run_key
+from synapse.rundir import NODE_SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
 
 
 def run_across_nodes(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
@@ -122,11 +122,18 @@ class NodeDecider:
             raise NodeSetupError("; ".join(f"node_rank {n}: {p}" for n, p in sorted(problems.items())))
         missing = sorted(expected - set(hellos))
         if missing:
+            # A node that started but writes elsewhere left no lock here (and its hello, sealed with
+            # another run key, was refused above)
+            elsewhere = [n for n in missing if not NODE_SUPERVISOR_LOCK.path(self.run_dir, node=n).exists()]
+            hint = (f" Node(s) {elsewhere} left nothing in this run directory ({self.run_dir}): if they were "
+                    f"started, their hydra.run.dir is another directory; it must be on a filesystem every node "
+                    f"sees, at the same path on every node." if elsewhere else "")
             raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after trainer.rdzv_timeout_s="
                                  f"{self.timeout_s:g} s: trainer.nodes={self.topology.nodes} nodes were expected (this "
-                                 f"is node_rank 0) and node(s) {missing} did not join. Fix: start python train.py on "
-                                 f"every node with the same trainer.rdzv_endpoint and trainer.nodes (node_rank "
-                                 f"1..{self.topology.nodes - 1}), within the timeout, or raise trainer.rdzv_timeout_s")
+                                 f"is node_rank 0) and node(s) {missing} did not join.{hint} Fix: start python "
+                                 f"train.py on every node with the same trainer.rdzv_endpoint and trainer.nodes "
+                                 f"(node_rank 1..{self.topology.nodes - 1}) and run directory, within the timeout, "
+                                 f"or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})")
 
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:

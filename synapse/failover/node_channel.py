@@ -39,12 +39,16 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from synapse.config import ConfigError
 from synapse.launch import RendezvousSetupError, rendezvous_bind_address, store_on
-from synapse.rundir import Refusals, SealedStore, run_key
+from synapse.rundir import Refusals, SealedStore, derived_id, run_key
 
 PREFIX = "synapse/nodes"
 BEAT_S = 0.5
 POLL_S = 0.05
 MEETING = "nodes meeting"  # the scope of the records before the decider's instance is known
+# Not sealed: a name derived from node 0's run key (it reveals nothing of the key). An agent whose
+# own key gives another name holds another run directory: it explains a meeting that never
+# happens; a forged value changes only the words of that error, never whether a node joins.
+KEY_ID = f"{PREFIX}/run_key_id"
 
 
 class NodeChannelError(RuntimeError):
@@ -128,6 +132,7 @@ class NodeChannel:
         self.store, self.endpoint = store, endpoint
         # one connection, used by a process's main thread and its watcher (the records' lock)
         self.records = SealedStore(store, key, refused, scope=MEETING)
+        self.key_id = derived_id(key, "run key id")
         self._orders_sent: dict[int, int] = {}  # the decider's: orders sent to each node (the next one's number)
         self._beats_sent = 0  # an agent's beat thread's: its beat count
         self._last_report: str | None = None  # an agent's: the key of its last report
@@ -145,7 +150,9 @@ class NodeChannel:
         except (OSError, RuntimeError) as exc:
             raise NodeSetupError(f"trainer.rdzv_endpoint={endpoint}: node 0 cannot listen there ({exc}). Fix: "
                                    f"choose a free port of this machine's address") from exc
-        return cls(store, endpoint, key, Refusals(run_dir, source="decider", log=log))
+        channel = cls(store, endpoint, key, Refusals(run_dir, source="decider", log=log))
+        store.set(KEY_ID, channel.key_id)
+        return channel
 
     @classmethod
     def connect(cls, endpoint: str, node_rank: int, timeout_s: float, run_dir: Path | str,
@@ -162,6 +169,18 @@ class NodeChannel:
                 f"check that {endpoint} is reachable from this machine, or raise trainer.rdzv_timeout_s") from exc
         # read once the store answers: node 0 made the key (if the run had none) before it served
         return cls(store, endpoint, run_key(run_dir), Refusals(run_dir, source=f"agent of node {node_rank}", log=log))
+
+    def holds_another_run_key(self) -> bool:
+        """Whether node 0 published a run key id unlike this node's (its run directory is another)."""
+        try:
+            deadline = time.monotonic() + 1.0  # node 0 sets it as soon as its store serves
+            while not self.store.check([KEY_ID]):
+                if time.monotonic() > deadline:
+                    return False  # (removed by someone: no explanation, and no delay either)
+                time.sleep(POLL_S)
+            return self.store.get(KEY_ID).decode(errors="replace") != self.key_id
+        except (RuntimeError, OSError):
+            return False
 
     def _key(self, *parts: Any) -> str:
         return "/".join([PREFIX, *map(str, parts)])

@@ -9,6 +9,7 @@ from synapse.health.liveness import (
     kill_live_workers,
     pid_alive,
     read_heartbeats,
+    written_here,
 )
 from synapse.health.monitor import (
     HealthConfigError,
@@ -23,4 +24,4 @@ from synapse.health.probe import CudaProbe
 __all__ = ["CudaProbe", "FINISHED_PHASE", "HealthConfigError", "HealthMonitor", "HealthSettings",
            "Heartbeat", "LivenessTracker", "NullHealthMonitor", "NullNvml", "build_health_monitor",
            "cuda_to_nvml_index", "decode_clock_reasons", "heartbeat_path", "kill_live_workers", "open_nvml",
-           "pid_alive", "read_heartbeats"]
+           "pid_alive", "read_heartbeats", "written_here"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -173,6 +174,10 @@ class LivenessTracker:
         for rank, beat in sorted(beats.items()):
             if self.since is not None and beat.get("time", 0.0) < self.since:
                 continue  # left by an earlier launch
+            if not written_here(beat):  # another node's rank: its pid means nothing here
+                status[rank] = {"pid": int(beat["pid"]), "step": int(beat["step"]), "phase": str(beat.get("phase", "")),
+                                "host": beat.get("host"), "state": NOT_OURS}
+                continue
             progress = self._track(rank, beat, now)
             rank_status, event = self._judge(rank, progress, now)
             status[rank] = rank_status
@@ -232,10 +237,28 @@ def kill_live_workers(beats: Mapping[int, Mapping[str, Any]], since: float | Non
     signalled = []
     for beat in beats.values():
         pid = int(beat["pid"])
-        if (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) \
+        if written_here(beat) and (since is None or beat.get("time", 0.0) >= since) and pid_alive(pid) \
                 and signal_launch_worker(pid, signum, since):
             signalled.append(pid)
     return signalled
+
+
+def _host_id() -> str:
+    """This machine, container included: its host name and boot id. A pid names a process only on
+    the host that wrote it (pids repeat across nodes, and across containers of one host)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+HOST_ID = _host_id()
+
+
+def written_here(beat: Mapping[str, Any]) -> bool:
+    """Whether a heartbeat was written on this host (one without a host: by a version before hosts)."""
+    return beat.get("host", HOST_ID) == HOST_ID
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
@@ -250,8 +273,8 @@ class Heartbeat:
         self.beat(step=0, phase="starting")
 
     def beat(self, step: int, phase: str = "training") -> None:
-        record = {"rank": self.rank, "pid": os.getpid(), "device": self.device, "step": step, "phase": phase,
-                  "time": time.time()}
+        record = {"rank": self.rank, "pid": os.getpid(), "host": HOST_ID, "device": self.device, "step": step,
+                  "phase": phase, "time": time.time()}
         tmp = HEARTBEAT.temp_path(self.path, os.getpid())
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.path)
@@ -276,4 +299,5 @@ def is_heartbeat(record: Any) -> bool:
 
     return (isinstance(record, dict) and whole(record.get("rank"), 0) and whole(record.get("pid"), 1)
             and whole(record.get("step"), 0) and isinstance(record.get("phase", ""), str)
+            and isinstance(record.get("host", ""), str)
             and isinstance(record.get("time", 0.0), (int, float)) and not isinstance(record.get("time"), bool))

@@ -32,7 +32,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from synapse.config import TrainerConfig, cuda_index, resolve_accelerator, resolve_devices
 from synapse.data import dataset_lazy_imports
-from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats
+from synapse.health import FINISHED_PHASE, build_health_monitor, kill_live_workers, read_heartbeats, written_here
 from synapse.launch import interrupt, rendezvous
 from synapse.launch.root_cause import WorkerFailure, failure_of
 from synapse.pipeline import LaunchTask, progress_path, read_progress, worker_main
@@ -176,7 +176,9 @@ def _launch_once(config: LaunchConfig, task: LaunchTask, run_dir: Path, attempt:
     hard_failures = tear_down.failures
 
     def judged(reaped: dict) -> WorkerFailure:
-        beats = {r: b for r, b in read_heartbeats(run_dir).items() if b.get("time", 0.0) >= launched_at}
+        # this node's ranks of this launch: their pids mean something here
+        beats = {r: b for r, b in read_heartbeats(run_dir).items()
+                 if b.get("time", 0.0) >= launched_at and written_here(b)}
         progress = read_progress_boards(run_dir, beats, since=launched_at)
         return failure_of(failure_dir, reaped, log_dir, hard_failures, beats, progress, killed=tear_down.killed)
 

@@ -311,7 +311,8 @@ LIVE = Entry(
     "live/", "where each worker is now", "the workers", "the health monitor; the launcher", "folder",
     "created by the first worker")
 HEARTBEAT = Entry(
-    "live/rank_{rank}.json", "a worker's heartbeat: pid, device, step, phase, time",
+    "live/rank_{rank}.json", "a worker's heartbeat: pid, host (name and boot id: a pid means a process only "
+    "there), device, step, phase, time",
     "worker <rank>: at its start, after every step, and at a normal exit (phase finished)",
     "the health monitor (dead and hung ranks -> teardown), the launcher (which ranks to kill, what failed), a "
     "starting supervisor (pids of workers left behind)", "JSON object",

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from synapse.health import LivenessTracker, kill_live_workers, pid_alive
-from synapse.health.liveness import is_launch_worker, signal_launch_worker
+from synapse.health.liveness import HOST_ID, is_launch_worker, signal_launch_worker, written_here
 
 FORK_SERVER = ("import subprocess, sys, time\n"
                "worker = subprocess.Popen(['sleep', '60'])\n"
@@ -84,3 +84,19 @@ def test_a_heartbeat_naming_a_helper_is_never_judged_hung(who):
         status, events = tracker.update(beats, now=since + 10)
         assert status[9]["state"] == "not ours" and status[0]["state"] == "hung"
         assert [e["rank"] for e in events] == [0]
+
+
+def test_a_heartbeat_written_on_another_host_is_never_judged_nor_killed_here():
+    """Issue #36, item 5: pids repeat across nodes (and containers). A rank of another node whose
+    pid is, here, a live worker of this launch is another node's to judge: not ours, not killed."""
+    since = time.time()
+    with launch() as (_, worker):
+        remote = {"rank": 3, "pid": worker, "host": "node-7/another-boot", "step": 1, "phase": "training",
+                  "time": since}
+        local = {**remote, "rank": 0, "host": HOST_ID}
+        tracker = LivenessTracker(hang_timeout_s=1.0, since=since, is_ours=lambda p: is_launch_worker(p, since))
+        status, events = tracker.update({3: remote}, now=since + 10)
+        assert status[3]["state"] == "not ours" and events == []
+        assert kill_live_workers({3: remote}, since=since) == [] and pid_alive(worker)
+        assert written_here(local) and not written_here(remote) and written_here({"rank": 0, "pid": worker})
+        assert kill_live_workers({0: local}, since=since) == [worker]
