@@ -11,6 +11,7 @@ everything finished; rerun the same command on the surviving nodes with ``resume
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -100,6 +101,8 @@ class Agent:
             order = self._next_order()
             if isinstance(order, ExitOrder):
                 self.decider_lost.set()  # stops the beat thread; the decider is leaving
+                with contextlib.suppress(RuntimeError, OSError):  # it waits for this before it leaves
+                    self.channel.acknowledge_exit(self.node, self.orders_seen - 1)
                 if order.error:
                     raise RuntimeError(f"node {self.node}: the run ended on node 0 with an error: {order.error}")
                 self.log(f"agent: node {self.node}: the run is over")

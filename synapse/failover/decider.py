@@ -38,6 +38,7 @@ from synapse.config import (
 )
 from synapse.failover.agent import run_agent
 from synapse.failover.node_channel import (
+    BEAT_S,
     POLL_S,
     ExitOrder,
     LaunchOrder,
@@ -101,6 +102,7 @@ class NodeDecider:
         self.channel = NodeChannel.host(self.endpoint, self.timeout_s, self.run_dir, log)
         self.instance = secrets.token_hex(8)  # scopes this decider's records: none of an earlier run opens
         self.lost: set[int] = set()
+        self.joined: set[int] = set()  # the nodes welcomed into the run (set once the meeting succeeded)
         self.events = EventLog(events_path(self.run_dir), source="decider")
 
     # ------------------------------------------------------------------ meeting the agents
@@ -135,6 +137,7 @@ class NodeDecider:
                                  f"(node_rank 1..{self.topology.nodes - 1}) and run directory, within the timeout, "
                                  f"or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})")
+        self.joined = set(hellos)
 
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:
         if hello.nodes != self.topology.nodes:
@@ -148,17 +151,18 @@ class NodeDecider:
     def close(self, error: BaseException | None = None) -> None:
         """The run is over: tell every agent still there, so it exits (with the error, if any)."""
         message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
-        sent = {node: self.channel.orders_sent(node) for node in range(1, self.topology.nodes)}
-        for node in sent:
-            if node not in self.lost:
-                self.channel.order(node, ExitOrder(message))
-        # the agents read it before this process (the store's server) exits
-        deadline = time.monotonic() + 2 * POLL_S + 0.5
-        while time.monotonic() < deadline:
-            for node, first in sent.items():
-                with contextlib.suppress(RuntimeError, OSError):
-                    self.channel.keep_orders(node, first)  # put back if someone overwrote it meanwhile
-            time.sleep(POLL_S)
+        exits = {node: self.channel.orders_sent(node) for node in range(1, self.topology.nodes)
+                 if node not in self.lost}
+        for node in exits:
+            self.channel.order(node, ExitOrder(message))
+        # This process serves the store: it stays until every agent that joined acknowledged (a live
+        # agent reads its orders every BEAT_S), or a node timeout has passed for the silent ones. A
+        # meeting that failed has no agent serving: nothing to wait for.
+        with contextlib.suppress(RuntimeError, OSError):
+            silent = self.channel.await_exit_acks({n: seq for n, seq in exits.items() if n in self.joined},
+                                                  max(4 * BEAT_S, self.node_timeout_s))
+            if silent:
+                self.log(f"decider: node(s) {silent} did not acknowledge the end of the run; leaving anyway")
 
     # ------------------------------------------------------------------ one segment on all its nodes
     def __call__(self, task: LaunchTask, run_dir: Path, attempt: str = "0", log: Callable[[str], None] = print

@@ -28,7 +28,7 @@ its own timeout.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -255,6 +255,29 @@ class NodeChannel:
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ reports and beats
+    def acknowledge_exit(self, node_rank: int, order_seq: int) -> None:
+        """An agent's: it read the exit order numbered ``order_seq`` and is leaving."""
+        self.records.put(self._key("exit_ack", node_rank), {"order": order_seq})
+
+    def await_exit_acks(self, orders: Mapping[int, int], timeout_s: float) -> list[int]:
+        """The decider's, after its exit orders (``orders``: node -> that order's number): wait until
+        each node acknowledged its order, putting back any order someone overwrote meanwhile; the
+        nodes that did not within ``timeout_s``, in order. The store's server is this process: it
+        must not leave before the agents have read their orders."""
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(orders)
+        while waiting:
+            for node, seq in list(waiting.items()):
+                ack = self.records.get(self._key("exit_ack", node))
+                if isinstance(ack, dict) and ack.get("order") == seq:
+                    del waiting[node]
+                else:
+                    self.keep_orders(node, seq)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        return sorted(waiting)
+
     def report(self, report: NodeReport) -> None:
         self._last_report = self._key("report", report.segment, report.node_rank)
         self.records.put(self._last_report, asdict(report))

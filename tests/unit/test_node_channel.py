@@ -4,6 +4,7 @@ within the timeout, and a record the run did not seal is refused and logged, nev
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -189,3 +190,25 @@ def test_stop_requests_cross_nodes_through_the_deciders_store(tmp_path, caplog):
     with pytest.raises(ControlRecordError):
         StopRequest.from_dict({"id": "x"})
     del decider
+
+
+def test_the_decider_leaves_once_every_agent_acknowledged_its_exit(pair):
+    """Issue #36, item 3: the decider serves the store, so it must not leave before the agents read
+    their exit orders. It waits for each one's acknowledgement (not a fixed sleep, as before), and
+    names the nodes that stayed silent once the timeout has passed."""
+    decider, agent = pair
+    decider.order(1, ExitOrder())
+    def agent_reads_it_and_acknowledges():
+        if agent.next_order(1, 0, timeout_s=1) == ExitOrder():
+            agent.acknowledge_exit(1, 0)
+
+    acknowledging = threading.Timer(0.5, agent_reads_it_and_acknowledges)
+    acknowledging.start()
+    started = time.monotonic()
+    assert decider.await_exit_acks({1: 0}, timeout_s=5) == []
+    assert 0.4 < time.monotonic() - started < 4, "left when the agent acknowledged, not before, not at the timeout"
+    acknowledging.join()
+    decider.order(1, ExitOrder("a second run end"))
+    started = time.monotonic()
+    assert decider.await_exit_acks({1: 1}, timeout_s=0.5) == [1], "order 0's acknowledgement is not order 1's"
+    assert time.monotonic() - started >= 0.5
