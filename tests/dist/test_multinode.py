@@ -45,7 +45,7 @@ def test_node_local_run_directories_are_refused_before_the_first_step_naming_the
     names its run directory and the fix, node 0 says node 1 left nothing in its run directory."""
     common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={tmp_path}/cache",
               "trainer.devices=1", "trainer.nodes=2", f"trainer.rdzv_endpoint=127.0.0.1:{free_port()}",
-              "trainer.rdzv_timeout_s=8"]
+              "trainer.rdzv_timeout_s=15"]  # node 1 must reach the store while node 0 waits
     dirs = [tmp_path / f"node{rank}" for rank in (0, 1)]
     nodes = [subprocess.Popen([sys.executable, "train.py", *common, f"run_dir={run_dir}", f"trainer.node_rank={rank}"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
