@@ -313,6 +313,11 @@ class RemoteNodesWatch:
                 self.decider.events.append("node_lost", hard=True, node=node, segment=self.segment,
                                            silent_s=round(now - since, 2))
                 self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")
+                # Best effort: an agent that was only stalled reads this when it wakes and tears its
+                # workers down, rather than train on beside the launch that replaces them.
+                with contextlib.suppress(RuntimeError, OSError):
+                    channel.order(node, StopOrder(self.segment, f"node {node} was declared lost (no beat for "
+                                                                f"{now - since:.1f} s); the run goes on without it"))
                 self._tear_down_local(f"node {node} was lost")
 
     def _tear_down_local(self, reason: str) -> None:

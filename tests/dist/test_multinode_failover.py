@@ -199,3 +199,29 @@ def test_a_slowdown_on_node_1_is_decided_as_on_one_node(tmp_path, teacher_file):
     # When and what is decided must match; the cut may differ: the planner prices a node's CPU
     # contention from its own ranks (2 per node here, 4 on the one node), and links have a price.
     assert [d[:3] for d in decisions_until_first_action(controller, records)] == [d[:3] for d in logged[:1]]
+
+
+def test_a_node_declared_lost_is_told_to_stop(tmp_path):
+    """Issue #36, item 3: a node found lost (no beat for failover.node_timeout_s) was excluded and
+    never told anything, so an agent that was only stalled could wake and train on beside the launch
+    that replaced it. Node 0's watch now sends it a stop order for the segment, on the run's real
+    store, where the agent's watcher looks during a launch."""
+    from synapse.failover.decider import NodeDecider, RemoteNodesWatch
+    from synapse.failover.node_channel import NodeChannel, StopOrder
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    cfg = typed_config(compose_config(tmp_path, ["trainer.devices=1", "trainer.nodes=2",
+                                                 f"trainer.rdzv_endpoint={endpoint}", "failover.node_timeout_s=0.5"]))
+    decider = NodeDecider(cfg.trainer, cfg.failover, tmp_path, log=lambda m: None)
+    try:
+        agent = NodeChannel.connect(endpoint, node_rank=1, timeout_s=10, run_dir=tmp_path)
+        watch = RemoteNodesWatch(decider, segment=0, remote=[1], started=time.time())
+        watch.start()  # the agent never beats: a stalled node
+        order = agent.next_order(1, 0, timeout_s=10)
+        watch.stop()
+        assert isinstance(order, StopOrder) and order.segment == 0 and "declared lost" in order.reason, order
+        assert watch.lost == {1} and decider.lost == {1}
+        [lost] = read_events(tmp_path / "failover_events.jsonl", "node_lost")
+        assert lost["node"] == 1
+    finally:
+        decider.close()
