@@ -56,20 +56,19 @@ def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] 
     nonce = secrets.token_hex(8)  # the welcome must echo it: no welcome of an earlier run is taken for this one's
     channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(),
                                 nonce))
-    # Read now: when the meeting fails for that reason, node 0 gives up and its store is gone.
-    elsewhere = NodeSetupError(
-        f"node_rank {node}: this node's run directory {run_dir} is not node 0's: it holds another run key "
-        f"({RUN_KEY.template}), so node 0 cannot read this node's records. Fix: put hydra.run.dir on a filesystem "
-        f"every node sees, at the same path on every node (the checkpoints and records of all nodes live there)"
-    ) if channel.holds_another_run_key() else None
+    another_key = channel.holds_another_run_key()  # read now: when that fails the meeting, node 0's store goes
     try:
         welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s, nonce)
-    except RuntimeError as exc:  # node 0's store went away (it gave up on this node)
-        if elsewhere:
-            raise elsewhere from exc
-        raise
-    if welcome is None and elsewhere:
-        raise elsewhere
+    except RuntimeError:  # node 0's store went away (it gave up on this node)
+        if not another_key:
+            raise
+        welcome = None
+    if welcome is None and another_key:
+        raise NodeSetupError(
+            f"node_rank {node}: this node's run directory {run_dir} is not node 0's: it holds another run key "
+            f"({RUN_KEY.template}), so node 0 cannot read this node's records. Fix: put hydra.run.dir on a "
+            f"filesystem every node sees, at the same path on every node (the checkpoints and records of all "
+            f"nodes live there)")
     if welcome is None:
         raise NodeSetupError(f"node_rank {node}: node 0 at {endpoint} did not answer within "
                              f"{2 * trainer.rdzv_timeout_s:g} s. Fix: start node 0 with the same trainer.rdzv_endpoint")
