@@ -31,7 +31,6 @@ from synapse.config import (
     SynapseConfig,
     check_resume_settings,
     config_yaml,
-    num_stages,
     run_topology,
     typed_config,
     validate,
@@ -40,18 +39,9 @@ from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
 from synapse.launch import DISK_FULL, RunInterrupted, launch_pipeline, newest_checkpoint
-from synapse.models import count_blocks
 from synapse.partitioning import StagePlanner
 from synapse.pipeline import LaunchTask
-from synapse.planning import (
-    RunPlan,
-    auto_partition,
-    build_stage_planner,
-    choose_microbatches_for,
-    compare_plan_with_run,
-    placement_for_config,
-    profile_models,
-)
+from synapse.planning import compare_plan_with_run, plan_run, profile_models
 from synapse.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -137,31 +127,18 @@ def run_pipeline(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
 def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None = None,
                   nodes: NodeDecider | None = None) -> dict[str, Any]:
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
-    k = num_stages(cfg.trainer)
-    devices = stage_devices(cfg)
-    # pipeline.microbatches=auto: chosen with the cuts, then fixed for the whole run (in its plan)
-    microbatches = (choose_microbatches_for(cfg, info, devices, run_dir, log) if cfg.pipeline.microbatches == "auto"
-                    else int(cfg.pipeline.microbatches))
-    failover = cfg.failover.enabled
-    # The run's one planner: it makes the first plan and prices every re-plan (measuring or
-    # reading the block profiles once); a manual partition without failover needs none.
-    planner = (build_stage_planner(cfg, info, microbatches, log) if cfg.partition.mode == "auto" or failover
-               else None)
-    if cfg.partition.mode == "auto":  # the planner was built above (cast)
-        partition, _ = auto_partition(cfg.partition, cast(StagePlanner, planner), devices, run_dir, log)
-        partition.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
-                                     count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
-    else:
-        # fails before any process starts
-        partition = placement_for_config(cfg.partition, cfg.teacher, cfg.student, devices, info)
+    plan, planner = plan_run(cfg, info, stage_devices(cfg), run_dir, log)  # fails before any process starts
+    partition, microbatches = plan.placement, plan.microbatches
+    k, failover = partition.num_stages, cfg.failover.enabled
     weights = teacher_weights(cfg, run_dir, log)
     resume_checkpoint = resolve_resume(cfg.resume, run_dir, log)
     PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
-    log(f"pipeline: {k} stage{'' if k == 1 else 's'}, teacher blocks per stage {list(partition.teacher_counts)}, "
+    replicated = f"{partition.replicas} replicas x " if partition.replicas > 1 else ""
+    log(f"pipeline: {replicated}{k} stage{'' if k == 1 else 's'}, teacher blocks per stage "
+        f"{list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
         f"{microbatches} micro-batches")
     resume = str(resume_checkpoint) if resume_checkpoint else None
-    plan = RunPlan(partition, microbatches)
     if failover:  # the planner was built above (cast)
         summary = run_with_failover(cfg, run_dir, cast(StagePlanner, planner), plan, str(weights), resume,
                                     overrides, log, launch=nodes or launch_pipeline)

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from synapse.config import (
     PartitionConfig,
@@ -30,6 +30,7 @@ from synapse.config import (
     TeacherConfig,
     TrainerConfig,
     cuda_index,
+    fixed_replicas,
     resolve_accelerator,
     resolve_devices,
     run_topology,
@@ -41,6 +42,7 @@ from synapse.partitioning import (
     OPTIMIZER_STATE_MULTIPLIERS,
     DeviceFacts,
     DeviceSpec,
+    LayoutChoiceError,
     PartitionError,
     PartitionPlan,
     Placement,
@@ -48,9 +50,11 @@ from synapse.partitioning import (
     StagePlanner,
     StepSpec,
     candidate_counts,
+    choose_layout,
     choose_microbatches,
     cpu_contention,
     even_counts,
+    layout_shapes,
     load_profile_csv,
 )
 from synapse.profiling import profile_for_config
@@ -138,27 +142,106 @@ class RunPlan:
     microbatches: int
 
 
-def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callable[[str], None] = print
-                        ) -> StagePlanner:
+def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callable[[str], None] = print,
+                        replicas: int = 1) -> StagePlanner:
     """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
-    controller are made by it, so they are priced by the same cost model."""
-    return planner_for_profiles(cfg, profile_models(cfg, info, log, microbatches), microbatches)
+    controller are made by it, so they are priced by the same cost model. It prices one replica's
+    pipeline: profiles at that replica's micro-batch (the global batch over replicas x micro-batches)."""
+    return planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * microbatches), microbatches, replicas)
 
 
-def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None) -> StagePlanner:
+def plan_run(cfg: SynapseConfig, info, devices: list[int], run_dir: Path, log: Callable[[str], None] = print
+             ) -> tuple[RunPlan, StagePlanner | None]:
+    """The run's first plan on ``devices`` (every rank's, in order) and its planner (None when nothing
+    needs one: a fixed partition without failover). Raises before any worker starts on a partition,
+    mesh or batch that cannot run."""
+    replicas = fixed_replicas(cfg.trainer)
+    if replicas is None:  # trainer.replicas=auto (validation: only with partition=auto)
+        return choose_layout_for(cfg, info, devices, run_dir, log)
+    pipeline_devices = devices[:len(devices) // replicas]  # replica 0's; every replica is cut the same way
+    microbatches = (choose_microbatches_for(cfg, info, pipeline_devices, run_dir, log, replicas)
+                    if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches))
+    planner = (build_stage_planner(cfg, info, microbatches, log, replicas)
+               if cfg.partition.mode == "auto" or cfg.failover.enabled else None)
+    if cfg.partition.mode == "auto":  # the planner was built above
+        pipeline, _ = auto_partition(cfg.partition, cast(StagePlanner, planner), pipeline_devices, run_dir, log,
+                                     replicas)
+        pipeline.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
+                                    count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
+    else:
+        pipeline = placement_for_config(cfg.partition, cfg.teacher, cfg.student, pipeline_devices, info)
+    return RunPlan(replicated(pipeline, devices, replicas, cfg.trainer.replica_shares, cfg.data.batch_size,
+                              microbatches), microbatches), planner
+
+
+def choose_layout_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Path,
+                      log: Callable[[str], None] = print) -> tuple[RunPlan, StagePlanner]:
+    """trainer.replicas=auto: every R x K layout of ``devices`` (and its micro-batch count, unless fixed)
+    priced with profiles at its own micro-batch; the fastest is the run's plan (``partitioning.layouts``)."""
+    batch = cfg.data.batch_size
+    fixed = None if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches)
+    blocks = min(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
+                 count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
+    shapes = [(r, k, m) for r, k, m in layout_shapes(len(devices), batch, blocks, microbatches=fixed)
+              if batch // (r * m) >= 2]  # a micro-batch of one sample cannot train BatchNorm
+    planners: dict[tuple[int, int], StagePlanner] = {}
+
+    def planner_for(replicas: int, microbatches: int) -> StagePlanner:
+        if (replicas, microbatches) not in planners:
+            planners[replicas, microbatches] = planner_for_profiles(
+                cfg, profile_models(cfg, info, log, replicas * microbatches), microbatches, replicas)
+        return planners[replicas, microbatches]
+
+    alphas = dict(zip(devices, configured_alphas(cfg.partition, len(devices))))
+    try:
+        choice = choose_layout(planner_for, devices, batch, shapes, alphas)
+    except LayoutChoiceError as exc:
+        raise PartitionError(f"trainer.replicas=auto: {exc}. Fix: set trainer.replicas and the partition "
+                             f"yourself, or change data.batch_size") from None
+    chosen = choice.chosen
+    placement = cast(Placement, chosen.placement)
+    PLAN.path(run_dir).write_text(json.dumps(_jsonable({
+        "layout": {"chosen": chosen.to_dict(batch), "candidates": [c.to_dict(batch) for c in choice.candidates]},
+        "plan": planner_for(chosen.replicas, chosen.microbatches).full_plan(
+            placement.replica_devices(0), configured_alphas(cfg.partition, len(devices), chosen.replicas)).to_dict()
+        | {"step_time_s": chosen.step_time_s},
+    }), indent=1))
+    table = ", ".join(f"{c.replicas}x{c.stages} M={c.microbatches}: " + (
+        f"{c.images_per_s(batch):,.0f} img/s" if math.isfinite(c.step_time_s) else "cannot run")
+        for c in choice.candidates)
+    log(f"trainer.replicas=auto: {chosen.replicas} replica(s) x {chosen.stages} stage(s), {chosen.microbatches} "
+        f"micro-batches, predicted {chosen.images_per_s(batch):,.0f} images/s ({table})")
+    return RunPlan(placement, chosen.microbatches), planner_for(chosen.replicas, chosen.microbatches)
+
+
+def replicated(pipeline: Placement, devices: Sequence[int], replicas: int, shares: Sequence[int] | None, batch: int,
+               microbatches: int) -> Placement:
+    """``pipeline``'s cuts on every replica of ``devices`` (R x K, replica-major); a layout records its
+    shares of the batch (equal unless given), so that failover can share them out anew."""
+    if replicas == 1:
+        return Placement(tuple(devices), pipeline.teacher_counts, pipeline.student_counts)
+    layout = Placement(tuple(devices), pipeline.teacher_counts, pipeline.student_counts, replicas, tuple(shares or ()))
+    return Placement(layout.devices, layout.teacher_counts, layout.student_counts, replicas,
+                     layout.share_sizes(batch, microbatches))
+
+
+def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None, replicas: int = 1
+                         ) -> StagePlanner:
     step = StepSpec(microbatches or _configured_microbatches(cfg.pipeline), Schedule.parse(cfg.pipeline.schedule),
                     optimizer_state_multiplier=OPTIMIZER_STATE[cfg.optim.name])
     return StagePlanner(load_profile_csv(paths.teacher), load_profile_csv(paths.student), step,
-                        device_facts(cfg.trainer, cfg.partition))
+                        device_facts(cfg.trainer, cfg.partition), replicas=replicas)
 
 
 def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Path,
-                            log: Callable[[str], None] = print) -> int:
+                            log: Callable[[str], None] = print, replicas: int = 1) -> int:
     """pipeline.microbatches=auto: price every candidate count with profiles measured at its
-    micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``)."""
-    candidates = candidate_counts(cfg.data.batch_size, len(devices))
-    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, m), m),
-                                 candidates, devices, configured_alphas(cfg.partition, len(devices)))
+    micro-batch size and keep the one whose best placement steps fastest (``planner.microbatches``).
+    ``devices``: one replica's; each of ``replicas`` trains on its share of the batch."""
+    candidates = candidate_counts(cfg.data.batch_size // replicas, len(devices))
+    alphas = configured_alphas(cfg.partition, replicas * len(devices), replicas)
+    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * m), m,
+                                                                replicas), candidates, devices, alphas)
     record = {"candidates": list(candidates), "chosen": choice.microbatches,
               "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
               "not_possible": {str(m): why for m, why in choice.reasons.items()}}
@@ -166,15 +249,18 @@ def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_di
     table = ", ".join(f"M={m}: {t * 1e3:.1f} ms" if math.isfinite(t) else f"M={m}: does not fit"
                       for m, t in choice.step_time_by_count.items())
     log(f"pipeline.microbatches=auto: {choice.microbatches} micro-batches of "
-        f"{cfg.data.batch_size // choice.microbatches} (predicted step {table})")
+        f"{cfg.data.batch_size // (replicas * choice.microbatches)} (predicted step {table})")
     return choice.microbatches
 
 
-def configured_alphas(partition: PartitionConfig, num_stages: int) -> list[float]:
-    alphas = list(partition.alphas) if partition.alphas else [1.0] * num_stages
-    if len(alphas) != num_stages:
-        raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_stages} devices; give one per device")
-    return [float(a) for a in alphas]
+def configured_alphas(partition: PartitionConfig, num_devices: int, replicas: int = 1) -> list[float]:
+    """partition.alphas (one per device of the run); with replicas, per stage of one pipeline: the
+    slowest of that stage's devices across replicas, since every replica must finish a step together."""
+    alphas = [float(a) for a in partition.alphas] if partition.alphas else [1.0] * num_devices
+    if len(alphas) != num_devices:
+        raise ValueError(f"partition.alphas has {len(alphas)} entries for {num_devices} devices; give one per device")
+    k = num_devices // replicas
+    return [max(alphas[r * k + s] for r in range(replicas)) for s in range(k)]
 
 
 def device_specs(trainer: TrainerConfig, partition: PartitionConfig, num_stages: int) -> list[DeviceSpec]:
@@ -200,9 +286,10 @@ def _available_cores() -> int:
 
 
 def auto_partition(partition: PartitionConfig, planner: StagePlanner, devices: list[int], run_dir: Path,
-                   log: Callable[[str], None] = print) -> tuple[Placement, PartitionPlan]:
-    """partition=auto: the run's planner places the models on ``devices`` at the configured alphas."""
-    plan = planner.full_plan(devices, configured_alphas(partition, len(devices)))
+                   log: Callable[[str], None] = print, replicas: int = 1) -> tuple[Placement, PartitionPlan]:
+    """partition=auto: the run's planner places the models on ``devices`` (one replica's) at the
+    configured alphas."""
+    plan = planner.full_plan(devices, configured_alphas(partition, replicas * len(devices), replicas))
     record = {"plan": _jsonable(plan.to_dict()), "profiles": {"teacher": planner.teacher.source,
                                                                "student": planner.student.source}}
     PLAN.path(run_dir).write_text(json.dumps(record, indent=1))

@@ -334,9 +334,10 @@ class OnlineCalibration:
 
     def begin(self, placement: Placement, slowdowns: Sequence[float]) -> None:
         """A new placement runs; ``slowdowns``: each stage's device alpha as known now (divided out)."""
-        predicted = self.planner.per_step_compute_s(placement.devices, placement.teacher_counts,
-                                                    placement.student_counts)
-        self._window = CalibrationWindow(placement, predicted, slowdowns, *self.window_steps)
+        # Replicas repeat replica 0's blocks: its pipeline is the one measured (``observe`` gets its ranks).
+        k = placement.num_stages
+        predicted = self.planner.layout_cost(placement).compute_s[:k]
+        self._window = CalibrationWindow(placement.pipeline(0), predicted, list(slowdowns)[:k], *self.window_steps)
 
     def observe(self, compute_s: Sequence[float], flagged: Sequence[bool]) -> list[StageMeasurement]:
         """One step of the running placement (per-rank compute, the detector's slow verdicts). Returns the

@@ -9,6 +9,8 @@ own slice of it, and nothing changes it after validation.
 """
 from synapse.config.devices import (
     cuda_index,
+    fixed_replicas,
+    num_ranks,
     num_stages,
     resolve_accelerator,
     resolve_devices,
@@ -74,15 +76,14 @@ from synapse.config.supported_torch import (
 )
 from synapse.config.validation import validate
 
-__all__ = ["Accelerator", "as_node", "CheckpointConfig", "Choice", "ConfigError", "DataConfig", "DataName", "Decode",
+__all__ = ["Accelerator", "CheckpointConfig", "Choice", "ConfigError", "DataConfig", "DataName", "Decode",
            "DrillAction", "DrillConfig", "ExperimentConfig", "FailoverConfig", "FaultSettings", "HostRead",
            "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MAY_CHANGE", "MODES", "Mode",
-           "MonitorConfig",
-           "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig", "OptimizerName",
-           "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig", "PolicyName",
-           "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
-           "TrainerConfig", "UnsupportedTorchError", "check_resume_settings", "config_dict", "config_from_yaml",
-           "config_yaml", "cuda_index", "default_cache_dir",
-           "hydra_node", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
+           "MonitorConfig", "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig",
+           "OptimizerName", "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig",
+           "PolicyName", "Precision", "ReplanMode", "StudentConfig", "SynapseConfig", "TeacherConfig", "TrackerName",
+           "TrainerConfig", "UnsupportedTorchError", "as_node", "check_resume_settings", "config_dict",
+           "config_from_yaml", "config_yaml", "cuda_index", "default_cache_dir", "fixed_replicas", "hydra_node",
+           "num_ranks", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
            "resolve_devices", "run_topology", "shares_a_gpu", "torch_version", "typed_config", "validate",
            "with_settings"]

@@ -60,11 +60,22 @@ def cuda_index(trainer: TrainerSettings, device_id: int) -> int:
     return int(trainer.shared_gpu) if trainer.shared_gpu is not None else int(device_id)
 
 
-def num_stages(trainer: TrainerSettings) -> int:
-    """K: pipeline stages = processes in the run (devices per node times nodes)."""
+def num_ranks(trainer: TrainerSettings) -> int:
+    """Worker processes in the run: devices per node times nodes (R replicas x K stages)."""
     if trainer.node_devices:
         return sum(len(devices) for devices in trainer.node_devices)
     return len(resolve_devices(trainer)) * int(trainer.nodes)
+
+
+def fixed_replicas(trainer: TrainerSettings) -> int | None:
+    """trainer.replicas as a count; None for auto (partition=auto chooses it)."""
+    return None if trainer.replicas == "auto" else int(trainer.replicas)
+
+
+def num_stages(trainer: TrainerSettings) -> int | None:
+    """K: pipeline stages per replica (the run's ranks over its replicas); None while trainer.replicas=auto."""
+    replicas = fixed_replicas(trainer)
+    return None if replicas is None else num_ranks(trainer) // replicas
 
 
 def run_topology(trainer: TrainerSettings) -> NodeTopology:

@@ -71,6 +71,34 @@ MAY_CHANGE: dict[str, str] = {
 }
 
 
+# Replicas and micro-batches may change together when every step's images still fall into the same
+# micro-batches in the same order (e.g. 2 replicas x 2 micro-batches -> one pipeline of 4): a layout,
+# like a partition, says where the same work runs.
+LAYOUT_KEYS = ("trainer.replicas", "trainer.replica_shares", "pipeline.microbatches")
+
+
+def same_grouping(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    before, after = _grouping(recorded), _grouping(current)
+    return before is not None and before == after
+
+
+def _grouping(config: dict[str, Any]) -> tuple[int, ...] | None:
+    """The sizes of one step's micro-batches, replica after replica; None when the plan decides them (auto)."""
+    from synapse.partitioning import PartitionError, equal_shares
+
+    leaves = _leaves(config)
+    batch, replicas = leaves.get("data.batch_size"), leaves.get("trainer.replicas", 1)
+    microbatches, shares = leaves.get("pipeline.microbatches"), leaves.get("trainer.replica_shares")
+    if not (isinstance(batch, int) and isinstance(replicas, int) and isinstance(microbatches, int)):
+        return None  # auto: the plan decides
+    m = microbatches
+    try:
+        sizes = tuple(shares) if shares else equal_shares(batch, replicas, m)
+    except PartitionError:
+        return None
+    return tuple(size // m for size in sizes for _ in range(m))
+
+
 def may_change(key: str) -> bool:
     return any(key == allowed or key.startswith(allowed + ".") for allowed in MAY_CHANGE)
 
@@ -143,8 +171,10 @@ def check_resume_settings(cfg: DictConfig) -> str | None:
     if not isinstance(recorded, dict):
         fail("resume", f"{path}, the config recorded by the run it continues, holds no settings",
              "restore that file, or start a new run (resume=null in a new run directory)")
-    found = changes(recorded, config_dict(cfg))
-    refused = [c for c in found if not may_change(c.key)]
+    current = config_dict(cfg)
+    found = changes(recorded, current)
+    regrouped = same_grouping(recorded, current)
+    refused = [c for c in found if not may_change(c.key) and not (regrouped and c.key in LAYOUT_KEYS)]
     if refused:
         fail("resume", f"this run would learn with other settings than the run it continues (recorded in {path}): "
              f"{', '.join(map(str, refused))}. A resumed run must learn what that run learned; only where and how "

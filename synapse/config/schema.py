@@ -146,6 +146,7 @@ class PolicyName(Choice):
     keep = "keep"
     replan = "replan"
     degrade = "degrade"
+    rebalance = "rebalance"
     ski_rental = "ski_rental"
 
 
@@ -215,6 +216,14 @@ class TrainerConfig:
     # carries over, throughput does not. None: each device id is its own GPU.
     shared_gpu: int | None = None
     nodes: int = 1  # machines taking part; each runs train.py with the same config
+    # Data-parallel replicas of the pipeline: the run's devices (all nodes, in order) form an R x K mesh,
+    # replica r's stage s on device r*K + s; each replica trains on its share of the global batch and
+    # the student's gradients are averaged across replicas (DDP). 1: one pipeline over every device.
+    # auto: partition=auto chooses R with the cuts and micro-batches (synapse.partitioning.layout).
+    replicas: int | str = 1
+    # Images of each step's global batch per replica (a multiple of the micro-batch count each, summing
+    # to data.batch_size); None: equal shares. A REBALANCE or a dropped replica sets it for its segment.
+    replica_shares: tuple[int, ...] | None = None
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
     # The devices of each node when they differ (a failover segment after a device or node was dropped,
     # composed by the supervisor); None: trainer.devices on every node.
@@ -562,7 +571,9 @@ def with_settings(cfg: SynapseConfig, settings: dict[str, Any]) -> SynapseConfig
     and converted as Hydra would (choices by name, lists to tuples)."""
     node = as_node(cfg)
     for key, value in settings.items():
-        OmegaConf.update(node, key, value, merge=False)
+        # A list is merged (OmegaConf replaces a list whole on merge): assigned, a list of dicts would not
+        # be converted to its typed elements (injection.faults' FaultSettings) and is refused.
+        OmegaConf.update(node, key, value, merge=isinstance(value, (list, tuple)))
     return typed_config(node)
 
 

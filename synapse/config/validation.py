@@ -25,7 +25,14 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from synapse.config.devices import check_gpu_ids, num_stages, resolve_accelerator, resolve_devices
+from synapse.config.devices import (
+    check_gpu_ids,
+    fixed_replicas,
+    num_ranks,
+    num_stages,
+    resolve_accelerator,
+    resolve_devices,
+)
 from synapse.config.errors import fail, finite, positive
 from synapse.config.ranges import check_float_ranges
 from synapse.config.supported_torch import require_supported_torch
@@ -89,6 +96,8 @@ def validate_block_counts(cfg: DictConfig) -> None:
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     k = num_stages(cfg.trainer)
+    if k is None:
+        return  # trainer.replicas=auto: the planner considers only stage counts the models allow
     for role in ("teacher", "student"):
         name = cfg[role].name
         blocks = count_blocks(name, info.num_classes, info.in_chans, info.image_size)
@@ -180,7 +189,7 @@ def validate_injection(cfg: DictConfig) -> None:
     from synapse.injection import InjectionError, parse_faults
 
     try:
-        parse_faults(_plain(cfg.injection.faults), num_stages(cfg.trainer))
+        parse_faults(_plain(cfg.injection.faults), num_ranks(cfg.trainer))
     except (InjectionError, KeyError, TypeError, ValueError) as exc:
         hint = ""
         if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
@@ -221,7 +230,8 @@ def validate_failover(cfg: DictConfig) -> None:
     try:
         make_policy(str(cfg.policy.name), **_plain(cfg.policy.params))
     except PolicyConfigError as exc:
-        fail("policy", str(exc), "choose policy=eta|keep|replan|degrade|ski_rental with its documented params")
+        fail("policy", str(exc),
+             "choose policy=eta|keep|replan|degrade|rebalance|ski_rental with its documented params")
     for i, drill in enumerate(failover.drills):
         for key in ("step", "action"):
             if OmegaConf.is_missing(drill, key):
@@ -315,6 +325,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_optim(cfg.optim)
     _validate_trainer(cfg.trainer)
     _validate_pipeline(cfg)
+    _validate_replicas(cfg)
     _validate_partition(cfg)
     validate_injection(cfg)
     validate_monitor(cfg)
@@ -473,9 +484,57 @@ def _validate_pipeline(cfg: DictConfig) -> None:
               f"{cfg.data.batch_size}", "choose a divisor of the batch size")
 
 
+def _validate_replicas(cfg: DictConfig) -> None:
+    """An R x K mesh that matches the run's devices, and a batch every replica can have its share of."""
+    replicas, trainer = cfg.trainer.replicas, cfg.trainer
+    ranks = num_ranks(trainer)
+    shares = trainer.replica_shares
+    if replicas == "auto":
+        if cfg.partition.mode != "auto":
+            fail("trainer.replicas", f"auto is chosen by the planner, but partition.mode={cfg.partition.mode}",
+                 "use partition=auto, or give a count (trainer.replicas=2)")
+        if shares is not None:
+            fail("trainer.replica_shares", "shares need a fixed number of replicas, but trainer.replicas=auto",
+                 "give trainer.replicas a count, or leave trainer.replica_shares unset")
+        return
+    if isinstance(replicas, str) or isinstance(replicas, bool) or not isinstance(replicas, int):
+        fail("trainer.replicas", f"{replicas!r} is neither a count nor 'auto'",
+             "give a count of replicas (1: one pipeline) or auto with partition=auto")
+    positive("trainer.replicas", replicas)
+    if ranks % replicas:
+        divisors = [r for r in range(1, ranks + 1) if ranks % r == 0]
+        fail("trainer.replicas", f"{replicas} replicas do not divide the run's {ranks} devices into equal pipelines "
+              f"(a mesh of replicas x stages)", f"use one of {divisors}, or {replicas * -(-ranks // replicas)} devices")
+    if replicas == 1:
+        if shares is not None and len(shares) != 1:
+            fail("trainer.replica_shares", f"{list(shares)} for one replica", "leave trainer.replica_shares unset")
+        return
+    if trainer.shared_gpu is not None:
+        fail("trainer.replicas", f"{replicas} replicas on one shared GPU: their gradient all-reduce would run over "
+              f"gloo on GPU memory, which gloo cannot do", "use trainer.replicas=1 with trainer.shared_gpu (a "
+              "dry run of the pipeline), or replicas on separate GPUs")
+    if shares is not None and (len(shares) != replicas or min(shares) < 1 or sum(shares) != cfg.data.batch_size):
+        fail("trainer.replica_shares", f"{list(shares)} must give each of {replicas} replicas a positive number of "
+              f"images, {cfg.data.batch_size} (data.batch_size) in all",
+             "leave it unset for equal shares, or list one count per replica")
+    if cfg.pipeline.microbatches != "auto":
+        from synapse.partitioning import PartitionError, equal_shares
+
+        m = cfg.pipeline.microbatches
+        uneven = [n for n in shares or () if n % m]
+        if uneven:
+            fail("trainer.replica_shares", f"{uneven[0]} images do not split into {m} equal micro-batches",
+                 f"give every replica a multiple of {m} images (pipeline.microbatches)")
+        try:
+            equal_shares(cfg.data.batch_size, replicas, m)
+        except PartitionError as exc:
+            fail("data.batch_size", f"{exc} (trainer.replicas={replicas})",
+                 f"use a batch of at least {replicas * m} images, fewer replicas or fewer micro-batches")
+
+
 def _validate_partition(cfg: DictConfig) -> None:
     part = cfg.partition
-    k = num_stages(cfg.trainer)
+    k = num_stages(cfg.trainer) or num_ranks(cfg.trainer)
     positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
     positive("partition.profile_repeats", part.profile_repeats)
     if part.node_link_bandwidth_gbps is not None:
@@ -483,8 +542,10 @@ def _validate_partition(cfg: DictConfig) -> None:
     if part.link_bandwidth_gbps is not None:
         positive("partition.link_bandwidth_gbps", part.link_bandwidth_gbps)
     if part.alphas is not None:
-        if len(part.alphas) != k:
-            fail("partition.alphas", f"{len(part.alphas)} speeds given for {k} devices", f"give exactly {k} values")
+        ranks = num_ranks(cfg.trainer)
+        if len(part.alphas) != ranks:
+            fail("partition.alphas", f"{len(part.alphas)} speeds given for {ranks} devices",
+                 f"give exactly {ranks} values")
         if min(part.alphas) <= 0:
             fail("partition.alphas", f"slowdowns must be > 0, got {list(part.alphas)}", "use 1.0 for a nominal device")
     if part.mode != "manual":
@@ -495,7 +556,9 @@ def _validate_partition(cfg: DictConfig) -> None:
             fail(f"partition.{key}", "partition.mode=manual needs blocks per stage",
                   f"set partition.{key}=[n_0,...,n_{k - 1}] or use partition=even")
         if len(counts) != k:
-            fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices", f"give exactly {k} block counts")
+            per = "" if fixed_replicas(cfg.trainer) == 1 else f" per replica ({cfg.trainer.replicas} replicas)"
+            fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices{per}",
+                 f"give exactly {k} block counts")
         if min(counts) < 1:
             fail(f"partition.{key}", f"every stage needs at least one block, got {list(counts)}",
                  "make each count >= 1")

@@ -213,8 +213,10 @@ class BatchIndexSampler(Sampler[list[int]]):
             checkpoint(sampler_state=batches.sampler.state_after(epoch, step))
     """
 
-    def __init__(self, sampler: ResumableSampler) -> None:
+    def __init__(self, sampler: ResumableSampler, share: range | None = None) -> None:
+        """``share``: the positions of each batch to yield (a data-parallel replica's share)."""
         self.sampler = sampler
+        self.share = share
 
     def upcoming(self) -> tuple[int, int]:
         """(epoch, step_in_epoch) of the first batch the next iteration yields."""
@@ -226,4 +228,4 @@ class BatchIndexSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in epoch_batches(self.sampler):
-            yield batch.indices
+            yield batch.indices if self.share is None else batch.indices[self.share.start:self.share.stop]

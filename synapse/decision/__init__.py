@@ -1,7 +1,15 @@
-"""Deciding: every option open to the run (KEEP, REPLAN, DEGRADE, REPLACE) priced by its
+"""Deciding: every option open to the run (KEEP, REPLAN, DEGRADE, REPLACE; with replicas REBALANCE) priced by its
 estimated time to completion, what a restart costs, and the policies that choose. Pure: no torch.
 """
-from synapse.decision.eta import EtaModelError, Option, OptionKind, RunningPartition, build_options
+from synapse.decision.eta import (
+    EtaModelError,
+    LayoutPricer,
+    Option,
+    OptionKind,
+    RunningPartition,
+    build_options,
+    replica_options,
+)
 from synapse.decision.policies import (
     POLICY_NAMES,
     Decision,
@@ -14,6 +22,7 @@ from synapse.decision.policies import (
     Policy,
     PolicyConfigError,
     PolicyError,
+    RebalancePolicy,
     ReplanPolicy,
     SkiRentalConfig,
     SkiRentalPolicy,
@@ -23,7 +32,7 @@ from synapse.decision.policies import (
 from synapse.decision.restart_cost import RESTART_COMPONENTS, RestartCost, RestartCostModel
 
 __all__ = ["Decision", "DecisionContext", "DegradePolicy", "EtaModelError", "EtaPolicy", "EtaPolicyConfig",
-           "KeepPolicy", "NoViableOptionError", "Option", "OptionKind", "POLICY_NAMES", "Policy",
-           "PolicyConfigError", "PolicyError", "RESTART_COMPONENTS", "ReplanPolicy", "RestartCost",
+           "KeepPolicy", "LayoutPricer", "NoViableOptionError", "Option", "OptionKind", "POLICY_NAMES", "Policy",
+           "PolicyConfigError", "PolicyError", "RESTART_COMPONENTS", "RebalancePolicy", "ReplanPolicy", "RestartCost",
            "RestartCostModel", "RunningPartition", "SkiRentalConfig", "SkiRentalPolicy", "build_options",
-           "make_policy", "policy_settings_type"]
+           "make_policy", "policy_settings_type", "replica_options"]

@@ -17,6 +17,14 @@ Options (``OptionKind``):
 * DEGRADE the failed or slowest device dropped, K-1 devices, re-planned.
 * REPLACE the bad device swapped for a spare (only when spares exist), re-planned.
 
+With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and:
+
+* REPLAN    every replica re-cut for the slowest device of each stage across replicas.
+* DEGRADE   the replica that holds the bad device dropped; the others share its images.
+* REBALANCE the same devices, each replica's share of the batch in proportion to its speed, so
+            that all finish a step together (the global batch unchanged).
+* REPLACE   the bad device swapped for a spare.
+
 Calibration: the planner's cost model is never exact. Its compute per block is
 corrected where it matters for the cuts, per block, by the measured stages
 (``synapse.calibration.blocks``: the caller's ``plan_fn`` and prediction
@@ -41,9 +49,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
-from synapse.partitioning import Placement
+from synapse.partitioning import Placement, shares_for_speeds
 
 DeviceId = int
 
@@ -57,6 +65,7 @@ class OptionKind(str, Enum):
     REPLAN = "replan"
     DEGRADE = "degrade"
     REPLACE = "replace"
+    REBALANCE = "rebalance"  # replicas: the same devices and cuts, the batch shared out by speed
 
     @classmethod
     def parse(cls, value: OptionKind | str) -> OptionKind:
@@ -67,7 +76,7 @@ class OptionKind(str, Enum):
             raise EtaModelError(f"unknown option kind {value!r}; valid kinds: {valid}") from None
 
 
-RESTARTING_KINDS = (OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE)
+RESTARTING_KINDS = (OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE, OptionKind.REBALANCE)
 
 
 def check_seconds(name: str, value: float) -> float:
@@ -218,6 +227,78 @@ def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], b
         restart_s = _restart_seconds(restart_costs, kind)
         options.append(_replanned_option(kind, devices, current, alphas, betas, plan_fn, restart_s, extra))
     return options
+
+
+class LayoutPricer(Protocol):
+    """What ``replica_options`` needs of the planner (``synapse.partitioning.StagePlanner``)."""
+
+    @property
+    def step(self) -> Any:
+        """Its StepSpec: ``microbatches`` per step."""
+
+    def layout_cost(self, placement: Placement, alphas: Any = None, betas: Any = None) -> Any: ...
+
+    def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Any = None
+             ) -> tuple[tuple[int, ...], tuple[int, ...], float]: ...
+
+
+def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
+                    bad_device: DeviceId | None, pricer: LayoutPricer, restart_costs: Mapping[OptionKind, float],
+                    spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = ()) -> list[Option]:
+    """The options of an R x K layout (R > 1): KEEP, REPLAN, DEGRADE (drop a replica), REBALANCE and
+    REPLACE, each priced by the planner's ``layout_cost`` at the current alphas (x the calibration)."""
+    running = current.placement
+    running_alphas = {d: _alpha_of(alphas, d, required=True) for d in running.devices}
+    bad = _resolve_bad_device(running.devices, running_alphas, bad_device)
+    spares = _check_spares(spare_devices, running.devices)
+    batch = sum(running.shares) if running.shares else None
+    microbatches = int(pricer.step.microbatches)
+    candidates: list[tuple[OptionKind, Placement, dict[str, Any]]] = []
+    k = running.num_stages
+    worst = [max(running_alphas[running.replica_devices(r)[stage]] for r in range(running.replicas))
+             for stage in range(k)]
+    teacher, student, _ = pricer.plan(running.replica_devices(0), tuple(worst), betas)
+    candidates.append((OptionKind.REPLAN, Placement(running.devices, tuple(teacher), tuple(student),
+                                                    running.replicas, running.shares), {}))
+    gone = {running.replica_of(running.devices.index(d)) for d in (bad, *lost_devices) if d in running.devices}
+    if batch is not None and len(gone) < running.replicas:
+        survivors = running
+        for replica in sorted(gone, reverse=True):  # highest first: the others keep their numbers
+            survivors = survivors.without_replica(replica, batch, microbatches)
+        candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, "dropped_replicas": sorted(gone),
+                                                           "dropped_devices": [d for d in running.devices
+                                                                               if d not in survivors.devices]}))
+    if batch is not None and not lost_devices:
+        rebalanced = _rebalanced(running, pricer, alphas, betas, batch, microbatches)
+        if rebalanced is not None:
+            candidates.append((OptionKind.REBALANCE, rebalanced, {"shares": list(rebalanced.shares)}))
+    if spares and not lost_devices:
+        spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
+        swapped = tuple(spare if d == bad else d for d in running.devices)
+        candidates.append((OptionKind.REPLACE, running.on(swapped), {"replaced_device": bad, "spare_device": spare}))
+    options = [_keep_option(current)]
+    for kind, placement, extra in candidates:
+        priced = {d: _alpha_of(alphas, d, required=False) for d in placement.devices}
+        planner_step_s = float(pricer.layout_cost(placement, priced, betas).step_time_s)
+        check_positive(f"{kind.value} option: predicted step", planner_step_s)
+        options.append(Option(kind=kind, placement=placement, predicted_step_s=planner_step_s * current.calibration,
+                              restart_cost_s=_restart_seconds(restart_costs, kind),
+                              inputs={"alphas": [priced[d] for d in placement.devices],
+                                      "planner_step_s": planner_step_s, "calibration": current.calibration,
+                                      **extra}))
+    return options
+
+
+def _rebalanced(running: Placement, pricer: LayoutPricer, alphas: Mapping[DeviceId, float], betas: Any,
+                batch: int, microbatches: int) -> Placement | None:
+    """Shares in proportion to each replica's speed now (images per second at its current share); None
+    when that changes nothing."""
+    cost = pricer.layout_cost(running, {d: _alpha_of(alphas, d, required=True) for d in running.devices}, betas)
+    speeds = [share / step for share, step in zip(running.shares, cost.replica_step_s)]
+    shares = shares_for_speeds(speeds, batch, microbatches)
+    if shares == running.shares:
+        return None
+    return Placement(running.devices, running.teacher_counts, running.student_counts, running.replicas, shares)
 
 
 def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:

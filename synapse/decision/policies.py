@@ -258,6 +258,16 @@ class DegradePolicy(Policy):
         return self._act_once(ctx, OptionKind.DEGRADE)
 
 
+class RebalancePolicy(Policy):
+    """Baseline for replicas: give the slow replica a smaller share of the batch as soon as a slowdown
+    is detected (once per slowdown); KEEP on one pipeline, which has no shares."""
+
+    name = "rebalance"
+
+    def _on_running(self, ctx: DecisionContext) -> Decision:
+        return self._act_once(ctx, OptionKind.REBALANCE)
+
+
 @dataclass(frozen=True)
 class SkiRentalConfig:
     ladder: tuple[str, ...] = (OptionKind.REPLAN.value, OptionKind.DEGRADE.value)
@@ -307,7 +317,8 @@ class SkiRentalPolicy(Policy):
 
 
 # Among options with equal ETA, prefer the least disruptive.
-_DISRUPTION_ORDER = (OptionKind.KEEP, OptionKind.REPLAN, OptionKind.REPLACE, OptionKind.DEGRADE)
+_DISRUPTION_ORDER = (OptionKind.KEEP, OptionKind.REBALANCE, OptionKind.REPLAN, OptionKind.REPLACE,
+                     OptionKind.DEGRADE)
 
 
 def _by_eta(ctx: DecisionContext, options: Sequence[Option]) -> Option:
@@ -413,6 +424,7 @@ _POLICIES: dict[str, tuple[Callable[..., Policy], type | None]] = {
     KeepPolicy.name: (KeepPolicy, None),
     ReplanPolicy.name: (ReplanPolicy, None),
     DegradePolicy.name: (DegradePolicy, None),
+    RebalancePolicy.name: (RebalancePolicy, None),
     SkiRentalPolicy.name: (SkiRentalPolicy, SkiRentalConfig),
 }
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

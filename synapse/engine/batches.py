@@ -102,7 +102,7 @@ def _load_mode(load: bool | str) -> str:
 
 def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0,
                   load: bool | str = "images", device: torch.device | str | None = None,
-                  bad_samples: BadSampleLog | None = None) -> Iterator[Batch]:
+                  bad_samples: BadSampleLog | None = None, share: range | None = None) -> Iterator[Batch]:
     """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``.
 
     ``load``: ``"images"`` (images and labels; True), ``"labels"`` (labels only, no image read:
@@ -110,6 +110,8 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
     rank that needs neither, so it keeps its sampler in step for free).
     With ``load="images"`` workers ship the data set's compact host batches and the training
     process finishes them on ``device`` (default CPU) one or two batches ahead, on a side stream.
+    ``share``: which positions of each global batch to load (a replica's share; None: all of it).
+    Only those images are read and decoded, so R replicas together decode each batch once.
     """
     mode = _load_mode(load)
     if mode == "nothing":
@@ -118,7 +120,7 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
         return
     if mode == "labels":
         for b in iterate_batches(sampler, num_epochs):
-            yield Batch(b.epoch, b.step_in_epoch, None, dataset.labels_of(b.indices))
+            yield Batch(b.epoch, b.step_in_epoch, None, dataset.labels_of(_shared(b.indices, share)))
         return
     target = torch.device(device or "cpu")  # a name of its own: `device` is typed as the parameter's union
     dataset.bind_device(target)
@@ -129,21 +131,22 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
         images, labels = dataset.device_batch(host, target)
         return Batch(epoch, step, images, labels), getattr(host, "bad", ())
 
-    host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=target.type == "cuda")
+    host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=target.type == "cuda", share=share)
     for batch, bad in DevicePrefetcher(host, finish, target):
         log.record(bad)
         yield batch
 
 
 def _host_train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int,
-                        pin: bool) -> Iterator[tuple[int, int, Any]]:
+                        pin: bool, share: range | None = None) -> Iterator[tuple[int, int, Any]]:
     """(epoch, step_in_epoch, host batch) in the sampler's order, built in-process or by workers."""
     if num_workers == 0:
         for b in iterate_batches(sampler, num_epochs):
             dataset.set_epoch(b.epoch)
-            yield b.epoch, b.step_in_epoch, dataset.host_collate([dataset.host_item(i) for i in b.indices])
+            yield b.epoch, b.step_in_epoch, dataset.host_collate([dataset.host_item(i)
+                                                                  for i in _shared(b.indices, share)])
         return
-    batch_sampler = BatchIndexSampler(sampler)
+    batch_sampler = BatchIndexSampler(sampler, share)
     loader = DataLoader(_HostItems(dataset), batch_sampler=batch_sampler, num_workers=num_workers,
                         collate_fn=dataset.host_collate, pin_memory=pin, persistent_workers=False,
                         **loader_processes())
@@ -152,6 +155,11 @@ def _host_train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num
         dataset.set_epoch(epoch)  # before iter(loader): workers copy the data set when iteration starts
         for i, host in enumerate(loader):
             yield epoch, first_step + i, host
+
+
+def _shared(indices: list[int], share: range | None) -> list[int]:
+    """The positions ``share`` of one batch's sample indices (all of them without a share)."""
+    return indices if share is None else indices[share.start:share.stop]
 
 
 class _HostItems(Dataset):

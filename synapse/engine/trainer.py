@@ -65,6 +65,10 @@ class StepRunner(Protocol):
     def device(self) -> torch.device:
         """Where this process's batches are finished (decoded, normalised)."""
 
+    @property
+    def batch_share(self) -> range | None:
+        """Which images of each step's batch this process trains on (a replica's share; None: all)."""
+
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None: ...
 
     @property
@@ -106,6 +110,7 @@ class SingleDeviceRunner:
     needs_data: bool = True
     needs_images: bool = True
     stop_requested: bool = False
+    batch_share: range | None = None
 
     @property
     def device(self) -> torch.device:
@@ -223,7 +228,7 @@ class Trainer(Generic[Runner]):
             try:
                 load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
                 for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, settings.loader_workers,
-                                           load=load, device=runner.device):
+                                           load=load, device=runner.device, share=runner.batch_share):
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
                         break

@@ -46,6 +46,7 @@ from synapse.decision import (
     RestartCostModel,
     RunningPartition,
     build_options,
+    replica_options,
 )
 from synapse.detection import (
     COMM,
@@ -141,12 +142,12 @@ class FailoverController:
         follow, and the estimator's ratios are re-expressed against them (its alphas measure the
         device, not the profile: one error, counted once)."""
         flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
-        measured = self.calibration.observe(timing.compute_s, [r in flagged for r in range(timing.num_ranks)])
+        k = self.running_placement.num_stages  # replica 0's pipeline teaches the blocks (the others repeat it)
+        measured = self.calibration.observe(timing.compute_s[:k], [r in flagged for r in range(k)])
         if not measured:
             return
-        old_compute, partition = self.nominal_s[0], self._partition_of(self.running_placement)
-        self._nominal = (self.priced.per_step_compute_s(*partition), self.priced.per_step_comm_s(*partition),
-                         self.priced.per_step_transfer_s(*partition))
+        old_compute = self.nominal_s[0]
+        self._nominal = self._nominal_of(self.running_placement)
         self.estimator.rescale_compute({d: new / old for d, new, old in zip(self.running_placement.devices,
                                                                              self._nominal[0], old_compute)
                                         if old > 0 and new > 0})
@@ -162,15 +163,13 @@ class FailoverController:
         self.spare_devices = tuple(d for d in self.spare_devices if d not in placement.devices)
         self._recent.clear()
         planner = self.priced
-        self._nominal = (planner.per_step_compute_s(*self._partition_of(placement)),
-                         planner.per_step_comm_s(*self._partition_of(placement)),
-                         planner.per_step_transfer_s(*self._partition_of(placement)))
+        self._nominal = self._nominal_of(placement)
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
             self.calibration.begin(placement, [self.alphas()[d] for d in placement.devices])
             return
         slow = {d.rank for d in self.detector.active if d.kind == COMPUTE}
-        carried = carry_over(previous.devices, planner.per_step_compute_s(*self._partition_of(previous)),
+        carried = carry_over(previous.devices, planner.layout_cost(previous).compute_s,
                              placement.devices, self._nominal[0], slow_old_ranks=slow)
         dropped = self.detector.rebase(carried.compute_scale, None, previous_rank=carried.previous_rank,
                                        relearn=carried.relearn, fresh=carried.fresh)
@@ -179,8 +178,7 @@ class FailoverController:
                            devices=[placement.devices[r] for r in carried.relearn])
         self.detector.set_expected(self._nominal[0])
         # The healthy step time of the new partition: the old one scaled as the cost model says.
-        ratio = (planner.predict(*self._partition_of(placement)).step_time_s
-                 / planner.predict(*self._partition_of(previous)).step_time_s)
+        ratio = planner.layout_cost(placement).step_time_s / planner.layout_cost(previous).step_time_s
         self._rescale_healthy(ratio)
         if not self.detector.active:  # its device is gone: the episode is over
             self.episode = Episode()
@@ -274,9 +272,9 @@ class FailoverController:
             self.log_event("estimator_reference", rank=rank, device=self.running_placement.devices[rank],
                            reference=reference, reason="slow from the start (detector's plan check)")
             # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
-            partition = self._partition_of(self.running_placement)
-            self._rescale_healthy(self.priced.predict(*partition).step_time_s
-                                  / self.priced.predict(*partition, self.alphas(), self.betas()).step_time_s)
+            running = self.running_placement
+            self._rescale_healthy(self.priced.layout_cost(running).step_time_s
+                                  / self.priced.layout_cost(running, self.alphas(), self.betas()).step_time_s)
 
     def _rescale_healthy(self, ratio: float) -> None:
         healthy = [s * ratio for s in self._healthy]
@@ -293,9 +291,10 @@ class FailoverController:
     def measured_step_s(self) -> float:
         return statistics.median(s for _, s in self._recent)
 
-    @staticmethod
-    def _partition_of(placement: Placement) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        return placement.devices, placement.teacher_counts, placement.student_counts
+    def _nominal_of(self, placement: Placement) -> tuple[list[float], list[float], list[float]]:
+        """Each rank's compute, comm and own-link time in one step at nominal speed."""
+        cost = self.priced.layout_cost(placement)
+        return list(cost.compute_s), list(cost.comm_s), list(cost.transfer_s)
 
     def _update_estimator(self, timing: StepTiming, link_s: list[float] | None) -> None:
         """Beta (comm) is measured on each link's own send time when the records carry it: the
@@ -335,9 +334,11 @@ class FailoverController:
 
     def _options(self, bad_device: int | None, measured_step_s: float | None = None, lost: Sequence[int] = ()):
         placement, alphas, betas = self.running_placement, self.alphas(), self.betas()
-        predicted = self.priced.predict(placement.devices, placement.teacher_counts, placement.student_counts,
-                                        alphas, betas).step_time_s
+        predicted = self.priced.layout_cost(placement, alphas, betas).step_time_s
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
+        if placement.replicas > 1:
+            return replica_options(current, alphas, betas, bad_device, self.priced,
+                                   self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
         return build_options(current, alphas, betas, bad_device, self.priced.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 
@@ -451,5 +452,7 @@ class FailoverController:
             self.calibration.load_state_dict(state["block_calibration"])
         if state["placement"] is not None:
             self.placement = None  # begin_segment sets it (and this segment's predictions) without a rebase
-            self.begin_segment(Placement(*(tuple(state["placement"][k]) for k in ("devices", "teacher_counts",
-                                                                                "student_counts"))))
+            saved = state["placement"]  # vars() of a Placement; states saved before layouts lack replicas
+            self.begin_segment(Placement(tuple(saved["devices"]), tuple(saved["teacher_counts"]),
+                                         tuple(saved["student_counts"]), int(saved.get("replicas", 1)),
+                                         tuple(saved.get("shares", ()))))

@@ -58,7 +58,7 @@ def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, l
                      first: Placement | None = None) -> FailoverController:
     """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
     first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
-    prior = (dict(zip(first.devices, configured_alphas(cfg.partition, first.num_stages)))
+    prior = (dict(zip(first.devices, configured_alphas(cfg.partition, len(first.devices))))
              if first and cfg.partition.alphas else {})
     return FailoverController(
         policy=make_policy(str(cfg.policy.name), **dataclasses.asdict(cfg.policy.params)),

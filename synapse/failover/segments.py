@@ -135,16 +135,20 @@ class Segment:
         return self.placement.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        """segment.json's form: the placement's lists at the top level, beside the segment's facts."""
+        """segment.json's form: the placement's lists at the top level, beside the segment's facts
+        (a layout with replicas adds their count and shares)."""
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
+        layout = {"replicas": self.placement.replicas, "shares": list(self.placement.shares)} \
+            if self.placement.replicas > 1 else {}
         return {**record, "devices": self.devices, "teacher_counts": self.teacher_counts,
-                "student_counts": self.student_counts}
+                "student_counts": self.student_counts, **layout}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Segment:
         data = dict(data)
         placement = Placement(tuple(data.pop("devices")), tuple(data.pop("teacher_counts")),
-                              tuple(data.pop("student_counts")))
+                              tuple(data.pop("student_counts")), int(data.pop("replicas", 1)),
+                              tuple(data.pop("shares", ())))
         return cls(placement=placement, **data)
 
 
@@ -234,6 +238,8 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
     return {**settings, **segment_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
             "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
             "partition.student": spec.student_counts, "partition.alphas": None,
+            "trainer.replicas": spec.placement.replicas,
+            "trainer.replica_shares": list(spec.placement.shares) if spec.placement.replicas > 1 else None,
             "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),
             # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
             "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],

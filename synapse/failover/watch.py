@@ -19,7 +19,6 @@ from typing import Any
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision, OptionKind
 from synapse.failover.controller import FailoverController
-from synapse.partitioning import Placement
 from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
 
 
@@ -109,11 +108,11 @@ class LaunchWatcher(threading.Thread):
 
     def _act(self, decision: Decision) -> None:
         self.decision, self.decided_at = decision, time.time()
-        live = self.live_replan and decision.action is OptionKind.REPLAN
         chosen = decision.chosen
+        # Live re-partitions move blocks inside one pipeline; a layout with replicas re-cuts through a restart.
+        live = self.live_replan and decision.action is OptionKind.REPLAN and chosen.placement.replicas == 1
         self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.segment,
-                                      "live" if live else "restart",
-                                      Placement(chosen.devices, chosen.teacher_counts, chosen.student_counts)))
+                                      "live" if live else "restart", chosen.placement))
         if live:
             self.pending_live = decision
         how = "live, the workers keep running" if live else "stop, checkpoint and restart"

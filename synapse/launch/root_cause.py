@@ -48,12 +48,20 @@ _PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken p
               "NCCL communicator was aborted", "Socket Timeout", "timed out", "TCPStore")
 
 
+def lost_a_peer(record: dict[str, Any]) -> bool:
+    """Whether a rank's error is the loss of a peer, said by the error itself or by the one it was
+    raised from (pipelining wraps a failed backward, a replica's lost gradient all-reduce with it, in
+    "Failed to run stage backward"; the cause is in the chained traceback)."""
+    said = record["message"] + "\n" + str(record.get("traceback", ""))
+    return any(p in said for p in _PEER_LOSS)
+
+
 def read_failures(failure_dir: Path) -> list[dict[str, Any]]:
     """The failure records workers wrote, root cause first: the earliest error that is not a
     consequence of losing a peer (then the earliest of those)."""
     read = [read_json_record(p) for p in sorted(Path(failure_dir).glob(FAILURE_RECORD.glob(within=FAILURES)))]
     records = [r for r in read if r is not None]  # an empty one: its writer ran out of disk
-    return sorted(records, key=lambda r: (any(p in r["message"] for p in _PEER_LOSS), r["time"]))
+    return sorted(records, key=lambda r: (lost_a_peer(r), r["time"]))
 
 
 _DEVICE_ERRORS = ("CUDA error", "AcceleratorError", "NCCL error", "cudaError")
@@ -88,12 +96,12 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
         return _hard_failure(_first_cause(hard, reaped, beats, progress or {}), beats, progress or {}, log_dir, signals)
     message = describe_failures(failure_dir, reaped, log_dir)
     signalled = {rank: f for rank, f in reaped.items() if f.exitcode < 0}
-    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+    if signalled and all(lost_a_peer(r) for r in records):
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
         return WorkerFailure(message, rank, f"killed by {failure.signal_name()}", device_failure=True)
     if not records:
         return WorkerFailure(message, min(reaped) if reaped else None, SILENT_DEATH, device_failure=True)
-    if all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+    if all(lost_a_peer(r) for r in records):
         # Everyone who spoke only lost a peer; the agent may not have reaped the silent one yet.
         silent = sorted(set(beats) - {r["rank"] for r in records})
         if silent:
@@ -231,7 +239,7 @@ def describe_failures(failure_dir: Path, reaped: Mapping[int, ProcessFailure], l
     """A worker failure the workers themselves reported (or died without reporting)."""
     records = read_failures(failure_dir)
     signalled = {rank: f for rank, f in reaped.items() if f.exitcode < 0}
-    if signalled and all(any(p in r["message"] for p in _PEER_LOSS) for r in records):
+    if signalled and all(lost_a_peer(r) for r in records):
         # A rank killed by a signal writes no record; the others only report losing it.
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
         return (f"pipeline rank {rank} failed first: killed by signal {failure.signal_name()}; the other ranks "

@@ -13,6 +13,7 @@ from synapse.partitioning.cost_model import (
     cpu_contention,
     require,
 )
+from synapse.partitioning.layouts import LayoutCandidate, LayoutChoice, LayoutChoiceError, choose_layout, layout_shapes
 from synapse.partitioning.microbatches import MicrobatchChoiceError, candidate_counts, choose_microbatches
 from synapse.partitioning.partitioner import (
     PartitionPlan,
@@ -21,8 +22,8 @@ from synapse.partitioning.partitioner import (
     plan_partition,
     plan_with_cost_model,
 )
-from synapse.partitioning.placement import PartitionError, Placement, even_counts
-from synapse.partitioning.planner import DeviceFacts, StagePlanner
+from synapse.partitioning.placement import PartitionError, Placement, equal_shares, even_counts, shares_for_speeds
+from synapse.partitioning.planner import DeviceFacts, LayoutCost, StagePlanner, ring_allreduce_s
 from synapse.partitioning.profile import (
     BYTES_PER_KB,
     PROFILE_COLUMNS,
@@ -38,9 +39,11 @@ from synapse.partitioning.profile import (
 from synapse.partitioning.topology import NodeTopology, TopologyError
 
 __all__ = ["BYTES_PER_KB", "BlockProfile", "CostModel", "CostModelError", "DeviceFacts", "DeviceSpec",
+           "LayoutCandidate", "LayoutChoice", "LayoutChoiceError", "LayoutCost", "choose_layout", "layout_shapes",
+           "ring_allreduce_s",
            "MESSAGES_PER_MICROBATCH", "MicrobatchChoiceError", "ModelProfile", "NodeTopology",
            "OPTIMIZER_STATE_MULTIPLIERS", "PROFILE_COLUMNS", "PartitionError", "PartitionPlan", "Placement",
            "PlanError", "ProfileError", "SHARED_PROFILE_MICRO_BATCH", "Schedule", "StagePlanner", "StepSpec",
-           "TopologyError", "candidate_counts", "choose_microbatches", "cpu_contention", "even_counts",
+           "TopologyError", "candidate_counts", "choose_microbatches", "cpu_contention", "equal_shares", "even_counts",
            "even_partition", "load_profile_csv", "metadata_path", "plan_partition", "plan_with_cost_model",
-           "require", "scale_to_micro_batch", "write_profile_csv"]
+           "require", "scale_to_micro_batch", "shares_for_speeds", "write_profile_csv"]

@@ -14,10 +14,12 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model
-from synapse.partitioning.profile import ModelProfile
+from synapse.partitioning.placement import Placement
+from synapse.partitioning.profile import BYTES_PER_KB, ModelProfile
 
 # Each device's speed factor (alpha): by device id, or aligned with the stages; None, or a device
 # missing from the mapping: 1.0. Its link factor (beta), by device id in the same way.
@@ -66,12 +68,40 @@ class DeviceFacts:
         return [r for r in range(len(devices) - 1) if self.node_of(devices[r]) != self.node_of(devices[r + 1])]
 
 
+def ring_allreduce_s(nbytes: float, replicas: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0) -> float:
+    """A ring all-reduce of ``nbytes`` over ``replicas`` ranks: each sends and receives
+    2 (R - 1) / R of the bytes in 2 (R - 1) rounds (reduce-scatter, then all-gather)."""
+    if replicas <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (replicas - 1) / replicas * nbytes / bandwidth_bytes_per_s + 2 * (replicas - 1) * latency_s
+
+
+@dataclass(frozen=True)
+class LayoutCost:
+    """One optimizer step of an R x K placement: per global rank (replica-major, as ``Placement.devices``)
+    and for the whole step. Each replica's pipeline is priced on its own devices at its share of the
+    batch; replicas wait for the slowest, then average the student's gradients (``allreduce_s``)."""
+
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    transfer_s: tuple[float, ...]  # link time for the bytes alone (what beta scales)
+    replica_step_s: tuple[float, ...]
+    allreduce_s: float
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.replica_step_s) + self.allreduce_s
+
+
 @dataclass(frozen=True, eq=False)  # hashed by identity: the plan cache is per planner
 class StagePlanner:
     teacher: ModelProfile
     student: ModelProfile
     step: StepSpec
     facts: DeviceFacts = DeviceFacts()
+    # The profiles' micro-batch is the global batch over replicas x micro-batches: a planner built for
+    # R replicas prices a replica holding another share (after a replica left) by scaling its times.
+    replicas: int = 1
 
     def specs(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> list[DeviceSpec]:
         return self.facts.specs(devices, alphas, betas)
@@ -110,6 +140,60 @@ class StagePlanner:
         what beta scales, and what the estimator measures a link's own send excess against."""
         bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
         return bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
+
+    def layout_cost(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
+        """Every rank's and the step's predicted time on ``placement`` (R = 1: one pipeline, as ``predict``).
+
+        ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's)."""
+        if alphas is not None and not isinstance(alphas, Mapping):
+            alphas = list(alphas)
+        compute: list[float] = []
+        comm: list[float] = []
+        transfer: list[float] = []
+        replica_steps = []
+        bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
+        m = self.step.microbatches
+        for replica, scale in enumerate(self.share_scales(placement)):
+            devices = placement.replica_devices(replica)
+            k = len(devices)
+            mine: Alphas = (alphas if alphas is None or isinstance(alphas, Mapping)
+                            else alphas[replica * k:(replica + 1) * k])
+            cost = self.predict(devices, placement.teacher_counts, placement.student_counts, mine, betas)
+            own = bytes_only.predict(devices, placement.teacher_counts, placement.student_counts, mine, betas)
+            compute += [scale * m * c for c in cost.stage_compute_s]
+            comm += [scale * m * c for c in cost.stage_comm_s]
+            transfer += [scale * m * c for c in own.stage_comm_s]
+            replica_steps.append(scale * cost.step_time_s)
+        return LayoutCost(tuple(compute), tuple(comm), tuple(transfer), tuple(replica_steps),
+                          self.allreduce_s(placement))
+
+    def share_scales(self, placement: Placement) -> list[float]:
+        """Each replica's images per step relative to what the profiles price (the global batch over
+        this planner's replicas): 1.0 for every replica of the layout the planner was built for."""
+        if placement.shares:
+            total = sum(placement.shares)
+            return [share * self.replicas / total for share in placement.shares]
+        return [self.replicas / placement.replicas] * placement.replicas
+
+    def allreduce_s(self, placement: Placement) -> float:
+        """The student gradients' all-reduce across replicas: each stage's group reduces its own
+        blocks' gradients at the same time, so the step waits for the largest (over the slowest link
+        of the group: between nodes when its replicas are on different nodes)."""
+        if placement.replicas == 1:
+            return 0.0
+        grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
+        bounds = [0, *accumulate(placement.student_counts)]
+        slowest = 0.0
+        for stage in range(placement.num_stages):
+            group = [placement.replica_devices(r)[stage] for r in range(placement.replicas)]
+            crosses = len({self.facts.node_of(d) for d in group}) > 1
+            bandwidth = (min(self.facts.link_bandwidth_bytes_per_s, self.facts.cross_node_bandwidth_bytes_per_s)
+                         if crosses else self.facts.link_bandwidth_bytes_per_s)
+            latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
+                else self.facts.link_latency_s
+            nbytes = float(grad_bytes[bounds[stage]:bounds[stage + 1]].sum())
+            slowest = max(slowest, ring_allreduce_s(nbytes, placement.replicas, bandwidth, latency))
+        return slowest
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:

@@ -31,11 +31,13 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel
 
 from synapse.engine import ComputeSetup, NonFiniteGuard, ensure_training
 from synapse.injection import PHASES, FaultInjector
 from synapse.pipeline.clock import StageClock
 from synapse.pipeline.graphs import StageGraphs, slots_for
+from synapse.pipeline.replicas import ReplicaMesh
 from synapse.pipeline.stage import FusedStage
 from synapse.pipeline.wire import ThroughHost
 from synapse.rundir import PROGRESS_BOARD
@@ -144,7 +146,8 @@ class TimedPipelineStage(PipelineStage):
                     buffer.copy_(value)
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
-        graphs = getattr(self.submod, "graphs", None)
+        stage = self.submod.module if isinstance(self.submod, DistributedDataParallel) else self.submod
+        graphs = getattr(stage, "graphs", None)
         if graphs is not None:
             graphs.select(fwd_chunk_id)  # this micro-batch's captures (see pipeline.graphs)
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
@@ -153,21 +156,25 @@ class TimedPipelineStage(PipelineStage):
         self._hook("backward")
         if self.clock is None:
             return super().backward_one_chunk(*args, **kwargs)
-        with self.clock.interval("student_bwd"):
+        replicated = isinstance(self.submod, DistributedDataParallel)
+        with self.clock.interval("student_bwd", until_gradients_ready=replicated):
             return super().backward_one_chunk(*args, **kwargs)
 
 
 class PipelineRuntime:
-    def __init__(self, module: FusedStage, rank: int, world_size: int, setup: ComputeSetup, microbatches: int,
+    def __init__(self, module: FusedStage, stage: int, num_stages: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 injector: FaultInjector | None = None, group: dist.ProcessGroup | None = None,
+                 injector: FaultInjector | None = None, replicas: ReplicaMesh | None = None,
                  nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
                  check_late: bool = False, read_timing_late: bool | None = None):
-        """``check_late``: the last rank does not read the loss in the step (no host sync there);
+        """Stage ``stage`` of a ``num_stages``-stage pipeline. ``replicas``: this rank's place in an
+        R x K mesh (None: the launch is one pipeline on the default group).
+        ``check_late``: the last rank does not read the loss in the step (no host sync there);
         the trainer's reading of it a step later checks it (`NonFiniteGuard`'s ``late``).
         ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA)."""
-        self.module, self.rank, self.world_size = module, rank, world_size
-        self.setup, self.microbatches, self.group = setup, microbatches, group
+        self.module, self.stage_index, self.num_stages = module, stage, num_stages
+        self.setup, self.microbatches, self.replicas = setup, microbatches, replicas
+        group = replicas.pipeline_group if replicas is not None else None
         self.optimizer, self.scheduler = optimizer, scheduler
         self.clock = StageClock(setup.device, read_timing_late)
         module.clock = self.clock
@@ -175,31 +182,34 @@ class PipelineRuntime:
         self.guard = NonFiniteGuard(nonfinite, module.student, late=check_late)
         self.board = board or ProgressBoard()
         # What pipelining drives: the stage itself, or (ranks sharing a GPU) the stage behind a host boundary
-        staged = module if setup.wire == setup.device else ThroughHost(module, setup.device, rank < world_size - 1)
-        self.stage = TimedPipelineStage(staged, rank, world_size, setup.wire, group=group)
+        staged: torch.nn.Module = (module if setup.wire == setup.device
+                                   else ThroughHost(module, setup.device, stage < num_stages - 1))
+        if replicas is not None:  # student gradients averaged across replicas by DDP (pipelining drives it)
+            staged = replicas.wrap(staged, setup.device, on_bucket_ready=self.clock.gradients_ready)
+        self.stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
         self.stage.clock = self.clock
-        self.injector = injector or FaultInjector([], rank)
+        self.injector = injector or FaultInjector([], stage)
         self.current_step = 0
         module.phase_hook = self.stage.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
         module.register_forward_hook(self._computed)
         if cuda_graphs and setup.device.type == "cuda":
-            module.graphs = StageGraphs(module, slots_for(schedule, microbatches, rank, world_size))
+            module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
-        self._eval_stage = TimedPipelineStage(staged, rank, world_size, setup.wire, group=group)
+        self._eval_stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
         self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
 
     @property
     def is_first(self) -> bool:
-        return self.rank == 0
+        return self.stage_index == 0
 
     @property
     def is_last(self) -> bool:
-        return self.rank == self.world_size - 1
+        return self.stage_index == self.num_stages - 1
 
     @property
     def skipped(self) -> bool:
@@ -240,7 +250,10 @@ class PipelineRuntime:
         self.mark("loss")  # the last rank's own work again, after its chunk's send_wait mark
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
-            return self.loss_fn(student_logits, teacher_logits, target)
+            loss = self.loss_fn(student_logits, teacher_logits, target)
+            if self.replicas is not None and self.replicas.loss_weight != 1.0:
+                loss = loss * self.replicas.loss_weight  # unequal shares: DDP's average is then the batch mean
+            return loss
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
@@ -253,6 +266,8 @@ class PipelineRuntime:
         self.current_step = step
         self.clock.begin_step(step)
         ensure_training(self.module)
+        if self.replicas is not None:
+            self.replicas.remember_statistics(self.module.student)
         self.guard.begin()
         args = (self.setup.prepare_input(images),) if self.is_first else ()
         kwargs: dict[str, Any] = {}
@@ -269,12 +284,16 @@ class PipelineRuntime:
         with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
+        if loss is not None and self.replicas is not None:
+            loss = self.replicas.global_loss(loss / self.replicas.loss_weight)  # the global batch's loss
         if self.guard.late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.replicas is not None:
+                    self.replicas.merge_statistics(self.module.student, self.microbatches)
         else:
             self.guard.skip(self.optimizer, self.scheduler)
         self.last_timing = self.clock.end_step()
@@ -283,18 +302,20 @@ class PipelineRuntime:
     def _decisive_loss(self, loss: torch.Tensor | None) -> float:
         """The loss this rank decides its update on.
 
-        Skipping needs every rank to agree: one all-reduce where the last rank adds the loss and
-        the others 0 (a NaN stays NaN, an inf stays inf). Stopping does not: the last rank raises
+        Skipping needs every rank to agree: one all-reduce over the launch where the last rank adds
+        the loss and the others 0 (a NaN stays NaN, an inf stays inf; with replicas every replica's
+        last rank already holds the global batch's loss, so one of them adds it). Stopping does not:
+        the last rank raises
         alone, and the others fail on losing it at the step's all-gather, before any checkpoint
         (a commit needs every rank), so the default path pays no extra collective.
         """
         if self.guard.policy != "skip":
             return 0.0 if loss is None else float(loss)
         value = torch.zeros(1, device=self.setup.wire)
-        if loss is not None:
+        if loss is not None and (self.replicas is None or self.replicas.replica == 0):
             value += loss.float().to(value.device)
         self.mark("sync")
-        dist.all_reduce(value, group=self.group)
+        dist.all_reduce(value)
         return float(value)
 
     def forward_only(self, images: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:

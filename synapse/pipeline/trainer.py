@@ -51,6 +51,7 @@ from synapse.partitioning import Placement
 from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
+from synapse.pipeline.replicas import ReplicaMesh
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
 from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, Refusals, events_path
 
@@ -120,6 +121,11 @@ class PipelineRunner:
     @property
     def needs_images(self) -> bool:
         return self.runtime.is_first  # the last rank reads labels only, no image is decoded there
+
+    @property
+    def batch_share(self) -> range | None:
+        replicas = self.runtime.replicas
+        return None if replicas is None else replicas.share
 
     @property
     def device(self) -> torch.device:
@@ -229,6 +235,9 @@ class PipelineRunner:
         and this returns False (the caller falls back to the restart path). A failure inside
         (2) leaves a peer waiting; the collective timeout then makes it a hard failure.
         """
+        if self.partition.replicas > 1 or new.replicas > 1:
+            self.log(f"live re-partition at step {self.step}: a layout with replicas re-cuts by restarting")
+            return False  # the restart path moves every replica's blocks through the checkpoint
         started = time.perf_counter()
         # The progress board says, through every phase, whether this rank works or waits on the
         # others: a rank that hangs here is then told from the ranks waiting for it (root_cause.hang_culprit).
@@ -249,7 +258,7 @@ class PipelineRunner:
         self.blocks.release(self.rank, self.partition, new)
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
-        self.runtime = PipelineRuntime(module, self.rank, self.world_size, self.setup, old.microbatches,
+        self.runtime = PipelineRuntime(module, new.stage_of(self.rank), new.num_stages, self.setup, old.microbatches,
                                        self.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
                                        nonfinite=self.trainer.nonfinite, board=old.board,
                                        cuda_graphs=self.pipeline.cuda_graphs, check_late=old.guard.late,
@@ -371,17 +380,24 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     if isinstance(count, str):  # validation leaves a count or "auto", and an auto run's plan holds the count
         raise ValueError(f"pipeline.microbatches={count!r}: build_pipeline_trainer needs the planned count "
                          f"(microbatches=)")
+    if world_size != partition.world_size:
+        raise ValueError(f"{world_size} ranks for a placement of {partition.world_size} "
+                         f"({partition.replicas} replicas x {partition.num_stages} stages)")
+    stage = partition.stage_of(rank)
+    replicas = (ReplicaMesh.build(partition, rank, setup.wire.type, cfg.data.batch_size, count)
+                if partition.replicas > 1 else None)
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
-    module, owned = blocks.stage(rank, partition, setup)
+    module, owned = blocks.stage(stage, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
-    runtime = PipelineRuntime(module, rank, world_size, setup, count,
+    runtime = PipelineRuntime(module, stage, partition.num_stages, setup, count,
                               cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
+                              replicas=replicas,
                               nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),
                               cuda_graphs=cfg.pipeline.cuda_graphs,
                               check_late=checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite,

@@ -563,3 +563,44 @@ def test_every_loader_in_the_code_is_safe():
     assert {"synapse/checkpoint/read.py", "synapse/checkpoint/dcp.py",
             "synapse/models/factory.py"} <= files_with_torch_load
     assert not unsafe, unsafe
+
+
+# ---------------------------------------------------------------- layouts (replicas x stages)
+def test_replicas_that_do_not_divide_the_devices(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=4", "trainer.replicas=3",
+                                    error=ConfigError)
+    assert_names(message, "trainer.replicas: 3 replicas do not divide the run's 4 devices", "Fix: use one of [1, 2, 4]")
+
+
+def test_a_batch_that_cannot_be_shared_out_over_the_replicas(make_config, tiny_run, tmp_path):
+    # 8 images in micro-batches of 4 each: two shares for four replicas
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=4", "trainer.replicas=4",
+                                    "data.batch_size=8", "pipeline.microbatches=4", error=ConfigError)
+    assert_names(message, "data.batch_size: data.batch_size=8 gives 4 replicas less than one micro-batch of 4 each",
+                 "Fix: use a batch of at least 16 images")
+
+
+@pytest.mark.parametrize("shares, problem", [
+    ("[12,2]", "[12, 2] must give each of 2 replicas a positive number of images, 16 (data.batch_size) in all"),
+    ("[16]", "[16] must give each of 2 replicas"),
+    ("[10,6]", "10 images do not split into 4 equal micro-batches"),
+    ("[0,16]", "[0, 16] must give each of 2 replicas a positive number"),
+])
+def test_replica_shares_that_do_not_make_the_batch(make_config, tiny_run, tmp_path, shares, problem):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.replicas=2", "data.batch_size=16",
+                                    "pipeline.microbatches=4", f"trainer.replica_shares={shares}", error=ConfigError)
+    assert_names(message, f"trainer.replica_shares: {problem}", "Fix:")
+
+
+def test_replicas_auto_needs_the_planner(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.replicas=auto", error=ConfigError)
+    assert_names(message, "trainer.replicas: auto is chosen by the planner, but partition.mode=even",
+                 "Fix: use partition=auto")
+
+
+def test_a_manual_partition_is_one_replica_s_stages(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=4", "trainer.replicas=2",
+                                    "partition=manual", "partition.teacher=[3,3,3,2]", "partition.student=[3,3,3,2]",
+                                    error=ConfigError)
+    assert_names(message, "partition.teacher: 4 stages given for 2 devices per replica (2 replicas)",
+                 "Fix: give exactly 2 block counts")

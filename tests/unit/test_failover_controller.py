@@ -355,7 +355,7 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     events = []
     controller = make_controller(planner, events=events)
     placement = start(controller)
-    profile_s = planner.per_step_compute_s(*controller._partition_of(placement))
+    profile_s = list(planner.layout_cost(placement).compute_s)
     truth = BlockCalibration.neutral(planner.teacher, planner.student).observe(
         measurements(placement, profile_s, [profile_s[0], 2 * profile_s[1], profile_s[2]])).calibrated(planner)
     timings = Timings(truth, seed=11)
@@ -370,7 +370,7 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     # What is left for eta's scalar is the residual (here noise), not the block factors counted again.
     replan = next(o for o in controller._options(None, controller.measured_step_s) if o.kind is REPLAN)
     assert replan.inputs["calibration"] == pytest.approx(1.0, abs=0.1)
-    uncalibrated = planner.predict(*controller._partition_of(placement)).step_time_s
+    uncalibrated = planner.layout_cost(placement).step_time_s
     assert controller.measured_step_s / uncalibrated > 1.3
 
     # 2x: a clear REPLAN (at 3x, dropping the device ties with it, and the ETA picks either)
@@ -395,8 +395,8 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     controller.begin_segment(replanned)
     timings.feed(controller, replanned, {0: 2.0}, 60)
     second = [e for e in events if e["event"] == "block_calibration"][1:]
-    truth_ratio = [t / p for t, p in zip(truth.per_step_compute_s(*controller._partition_of(replanned)),
-                                          planner.per_step_compute_s(*controller._partition_of(replanned)))]
+    truth_ratio = [t / p for t, p in zip(truth.layout_cost(replanned).compute_s,
+                                          planner.layout_cost(replanned).compute_s)]
     stages = {s["rank"]: s for e in second for s in e["stages"]}
     assert sorted(stages) == [1, 2]
     for rank, measured in stages.items():
@@ -404,8 +404,7 @@ def test_a_profile_error_is_calibrated_into_the_blocks_and_every_option_is_price
     restored = make_controller(planner)
     restored.load_state_dict(json.loads(json.dumps(controller.state_dict())))
     assert restored.calibration.factors == controller.calibration.factors
-    assert restored.priced.predict(*controller._partition_of(replanned)) == controller.priced.predict(
-        *controller._partition_of(replanned))
+    assert restored.priced.layout_cost(replanned) == controller.priced.layout_cost(replanned)
 
 
 @pytest.mark.parametrize("planned_for", [True, False])

@@ -1,0 +1,137 @@
+"""R replicas x K stages learn what one device learns on the same global batch, grouped the same way.
+
+The reference is the single-device loop over R x M micro-batches (replica after replica); the
+layout runs R pipelines of K CPU ranks (gloo) on their shares, DDP averages the student's
+gradients and the replicas merge their BatchNorm statistics after each step. DDP's all-reduce
+sums in another order than the reference's accumulation, so the states agree to rounding, not
+bit for bit. How far rounding carries depends on the student (docs/layouts.md):
+
+- a LayerNorm student (vit_micro) with SGD keeps it where it is: every tensor within 1e-5 of its
+  scale after 6 steps (measured: 4e-7);
+- a BatchNorm student (resnet_micro) on micro-batches of 8 amplifies it about tenfold a step (the
+  first convolution's momentum at steps 2 and 4: 1.4e-5 and 5e-4 of its scale), so its check, of the
+  merged running statistics above all, is after 2 steps, within 1e-4;
+- AdamW's first steps divide each gradient element by its own size: an element whose gradient is
+  ~0 moves by up to the learning rate either way under a rounding difference, so these runs use SGD.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from synapse.app import run
+from synapse.engine import distil_on_one_device
+from synapse.failover import read_segments
+
+from .helpers import compose_config, final_student_state
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+
+BATCH = 32
+COMMON = [f"data.batch_size={BATCH}", "trainer.max_steps=6", "optim.name=sgd", "checkpoint.every=2"]
+# A LayerNorm student: rounding stays small, and its gradients do not depend on how a step's images
+# are grouped into micro-batches, so a replica that changes its share still learns what one device learns.
+VIT = ["student=vit_micro"]
+TOLERANCE = 1e-5
+BATCHNORM_STEPS, BATCHNORM_TOLERANCE = 2, 1e-4
+
+
+def assert_close_states(a: tuple[dict, dict], b: tuple[dict, dict], tolerance: float = TOLERANCE) -> None:
+    """Every student tensor and optimizer state within ``tolerance`` x max(1, its largest magnitude)."""
+    (model_a, optim_a), (model_b, optim_b) = a, b
+    assert model_a.keys() == model_b.keys() and optim_a.keys() == optim_b.keys()
+    pairs = [(name, model_a[name], model_b[name]) for name in model_a]
+    pairs += [(f"{name}.{key}", value, optim_b[name][key]) for name in optim_a for key, value in optim_a[name].items()
+              if torch.is_tensor(value)]
+    ratios = {}
+    for name, x, y in pairs:
+        scale = max(1.0, float(y.double().abs().max()))
+        ratios[name] = float((x.double() - y.double()).abs().max()) / scale
+    name = max(ratios, key=ratios.__getitem__)
+    print(f"largest difference: {name}, {ratios[name]:.2g} of its scale")
+    assert ratios[name] <= tolerance, f"{name} differs by {ratios[name]:.3g} of its scale"
+
+
+def losses(run_dir) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("kind") == "train"]
+
+
+def reference_run(run_dir, teacher_file, microbatches: int, extra: list[str]) -> tuple[dict, dict]:
+    distil_on_one_device(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1", *COMMON,
+                                                  f"pipeline.microbatches={microbatches}", *extra]),
+                         run_dir, log=lambda m: None)
+    return final_student_state(run_dir)
+
+
+@pytest.fixture(scope="module")
+def reference_vit(tmp_path_factory, teacher_file):
+    """One device, the global batch in 4 micro-batches of 8."""
+    run_dir = tmp_path_factory.mktemp("reference_vit")
+    return run_dir, reference_run(run_dir, teacher_file, 4, VIT)
+
+
+@pytest.mark.parametrize("replicas, stages, microbatches", [(2, 2, 2), (4, 1, 1)])
+def test_replicas_learn_what_one_device_learns(tmp_path, teacher_file, reference_vit, replicas, stages, microbatches):
+    """R = 2 x K = 2 (M = 2) and R = 4 x K = 1 (pure data parallelism): 4 micro-batches of 8 per step,
+    as in the reference; the logged loss is the global batch's."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT,
+                                  f"trainer.devices={replicas * stages}", f"trainer.replicas={replicas}",
+                                  f"pipeline.microbatches={microbatches}"]), log=lambda m: None)
+    reference_dir, reference = reference_vit
+    assert_close_states(final_student_state(tmp_path), reference)
+    assert losses(tmp_path) == pytest.approx(losses(reference_dir), rel=1e-5)
+    segment = read_segments(tmp_path)[0]
+    assert (segment.placement.replicas, segment.placement.num_stages) == (replicas, stages)
+    assert segment.placement.shares == (BATCH // replicas,) * replicas
+
+
+def test_replicas_merge_batchnorm_statistics_into_one_device_s(tmp_path, teacher_file):
+    """A BatchNorm student on R = 2 x K = 2: after each step the replicas' running statistics become those
+    of one device that ran all 4 micro-batches (replica 0's, then replica 1's), not their mean."""
+    steps = [f"trainer.max_steps={BATCHNORM_STEPS}"]
+    reference = reference_run(tmp_path / "reference", teacher_file, 4, steps)
+    run(compose_config(tmp_path / "replicas", [f"teacher.checkpoint={teacher_file}", *COMMON, *steps,
+                                               "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2"]),
+        log=lambda m: None)
+    assert_close_states(final_student_state(tmp_path / "replicas"), reference, BATCHNORM_TOLERANCE)
+
+
+def test_unequal_shares_still_average_over_the_global_batch(tmp_path, teacher_file, reference_vit):
+    """Shares of 24 and 8 images: each replica's loss is weighted by its share, so DDP's equal-weight
+    average is still the mean over all 32."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "trainer.devices=2",
+                                  "trainer.replicas=2", "trainer.replica_shares=[24,8]", "pipeline.microbatches=2"]),
+        log=lambda m: None)
+    reference_dir, reference = reference_vit
+    assert_close_states(final_student_state(tmp_path), reference)
+    assert losses(tmp_path) == pytest.approx(losses(reference_dir), rel=1e-5)
+
+
+def test_a_checkpoint_of_replicas_resumes_on_a_pipeline(tmp_path, teacher_file, reference_vit):
+    """Checkpoints hold tensors by name, one copy for all replicas: 3 steps as R = 2 x K = 1, then the rest
+    as one pipeline of K = 2 (the same 4 micro-batches of 8 per step)."""
+    base = [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT]
+    run(compose_config(tmp_path, [*base, "trainer.devices=2", "trainer.replicas=2", "pipeline.microbatches=2",
+                                  "trainer.stop_after=3"]), log=lambda m: None)
+    run(compose_config(tmp_path, [*base, "trainer.devices=2", "pipeline.microbatches=4", "resume=auto"]),
+        log=lambda m: None)
+    assert_close_states(final_student_state(tmp_path), reference_vit[1])
+
+
+def test_a_rank_killed_in_one_replica_drops_that_replica_and_loses_nothing(tmp_path, teacher_file, reference_vit):
+    """R = 2 x K = 2; rank 3 (replica 1's last stage) is killed at step 5: the run resumes from its
+    step-4 checkpoint on replica 0 alone, which now trains on the whole batch, and ends where one
+    device ends."""
+    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT,
+                                            "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
+                                            "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]"]),
+                  log=lambda m: None)
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    assert segments[1].devices == [0, 1] and segments[1].placement.replicas == 1
+    assert segments[1].start_step == 4
+    assert summary["experiment"]["restarts"][0]["action"] == "degrade"
+    assert_close_states(final_student_state(tmp_path), reference_vit[1])

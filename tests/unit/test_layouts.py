@@ -1,0 +1,216 @@
+"""Layouts of R replicas x K stages: the placement's arithmetic, their price, the planner's choice and
+the failover options of a replicated run. Pure: plain numbers, no torch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from synapse.decision import OptionKind, RunningPartition, replica_options
+from synapse.partitioning import (
+    BlockProfile,
+    DeviceFacts,
+    ModelProfile,
+    PartitionError,
+    Placement,
+    StagePlanner,
+    StepSpec,
+    choose_layout,
+    equal_shares,
+    layout_shapes,
+    ring_allreduce_s,
+    shares_for_speeds,
+)
+
+BATCH = 64
+COSTS = dict.fromkeys(OptionKind, 5.0)
+
+
+# ---------------------------------------------------------------- the placement
+def test_ranks_are_replica_major():
+    p = Placement((4, 5, 6, 7, 8, 9), (2, 1), (1, 2), replicas=3)
+    assert (p.world_size, p.num_stages) == (6, 2)
+    assert [(p.replica_of(r), p.stage_of(r)) for r in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert p.replica_devices(1) == (6, 7)
+    assert p.pipeline(2) == Placement((8, 9), (2, 1), (1, 2))
+
+
+def test_a_mesh_that_does_not_match_the_devices_is_refused():
+    with pytest.raises(PartitionError, match="2 replicas x 2 stages need 4 devices, got 3"):
+        Placement((0, 1, 2), (1, 1), (1, 1), replicas=2)
+    with pytest.raises(PartitionError, match="give one positive image count per replica"):
+        Placement((0, 1), (2,), (2,), replicas=2, shares=(32,))
+
+
+def test_records_of_one_pipeline_keep_their_three_keys_and_layouts_round_trip():
+    assert Placement((0, 1), (1, 1), (1, 1)).to_dict() == {"devices": [0, 1], "teacher": [1, 1], "student": [1, 1]}
+    layout = Placement((0, 1, 2, 3), (1, 1), (1, 1), replicas=2, shares=(40, 24))
+    assert Placement.from_dict(layout.to_dict()) == layout
+    assert layout.on((4, 5, 6, 7)) == Placement((4, 5, 6, 7), (1, 1), (1, 1), 2, (40, 24))
+
+
+def test_equal_shares_come_in_whole_micro_batches():
+    assert equal_shares(64, 2, 4) == (32, 32)
+    assert equal_shares(64, 3, 4) == (24, 20, 20)  # 16 micro-batch units of 4 over 3 replicas
+    with pytest.raises(PartitionError, match="does not split into 3 equal micro-batches"):
+        equal_shares(64, 2, 3)
+    with pytest.raises(PartitionError, match="less than one micro-batch"):
+        equal_shares(8, 4, 4)
+
+
+def test_share_ranges_cover_the_batch_in_replica_order():
+    p = Placement((0, 1, 2), (2,), (2,), replicas=3, shares=(24, 20, 20))
+    assert [p.share_range(r, 64, 4) for r in range(3)] == [range(0, 24), range(24, 44), range(44, 64)]
+    with pytest.raises(PartitionError, match="sum to 64 images, the global batch .* is 32"):
+        p.share_sizes(32, 4)
+    with pytest.raises(PartitionError, match="do not split into 8 equal micro-batches"):
+        p.share_sizes(64, 8)
+
+
+def test_dropping_a_replica_shares_its_images_among_the_others():
+    p = Placement((0, 1, 2, 3, 4, 5), (1, 1), (1, 1), replicas=3, shares=(24, 20, 20))
+    dropped = p.without_replica(1, 64, 4)
+    assert dropped == Placement((0, 1, 4, 5), (1, 1), (1, 1), 2, (32, 32))
+    last = dropped.without_replica(0, 64, 4)
+    assert last == Placement((4, 5), (1, 1), (1, 1)) and last.shares == ()
+    with pytest.raises(PartitionError, match="no replica to drop"):
+        last.without_replica(0, 64, 4)
+
+
+@given(speeds=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=8), units=st.integers(8, 64),
+       microbatches=st.sampled_from([1, 2, 4]))
+def test_shares_for_speeds_cover_the_batch_in_whole_micro_batches_and_follow_speed(speeds, units, microbatches):
+    batch = units * microbatches
+    shares = shares_for_speeds(speeds, batch, microbatches)
+    assert sum(shares) == batch and all(s % microbatches == 0 and s >= microbatches for s in shares)
+    # the slowest replica finishes no later than with equal shares
+    equal = equal_shares(batch, len(speeds), microbatches)
+    assert max(s / v for s, v in zip(shares, speeds)) <= max(s / v for s, v in zip(equal, speeds)) + 1e-9
+    faster = [(a, b) for a in range(len(speeds)) for b in range(len(speeds)) if speeds[a] > 2 * speeds[b]]
+    assert all(shares[a] >= shares[b] for a, b in faster)
+
+
+# ---------------------------------------------------------------- the price
+def profile(name: str, blocks: int, micro_batch: int, ms_per_sample: float, backward: bool,
+            param_kb: float = 1000.0) -> ModelProfile:
+    forward = ms_per_sample * micro_batch
+    rows = [BlockProfile(f"{name}{k}", forward, 2 * forward if backward else 0.0, 1.0, 10.0 * micro_batch,
+                         10.0 * micro_batch, param_kb) for k in range(blocks)]
+    return ModelProfile(name, tuple(rows), micro_batch=micro_batch)
+
+
+NOMINAL = DeviceFacts()
+
+
+def planner(replicas: int, microbatches: int, facts: DeviceFacts = NOMINAL, param_kb: float = 1000.0
+            ) -> StagePlanner:
+    micro = BATCH // (replicas * microbatches)
+    return StagePlanner(profile("t", 8, micro, 0.1, False, param_kb), profile("s", 8, micro, 0.1, True, param_kb),
+                        StepSpec(microbatches), facts, replicas=replicas)
+
+
+def test_one_pipeline_is_priced_as_before():
+    p = Placement((0, 1), (4, 4), (4, 4))
+    plan = planner(1, 4)
+    cost = plan.layout_cost(p)
+    assert cost.step_time_s == pytest.approx(plan.predict(p.devices, (4, 4), (4, 4)).step_time_s)
+    assert list(cost.compute_s) == pytest.approx(plan.per_step_compute_s(p.devices, (4, 4), (4, 4)))
+    assert cost.allreduce_s == 0.0
+
+
+def test_replicas_wait_for_the_slowest_and_then_all_reduce_the_largest_stage():
+    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
+    p = Placement((0, 1, 2, 3), (4, 4), (6, 2), replicas=2)
+    plan = planner(2, 2, facts)
+    cost = plan.layout_cost(p, {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0})
+    one = plan.predict((0, 1), (4, 4), (6, 2)).step_time_s
+    assert cost.replica_step_s[0] == pytest.approx(one) and cost.replica_step_s[1] > 2 * one
+    assert cost.allreduce_s == pytest.approx(ring_allreduce_s(6 * 1000 * 1024, 2, 1e9, 1e-5))
+    assert cost.step_time_s == pytest.approx(max(cost.replica_step_s) + cost.allreduce_s)
+    assert len(cost.compute_s) == 4 and cost.compute_s[2] == pytest.approx(3 * cost.compute_s[0])
+
+
+def test_a_replica_with_a_larger_share_is_priced_in_proportion():
+    p = Placement((0, 1), (8,), (8,), replicas=2, shares=(48, 16))
+    cost = planner(2, 1).layout_cost(p)
+    assert cost.replica_step_s[0] == pytest.approx(3 * cost.replica_step_s[1])
+    # a replica dropped: the one left trains on the whole batch, twice its old share
+    alone = planner(2, 1).layout_cost(Placement((0,), (8,), (8,)))
+    assert alone.step_time_s == pytest.approx(2 * planner(2, 1).layout_cost(Placement((0, 1), (8,), (8,), 2))
+                                              .replica_step_s[0])
+
+
+def test_ring_all_reduce():
+    assert ring_allreduce_s(1e9, 1, 1e9) == 0.0
+    assert ring_allreduce_s(1e9, 2, 1e9) == pytest.approx(1.0)
+    assert ring_allreduce_s(1e9, 4, 1e9, 1e-3) == pytest.approx(1.5 + 6e-3)
+
+
+# ---------------------------------------------------------------- the choice
+def test_layout_shapes_divide_devices_and_batch():
+    assert layout_shapes(4, 64, 8, microbatches=2) == [(1, 4, 2), (2, 2, 2), (4, 1, 2)]
+    assert layout_shapes(4, 64, 2, microbatches=2) == [(2, 2, 2), (4, 1, 2)]  # at most 2 stages
+    assert all(64 % (r * m) == 0 for r, _, m in layout_shapes(6, 64, 8))
+    assert (3, 2, 1) not in layout_shapes(6, 64, 8)  # 64 images do not share out over 3 replicas
+
+
+def test_data_parallelism_wins_when_the_models_fit_and_links_are_fast():
+    choice = choose_layout(lambda r, m: planner(r, m), [0, 1, 2, 3], BATCH, layout_shapes(4, BATCH, 8))
+    assert (choice.chosen.replicas, choice.chosen.stages) == (4, 1)
+    assert choice.chosen.placement == Placement((0, 1, 2, 3), (8,), (8,), 4, (16, 16, 16, 16))
+
+
+def test_a_pipeline_wins_when_one_device_cannot_hold_the_models():
+    # each block's parameters take 1 GB: the 16 blocks (and their optimizer state) fit only when split
+    facts = DeviceFacts(memory_bytes=lambda d: 12e9)
+    choice = choose_layout(lambda r, m: planner(r, m, facts, param_kb=1e6), [0, 1, 2, 3], BATCH,
+                           layout_shapes(4, BATCH, 8))
+    assert choice.chosen.stages > 1
+    assert all(not math.isfinite(c.step_time_s) and c.reason for c in choice.candidates if c.stages == 1)
+
+
+def test_gradient_traffic_over_a_slow_link_turns_the_choice_to_a_pipeline():
+    slow = DeviceFacts(link_bandwidth_bytes_per_s=1e8)
+    choice = choose_layout(lambda r, m: planner(r, m, slow, param_kb=1e5), [0, 1], BATCH, layout_shapes(2, BATCH, 8))
+    assert choice.chosen.replicas == 1
+
+
+def test_a_slow_device_gets_a_smaller_share():
+    choice = choose_layout(lambda r, m: planner(r, m), [0, 1], BATCH, [(2, 1, 1)], {0: 3.0})
+    shares = choice.chosen.placement.shares
+    assert shares[0] < shares[1] and sum(shares) == BATCH
+
+
+# ---------------------------------------------------------------- failover options
+def options_for(running: Placement, bad: int, alphas: dict[int, float], spares=(), lost=()):
+    plan = planner(running.replicas, 1)
+    predicted = plan.layout_cost(running, alphas).step_time_s
+    return {o.kind: o for o in replica_options(RunningPartition(running, predicted, predicted), alphas, None, bad,
+                                                plan, COSTS, spares, lost)}
+
+
+def test_a_failed_device_drops_its_replica_and_the_others_take_its_images():
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    options = options_for(running, 3, dict.fromkeys(range(4), 1.0))
+    assert options[OptionKind.DEGRADE].placement == Placement((0, 1), (4, 4), (4, 4))
+    assert options[OptionKind.DEGRADE].inputs["dropped_replicas"] == [1]
+    assert OptionKind.REPLACE not in options  # no spare
+
+
+def test_a_slow_replica_is_offered_a_smaller_share_and_a_spare():
+    running = Placement((0, 1, 2, 3), (8,), (8,), 4, (16, 16, 16, 16))
+    options = options_for(running, 2, {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0}, spares=(7,))
+    shares = options[OptionKind.REBALANCE].placement.shares
+    assert shares[2] < 16 and sum(shares) == BATCH
+    assert options[OptionKind.REBALANCE].predicted_step_s < options[OptionKind.KEEP].predicted_step_s
+    assert options[OptionKind.REPLACE].placement.devices == (0, 1, 7, 3)
+    assert options[OptionKind.DEGRADE].placement.replicas == 3
+
+
+def test_a_lost_node_drops_every_replica_it_held():
+    running = Placement((0, 1, 2, 3), (8,), (8,), 4, (16, 16, 16, 16))
+    options = options_for(running, 2, dict.fromkeys(range(4), 1.0), lost=(3,))
+    assert options[OptionKind.DEGRADE].placement == Placement((0, 1), (8,), (8,), 2, (32, 32))
+    assert OptionKind.REBALANCE not in options and OptionKind.REPLACE not in options
