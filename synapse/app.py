@@ -31,6 +31,7 @@ from synapse.config import (
     SynapseConfig,
     check_resume_settings,
     config_yaml,
+    resolve_accelerator,
     run_topology,
     typed_config,
     validate,
@@ -134,6 +135,9 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     resume_checkpoint = resolve_resume(cfg.resume, run_dir, log)
     PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
     replicated = f"{partition.replicas} replicas x " if partition.replicas > 1 else ""
+    if partition.replicas > 1 and cfg.pipeline.cuda_graphs and resolve_accelerator(cfg.trainer) == "cuda":
+        log("pipeline.cuda_graphs: the stages run eagerly with replicas (a replayed backward bypasses the "
+            "hooks DDP averages gradients with)")
     log(f"pipeline: {replicated}{k} stage{'' if k == 1 else 's'}, teacher blocks per stage "
         f"{list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "

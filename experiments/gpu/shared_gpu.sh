@@ -6,6 +6,11 @@
 #   bash experiments/gpu/shared_gpu.sh tests     # the CPU equivalence and failover tests, every rank on GPU 0
 #   bash experiments/gpu/shared_gpu.sh story     # ViT-B/16 -> ResNet-50 through train.py: slowdown + live
 #                                                # REPLAN, a kill + DEGRADE, a REPLACE with a spare, resume=auto
+#   bash experiments/gpu/shared_gpu.sh replicas  # layouts (issue #34): tests/dist/test_replicas.py on GPU ranks,
+#                                                # then ViT-B/16 -> ResNet-50 as 2 x 2 with a kill (a replica
+#                                                # dropped). (A slow replica cannot be shown here: ranks that
+#                                                # share a GPU take turns on it, so one rank's slowdown shows
+#                                                # on every rank's clock; SCENARIOS=rebalance runs it anyway.)
 # Throughput on a shared GPU means nothing (the ranks take turns on it); what is checked is what happens.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -77,6 +82,43 @@ PY
   echo "== resume rc=$? $(grep -o 'resum[^,]*step [0-9]*' "$OUT/story_resume.log" | head -1)" | tee -a "$OUT/story.txt"
   python3 -c "import json; s=json.load(open('$dir/experiment_summary.json')); print('steps', s['steps'], 'of', s['total_steps'])" \
     | tee -a "$OUT/story.txt"
+}
+
+replicas() {
+  # DDP's all-reduce over gloo on CUDA tensors (gloo reduces GPU tensors, it cannot send them point to point)
+  SYNAPSE_TEST_SHARED_GPU=0 SYNAPSE_CACHE=/tmp/cache_replicas timeout "${1:-420}" python3 -m pytest -p no:cacheprovider \
+    -n 0 -v -rfE -p no:benchmark tests/dist/test_replicas.py ${REPLICA_TESTS:+-k "$REPLICA_TESTS"} > /tmp/replicas.txt 2>&1
+  grep -E "PASSED|FAILED|^E |largest difference|passed|failed" /tmp/replicas.txt | tee "$OUT/pytest_replicas_shared_gpu.txt"
+  export SYNAPSE_CACHE=/tmp/cache_story
+  mkdir -p $SYNAPSE_CACHE/profiles && cp experiments/results/profiles_h200/profiles/* $SYNAPSE_CACHE/profiles/ 2>/dev/null
+  [ -f /tmp/teacher_vitb.pt ] || python3 -c "
+import torch; from synapse.models import build_model; torch.manual_seed(0)
+torch.save(build_model('vit_base', 100, 3, 224).state_dict(), '/tmp/teacher_vitb.pt')"
+  local common="trainer=shared_gpu teacher=vit_base student=resnet50 data=synthetic data.image_size=224
+    teacher.checkpoint=/tmp/teacher_vitb.pt trainer.progress=false trainer.eval_every_epochs=100 report=false
+    partition=even monitor.period_s=1 data.batch_size=64 pipeline.microbatches=2"
+  layout() {  # name, timeout, overrides...
+    local name=$1 limit=$2; shift 2
+    local dir=/tmp/layout_$name; rm -rf "$dir"
+    timeout "$limit" python3 train.py $common hydra.run.dir="$dir" "$@" > "$OUT/layout_$name.log" 2>&1
+    echo "== $name rc=$?" | tee -a "$OUT/replicas.txt"
+    grep -h "failover:\|pipeline:\|distilled" "$OUT/layout_$name.log" | tee -a "$OUT/replicas.txt"
+    python3 -c "
+import json, pathlib
+for p in sorted(pathlib.Path('$dir/segments').glob('*/segment.json')):
+    s = json.loads(p.read_text()); print('  segment', s['index'], s['reason'], s['devices'], 'replicas', s.get('replicas', 1),
+          'shares', s.get('shares'), 'steps', s['start_step'], '->', s['end_step'], s['outcome'])" | tee -a "$OUT/replicas.txt"
+    python3 -c "
+import json
+for line in open('$dir/performance.jsonl').readlines()[::5]:
+    r = json.loads(line); print('  step', r['step'], 'compute', [round(c, 4) for c in r['compute_s']], 'step', round(r['step_seconds'], 4))
+" | tee -a "$OUT/replicas.txt"
+  }
+  want() { [[ ",${SCENARIOS:-kill}," == *",$1,"* ]]; }
+  want kill && layout kill 300 trainer.devices=4 trainer.replicas=2 trainer.max_steps=60 checkpoint.every=20 \
+    "injection.faults=[{kind:kill,rank:3,step:45}]"
+  want rebalance && layout rebalance 300 trainer.devices=2 trainer.replicas=2 trainer.max_steps=60 policy=rebalance \
+    "injection.faults=[{kind:slow_compute,rank:1,start:2,factor:3.0}]"
 }
 
 for part in ${1:-tests}; do "$part"; done  # e.g. "tests story"; a scenario alone: SCENARIOS=slowdown,replace

@@ -509,10 +509,6 @@ def _validate_replicas(cfg: DictConfig) -> None:
         if shares is not None and len(shares) != 1:
             fail("trainer.replica_shares", f"{list(shares)} for one replica", "leave trainer.replica_shares unset")
         return
-    if trainer.shared_gpu is not None:
-        fail("trainer.replicas", f"{replicas} replicas on one shared GPU: their gradient all-reduce would run over "
-              f"gloo on GPU memory, which gloo cannot do", "use trainer.replicas=1 with trainer.shared_gpu (a "
-              "dry run of the pipeline), or replicas on separate GPUs")
     if shares is not None and (len(shares) != replicas or min(shares) < 1 or sum(shares) != cfg.data.batch_size):
         fail("trainer.replica_shares", f"{list(shares)} must give each of {replicas} replicas a positive number of "
               f"images, {cfg.data.batch_size} (data.batch_size) in all",

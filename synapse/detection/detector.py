@@ -108,6 +108,10 @@ class DetectorConfig:
     # Off by default: on CPU the plan's absolute error is large (the demo's K = 1 stage measured
     # 1.58x its profile, no fault); trainer=gpu sets it (synapse/detection/start.py says why).
     alone_threshold: float | None = None
+    # Replicas (R > 1): a rank this many times the other replicas of its stage, which do the same work
+    # on as many images, is slow from the start; no plan in between, so far tighter than
+    # prior_threshold (synapse/detection/start.py). None: no such check.
+    replica_threshold: float | None = 2.0
     window: int = 10
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
@@ -135,6 +139,9 @@ class DetectorConfig:
         if self.alone_threshold is not None:
             _check_number("alone_threshold", self.alone_threshold, 1.0, strict=True,
                           hint=" (e.g. 1.5: a lone device 1.5x the plan; None: no check)")
+        if self.replica_threshold is not None:
+            _check_number("replica_threshold", self.replica_threshold, 1.0, strict=True,
+                          hint=" (e.g. 2.0: 2x the other replicas of its stage; None: no check)")
         _check_number("threshold", self.threshold, 1.0, strict=True, hint=" (e.g. 1.25: 25% slower)")
         if self.peer_threshold is not None:
             _check_number("peer_threshold", self.peer_threshold, 1.0, hint=" (e.g. 1.15; None: no peer check)")
@@ -392,7 +399,8 @@ class SlowdownDetector:
         cfg = self.config
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
         self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
-        self._start = StartCheck(cfg.prior_threshold, cfg.alone_threshold, cfg.sustain)
+        self._start = StartCheck(cfg.prior_threshold, cfg.alone_threshold, cfg.sustain,
+                                 replica_threshold=cfg.replica_threshold)
         # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
         # their baselines: the start check's steps for them (at a run's start: ``_learning``)
         self._launch_steps: list[tuple[float, ...]] = []
@@ -428,6 +436,12 @@ class SlowdownDetector:
         if _check_kind(kind) == COMPUTE:
             return None if self._compute.values is None else tuple(self._compute.values)
         return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
+
+    def set_replicas(self, same_work: Sequence[Sequence[int]] | None) -> None:
+        """Per rank, the ranks that do the same work (its stage in every replica, itself included), for
+        the launch to come; None: one pipeline. A rank ``replica_threshold`` times the others of its
+        group is slow from the start (`synapse.detection.start`)."""
+        self._start.same_work = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
         """The plan's per-step compute seconds of each rank at nominal speed (the cost model's

@@ -29,6 +29,12 @@ would be half slow). Rank r's ratio is q_r over the median q of its witnesses, a
 not judged: every rank alike slower is a slow machine, and no re-partition helps it. A lone rank
 (K = 1) has the plan alone: its ratio is q.
 
+Replicas (R > 1) give a better reference than the plan: the other replicas of a rank's stage run
+the same blocks on as many images, so the plan's error cancels. A rank with such peers is read
+against them (`replica_readings`): its level over the median of those within ``replica_threshold``
+of the group's fastest, slow at ``replica_threshold`` (2.0 by default: CPU ranks sharing two cores
+wander up to 1.45x by themselves, see below; a GPU's replicas read far closer, unmeasured yet).
+
 The thresholds are how far a healthy rank may read from its witnesses, so they are per platform
 (the trainer configs set them). On the recorded fault-free streams (tests/data), with the medians
 this check reads: CPU ranks of the demo models up to 1.68 (rank 0, the teacher-heavy stage, on the
@@ -71,6 +77,32 @@ class StartReading:
     ratio: float  # its median compute since J over ``reference_s``
     reference_s: float  # its plan on this machine's scale (what its baseline is if it is slow)
     noise: float  # sd of ``ratio`` from the scatter of its steps and its witnesses'
+    threshold: float | None = None  # the ratio that makes it slow (None: the check's own, from the plan)
+
+
+def replica_readings(steps: Sequence[Sequence[float]], same_work: Sequence[Sequence[int]], threshold: float,
+                     found: Collection[int] = ()) -> list[StartReading | None]:
+    """Per rank, its reading against the other replicas of its stage (``same_work[rank]``: the ranks that
+    run the same blocks on as many images, itself included): no plan in between, so ``threshold`` can be
+    tight. Its witnesses are those within ``threshold`` of the group's fastest (not found slow before);
+    None for a rank without one (every replica alike slow, or R = 1)."""
+    per_rank = [list(values) for values in zip(*steps)]
+    levels = [median(values) for values in per_rank]
+    spread = [MEDIAN_SD_FACTOR * robust_sd(values) / max(level, _TINY) / math.sqrt(len(values))
+              for values, level in zip(per_rank, levels)]
+    readings: list[StartReading | None] = []
+    for rank, group in enumerate(same_work):
+        healthy = [j for j in group if j not in found]
+        fastest = min((levels[j] for j in healthy), default=levels[rank])
+        witnesses = [j for j in healthy if j != rank and levels[j] < threshold * fastest]
+        if not witnesses:
+            readings.append(None)
+            continue
+        scale = median(levels[j] for j in witnesses)
+        ratio = levels[rank] / max(scale, _TINY)
+        noise = ratio * math.hypot(spread[rank], median(spread[j] for j in witnesses))
+        readings.append(StartReading(ratio, scale, noise, threshold))
+    return readings
 
 
 def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float], threshold: float,
@@ -105,10 +137,13 @@ class StartCheck:
     """Judgements in a row per rank over one launch's first steps (`start_readings` each step)."""
 
     def __init__(self, prior_threshold: float | None, alone_threshold: float | None, sustain: int,
-                 noise_z: float = START_NOISE_Z) -> None:
+                 noise_z: float = START_NOISE_Z, replica_threshold: float | None = None) -> None:
         self.prior_threshold, self.alone_threshold = prior_threshold, alone_threshold
+        self.replica_threshold = replica_threshold
         self.sustain, self.noise_z = sustain, noise_z
         self.above: dict[int, int] = {}
+        # Per rank, the ranks doing the same work (replicas; `SlowdownDetector.set_replicas`); None: R = 1
+        self.same_work: list[tuple[int, ...]] | None = None
 
     def threshold(self, num_ranks: int) -> float | None:
         return self.alone_threshold if num_ranks == 1 else self.prior_threshold
@@ -124,12 +159,20 @@ class StartCheck:
         window's last step, judged without ``sustain``; ``found``: ranks found before (not again)."""
         num_ranks = len(steps[0]) if steps else 0
         threshold = self.threshold(num_ranks)
-        if threshold is None or expected_s is None or len(expected_s) != num_ranks or len(steps) < START_STEPS:
+        planned = threshold is not None and expected_s is not None and len(expected_s) == num_ranks
+        replicated = (self.replica_threshold is not None and self.same_work is not None
+                      and len(self.same_work) == num_ranks)
+        if not (planned or replicated) or len(steps) < START_STEPS:
             return {}, [None] * num_ranks
-        readings = start_readings(steps, expected_s, threshold, found)
+        readings: list[StartReading | None] = (start_readings(steps, expected_s, threshold, found)  # type: ignore[arg-type]
+                                               if planned else [None] * num_ranks)
+        if replicated:  # a rank with other replicas of its stage is read against them, not the plan
+            by_peers = replica_readings(steps, self.same_work, self.replica_threshold, found)  # type: ignore[arg-type]
+            readings = [peer if peer is not None else plan for peer, plan in zip(by_peers, readings)]
         newly: dict[int, StartReading] = {}
         for rank, reading in enumerate(readings):
-            slow = (reading is not None and reading.ratio >= threshold
+            limit = reading.threshold if reading is not None and reading.threshold is not None else threshold
+            slow = (reading is not None and limit is not None and reading.ratio >= limit
                     and reading.ratio - 1.0 >= self.noise_z * reading.noise)
             self.above[rank] = self.above.get(rank, 0) + 1 if slow else 0
             if reading is not None and slow and rank not in found and (final or self.above[rank] >= self.sustain):

@@ -193,7 +193,9 @@ class PipelineRuntime:
         module.phase_hook = self.stage.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
         module.register_forward_hook(self._computed)
-        if cuda_graphs and setup.device.type == "cuda":
+        # A replayed backward adds into .grad without autograd's accumulation hooks, which DDP listens
+        # to: with replicas the stages run eagerly (their gradients would never be averaged).
+        if cuda_graphs and setup.device.type == "cuda" and replicas is None:
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every

@@ -17,6 +17,7 @@ bit for bit. How far rounding carries depends on the student (docs/layouts.md):
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from synapse.app import run
 from synapse.engine import distil_on_one_device
 from synapse.failover import read_segments
 
-from .helpers import compose_config, final_student_state
+from .helpers import SHARED_GPU, compose_config, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -135,3 +136,49 @@ def test_a_rank_killed_in_one_replica_drops_that_replica_and_loses_nothing(tmp_p
     assert segments[1].start_step == 4
     assert summary["experiment"]["restarts"][0]["action"] == "degrade"
     assert_close_states(final_student_state(tmp_path), reference_vit[1])
+
+
+def test_a_replica_slow_from_the_start_gets_a_smaller_share_and_nothing_learnt_changes(tmp_path, teacher_file):
+    """R = 4 x K = 1 with rank 3 four times slower from step 2: the other replicas of its stage show it
+    at once (the start check), policy=rebalance restarts with shares by speed, and the run still
+    learns what one device learns (a LayerNorm student: grouping does not matter to its gradients)."""
+    if SHARED_GPU is not None:
+        pytest.skip("ranks sharing one GPU take turns on it: one rank's slowdown shows on every rank's clock")
+    steps = ["trainer.max_steps=32"]
+    reference = reference_run(tmp_path / "reference", teacher_file, 4, [*VIT, *steps])
+    run_dir = tmp_path / "replicas"
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *steps, "trainer.devices=4",
+                                 "trainer.replicas=4", "pipeline.microbatches=1", "policy=rebalance",
+                                 "injection.faults=[{kind:slow_compute,rank:3,start:2,factor:4}]"]),
+        log=lambda m: None)
+    segments = read_segments(run_dir)
+    assert [s.reason for s in segments] == ["start", "rebalance"]
+    shares = segments[1].placement.shares
+    assert sum(shares) == BATCH and shares[3] == min(shares) and shares[3] < BATCH // 4, shares
+    # found from the first steps (J = 11, then 5 steps and sustain; more when the machine is loaded)
+    assert segments[1].start_step < 30
+    assert_close_states(final_student_state(run_dir), reference)
+
+
+@pytest.mark.long  # two launchers; the multi-node tests share the long budget
+def test_replicas_across_two_nodes_learn_what_one_device_learns(tmp_path, teacher_file, reference_vit):
+    """Two nodes of one CPU device each, trainer.replicas=2: a replica per node, the gradient all-reduce
+    between the nodes (two launchers on 127.0.0.1)."""
+    import subprocess
+    import sys
+
+    from synapse.launch import free_port
+
+    from .helpers import BASE_OVERRIDES
+
+    port, run_dir = free_port(), tmp_path / "two_nodes"
+    common = [*BASE_OVERRIDES, *COMMON, *VIT, f"teacher.checkpoint={teacher_file}", f"cache_dir={tmp_path}/cache",
+              f"run_dir={run_dir}", "trainer.devices=1", "trainer.nodes=2", "trainer.replicas=2",
+              "pipeline.microbatches=2", f"trainer.rdzv_endpoint=127.0.0.1:{port}", "trainer.rdzv_id=replicas-test"]
+    repo = Path(__file__).resolve().parents[2]
+    nodes = [subprocess.Popen([sys.executable, "train.py", *common, f"trainer.node_rank={rank}"], cwd=repo,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-3000:]
+    assert_close_states(final_student_state(run_dir), reference_vit[1])

@@ -436,3 +436,71 @@ def test_the_controller_takes_the_reference_of_a_rank_found_slow_from_the_start(
     [reference] = [e["reference"] for e in events if e["event"] == "estimator_reference"]
     assert reference == pytest.approx(1.0, rel=0.15)
     assert controller.alphas()[stage.devices[2]] == pytest.approx(2.5, rel=0.2)
+
+
+# ---------------------------------------------------- replicas: the other replicas of a stage are the reference
+def replica_launch(replicas: int, stages: int, num_steps: int, seed: int, *, slow: dict[int, float] | None = None,
+                   noise: float = 0.1, wander: bool = False) -> tuple[list[StepTiming], list[list[int]]]:
+    """R x K ranks (replica-major); the ranks of one stage compute alike (the same blocks on as many
+    images) up to noise and, with ``wander``, each rank's own drift (0.8-1.45x for 8-25 steps)."""
+    rng = random.Random(seed)
+    base = [rng.uniform(0.3, 0.6) for _ in range(stages)]
+    level, left = [1.0] * (replicas * stages), [0] * (replicas * stages)
+    records, clock = [], 1.7e9
+    for step in range(num_steps):
+        compute = []
+        for rank in range(replicas * stages):
+            if wander and left[rank] == 0:
+                level[rank], left[rank] = rng.choice([0.8, 0.9, 1.0, 1.0, 1.15, 1.3, 1.45]), rng.randint(8, 25)
+            left[rank] -= 1
+            factor = (slow or {}).get(rank, 1.0)
+            compute.append(base[rank % stages] * level[rank] * factor * rng.uniform(1 - noise, 1 + noise))
+        step_s = max(compute) * 1.1
+        clock += step_s
+        records.append(StepTiming(step, clock, step_s, tuple(compute), tuple(step_s - c for c in compute)))
+    same_work = [[r * stages + rank % stages for r in range(replicas)] for rank in range(replicas * stages)]
+    return records, same_work
+
+
+def run_replicas(config: DetectorConfig, records, same_work, expected=None):
+    detector = SlowdownDetector(config)
+    detector.set_replicas(same_work)
+    if expected is not None:
+        detector.set_expected(expected)
+    return feed(detector, records)
+
+
+@pytest.mark.parametrize("replicas, stages, slow_rank", [(4, 1, 3), (2, 1, 0), (2, 2, 3), (3, 2, 2)])
+def test_a_replica_slow_from_the_first_step_is_found_against_the_other_replicas_of_its_stage(replicas, stages,
+                                                                                            slow_rank):
+    """2.5x slow from step 0, with no plan at all (or one 3x off): its stage's other replicas are the
+    reference, found at J + 6 with its ratio to them."""
+    for seed in range(5):
+        records, same_work = replica_launch(replicas, stages, 60, seed, slow={slow_rank: 2.5})
+        for expected in (None, [3.0 * c for c in records[0].compute_s]):
+            events = from_the_start(run_replicas(DetectorConfig(), records, same_work, expected))
+            assert [(e.rank, e.onset_step) for e in events] == [(slow_rank, J)], (seed, events)
+            assert events[0].detected_step == J + START_STEPS + DetectorConfig().sustain - 2
+            assert events[0].ratio == pytest.approx(2.5, rel=0.15)
+
+
+def test_replicas_that_wander_as_cpu_ranks_do_are_not_found_slow():
+    """Healthy R = 4 x K = 1 and 2 x 2 on the recorded CPU shape (each rank drifting 0.8-1.45x by itself,
+    noise +-10%): 200 launches, no rank found slow from the start at the default replica_threshold."""
+    found = []
+    for seed in range(100):
+        for replicas, stages in ((4, 1), (2, 2)):
+            records, same_work = replica_launch(replicas, stages, 40, seed, wander=True)
+            found += from_the_start(run_replicas(DetectorConfig(), records, same_work))
+    assert found == []
+
+
+def test_every_replica_alike_slow_has_no_witness():
+    """A slow machine, not a slow device: no replica can vouch for nominal speed, none is found."""
+    records, same_work = replica_launch(4, 1, 60, seed=3, slow={r: 3.0 for r in range(4)})
+    assert from_the_start(run_replicas(DetectorConfig(), records, same_work)) == []
+
+
+def test_the_replica_check_is_off_with_replica_threshold_none():
+    records, same_work = replica_launch(4, 1, 60, seed=4, slow={1: 3.0})
+    assert from_the_start(run_replicas(DetectorConfig(replica_threshold=None), records, same_work)) == []
