@@ -1,9 +1,13 @@
 # python experiments/bench_policies.py [--policies eta,keep,replan,degrade,ski_rental] [--factor 4] [--start 50] [--repeats 3]  # noqa: E501 (a command to copy)
+# Replicas (issue #34): python experiments/bench_policies.py --replicas 4 --slow-rank 3 --policies eta,keep,degrade,rebalance --repeats 3 --out experiments/results/bench_policies_replicas_cpu.json  # noqa: E501
 """Which policy finishes first? One fixed CPU scenario, full runs per policy, side by side.
 
 Scenario: the default demo's models and data on 3 CPU ranks (partition=auto), and a strong,
 long slowdown: rank 1's compute becomes ``--factor`` times slower from step ``--start`` to the
-end. Every policy sees exactly the same fault; total wall time is the supervisor's (first
+end. ``--replicas R``: R replicas of the demo's pipeline instead (``--devices`` in all, default R,
+so R x 1 is data parallel; even cuts, one micro-batch each), the slowdown on ``--slow-rank``; there
+``degrade`` drops the slow rank's replica and ``rebalance`` gives it a smaller share. Every policy
+sees exactly the same fault; total wall time is the supervisor's (first
 launch to the end, restarts included). Targets (issue #6): eta within 5% of the best other
 policy, and at least 20% faster than keep. Also reported: the decisions, and per restart the
 recovery time (detection or decision to the first step on the new devices) and its parts.
@@ -27,11 +31,12 @@ from benchlib import REPO, read_events, train_py_summary
 RUN_TIMEOUT_S = 900.0
 
 
-def run_policy(policy: str, run_dir: Path, factor: float, start: int) -> dict:
-    fault = f"[{{kind:slow_compute,rank:1,start:{start},factor:{factor}}}]"
+def run_policy(policy: str, run_dir: Path, factor: float, start: int, rank: int = 1,
+               layout: tuple[str, ...] = ()) -> dict:
+    fault = f"[{{kind:slow_compute,rank:{rank},start:{start},factor:{factor}}}]"
     summary, process_s = train_py_summary(run_dir, [f"policy={policy}", f"injection.faults={fault}",
                                                     "injection.name=bench_policies", "trainer.progress=false",
-                                                    "report=false"], RUN_TIMEOUT_S)
+                                                    "report=false", *layout], RUN_TIMEOUT_S)
     detected = read_events(run_dir, "slowdown_detected")
     return {"policy": policy, "wall_time_s": summary["wall_time_s"], "process_s": process_s,
             "final_top1": summary["final_eval"].get("student_top1"),
@@ -40,8 +45,8 @@ def run_policy(policy: str, run_dir: Path, factor: float, start: int) -> dict:
             "decisions": [{k: d[k] for k in ("step", "action", "reason", "eta_s")} for d in summary["decisions"]],
             "restarts": [{k: r[k] for k in ("action", "trigger", "recovery_s", "components")}
                          for r in summary["restarts"]],
-            "segments": [{k: s[k] for k in ("devices", "teacher_counts", "student_counts", "start_step", "end_step")}
-                       for s in summary["segments"]],
+            "segments": [{k: s.get(k) for k in ("devices", "teacher_counts", "student_counts", "replicas", "shares",
+                                                 "start_step", "end_step")} for s in summary["segments"]],
             "time_lost_s": summary["time_lost_s"]}
 
 
@@ -51,23 +56,32 @@ def main() -> None:
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--start", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1, help="R replicas of the pipeline (1: the demo's one)")
+    parser.add_argument("--devices", type=int, default=None, help="CPU ranks in all (default: 3, or R)")
+    parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "bench_policies_cpu.json")
     args = parser.parse_args()
     policies = args.policies.split(",")
+    devices = args.devices or (args.replicas if args.replicas > 1 else 3)
+    layout = (f"trainer.devices={devices}", f"trainer.replicas={args.replicas}", "partition=even",
+              "pipeline.microbatches=1") if args.replicas > 1 else ()
     load_before = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeats):
             order = policies[round_ % len(policies):] + policies[:round_ % len(policies)]
             for policy in order:
-                run = {**run_policy(policy, Path(tmp) / f"{policy}_{round_}", args.factor, args.start),
+                run = {**run_policy(policy, Path(tmp) / f"{policy}_{round_}", args.factor, args.start,
+                                    args.slow_rank, layout),
                        "round": round_, "load_average": os.getloadavg()}
                 runs.append(run)
                 print(f"round {round_} {policy}: {run['wall_time_s']:.1f} s", flush=True)
     by_policy = {p: statistics.median(r["wall_time_s"] for r in runs if r["policy"] == p) for p in policies}
     others = {p: t for p, t in by_policy.items() if p != "eta"}
     result = {"command": "python experiments/bench_policies.py " + " ".join(sys.argv[1:]),
-              "scenario": f"default demo models on 3 CPU ranks, rank 1 compute x{args.factor} from step {args.start}",
+              "scenario": (f"default demo models on {devices} CPU ranks"
+                           + (f" as {args.replicas} replicas x {devices // args.replicas} stages" if layout else "")
+                           + f", rank {args.slow_rank} compute x{args.factor} from step {args.start}"),
               "repeats": args.repeats, "median_wall_time_s": by_policy,
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "runs": runs}
     if "eta" in by_policy and others:
@@ -84,10 +98,11 @@ def main() -> None:
 def markdown(result: dict) -> str:
     lines = [f"# Policies side by side: {result['scenario']}", "", f"`{result['command']}`", "",
              f"Median total wall time over {result['repeats']} interleaved round(s):", "",
-             "| policy | median wall time | every run |", "| --- | --- | --- |"]
+             "| policy | median wall time | spread (min-max) | every run |", "| --- | --- | --- | --- |"]
     for policy, median in result["median_wall_time_s"].items():
-        walls = ", ".join(f"{r['wall_time_s']:.1f}" for r in result["runs"] if r["policy"] == policy)
-        lines.append(f"| {policy} | {median:.1f} s | {walls} s |")
+        walls = [r["wall_time_s"] for r in result["runs"] if r["policy"] == policy]
+        every = ", ".join(f"{w:.1f}" for w in walls)
+        lines.append(f"| {policy} | {median:.1f} s | {min(walls):.1f}-{max(walls):.1f} s | {every} s |")
     lines += ["", "Each run:", "",
               "| round | policy | total wall time | time lost (slow steps / restarts) | decisions | "
               "recovery per restart | top-1 |", "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -46,7 +46,7 @@ out. The partitioner enters as an injected ``plan_fn``; what a restart costs is
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
@@ -244,9 +244,11 @@ class LayoutPricer(Protocol):
 
 def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
                     bad_device: DeviceId | None, pricer: LayoutPricer, restart_costs: Mapping[OptionKind, float],
-                    spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = ()) -> list[Option]:
+                    spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = (),
+                    excluded: Collection[OptionKind] = ()) -> list[Option]:
     """The options of an R x K layout (R > 1): KEEP, REPLAN, DEGRADE (drop a replica), REBALANCE and
-    REPLACE, each priced by the planner's ``layout_cost`` at the current alphas (x the calibration)."""
+    REPLACE, each priced by the planner's ``layout_cost`` at the current alphas (x the calibration).
+    ``excluded``: kinds not to offer (one that fell short of its prediction in this slowdown)."""
     running = current.placement
     running_alphas = {d: _alpha_of(alphas, d, required=True) for d in running.devices}
     bad = _resolve_bad_device(running.devices, running_alphas, bad_device)
@@ -268,7 +270,7 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
         candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, "dropped_replicas": sorted(gone),
                                                            "dropped_devices": [d for d in running.devices
                                                                                if d not in survivors.devices]}))
-    if batch is not None and not lost_devices:
+    if batch is not None and not lost_devices and OptionKind.REBALANCE not in excluded:
         rebalanced = _rebalanced(running, pricer, alphas, betas, batch, microbatches)
         if rebalanced is not None:
             candidates.append((OptionKind.REBALANCE, rebalanced, {"shares": list(rebalanced.shares)}))

@@ -86,23 +86,9 @@ def replica_readings(steps: Sequence[Sequence[float]], same_work: Sequence[Seque
     run the same blocks on as many images, itself included): no plan in between, so ``threshold`` can be
     tight. Its witnesses are those within ``threshold`` of the group's fastest (not found slow before);
     None for a rank without one (every replica alike slow, or R = 1)."""
-    per_rank = [list(values) for values in zip(*steps)]
-    levels = [median(values) for values in per_rank]
-    spread = [MEDIAN_SD_FACTOR * robust_sd(values) / max(level, _TINY) / math.sqrt(len(values))
-              for values, level in zip(per_rank, levels)]
-    readings: list[StartReading | None] = []
-    for rank, group in enumerate(same_work):
-        healthy = [j for j in group if j not in found]
-        fastest = min((levels[j] for j in healthy), default=levels[rank])
-        witnesses = [j for j in healthy if j != rank and levels[j] < threshold * fastest]
-        if not witnesses:
-            readings.append(None)
-            continue
-        scale = median(levels[j] for j in witnesses)
-        ratio = levels[rank] / max(scale, _TINY)
-        noise = ratio * math.hypot(spread[rank], median(spread[j] for j in witnesses))
-        readings.append(StartReading(ratio, scale, noise, threshold))
-    return readings
+    levels, spread = _levels(steps)
+    return [None if read is None else StartReading(read[0], read[1], read[2], threshold)
+            for read in _against_witnesses(levels, spread, same_work, threshold, found)]
 
 
 def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float], threshold: float,
@@ -111,25 +97,40 @@ def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float]
     against the plan ``expected_s``; None for a rank without witnesses (see the module docstring).
     ``found``: ranks already found slow, never witnesses: they are known not to run at nominal speed,
     even where the plan's error brings one within ``threshold`` of the fastest."""
-    per_rank = [list(values) for values in zip(*steps)]
-    levels = [median(values) for values in per_rank]
+    levels, spread = _levels(steps)
     q = [level / max(e, _TINY) for level, e in zip(levels, expected_s)]
-    # sd of each level relative to itself: a median of n steps scatters ~1.25 sd / sqrt(n)
-    spread = [MEDIAN_SD_FACTOR * robust_sd(values) / max(level, _TINY) / math.sqrt(len(values))
-              for values, level in zip(per_rank, levels)]
     if len(q) == 1:
         return [StartReading(q[0], expected_s[0], q[0] * spread[0])]
-    fastest = min((q[j] for j in range(len(q)) if j not in found), default=min(q))
-    readings: list[StartReading | None] = []
-    for rank in range(len(q)):
-        witnesses = [j for j in range(len(q)) if j != rank and j not in found and q[j] < threshold * fastest]
+    everyone = [range(len(q))] * len(q)
+    return [None if read is None else StartReading(read[0], read[1] * expected_s[rank], read[2])
+            for rank, read in enumerate(_against_witnesses(q, spread, everyone, threshold, found))]
+
+
+def _levels(steps: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
+    """Each rank's median compute over ``steps``, and that median's sd relative to itself (a median of
+    n steps scatters ~1.25 sd / sqrt(n))."""
+    per_rank = [list(values) for values in zip(*steps)]
+    levels = [median(values) for values in per_rank]
+    spread = [MEDIAN_SD_FACTOR * robust_sd(values) / max(level, _TINY) / math.sqrt(len(values))
+              for values, level in zip(per_rank, levels)]
+    return levels, spread
+
+
+def _against_witnesses(q: Sequence[float], spread: Sequence[float], groups: Sequence[Sequence[int]],
+                       threshold: float, found: Collection[int]) -> list[tuple[float, float, float] | None]:
+    """Per rank, (its ratio to its witnesses' median, that median, the ratio's sd), its witnesses being
+    the others of its group not found slow before and within ``threshold`` of the group's fastest."""
+    readings: list[tuple[float, float, float] | None] = []
+    for rank, group in enumerate(groups):
+        healthy = [j for j in group if j not in found]
+        fastest = min((q[j] for j in healthy), default=min(q[j] for j in group))
+        witnesses = [j for j in healthy if j != rank and q[j] < threshold * fastest]
         if not witnesses:
             readings.append(None)
             continue
         scale = median(q[j] for j in witnesses)
         ratio = q[rank] / max(scale, _TINY)
-        noise = ratio * math.hypot(spread[rank], median(spread[j] for j in witnesses))
-        readings.append(StartReading(ratio, scale * expected_s[rank], noise))
+        readings.append((ratio, scale, ratio * math.hypot(spread[rank], median(spread[j] for j in witnesses))))
     return readings
 
 

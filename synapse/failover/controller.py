@@ -65,6 +65,13 @@ STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against
 KEEP_LOG_EVERY = 10  # a KEEP with an unchanged reason is logged once every this many decisions
 ERROR_LOG_LIMIT, ERROR_LOG_EVERY = 5, 100  # a controller error repeating every step: log the first few
+# A REBALANCE is priced by scaling each replica's time with its share; at a few images per replica a
+# step's fixed costs do not scale (a CPU rank 4x slow kept ~0.13 s of compute from 8 images down to 2),
+# and each rebalance then looked as good as the last. Its outcome is therefore checked once this many
+# steps have run after it: a realised gain under half the predicted one takes REBALANCE off the
+# options for the rest of the slowdown.
+OUTCOME_STEPS = 8
+
 FALLBACK_POLICY = DegradePolicy()  # decides a hard failure when the configured policy fails
 
 
@@ -77,6 +84,7 @@ class Episode:
     actions: int = 0
     onset_step: int | None = None
     detected_at: float | None = None
+    fell_short: set[OptionKind] = field(default_factory=set)  # acted on, gained under half the prediction
 
 
 def same_work(placement: Placement) -> list[list[int]] | None:
@@ -109,6 +117,8 @@ class FailoverController:
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
     errors: int = 0  # controller errors survived (each read as KEEP; see observe)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+    # An action whose outcome is to be checked: (kind, measured step before, predicted step after)
+    _awaiting: tuple[OptionKind, float, float] | None = None
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
     _last_keep_reason: str | None = None
@@ -245,6 +255,7 @@ class FailoverController:
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
+        self._check_outcome()
         drill = self._due_drill(timing.step)
         if drill is not None:
             return self.run_drill(drill, timing.step, int(record["total_steps"]))
@@ -302,6 +313,18 @@ class FailoverController:
     def measured_step_s(self) -> float:
         return statistics.median(s for _, s in self._recent)
 
+    def _check_outcome(self) -> None:
+        """The awaited action's realised gain, once ``OUTCOME_STEPS`` steps ran after it (see OUTCOME_STEPS)."""
+        if self._awaiting is None or len(self._recent) < OUTCOME_STEPS:
+            return
+        kind, before_s, predicted_s = self._awaiting
+        self._awaiting = None
+        after_s = self.measured_step_s
+        if before_s - after_s < 0.5 * (before_s - predicted_s):
+            self.episode.fell_short.add(kind)
+            self.log_event("action_fell_short", action=kind.value, step=self._recent[-1][0],
+                           measured_before_s=before_s, predicted_s=predicted_s, measured_after_s=after_s)
+
     def _nominal_of(self, placement: Placement) -> tuple[list[float], list[float], list[float]]:
         """Each rank's compute, comm and own-link time in one step at nominal speed."""
         cost = self.priced.layout_cost(placement)
@@ -349,7 +372,8 @@ class FailoverController:
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
         if placement.replicas > 1:
             return replica_options(current, alphas, betas, bad_device, self.priced,
-                                   self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
+                                   self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost,
+                                   excluded=self.episode.fell_short)
         return build_options(current, alphas, betas, bad_device, self.priced.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 
@@ -426,6 +450,9 @@ class FailoverController:
                 or self.episode.consecutive_detections % KEEP_LOG_EVERY == 1):
             self.log_event("decision", **record)
         self._last_keep_reason = reason_kind if decision.action is OptionKind.KEEP else None
+        if decision.action is OptionKind.REBALANCE:  # its outcome is checked (OUTCOME_STEPS)
+            keep = next(o for o in decision.options if o.kind is OptionKind.KEEP)
+            self._awaiting = (decision.action, keep.predicted_step_s, decision.chosen.predicted_step_s)
         if decision.action is not OptionKind.KEEP:
             self.episode.actions += 1
             self.episode.time_lost_s = 0.0  # the policies count time lost since the last action
@@ -443,7 +470,8 @@ class FailoverController:
     # ---------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         return {"detector": self.detector.state_dict(), "estimator": self.estimator.state_dict(),
-                "restart_costs": self.restart_costs.state_dict(), "episode": vars(self.episode).copy(),
+                "restart_costs": self.restart_costs.state_dict(),
+                "episode": {**vars(self.episode), "fell_short": sorted(k.value for k in self.episode.fell_short)},
                 "last_action_step": self.last_action_step, "healthy_steps_s": list(self._healthy),
                 "decisions": self.decisions, "drills": self.drills, "time_lost_total_s": self.time_lost_total_s,
                 "placement": None if self.placement is None else vars(self.placement).copy(),
@@ -453,7 +481,8 @@ class FailoverController:
         self.detector.load_state_dict(state["detector"])
         self.estimator.load_state_dict(state["estimator"])
         self.restart_costs.load_state_dict(state["restart_costs"])
-        self.episode = Episode(**state["episode"])
+        episode = dict(state["episode"])  # states saved before layouts have no fell_short
+        self.episode = Episode(**{**episode, "fell_short": {OptionKind(k) for k in episode.get("fell_short", ())}})
         self.last_action_step = state["last_action_step"]
         self._healthy.extend(state["healthy_steps_s"])
         self.decisions = list(state["decisions"])

@@ -452,3 +452,39 @@ def test_the_first_replan_is_priced_on_the_detected_level_not_a_lagging_average(
     acted = timings.feed(controller, placement, {2: 3.0}, 40)
     assert [d.action for d in acted] == [REPLAN]
     assert controller.alphas()[2] == pytest.approx(3.0, rel=0.15)
+
+
+def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_in_that_slowdown(planner):
+    """R = 4 x K = 1 where rank 3's compute is four times its peers' and does not shrink with its share (a
+    step's fixed costs at a few images a replica): the REBALANCE is decided, realises nothing, is logged
+    as fallen short, and the next decisions of the slowdown offer no REBALANCE."""
+    import dataclasses
+
+    layout_planner = dataclasses.replace(planner, replicas=4)
+    events: list[dict] = []
+    controller = make_controller(layout_planner, policy="eta", events=events, min_saving_s=0.0, cooldown_steps=0)
+    blocks = (len(planner.teacher), len(planner.student))
+    placement = Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16))
+    controller.begin_segment(placement)
+    rng, clock, step = random.Random(3), 1000.0, 0
+
+    def feed(slow: bool, steps: int):
+        nonlocal clock, step
+        for _ in range(steps):
+            compute = [rng.uniform(0.95, 1.05) * (4.0 if slow and rank == 3 else 1.0) for rank in range(4)]
+            step, clock = step + 1, clock + max(compute) + 0.01
+            decision = controller.observe({"step": step, "time": clock, "step_seconds": max(compute) + 0.01,
+                                           "total_steps": TOTAL, "compute_s": compute, "comm_s": [0.01] * 4})
+            if decision is not None:
+                return decision
+        return None
+
+    assert feed(False, 45) is None
+    decision = feed(True, 60)
+    assert decision is not None and decision.action is OptionKind.REBALANCE
+    assert decision.chosen.placement.shares[3] < 16
+    controller.begin_segment(decision.chosen.placement, start_step=step)
+    later = feed(True, 40)  # the same compute: the smaller share gained nothing
+    assert [e["action"] for e in events if e["event"] == "action_fell_short"] == ["rebalance"]
+    after = later if later is not None else controller.decide(step, TOTAL)
+    assert OptionKind.REBALANCE not in {o.kind for o in after.options}
