@@ -312,16 +312,17 @@ def compare_plan_with_run(run_dir: Path, warmup_steps: int = 3) -> dict[str, Any
     measured = measured_step_summary(perf_file, warmup_steps)
     if measured is None:
         return None
-    m = plan["microbatches"]
+    m, k = plan["microbatches"], len(plan["stage_compute_s"])
     overhead = plan.get("stage_overhead_s") or [0.0] * len(plan["stage_comm_s"])
+    # With replicas the plan is one replica's pipeline: it is compared with replica 0's ranks (the first K).
     result = {
         "steps_compared": measured["steps"],
         "predicted_step_s": plan["step_time_s"],
         "measured_step_s": measured["step_s"],
         "predicted_stage_compute_s": [m * t for t in plan["stage_compute_s"]],
-        "measured_stage_compute_s": measured["stage_compute_s"],
+        "measured_stage_compute_s": measured["stage_compute_s"][:k],
         "predicted_stage_noncompute_s": [m * (o + c) for o, c in zip(overhead, plan["stage_comm_s"])],
-        "measured_stage_noncompute_s": measured["stage_comm_s"],
+        "measured_stage_noncompute_s": measured["stage_comm_s"][:k],
     }
     result["step_error"] = result["predicted_step_s"] / result["measured_step_s"] - 1.0
     PLAN_VS_MEASURED.path(run_dir).write_text(json.dumps(result, indent=1))
