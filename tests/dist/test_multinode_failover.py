@@ -225,3 +225,27 @@ def test_a_node_declared_lost_is_told_to_stop(tmp_path):
         assert lost["node"] == 1
     finally:
         decider.close()
+
+
+@pytest.mark.long  # two launchers; the default suite keeps the one-node replica tests
+def test_a_rank_killed_in_node_1s_replica_drops_that_replica_and_node_0_finishes(tmp_path, teacher_file):
+    """Two nodes of two CPU ranks as two replicas (one per node, LayerNorm student): rank 3 (node 1) is
+    killed at step 5; the decider drops replica 1, node 0 runs the rest on the whole batch from the
+    step-4 checkpoint, and the run ends within 1e-5 of one device on the same micro-batches."""
+    from .test_replicas import assert_close_states
+
+    student = ["student=vit_micro", "optim.name=sgd", "data.batch_size=32", "pipeline.microbatches=2"]
+    reference_dir = tmp_path / "one_device"
+    run(compose_config(reference_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1",
+                                       f"trainer.max_steps={STEPS}", *student[:3], "pipeline.microbatches=4"]),
+        log=lambda m: None)
+    run_dir = tmp_path / "run"
+    nodes = start_nodes(run_dir, teacher_file, *student, "trainer.replicas=2", "checkpoint.every=2",
+                        "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]")
+    outputs = finish(nodes)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-3000:]
+    segments = read_segments(run_dir)
+    assert [(s.reason, s.outcome) for s in segments] == [("start", "failed"), ("degrade", "finished")]
+    assert segments[1].devices == [0, 1] and segments[1].placement.replicas == 1 and segments[1].start_step == 4
+    assert_close_states(final_student_state(run_dir), final_student_state(reference_dir))
