@@ -176,12 +176,16 @@ class _HostItems(Dataset):
 
 
 def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.device | str | None = None,
-                 load: str = "images") -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+                 load: str = "images", shard: tuple[int, int] = (0, 1)
+                 ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
     """The whole validation split in order, unaugmented, finished on ``device`` (default CPU).
 
     ``load="labels"``: images None, labels read without decoding (a pipeline rank after the first).
+    ``shard=(i, n)``: only every n-th batch from the i-th (replica i of n evaluates its part).
     """
-    chunks = [list(range(start, min(start + batch_size, len(dataset)))) for start in range(0, len(dataset), batch_size)]
+    index, count = shard
+    chunks = [list(range(start, min(start + batch_size, len(dataset))))
+              for start in range(0, len(dataset), batch_size)][index::count]
     if _load_mode(load) != "images":
         for chunk in chunks:
             yield None, dataset.labels_of(chunk)

@@ -340,7 +340,8 @@ class PipelineRunner:
 class PipelineEvaluation:
     """Forward-only pipeline over the validation split, batches padded to the training shape; the
     result lands on the last rank (the others get None). Reads the runner's current stage at each
-    call: a live re-partition changes it."""
+    call: a live re-partition changes it. With replicas each replica evaluates every R-th batch and
+    their last ranks add up the counts (one all-reduce)."""
 
     runner: PipelineRunner
     val_ds: Any
@@ -352,7 +353,9 @@ class PipelineEvaluation:
         hits = {"student": {1: 0, 5: 0}, "teacher": {1: 0, 5: 0}}
         seen = 0
         load = "images" if self.runner.needs_images else "labels"  # images enter at rank 0 only
-        for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load):
+        replicas = self.runner.runtime.replicas
+        shard = (0, 1) if replicas is None else (replicas.replica, replicas.mesh.size(0))
+        for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load, shard):
             real = labels.shape[0]
             if real < batch and images is not None:  # the schedule's buffers have the training micro-batch shape
                 images = torch.cat([images, images[-1:].expand(batch - real, *images.shape[1:])])
@@ -364,6 +367,12 @@ class PipelineEvaluation:
                 for k, n in topk_correct(logits[:real].float(), labels).items():
                     hits[name][k] += n
             seen += real
+        if replicas is not None and self.runner.runtime.is_last:
+            counts = [hits["student"][1], hits["student"][5], hits["teacher"][1], hits["teacher"][5], seen]
+            total = torch.tensor(counts, dtype=torch.float64, device=self.runner.setup.wire)
+            dist.all_reduce(total, group=replicas.replica_group)
+            (hits["student"][1], hits["student"][5], hits["teacher"][1], hits["teacher"][5],
+             seen) = (int(v) for v in total.tolist())
         if not self.runner.writes_records:
             return None
         result = {f"top{k}": 100.0 * hits["student"][k] / seen for k in (1, 5)}

@@ -60,6 +60,11 @@ def losses(run_dir) -> list[float]:
     return [r["loss"] for r in records if r.get("kind") == "train"]
 
 
+def evaluations(run_dir) -> list[tuple[float, float]]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["student_top1"], r["student_top5"]) for r in records if r.get("kind") == "eval"]
+
+
 def reference_run(run_dir, teacher_file, microbatches: int, extra: list[str]) -> tuple[dict, dict]:
     distil_on_one_device(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1", *COMMON,
                                                   f"pipeline.microbatches={microbatches}", *extra]),
@@ -84,6 +89,8 @@ def test_replicas_learn_what_one_device_learns(tmp_path, teacher_file, reference
     reference_dir, reference = reference_vit
     assert_close_states(final_student_state(tmp_path), reference)
     assert losses(tmp_path) == pytest.approx(losses(reference_dir), rel=1e-5)
+    # each replica evaluates every R-th validation batch; the counts add up to one device's evaluation
+    assert evaluations(tmp_path) == evaluations(reference_dir) and evaluations(tmp_path)
     segment = read_segments(tmp_path)[0]
     assert (segment.placement.replicas, segment.placement.num_stages) == (replicas, stages)
     assert segment.placement.shares == (BATCH // replicas,) * replicas
