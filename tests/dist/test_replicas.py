@@ -189,3 +189,19 @@ def test_replicas_across_two_nodes_learn_what_one_device_learns(tmp_path, teache
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-3000:]
     assert_close_states(final_student_state(run_dir), reference_vit[1])
+
+
+def test_the_planner_chooses_the_layout_and_the_run_takes_it(tmp_path, teacher_file):
+    """trainer.replicas=auto with partition=auto on 2 CPU ranks: both layouts (1 x 2, 2 x 1) priced with
+    profiles at their own micro-batch, the choice and every candidate in plan.json, and the run on it."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, "trainer.devices=2",
+                                  "trainer.replicas=auto", "partition=auto", "pipeline.microbatches=2",
+                                  "trainer.max_steps=2"]), log=lambda m: None)
+    layout = json.loads((tmp_path / "plan.json").read_text())["layout"]
+    shapes = {(c["replicas"], c["stages"]) for c in layout["candidates"]}
+    assert shapes == {(1, 2), (2, 1)} and all(c["step_time_s"] for c in layout["candidates"])
+    chosen = layout["chosen"]
+    assert chosen["step_time_s"] == min(c["step_time_s"] for c in layout["candidates"])
+    placement = read_segments(tmp_path)[0].placement
+    assert (placement.replicas, placement.num_stages) == (chosen["replicas"], chosen["stages"])
+    assert list(placement.student_counts) == chosen["student"]
