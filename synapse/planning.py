@@ -71,15 +71,16 @@ def profile_device(trainer: TrainerConfig) -> str:
     return "cpu"
 
 
-def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None):
+def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print, microbatches: int | None = None,
+                   replicas: int = 1):
     """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
-    micro-batches (measured once, then cached)."""
+    micro-batches (measured once, then cached), as ``replicas`` replicas would run them."""
     micro_batch = cfg.data.batch_size // (microbatches or _configured_microbatches(cfg.pipeline))
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
                               profile_device(cfg.trainer), info.num_classes, info.in_chans, info.image_size,
                               cfg.cache_dir, warmup=cfg.partition.profile_warmup,
                               repeats=cfg.partition.profile_repeats, log=log,
-                              launch=profile_launch(cfg.trainer, cfg.pipeline))
+                              launch=profile_launch(cfg.trainer, cfg.pipeline, replicas))
 
 
 def _configured_microbatches(pipeline: PipelineConfig) -> int:
@@ -89,10 +90,12 @@ def _configured_microbatches(pipeline: PipelineConfig) -> int:
     return pipeline.microbatches
 
 
-def profile_launch(trainer: TrainerConfig, pipeline: PipelineConfig) -> str:
+def profile_launch(trainer: TrainerConfig, pipeline: PipelineConfig, replicas: int = 1) -> str:
     """Blocks are profiled as the stages will run them: replayed CUDA graphs on a GPU with
-    pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included)."""
-    return "graphed" if resolve_accelerator(trainer) == "cuda" and pipeline.cuda_graphs else "eager"
+    pipeline.cuda_graphs (the GPU's own time), eagerly otherwise (launch time included), and eagerly
+    with replicas, whose stages run eagerly (synapse.pipeline.replicas)."""
+    graphed = resolve_accelerator(trainer) == "cuda" and pipeline.cuda_graphs and replicas == 1
+    return "graphed" if graphed else "eager"
 
 
 # gloo between two CPU processes over loopback, measured by experiments/bench_gloo_p2p.py
@@ -147,7 +150,8 @@ def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callab
     """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
     controller are made by it, so they are priced by the same cost model. It prices one replica's
     pipeline: profiles at that replica's micro-batch (the global batch over replicas x micro-batches)."""
-    return planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * microbatches), microbatches, replicas)
+    return planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * microbatches, replicas), microbatches,
+                                replicas)
 
 
 def plan_run(cfg: SynapseConfig, info, devices: list[int], run_dir: Path, log: Callable[[str], None] = print
@@ -189,7 +193,7 @@ def choose_layout_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Pat
     def planner_for(replicas: int, microbatches: int) -> StagePlanner:
         if (replicas, microbatches) not in planners:
             planners[replicas, microbatches] = planner_for_profiles(
-                cfg, profile_models(cfg, info, log, replicas * microbatches), microbatches, replicas)
+                cfg, profile_models(cfg, info, log, replicas * microbatches, replicas), microbatches, replicas)
         return planners[replicas, microbatches]
 
     alphas = dict(zip(devices, configured_alphas(cfg.partition, len(devices))))
@@ -240,8 +244,9 @@ def choose_microbatches_for(cfg: SynapseConfig, info, devices: list[int], run_di
     ``devices``: one replica's; each of ``replicas`` trains on its share of the batch."""
     candidates = candidate_counts(cfg.data.batch_size // replicas, len(devices))
     alphas = configured_alphas(cfg.partition, replicas * len(devices), replicas)
-    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * m), m,
-                                                                replicas), candidates, devices, alphas)
+    choice = choose_microbatches(lambda m: planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * m,
+                                                                                    replicas), m, replicas),
+                                 candidates, devices, alphas)
     record = {"candidates": list(candidates), "chosen": choice.microbatches,
               "predicted_step_s": {str(m): _jsonable(t) for m, t in choice.step_time_by_count.items()},
               "not_possible": {str(m): why for m, why in choice.reasons.items()}}
