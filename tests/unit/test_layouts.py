@@ -214,3 +214,15 @@ def test_a_lost_node_drops_every_replica_it_held():
     options = options_for(running, 2, dict.fromkeys(range(4), 1.0), lost=(3,))
     assert options[OptionKind.DEGRADE].placement == Placement((0, 1), (8,), (8,), 2, (32, 32))
     assert OptionKind.REBALANCE not in options and OptionKind.REPLACE not in options
+
+
+def test_replicas_are_priced_as_they_run_eagerly_on_a_gpu():
+    """A replayed CUDA-graph backward bypasses the hooks DDP averages with, so replicas run eagerly and
+    their blocks are profiled eagerly; one pipeline with pipeline.cuda_graphs, graphed."""
+    from synapse.config import PipelineConfig, TrainerConfig
+    from synapse.planning import profile_launch
+
+    gpu, graphs = TrainerConfig(accelerator="cuda"), PipelineConfig(cuda_graphs=True)
+    assert profile_launch(gpu, graphs) == "graphed"
+    assert profile_launch(gpu, graphs, replicas=2) == "eager"
+    assert profile_launch(TrainerConfig(accelerator="cpu"), graphs) == "eager"
