@@ -13,6 +13,7 @@ takes the config groups it reads.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -225,8 +226,7 @@ def replicated(pipeline: Placement, devices: Sequence[int], replicas: int, share
     if replicas == 1:
         return Placement(tuple(devices), pipeline.teacher_counts, pipeline.student_counts)
     layout = Placement(tuple(devices), pipeline.teacher_counts, pipeline.student_counts, replicas, tuple(shares or ()))
-    return Placement(layout.devices, layout.teacher_counts, layout.student_counts, replicas,
-                     layout.share_sizes(batch, microbatches))
+    return dataclasses.replace(layout, shares=layout.share_sizes(batch, microbatches))
 
 
 def planner_for_profiles(cfg: SynapseConfig, paths, microbatches: int | None = None, replicas: int = 1

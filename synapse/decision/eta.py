@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from synapse.partitioning import Placement, shares_for_speeds
+from synapse.partitioning import Placement
 
 DeviceId = int
 
@@ -296,11 +296,8 @@ def _rebalanced(running: Placement, pricer: LayoutPricer, alphas: Mapping[Device
     """Shares in proportion to each replica's speed now (images per second at its current share); None
     when that changes nothing."""
     cost = pricer.layout_cost(running, {d: _alpha_of(alphas, d, required=True) for d in running.devices}, betas)
-    speeds = [share / step for share, step in zip(running.shares, cost.replica_step_s)]
-    shares = shares_for_speeds(speeds, batch, microbatches)
-    if shares == running.shares:
-        return None
-    return Placement(running.devices, running.teacher_counts, running.student_counts, running.replicas, shares)
+    rebalanced = running.shared_by_speed(cost.replica_step_s, batch, microbatches)
+    return None if rebalanced.shares == running.shares else rebalanced
 
 
 def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:

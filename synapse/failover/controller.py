@@ -87,16 +87,6 @@ class Episode:
     fell_short: set[OptionKind] = field(default_factory=set)  # acted on, gained under half the prediction
 
 
-def same_work(placement: Placement) -> list[list[int]] | None:
-    """Per rank of a layout with replicas, the ranks that run its stage (one per replica); None for one
-    pipeline."""
-    if placement.replicas == 1:
-        return None
-    k = placement.num_stages
-    return [[r * k + placement.stage_of(rank) for r in range(placement.replicas)]
-            for rank in range(placement.world_size)]
-
-
 @dataclass
 class FailoverController:
     policy: Policy
@@ -184,7 +174,7 @@ class FailoverController:
         self._recent.clear()
         planner = self.priced
         self._nominal = self._nominal_of(placement)
-        self.detector.set_replicas(same_work(placement))
+        self.detector.set_replicas(placement.stage_peers())
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
             self.calibration.begin(placement, [self.alphas()[d] for d in placement.devices])

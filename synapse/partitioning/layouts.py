@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from synapse.partitioning.cost_model import CostModelError
 from synapse.partitioning.microbatches import candidate_counts
 from synapse.partitioning.partitioner import PlanError
-from synapse.partitioning.placement import PartitionError, Placement, equal_shares, shares_for_speeds
+from synapse.partitioning.placement import PartitionError, Placement, equal_shares
 from synapse.partitioning.planner import StagePlanner
 
 
@@ -104,9 +104,7 @@ def _price(planner_for: Callable[[int, int], StagePlanner], devices: tuple[int, 
         by_device = {d: float(alphas.get(d, 1.0)) for d in devices}
         cost = planner.layout_cost(placement, by_device)
         if r > 1 and len(set(cost.replica_step_s)) > 1:  # replicas of unequal speed: shares by speed
-            speeds = [share / step for share, step in zip(placement.shares, cost.replica_step_s)]
-            shared = Placement(devices, plan.teacher_counts, plan.student_counts, r,
-                               shares_for_speeds(speeds, batch, m))
+            shared = placement.shared_by_speed(cost.replica_step_s, batch, m)
             shared_cost = planner.layout_cost(shared, by_device)
             if shared_cost.step_time_s < cost.step_time_s:
                 placement, cost = shared, shared_cost

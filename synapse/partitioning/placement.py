@@ -104,6 +104,20 @@ class Placement:
         bounds = [0, *accumulate(self.share_sizes(batch, microbatches))]
         return range(bounds[replica], bounds[replica + 1])
 
+    def shared_by_speed(self, replica_step_s: Sequence[float], batch: int, microbatches: int) -> Placement:
+        """The same layout with shares in proportion to each replica's speed (its share over its step
+        time, ``replica_step_s``), so that the replicas finish a step together."""
+        speeds = [share / step for share, step in zip(self.share_sizes(batch, microbatches), replica_step_s)]
+        return Placement(self.devices, self.teacher_counts, self.student_counts, self.replicas,
+                         shares_for_speeds(speeds, batch, microbatches))
+
+    def stage_peers(self) -> list[list[int]] | None:
+        """Per rank, the ranks that run its stage (one per replica, itself included); None for one pipeline."""
+        if self.replicas == 1:
+            return None
+        k = self.num_stages
+        return [[r * k + self.stage_of(rank) for r in range(self.replicas)] for rank in range(self.world_size)]
+
     def without_replica(self, replica: int, batch: int, microbatches: int) -> Placement:
         """The layout after dropping one replica: the others share its images (global batch unchanged)."""
         if self.replicas == 1:

@@ -33,16 +33,20 @@ class ReplicaMesh:
 
     mesh: DeviceMesh
     replica: int
-    stage: int
     share: range  # which images of each step's global batch this replica trains on
     batch: int  # the global batch (data.batch_size)
     _before: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # buffers at the step's start
 
     @property
+    def size(self) -> int:
+        """R: the replicas of the run."""
+        return self.mesh.size(0)
+
+    @property
     def loss_weight(self) -> float:
         """share x R / batch: what DDP's equal-weight average needs to make the global batch's mean
         (1.0 with equal shares)."""
-        return len(self.share) * self.mesh.size(0) / self.batch
+        return len(self.share) * self.size / self.batch
 
     @classmethod
     def build(cls, placement: Placement, rank: int, device_type: str, batch: int, microbatches: int) -> ReplicaMesh:
@@ -50,7 +54,7 @@ class ReplicaMesh:
         mesh = init_device_mesh(device_type, (placement.replicas, placement.num_stages), mesh_dim_names=("dp", "pp"))
         replica = placement.replica_of(rank)
         share = placement.share_range(replica, batch, microbatches)
-        return cls(mesh, replica, placement.stage_of(rank), share, batch)
+        return cls(mesh, replica, share, batch)
 
     @property
     def pipeline_group(self) -> dist.ProcessGroup:
@@ -93,7 +97,7 @@ class ReplicaMesh:
         additions, exact up to rounding. ``num_batches_tracked`` adds up the same way; other
         floating-point buffers are averaged.
         """
-        replicas = self.mesh.size(0)
+        replicas = self.size
         parts: list[torch.Tensor] = []  # what this replica adds to the all-reduce, buffer by buffer
         offsets: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # buffer, what is added back after it
         for prefix, module in student.named_modules():
@@ -122,10 +126,11 @@ class ReplicaMesh:
                 offset += part.numel()
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """A replica's mean loss -> the mean over the global batch (on every replica's last stage)."""
-        total = loss.detach().float() * (len(self.share) / self.batch)
+        """A replica's (weighted) loss -> the mean over the global batch, on every replica's last stage:
+        the weighted losses' mean, as DDP averages their gradients."""
+        total = loss.detach().float()
         dist.all_reduce(total, group=self.replica_group)
-        return total
+        return total / self.size
 
 
 def _told(on_bucket_ready: Callable[[], None]):

@@ -287,7 +287,7 @@ class PipelineRuntime:
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
         if loss is not None and self.replicas is not None:
-            loss = self.replicas.global_loss(loss / self.replicas.loss_weight)  # the global batch's loss
+            loss = self.replicas.global_loss(loss)  # the global batch's loss
         if self.guard.late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):

@@ -354,7 +354,7 @@ class PipelineEvaluation:
         seen = 0
         load = "images" if self.runner.needs_images else "labels"  # images enter at rank 0 only
         replicas = self.runner.runtime.replicas
-        shard = (0, 1) if replicas is None else (replicas.replica, replicas.mesh.size(0))
+        shard = (0, 1) if replicas is None else (replicas.replica, replicas.size)
         for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load, shard):
             real = labels.shape[0]
             if real < batch and images is not None:  # the schedule's buffers have the training micro-batch shape

@@ -35,6 +35,7 @@ def test_ranks_are_replica_major():
     assert [(p.replica_of(r), p.stage_of(r)) for r in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     assert p.replica_devices(1) == (6, 7)
     assert p.pipeline(2) == Placement((8, 9), (2, 1), (1, 2))
+    assert p.stage_peers() == [[0, 2, 4], [1, 3, 5]] * 3 and p.pipeline(0).stage_peers() is None
 
 
 def test_a_mesh_that_does_not_match_the_devices_is_refused():
