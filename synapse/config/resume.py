@@ -59,6 +59,7 @@ MAY_CHANGE: dict[str, str] = {
     "data.gpu_decode_share": "where JPEGs are decoded",
     "pipeline.schedule": "the order of the same micro-batches' work",
     "pipeline.cuda_graphs": "how the same kernels are launched",
+    "pipeline.compiler": "how the same computation is turned into kernels",
     "pipeline.timing_read": "when timings are read",
     "partition": "which device holds which blocks",
     "checkpoint": "checkpoint cadence and retention",

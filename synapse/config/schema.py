@@ -113,6 +113,14 @@ class PipelineSchedule(Choice):
 PipelineSchedule._member_map_["1f1b"] = PipelineSchedule.one_f_one_b  # the name users type is no Python name
 
 
+class StageCompiler(Choice):
+    """Which torch.compile backend compiles each stage's blocks (none: they run as written)."""
+
+    none = "none"
+    inductor = "inductor"  # fused kernels: what a GPU run wants
+    aot_eager = "aot_eager"  # the same graphs run by eager kernels: proves the plumbing on a CPU
+
+
 class PartitionMode(Choice):
     even = "even"
     manual = "manual"
@@ -270,6 +278,10 @@ class PipelineConfig:
     # and replay them (synapse.pipeline.graphs): small micro-batches stop being launch bound.
     # Ignored on the CPU; a shape whose capture fails runs eagerly, with a logged reason.
     cuda_graphs: bool = True
+    # torch.compile each block of each stage (teacher forward; student forward and backward) with
+    # this backend. A compiled stage is not graph-captured: on one H200 inductor's fused kernels
+    # beat graph replays of eager kernels (docs/gpu.md). The first steps compile (tens of seconds).
+    compiler: StageCompiler = StageCompiler.none
     # When each rank reads its step timing (the records the failover controller reads): at_step
     # (a synchronize at every step's end on CUDA: the GPU idles while the host writes records and
     # issues the next step) or late (at the end of the next step; the last one when the loop ends).

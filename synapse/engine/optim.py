@@ -16,14 +16,16 @@ from torch.optim.lr_scheduler import LambdaLR
 from synapse.config import OptimConfig
 
 
-def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """``fused``: AdamW's single-kernel CUDA update (on an H200 the unfused multi-tensor one cost
+    ViT-L/16 -> ResNet-152 a fifth of its step: docs/gpu.md); the same arithmetic up to rounding."""
     # A stage may own only parameter-free blocks (activation, pooling): it still gets a real
     # optimizer and schedule, with one empty group, so every rank runs the same code.
     params = [{"params": list(params)}]
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
     raise ValueError(f"optim.name={cfg.name!r} is unknown; use sgd or adamw")
 
 
@@ -71,13 +73,21 @@ def optimizer_state_by_name(optimizer: torch.optim.Optimizer, named_params: dict
 def load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, named_params: dict[str, nn.Parameter],
                                  saved: dict[str, dict[str, Any]]) -> None:
     """Restore the state of the parameters this optimizer holds; names it does not hold are ignored."""
+    # 'step' stays where torch keeps it (the CPU) unless the optimizer is fused or capturable: their
+    # kernels read it on the parameter's device, as float32 (what torch's own load_state_dict does).
+    on_device_step = bool(optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"))
     for name, param in named_params.items():
         if name not in saved:
             continue
-        # 'step' stays where torch keeps it (CPU) unless the optimizer is fused/capturable.
-        optimizer.state[param] = {
-            k: (v.to(param.device) if torch.is_tensor(v) and k != "step" else v) for k, v in saved[name].items()
-        }
+        optimizer.state[param] = {k: _state_value(k, v, param.device, on_device_step) for k, v in saved[name].items()}
+
+
+def _state_value(key: str, value: Any, device: torch.device, on_device_step: bool) -> Any:
+    if not torch.is_tensor(value):
+        return value
+    if key != "step":
+        return value.to(device)
+    return value.to(device, torch.float32) if on_device_step else value.cpu()
 
 
 def scale_gradients(params: Iterable[nn.Parameter], divisor: int) -> None:

@@ -166,12 +166,13 @@ class PipelineRuntime:
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
                  injector: FaultInjector | None = None, replicas: ReplicaMesh | None = None,
                  nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
-                 check_late: bool = False, read_timing_late: bool | None = None):
+                 check_late: bool = False, read_timing_late: bool | None = None, compiler: str = "none"):
         """Stage ``stage`` of a ``num_stages``-stage pipeline. ``replicas``: this rank's place in an
         R x K mesh (None: the launch is one pipeline on the default group).
         ``check_late``: the last rank does not read the loss in the step (no host sync there);
         the trainer's reading of it a step later checks it (`NonFiniteGuard`'s ``late``).
-        ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA)."""
+        ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA).
+        ``compiler``: torch.compile's backend for the stage's blocks ("none": as written)."""
         self.module, self.stage_index, self.num_stages = module, stage, num_stages
         self.setup, self.microbatches, self.replicas = setup, microbatches, replicas
         group = replicas.pipeline_group if replicas is not None else None
@@ -195,7 +196,11 @@ class PipelineRuntime:
         module.register_forward_hook(self._computed)
         # A replayed backward adds into .grad without autograd's accumulation hooks, which DDP listens
         # to: with replicas the stages run eagerly (their gradients would never be averaged).
-        if cuda_graphs and setup.device.type == "cuda" and replicas is None:
+        if compiler != "none":  # before any forward: pipelining's shape inference runs the compiled blocks
+            module.compile_blocks(compiler)
+        # Compiled blocks are not captured: graph replays of their kernels were not measured to pay, and a
+        # capture would compile the backward inside the capture.
+        if cuda_graphs and setup.device.type == "cuda" and replicas is None and compiler == "none":
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every

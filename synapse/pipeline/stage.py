@@ -44,6 +44,23 @@ class FusedStage(nn.Module):
         self.phase_hook: Callable[[str], None] | None = None  # set by the runtime: called with "forward" (faults)
         self.graphs: StageGraphs | None = None  # set by the runtime on CUDA: captured replays of the training forward
 
+    def compile_blocks(self, backend: str) -> None:
+        """torch.compile every block in place (``nn.Module.compile``: names, parameters and state dicts
+        unchanged, so checkpoints and a live re-partition see the same blocks).
+
+        Per block, not per stage: blocks of one shape share one compiled graph (ViT-L's 24 blocks
+        compile once, ResNet-152's 50 bottlenecks a handful of times), and a re-partition that moves
+        a block moves its compiled form with it. Shapes are static (a batch's shape never changes
+        within a segment); a new shape or grad mode (evaluation) compiles once more, hence the limit.
+        """
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 4096)
+        for block in (*self.teacher, *self.student):
+            block.compile(backend=backend, dynamic=False)
+
     def train(self, mode: bool = True) -> FusedStage:
         super().train(mode)
         self.teacher.eval()  # the teacher is frozen: BatchNorm statistics and dropout stay in eval

@@ -262,7 +262,7 @@ class PipelineRunner:
                                        self.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
                                        nonfinite=self.trainer.nonfinite, board=old.board,
                                        cuda_graphs=self.pipeline.cuda_graphs, check_late=old.guard.late,
-                                       read_timing_late=old.clock.read_late)
+                                       read_timing_late=old.clock.read_late, compiler=self.pipeline.compiler)
         old.module.graphs = None  # the old stage's captures hold device memory: free them now
         self.injector.attach_clock(self.runtime.clock, lambda: self.runtime.last_timing)
         self.owned = owned  # the new runtime holds the new optimizer and scheduler
@@ -329,7 +329,7 @@ class PipelineRunner:
                 for name, tensor in payload["tensors"].items():
                     owned[name].copy_(tensor)
                 optim_state.update(payload["optim"])
-        optimizer = build_optimizer(module.student.parameters(), self.optim)
+        optimizer = build_optimizer(module.student.parameters(), self.optim, fused=self.setup.device.type == "cuda")
         params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
         load_optimizer_state_by_name(optimizer, params, optim_state)
         scheduler = build_scheduler(optimizer, self.optim, self.total_steps)
@@ -398,7 +398,7 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(stage, partition, setup)
-    optimizer = build_optimizer(module.student.parameters(), cfg.optim)
+    optimizer = build_optimizer(module.student.parameters(), cfg.optim, fused=setup.device.type == "cuda")
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -411,7 +411,8 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
                               cuda_graphs=cfg.pipeline.cuda_graphs,
                               check_late=checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite,
                                                           setup.device),
-                              read_timing_late=reads_timing_late(cfg.pipeline.timing_read, setup.device))
+                              read_timing_late=reads_timing_late(cfg.pipeline.timing_read, setup.device),
+                              compiler=cfg.pipeline.compiler)
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
     last = rank == world_size - 1
     events = EventLog(events_path(run_dir), source="worker", rank=rank)

@@ -62,3 +62,13 @@ def test_one_device_runs_supervised_and_learns_what_the_single_device_loop_learn
     experiment = json.loads((tmp_path / "experiment_summary.json").read_text())
     assert [(s["devices"], s["outcome"]) for s in experiment["segments"]] == [([0], "finished")]
     assert (tmp_path / "failover_events.jsonl").is_file() and (tmp_path / "live" / "rank_0.json").is_file()
+
+
+def test_a_pipeline_of_compiled_stages_learns_what_one_device_learns(tmp_path, teacher_file, reference):
+    """pipeline.compiler=aot_eager on CPU ranks: every block goes through torch.compile's graph
+    capture and AOT autograd (the path inductor takes on a GPU, with eager kernels), across a 1F1B
+    pipeline of 2 stages and 4 micro-batches, and the student ends where one eager device ends."""
+    overrides = [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "pipeline=1f1b",
+                 "pipeline.microbatches=4", "pipeline.compiler=aot_eager"]
+    run(compose_config(tmp_path, overrides), log=lambda m: None)
+    assert_identical_states(final_student_state(tmp_path), reference)
