@@ -46,6 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=overrides of train.py (space separated); default: user= (trainer=gpu as is)")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per train.py run")
+    parser.add_argument("--jpeg-tree", type=Path, default=None,
+                        help="train.py reads JPEGs from this ImageNet-layout tree (written there first by "
+                             "bench_data_path.make_tree, --per-class files a class) with the data group's defaults; "
+                             "default: synthetic data made on the GPU")
+    parser.add_argument("--per-class", type=int, default=100)
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -87,7 +92,7 @@ def eager_loop_rate(teacher_name: str, student_name: str, steps: int, warm: int)
 def train_py_rate(args, teacher_name: str, student_name: str, teacher_file: Path, overrides: str,
                   run_dir: Path, log: Path) -> tuple[float | None, float]:
     command = [sys.executable, "train.py", "trainer=gpu", "injection=none", f"teacher={teacher_name}",
-               f"student={student_name}", "data=synthetic", f"data.batch_size={BATCH}", "data.image_size=224",
+               f"student={student_name}", *data_overrides(args), f"data.batch_size={BATCH}", "data.image_size=224",
                f"teacher.checkpoint={teacher_file}", "trainer.progress=false", "checkpoint.at_epoch_end=false",
                "checkpoint.every=0", "trainer.eval_every_epochs=100", "report=false",
                f"trainer.max_steps={args.steps}", f"hydra.run.dir={run_dir}", *overrides.split()]
@@ -106,6 +111,12 @@ def train_py_rate(args, teacher_name: str, student_name: str, teacher_file: Path
     return window_rate(stamps, args.warm, last), wall
 
 
+def data_overrides(args) -> list[str]:
+    if args.jpeg_tree is None:
+        return ["data=synthetic"]
+    return ["data=imagenet100", f"data.root={args.jpeg_tree}"]  # decode and workers: the defaults, from the host
+
+
 def summarise(values: list[float]) -> dict:
     if not values:
         return {"n": 0}
@@ -115,9 +126,11 @@ def summarise(values: list[float]) -> dict:
 
 def write(args, result: dict) -> None:
     out = args.out_dir
-    (out / f"one_gpu_{args.pair}.json").write_text(json.dumps(result, indent=1))
+    stem = f"one_gpu_{args.pair}" + ("_jpeg" if args.jpeg_tree is not None else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     loop = summarise(result["eager_loop"])
     lines = [f"# One GPU, {result['teacher']} -> {result['student']} @{BATCH} (experiments/bench_one_gpu.py)", "",
+             f"train.py's data: `{result['data']}`.", "",
              f"{result['device']}, torch {result['torch']}; images/s over steps {args.warm}..{args.steps - 5}, "
              f"{args.rounds} round(s) interleaved.", "",
              "| run | images/s median (min-max), n | ratio to the eager loop (min-max) |", "| --- | --- | --- |",
@@ -134,7 +147,7 @@ def write(args, result: dict) -> None:
                      f"{s['median'] / loop['median']:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
     lines += ["", "Overrides per variant (beside the command in the docstring):", ""]
     lines += [f"- {name}: `{result['overrides'][name] or '(none)'}`" for name in result["variants"]]
-    (out / f"one_gpu_{args.pair}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> None:
@@ -142,11 +155,17 @@ def main(argv=None) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     teacher_name, student_name = PAIRS[args.pair]
     variants = dict(v.split("=", 1) for v in (args.variant or ["user="]))
+    if args.jpeg_tree is not None:
+        sys.path.insert(0, str(REPO_ROOT / "experiments"))
+        from bench_data_path import make_tree
+
+        print("JPEG tree:", make_tree(args.jpeg_tree, args.per_class), flush=True)
     teacher_file = Path(f"/tmp/teacher_{teacher_name}.pt")
     if not teacher_file.exists():
         torch.manual_seed(0)
         torch.save(build_model(teacher_name, 100, 3, 224).state_dict(), teacher_file)
     result = {"teacher": teacher_name, "student": student_name, "device": torch.cuda.get_device_name(0),
+              "data": " ".join(data_overrides(args)),
               "torch": torch.__version__, "eager_loop": [], "overrides": variants,
               "variants": {name: [] for name in variants}}
     for round_index in range(1, args.rounds + 1):

@@ -84,7 +84,7 @@ class DataName(Choice):
 
 
 class Decode(Choice):
-    auto = "auto"  # gpu on CUDA, cpu elsewhere
+    auto = "auto"  # from the host: the workers if it has cores enough for them, else nvJPEG (synapse.data.host_path)
     cpu = "cpu"  # in the loader workers
     gpu = "gpu"  # on the training device (nvJPEG)
 
@@ -182,7 +182,9 @@ class DataConfig:
     image_size: int = 32
     batch_size: int = 64
     val_batch_size: int = 256
-    num_workers: int = 0
+    # Loader processes per rank that reads images, or auto: from the host's cores and ranks, with
+    # decode=auto choosing where JPEGs are decoded (synapse.data.host_path).
+    num_workers: int | str = 0
     augment: bool = True
     decode: Decode = Decode.auto  # imagenet100 only
     gpu_decode_share: float = 1.0  # decode=gpu/auto on CUDA: fraction of JPEGs the GPU decodes (workers: the rest)

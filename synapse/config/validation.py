@@ -365,7 +365,13 @@ def _validate_data(data: DictConfig) -> None:
 
     for key in ("batch_size", "val_batch_size", "image_size"):
         positive(f"data.{key}", data[key])
-    positive("data.num_workers", data.num_workers, allow_zero=True)
+    if isinstance(data.num_workers, str):
+        if data.num_workers != "auto":
+            fail("data.num_workers", f"{data.num_workers!r} is neither a count nor 'auto'",
+                 "give a number of loader processes (0: load in the training process), or auto to size them "
+                 "from the host's cores")
+    else:
+        positive("data.num_workers", data.num_workers, allow_zero=True)
     if not 0 <= data.gpu_decode_share <= 1:
         fail("data.gpu_decode_share", f"must be in [0, 1], got {data.gpu_decode_share}",
              "use e.g. data.gpu_decode_share=0.5 (half the JPEGs on the GPU, half in the loader workers)")

@@ -28,11 +28,13 @@ class _Entry:
     # Modules the builder imports lazily because they are slow to import (scikit-learn: seconds on
     # a small CPU). A launcher imports them once in the process its workers are forked from.
     lazy_imports: tuple[str, ...] = ()
+    # Whether its loader workers decode image files (what data.num_workers=auto sizes them for).
+    decodes_files: bool = False
 
 
 _REGISTRY: Mapping[str, _Entry] = {
     "digits": _Entry(DigitsDataset, digits_info, lazy_imports=("sklearn.datasets",)),
-    "imagenet100": _Entry(ImageNet100, imagenet100_info),
+    "imagenet100": _Entry(ImageNet100, imagenet100_info, decodes_files=True),
     "synthetic": _Entry(SyntheticImages, synthetic_info),
 }
 
@@ -44,6 +46,12 @@ def dataset_names() -> list[str]:
 def dataset_lazy_imports(name: str) -> tuple[str, ...]:
     """Modules that building data set ``name`` imports on first use (see ``_Entry.lazy_imports``)."""
     return _entry(name).lazy_imports
+
+
+def dataset_decodes_files(name: str) -> bool:
+    """Whether data set ``name``'s loader workers decode image files (synthetic images are made on
+    the device, digits sit in memory)."""
+    return _entry(name).decodes_files
 
 
 def _entry(name: object) -> _Entry:

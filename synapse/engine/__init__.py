@@ -2,7 +2,15 @@
 progress, the teacher), and the single-device loop the pipeline is measured against.
 """
 from synapse.engine.accuracy import evaluate, topk_correct
-from synapse.engine.batches import BadSampleLog, Batch, DataWarning, eval_batches, train_batches
+from synapse.engine.batches import (
+    BadSampleLog,
+    Batch,
+    DataWarning,
+    eval_batches,
+    loader_workers,
+    train_batches,
+    with_host_data_path,
+)
 from synapse.engine.checkpointer import Checkpointer, HeldState, HostBufferStager, SingleShard
 from synapse.engine.device import ComputeSetup, build_compute_setup, default_threads, rng_state, set_rng_state
 from synapse.engine.graph_capture import WARMUP_ITERATIONS, ForwardReplay, TrainingReplay, capture_kwargs
@@ -45,12 +53,14 @@ from synapse.engine.trainer import (
     resolve_resume,
 )
 
-__all__ = ["BadSampleLog", "Batch", "CLEAR_LINE", "Checkpointer", "ComputeSetup", "ConsoleBar", "DataWarning",
-           "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager", "LoopSettings", "Milestones",
-           "NonFiniteGuard", "NonFiniteLossError", "Progress", "SingleDeviceStep", "SingleShard", "StepRate",
-           "Trainer", "TrainingReplay", "WARMUP_ITERATIONS", "build_compute_setup", "build_optimizer",
-           "build_run_parts", "build_scheduler", "build_trainer", "capture_kwargs", "checks_loss_late",
-           "default_threads", "distil_on_one_device", "ensure_training", "eval_batches", "evaluate", "format_seconds",
-           "is_terminal", "kd_params", "lines_above", "load_optimizer_state_by_name", "loop_settings", "lr_factor",
+__all__ = ["BadSampleLog", "Batch", "CLEAR_LINE", "Checkpointer", "ComputeSetup", "ConsoleBar",
+           "DataWarning", "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager",
+           "LoopSettings", "Milestones", "NonFiniteGuard", "NonFiniteLossError", "Progress",
+           "SingleDeviceStep", "SingleShard", "StepRate", "Trainer", "TrainingReplay", "WARMUP_ITERATIONS",
+           "build_compute_setup", "build_optimizer", "build_run_parts", "build_scheduler", "build_trainer",
+           "capture_kwargs", "checks_loss_late", "default_threads", "distil_on_one_device",
+           "ensure_training", "eval_batches", "evaluate", "format_seconds", "is_terminal", "kd_params",
+           "lines_above", "load_optimizer_state_by_name", "loader_workers", "loop_settings", "lr_factor",
            "optimizer_state_by_name", "prepare_teacher", "progress_text", "resolve_resume", "rng_state",
-           "set_rng_state", "teacher_weights", "topk_correct", "train_batches", "train_label_model", "training_loss"]
+           "set_rng_state", "teacher_weights", "topk_correct", "train_batches", "train_label_model",
+           "training_loss", "with_host_data_path"]

@@ -11,6 +11,8 @@ uninterrupted run would have seen, whether or not a DataLoader prefetches ahead.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import os
 import signal
 import sys
 import warnings
@@ -21,7 +23,17 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from synapse.data import BadSample, BatchIndexSampler, ResumableSampler, iterate_batches
+from synapse.config import DataConfig, Decode, SynapseConfig
+from synapse.data import (
+    BadSample,
+    BatchIndexSampler,
+    HostDataPath,
+    ResumableSampler,
+    choose_host_data_path,
+    dataset_decodes_files,
+    device_decoding_available,
+    iterate_batches,
+)
 from synapse.engine.prefetch import DevicePrefetcher
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -204,3 +216,30 @@ def eval_batches(dataset, batch_size: int, num_workers: int = 0, device: torch.d
                                                 target):
         log.record(bad)
         yield images, labels
+
+
+def with_host_data_path(cfg: SynapseConfig, device: torch.device, local_ranks: int,
+                        local_readers: int) -> tuple[SynapseConfig, HostDataPath]:
+    """``cfg`` with ``data.decode`` and ``data.num_workers`` resolved for this host (``auto`` read from
+    its cores, its ``local_ranks`` training processes, the ``local_readers`` of them that read images,
+    and the decoders ``device`` has), and the choice with its reason. Config values that are not
+    ``auto`` are kept as given."""
+    data = cfg.data
+    reads_files = dataset_decodes_files(data.name)
+    on_cuda = device.type == "cuda"
+    probe = data.decode == "auto" and on_cuda and reads_files  # a real decode on the GPU: only when it decides
+    path = choose_host_data_path(
+        decode=str(data.decode), workers=data.num_workers, reads_files=reads_files,
+        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        local_ranks=local_ranks, local_readers=local_readers, on_cuda=on_cuda,
+        device_decoder=device_decoding_available(device) if probe else False)
+    resolved = dataclasses.replace(data, num_workers=path.workers, decode=Decode(path.decode))
+    return dataclasses.replace(cfg, data=resolved), path
+
+
+def loader_workers(data: DataConfig) -> int:
+    """``data.num_workers`` once ``with_host_data_path`` resolved it (what every loader is built with)."""
+    if isinstance(data.num_workers, str):
+        raise ValueError(f"data.num_workers={data.num_workers!r} is not resolved for this host yet "
+                         "(with_host_data_path does it where a process learns its device)")
+    return data.num_workers

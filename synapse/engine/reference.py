@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from synapse.config import typed_config, validate
 from synapse.engine.accuracy import evaluate
+from synapse.engine.batches import loader_workers, with_host_data_path
 from synapse.engine.device import build_compute_setup
 from synapse.engine.teacher import prepare_teacher
 from synapse.engine.trainer import build_trainer, resolve_resume
@@ -31,9 +32,10 @@ def distil_on_one_device(composed: DictConfig, run_dir: Path, log: Callable[[str
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     setup = build_compute_setup(cfg.trainer)
+    cfg, _ = with_host_data_path(cfg, setup.device, local_ranks=1, local_readers=1)
     teacher = prepare_teacher(cfg, run_dir, setup, log)
     trainer = build_trainer(cfg, run_dir, cfg.student.name, teacher, cfg.student.init, log)
-    teacher_eval = evaluate(teacher, trainer.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
+    teacher_eval = evaluate(teacher, trainer.val_ds, setup, cfg.data.val_batch_size, loader_workers(cfg.data))
     resume = resolve_resume(cfg.resume, run_dir, log)
     if resume is not None:
         trainer.load_checkpoint(resume)

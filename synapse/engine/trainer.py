@@ -29,7 +29,7 @@ from synapse import checkpoint as ckpt
 from synapse.config import KDConfig, SynapseConfig, TeacherConfig, TrainerConfig
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from synapse.engine.accuracy import evaluate
-from synapse.engine.batches import train_batches
+from synapse.engine.batches import loader_workers, train_batches, with_host_data_path
 from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
 from synapse.engine.device import ComputeSetup, build_compute_setup, seed_everything
 from synapse.engine.optim import build_optimizer, build_scheduler
@@ -388,7 +388,7 @@ def loop_settings(cfg: SynapseConfig, world_size: int) -> LoopSettings:
     (the faults are checked against it)."""
     return LoopSettings(
         mode=cfg.mode, student=cfg.student.name, images_per_step=cfg.data.batch_size,
-        loader_workers=cfg.data.num_workers, stop_after=cfg.trainer.stop_after, progress=cfg.trainer.progress,
+        loader_workers=loader_workers(cfg.data), stop_after=cfg.trainer.stop_after, progress=cfg.trainer.progress,
         eval_every_epochs=cfg.trainer.eval_every_epochs, nonfinite=cfg.trainer.nonfinite,
         checkpoint_every=cfg.checkpoint.every, checkpoint_at_epoch_end=cfg.checkpoint.at_epoch_end,
         async_save=cfg.checkpoint.async_save, tracker=cfg.logger.name,
@@ -417,6 +417,7 @@ def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: n
                   log: Callable[[str], None] = print) -> Trainer[SingleDeviceRunner]:
     """Create the model, data, optimizer and schedule for training ``model_name`` (with KD if a teacher is given)."""
     setup = build_compute_setup(cfg.trainer)
+    cfg, _ = with_host_data_path(cfg, setup.device, local_ranks=1, local_readers=1)
     parts = build_run_parts(cfg, model_name, init_weights)
     student = setup.prepare_model(parts.student)
     optimizer = build_optimizer(student.parameters(), cfg.optim)
@@ -437,7 +438,7 @@ def build_trainer(cfg: SynapseConfig, run_dir: Path, model_name: str, teacher: n
                                 save_context=lambda: {"for_stop": runner.stop_requested})
 
     def evaluate_student() -> dict[str, float]:
-        return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, cfg.data.num_workers)
+        return evaluate(student, parts.val_ds, setup, cfg.data.val_batch_size, loader_workers(cfg.data))
 
     return Trainer(loop_settings(cfg, world_size=1), run_dir, runner, checkpointer, evaluate_student, parts.train_ds,
                    parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log)

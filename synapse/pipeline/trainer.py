@@ -40,6 +40,7 @@ from synapse.engine import (
     eval_batches,
     kd_params,
     load_optimizer_state_by_name,
+    loader_workers,
     loop_settings,
     optimizer_state_by_name,
     topk_correct,
@@ -433,7 +434,7 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
                                 mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
                                 device=setup.device,
                                 save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
-    evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, cfg.data.num_workers)
+    evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, loader_workers(cfg.data))
     return Trainer(loop_settings(cfg, world_size), run_dir, runner, checkpointer, evaluation, parts.train_ds,
                    parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log,
                    mark=lambda phase: runner.runtime.mark(phase))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from synapse.config import SynapseConfig, resolve_devices
-from synapse.engine import build_compute_setup
+from synapse.engine import build_compute_setup, with_host_data_path
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
 from synapse.rundir import FAILURE_RECORD, hold_as_worker
@@ -132,6 +132,11 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
         listen_on_loopback_only()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
     log = _worker_logger()
+    node_ranks = range(rank - local_rank, rank - local_rank + local_world)  # elastic numbers a node's ranks together
+    readers = sum(task.placement.stage_of(r) == 0 for r in node_ranks)  # each replica's first stage reads images
+    cfg, data_path = with_host_data_path(cfg, setup.device, local_ranks=local_world, local_readers=readers)
+    if local_rank == 0 and (task.config.data.num_workers == "auto" or task.config.data.decode == "auto"):
+        log(f"data: {data_path.reason}")
     trainer = None
     try:
         trainer = build_pipeline_trainer(cfg, run_dir, rank, world, task.placement, task.teacher_weights, setup, log,

@@ -449,6 +449,29 @@ def test_an_unknown_decoder_is_refused_while_composing_naming_the_valid_ones(mak
     assert "Invalid value 'nvjpeg', expected one of [auto, cpu, gpu]" in str(error.value.__cause__)
 
 
+def test_a_rank_config_gets_the_resolved_settings(make_config, tree):
+    from synapse.config import typed_config
+    from synapse.engine import loader_workers, with_host_data_path
+
+    cfg = typed_config(make_config("data=imagenet100", f"data.root={tree}"))
+    assert cfg.data.num_workers == "auto" and cfg.data.decode == "auto"  # the data group's defaults
+    with pytest.raises(ValueError, match="not resolved for this host"):
+        loader_workers(cfg.data)
+    resolved, path = with_host_data_path(cfg, torch.device("cpu"), local_ranks=1, local_readers=1)
+    assert resolved.data.decode == "cpu" and loader_workers(resolved.data) == path.workers >= 0
+    kept, _ = with_host_data_path(typed_config(make_config("data=imagenet100", f"data.root={tree}",
+                                                           "data.num_workers=3", "data.decode=gpu")),
+                                  torch.device("cpu"), local_ranks=1, local_readers=1)
+    assert (kept.data.num_workers, kept.data.decode) == (3, "gpu")
+
+
+def test_a_worker_count_that_is_neither_a_number_nor_auto_is_refused_naming_both(make_config, tree):
+    from synapse.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="data.num_workers: 'many' is neither a count nor 'auto'"):
+        validate(make_config("data=imagenet100", f"data.root={tree}", "data.num_workers=many"))
+
+
 def test_decode_settings_reach_the_data_set(make_config, tree):
     from synapse.data import build_datasets
 
