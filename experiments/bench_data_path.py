@@ -44,9 +44,10 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # runnable from a checkout without `pip install -e .`
 
+from benchlib import EagerKDLoop  # noqa: E402
+
 from synapse.data import ImageNet100, ResumableSampler, SyntheticImages, imagenet100_synsets  # noqa: E402
 from synapse.engine import BadSampleLog, train_batches  # noqa: E402
-from synapse.kd import KDLossParams, kd_loss  # noqa: E402
 from synapse.models import build_model  # noqa: E402
 
 CASES = (  # (name, teacher, student, data)
@@ -232,25 +233,11 @@ def trainer_rates(args, teacher, student, data, tree) -> tuple[list[float], str]
 def resident_rates(args, teacher_name: str, student_name: str) -> list[float]:
     """The plain eager loop on one resident batch: what the GPU does when data costs nothing."""
     torch.backends.cudnn.benchmark = True
-    device = torch.device("cuda")
-    teacher = build_model(teacher_name, 100, 3, 224).to(device).to(memory_format=torch.channels_last).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    student = build_model(student_name, 100, 3, 224).to(device).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=0.002, weight_decay=5e-4)
-    images = torch.randn(args.batch, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 100, (args.batch,), device=device)
-    params = KDLossParams("st", 4.0, 0.9)
+    loop = EagerKDLoop(teacher_name, student_name, args.batch)
     rates = []
     started = time.perf_counter()
     for step in range(args.steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            with torch.no_grad():
-                teacher_logits = teacher(images)
-            loss = kd_loss(student(images), teacher_logits, labels, params)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loop.step()
         done = step + 1
         if done == args.skip or (done > args.skip and (done - args.skip) % args.block == 0):
             torch.cuda.synchronize()  # a block's end: the only sync, as a loop that reads no loss
@@ -258,7 +245,7 @@ def resident_rates(args, teacher_name: str, student_name: str) -> list[float]:
             if done > args.skip:
                 rates.append(args.block * args.batch / (now - started))
             started = now
-    del teacher, student, optimizer
+    del loop
     torch.cuda.empty_cache()
     return rates
 

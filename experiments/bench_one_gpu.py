@@ -30,7 +30,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # runnable from a checkout without `pip install -e .`
 
-from synapse.kd import KDLossParams, kd_loss  # noqa: E402
+from benchlib import EagerKDLoop  # noqa: E402
+
 from synapse.models import build_model  # noqa: E402
 
 PAIRS = {"vitb": ("vit_base", "resnet50"), "vitl": ("vit_large", "resnet152")}
@@ -62,29 +63,14 @@ def window_rate(stamps: dict[int, float], warm: int, last: int) -> float:
 def eager_loop_rate(teacher_name: str, student_name: str, steps: int, warm: int) -> float:
     """The baseline, one run of ``steps`` steps; images/s over steps warm..steps-5."""
     torch.backends.cudnn.benchmark = True
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    teacher = build_model(teacher_name, 100, 3, 224).to(device).to(memory_format=torch.channels_last).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    student = build_model(student_name, 100, 3, 224).to(device).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=0.002, weight_decay=5e-4)
-    images = torch.randn(BATCH, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 100, (BATCH,), device=device)
-    params = KDLossParams("st", 4.0, 0.9)
+    loop = EagerKDLoop(teacher_name, student_name, BATCH)
     stamps = {}
     for step in range(1, steps + 1):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            with torch.no_grad():
-                teacher_logits = teacher(images)
-            loss = kd_loss(student(images), teacher_logits, labels, params)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loop.step()
         if step in (warm, steps - 5):
             torch.cuda.synchronize()
             stamps[step] = time.perf_counter()
-    del teacher, student, optimizer
+    del loop
     torch.cuda.empty_cache()
     return window_rate(stamps, warm, steps - 5)
 

@@ -71,3 +71,44 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 def read_events(run_dir: Path, name: str) -> list[dict[str, Any]]:
     """The run's failover events called ``name``."""
     return [e for e in read_jsonl(run_dir / "failover_events.jsonl") if e.get("event") == name]
+
+
+class EagerKDLoop:
+    """The honest one-GPU baseline: a plain eager KD loop on one resident batch (teacher forward under
+    no_grad, student forward and backward, AdamW, bf16 autocast, channels_last; the caller sets
+    ``cudnn.benchmark``). ``fused``: AdamW's fused update (the baseline itself uses torch's default)."""
+
+    def __init__(self, teacher_name: str, student_name: str, batch: int, fused: bool = False,
+                 num_classes: int = 100, image_size: int = 224):
+        import torch
+
+        from synapse.kd import KDLossParams
+        from synapse.models import build_model
+
+        device = torch.device("cuda")
+        torch.manual_seed(0)
+        self.teacher = build_model(teacher_name, num_classes, 3, image_size).to(device)
+        self.teacher = self.teacher.to(memory_format=torch.channels_last).eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.student = build_model(student_name, num_classes, 3, image_size).to(device)
+        self.student = self.student.to(memory_format=torch.channels_last)
+        self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=0.002, weight_decay=5e-4,
+                                           fused=fused or None)
+        self.images = torch.randn(batch, 3, image_size, image_size, device=device)
+        self.images = self.images.contiguous(memory_format=torch.channels_last)
+        self.labels = torch.randint(0, num_classes, (batch,), device=device)
+        self.params = KDLossParams("st", 4.0, 0.9)
+
+    def step(self) -> None:
+        import torch
+
+        from synapse.kd import kd_loss
+
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.no_grad():
+                teacher_logits = self.teacher(self.images)
+            loss = kd_loss(self.student(self.images), teacher_logits, self.labels, self.params)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)

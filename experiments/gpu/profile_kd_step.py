@@ -10,33 +10,14 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
-from synapse.kd import KDLossParams, kd_loss  # noqa: E402
-from synapse.models import build_model  # noqa: E402
+sys.path.insert(0, "experiments")
+from benchlib import EagerKDLoop  # noqa: E402
 
 PROFILED_STEPS = 5
 
 torch.backends.cudnn.benchmark = True
-device = torch.device("cuda")
-torch.manual_seed(0)
-teacher = build_model("vit_base", 100, 3, 224).to(device).to(memory_format=torch.channels_last).eval()
-for p in teacher.parameters():
-    p.requires_grad_(False)
-student = build_model("resnet50", 100, 3, 224).to(device).to(memory_format=torch.channels_last)
-optimizer = torch.optim.AdamW(student.parameters(), lr=0.002, weight_decay=5e-4, fused=True)
-images = torch.randn(128, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
-labels = torch.randint(0, 100, (128,), device=device)
-params = KDLossParams("st", 4.0, 0.9)
-
-
-def step() -> None:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        with torch.no_grad():
-            teacher_logits = teacher(images)
-        loss = kd_loss(student(images), teacher_logits, labels, params)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
+loop = EagerKDLoop("vit_base", "resnet50", 128, fused=True)
+step = loop.step
 
 for _ in range(15):
     step()
