@@ -57,8 +57,7 @@ _NUMPY_FROM = 32
 def robust_sd(values: Sequence[float]) -> float:
     if len(values) >= _NUMPY_FROM:
         array = np.fromiter(values, dtype=np.float64, count=len(values))
-        center = np.median(array)
-        return _MAD_TO_SD * float(np.median(np.abs(array - center)))
+        return _MAD_TO_SD * float(np.median(np.abs(array - np.median(array))))
     center = median(values)
     return _MAD_TO_SD * median(abs(v - center) for v in values)
 
