@@ -146,3 +146,33 @@ def test_simulated_devices_need_not_exist_and_may_be_many(tmp_path):
     result = simulate(tmp_path, "trainer.devices=256", "trainer.replicas=32", "trainer.max_steps=20",
                       "pipeline.microbatches=2")
     assert result["completed"] and len(read_jsonl(PERFORMANCE.path(tmp_path))[0]["compute_s"]) == 256
+
+
+def test_a_simulated_run_writes_only_files_the_run_directory_layout_declares(tmp_path):
+    from synapse.rundir import declared
+
+    simulate(tmp_path, "injection.faults=[{kind:kill,rank:3,step:130}]")
+    written = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and [p for p in written if declared(p) is None] == []
+
+
+@pytest.mark.slow
+def test_a_hydra_multirun_sweep_of_simulations_runs_every_job(tmp_path):
+    """``python train.py -m mode=simulate trainer.devices=8,16 policy=eta,keep`` (Hydra's basic launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    settings = [o for o in SIMULATED if not o.startswith(("mode=", "trainer.devices="))]
+    command = [sys.executable, "train.py", "-m", "mode=simulate", "trainer.devices=8,16", "policy=eta,keep",
+               *settings, "trainer.max_steps=120", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}",
+               "injection.faults=[{kind:slow_compute,rank:1,start:60,factor:4}]"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.name.isdigit())
+    assert len(jobs) == 4
+    summaries = [json.loads(EXPERIMENT_SUMMARY.path(job).read_text()) for job in jobs]
+    assert sorted(s["policy"] for s in summaries) == ["eta", "eta", "keep", "keep"]
+    assert sorted(len(read_jsonl(PERFORMANCE.path(job))[0]["compute_s"]) for job in jobs) == [8, 8, 16, 16]
