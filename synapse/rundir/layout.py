@@ -268,7 +268,8 @@ PARTITION = Entry(
 PLAN = Entry(
     "plan.json", "the planner's first plan and the profiles it used (partition=auto; mode=simulate: the simulated "
     "placement, its predicted step, the step noise and every fault)",
-    "synapse.planning, before the first launch; synapse.simulation in mode=simulate", "synapse.planning (plan vs measured, at the end); synapse.analysis",
+    "synapse.planning, before the first launch; synapse.simulation in mode=simulate",
+    "synapse.planning (plan vs measured, at the end); synapse.analysis",
     "JSON object", f"{_WHOLE}; read later by the same process")
 PLAN_VS_MEASURED = Entry(
     "plan_vs_measured.json", "the plan's predicted step and stage times against the measured ones",
