@@ -19,7 +19,9 @@ Fault rates per GPU, from the studies the issue cites:
   2x slowdown (the factor is assumed: the studies give durations, not magnitudes).
 
 At these rates a 600-step run (minutes) meets no fault, so every rate is multiplied by ``--stress``
-(default 1,000): the study compresses days of faults into minutes, and says so. Goodput: useful
+(default 1,000): the study compresses days of faults into minutes, and says so. ``--kinds`` keeps
+fail-slows or fail-stops alone (every policy answers a fail-stop the same way, DEGRADE without
+spares, so a mix hides the policies' differences behind the stops). Goodput: useful
 images (steps finished x batch) per GPU-hour of wall time, relative to the same size fault-free.
 Writes experiments/results/simulate_scale_study.{json,md} and a figure (simulate_scale_study.png).
 """
@@ -50,6 +52,7 @@ POLICIES = ("eta", "keep", "replan", "degrade", "ski_rental")
 
 
 def overrides(devices: int, steps: int, stress: float, args: argparse.Namespace) -> list[str]:
+    slow, stop = args.kinds in ("slow", "both"), args.kinds in ("stop", "both")
     return ["mode=simulate", "report=false", "teacher=vit_large", "student=resnet152", "data=synthetic",
             f"data.batch_size={32 * devices}", "trainer.accelerator=cuda", f"trainer.devices={devices}",
             "trainer.replicas=auto", "partition=auto", "pipeline.microbatches=auto", f"trainer.max_steps={steps}",
@@ -58,10 +61,10 @@ def overrides(devices: int, steps: int, stress: float, args: argparse.Namespace)
             f"partition.node_link_bandwidth_gbps={args.node_link_gbps}",
             f"simulate.teacher_profile={H200 / 'vit_large_teacher_mb32_bf16_nvidia-h200_224px_3ch_100cls.csv'}",
             f"simulate.student_profile={H200 / 'resnet152_student_mb32_bf16_nvidia-h200_224px_3ch_100cls.csv'}",
-            *([f"simulate.fail_stop_mtbf_h={FAIL_STOP_MTBF_H / stress}",
-               f"simulate.fail_slow_mtbf_h={FAIL_SLOW_MTBF_H / stress}", "simulate.fail_slow_duration_s=600",
+            *([f"simulate.fail_stop_mtbf_h={FAIL_STOP_MTBF_H / stress}"] if stress and stop else []),
+            *([f"simulate.fail_slow_mtbf_h={FAIL_SLOW_MTBF_H / stress}", "simulate.fail_slow_duration_s=600",
                f"simulate.comm_fail_slow_mtbf_h={FAIL_SLOW_MTBF_H / stress}", "simulate.comm_fail_slow_duration_s=1440",
-               "simulate.fail_slow_factor=2", "simulate.comm_fail_slow_factor=2"] if stress else [])]
+               "simulate.fail_slow_factor=2", "simulate.comm_fail_slow_factor=2"] if stress and slow else [])]
 
 
 def simulate(settings: list[str], run_dir: Path) -> dict:
@@ -81,6 +84,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--stress", type=float, default=1000.0)
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--kinds", choices=("slow", "stop", "both"), default="both",
+                        help="which faults: fail-slows (compute and comm), fail-stops, or both")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--link-gbps", type=float, default=200.0)
     parser.add_argument("--node-link-gbps", type=float, default=40.0)
@@ -105,6 +110,7 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in runs[-1].items()}), flush=True)
             rows.append(line)
     record = {"command": " ".join(["python experiments/scale_study.py", *sys.argv[1:]]), "stress": args.stress,
+              "kinds": args.kinds,
               "steps": args.steps, "seeds": args.seeds, "sizes": rows, "study_s": time.perf_counter() - began,
               "rates_per_gpu_h": {"fail_stop_mtbf_h": FAIL_STOP_MTBF_H, "fail_slow_mtbf_h_each_kind": FAIL_SLOW_MTBF_H}}
     args.out.write_text(json.dumps(record, indent=1, default=str))
@@ -122,13 +128,14 @@ def main() -> None:
         table += (f"| {line['devices']} | {line['layout']}, {line['microbatches']} | {step:.2f} s | "
                   + " | ".join(cells) + " |\n")
     args.out.with_suffix(".md").write_text(
-        f"# Goodput per policy relative to fault-free, simulated\n\n`{record['command']}`; rates x{args.stress:g}, "
+        f"# Goodput per policy relative to fault-free, simulated ({args.kinds})\n\n`{record['command']}`; "
+        f"rates x{args.stress:g}, "
         f"{args.steps} steps, n={args.seeds} seed(s) per cell\n\n{table}")
-    plot(rows, policies, args.out.with_suffix(".png"))
+    plot(rows, policies, args.out.with_suffix(".png"), f"{args.kinds} faults, rates x{args.stress:g}")
     print(table)
 
 
-def plot(rows: list[dict], policies: list[str], path: Path) -> None:
+def plot(rows: list[dict], policies: list[str], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +150,7 @@ def plot(rows: list[dict], policies: list[str], path: Path) -> None:
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_xlabel("simulated H200 GPUs")
     ax.set_ylabel("goodput / fault-free")
-    ax.set_title("ViT-L -> ResNet-152, fault rates x stress (simulated)")
+    ax.set_title(f"ViT-L -> ResNet-152, {title} (simulated)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -39,8 +39,6 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import cast
 
-import numpy as np
-
 from synapse.detection.window import projection_sd_factor
 
 _TINY_S = 1e-9
@@ -48,18 +46,20 @@ _TINY_S = 1e-9
 _MAD_TO_SD, MEDIAN_SD_FACTOR = 1.4826, 1.2533
 
 
-# From this many values on, the medians are numpy's (the same numbers: the middle value, or the two
-# middle ones' sum over 2, in float64): a simulated 64-rank pipeline calls this per rank and step on
-# windows of up to refine_window values, where sorting in Python dominated the run.
-_NUMPY_FROM = 32
+def _sorted_median(ordered: Sequence[float]) -> float:
+    """``statistics.median`` of values already sorted (the middle one, or the two middle ones' sum over 2)."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def robust_sd(values: Sequence[float]) -> float:
-    if len(values) >= _NUMPY_FROM:
-        array = np.fromiter(values, dtype=np.float64, count=len(values))
-        return _MAD_TO_SD * float(np.median(np.abs(array - np.median(array))))
-    center = median(values)
-    return _MAD_TO_SD * median(abs(v - center) for v in values)
+    # statistics.median twice, with one sort each and no re-sorting of what is sorted already: the
+    # same numbers; the detector calls this per rank and step on windows of up to refine_window values
+    if not values:
+        return _MAD_TO_SD * median(values)  # statistics' own error for no data
+    ordered = sorted(values)
+    center = _sorted_median(ordered)
+    return _MAD_TO_SD * _sorted_median(sorted([abs(v - center) for v in ordered]))
 
 
 def medians_without_each(values: Sequence[float]) -> list[float | None]:
