@@ -2,7 +2,7 @@
 """What each policy keeps of a fault-free run's goodput at 8..256 GPUs, simulated (mode=simulate).
 
 ViT-L/16 -> ResNet-152 on H200 block profiles (experiments/results/profiles_h200, bf16, measured at
-micro-batch 32, scaled linearly to other micro-batches), 32 images per GPU per step, the layout
+micro-batch 32, scaled linearly to other micro-batches), 256 images per GPU per step, the layout
 (replicas x stages) and micro-batch count as the planner chooses them, links at
 ``--link-gbps`` GB/s inside a node of 8 GPUs and ``--node-link-gbps`` GB/s between nodes
 (assumed: NVLink and 400 Gb/s InfiniBand, effective). Checkpoints every 100 steps.
@@ -49,12 +49,13 @@ RESULTS = REPO / "experiments" / "results"
 FAIL_STOP_MTBF_H = 7.9 * 1024
 FAIL_SLOW_MTBF_H = 13_700.0 * 2  # each kind: half of the fail-slows
 POLICIES = ("eta", "keep", "replan", "degrade", "ski_rental")
+IMAGES_PER_GPU = 256  # per step: a step of about half a second on an H200, so 600 steps span minutes
 
 
 def overrides(devices: int, steps: int, stress: float, args: argparse.Namespace) -> list[str]:
     slow, stop = args.kinds in ("slow", "both"), args.kinds in ("stop", "both")
     return ["mode=simulate", "report=false", "teacher=vit_large", "student=resnet152", "data=synthetic",
-            f"data.batch_size={32 * devices}", "trainer.accelerator=cuda", f"trainer.devices={devices}",
+            f"data.batch_size={IMAGES_PER_GPU * devices}", "trainer.accelerator=cuda", f"trainer.devices={devices}",
             "trainer.replicas=auto", "partition=auto", "pipeline.microbatches=auto", f"trainer.max_steps={steps}",
             "checkpoint.every=100", "failover.max_restarts=1000", "injection=none",
             f"partition.link_bandwidth_gbps={args.link_gbps}",

@@ -62,7 +62,7 @@ class DeviceFault:
     def describe(self) -> dict[str, Any]:
         unit = "s" if self.in_seconds else "step"
         return {"device": self.device, "kind": self.kind, f"start_{unit}": self.start, f"end_{unit}": self.end,
-                "factor": self.factor, "source": self.source}
+                "factor": self.factor, "origin": self.source}
 
 
 def injected_faults(faults: Sequence[Mapping[str, Any]], first_devices: Sequence[int]) -> list[DeviceFault]:
