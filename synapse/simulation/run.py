@@ -161,12 +161,11 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
     devices = list(range(simulated_device_count(cfg)))
     total, per_epoch = total_steps_of(cfg)
     noise = load_noise(cfg.simulate.step_noise, accelerator)
+    spares = tuple(cfg.trainer.spare_devices)
+    traced = trace_faults(cfg.simulate.trace, [*devices, *spares]) if cfg.simulate.trace else []  # checked first
     planners = SimulatedPlanners(cfg, log)
     placement, microbatches, planner = first_plan(cfg, planners, devices, log)
-    spares = tuple(cfg.trainer.spare_devices)
-    faults = injected_faults(cfg.injection.fault_dicts(), placement.devices)
-    if cfg.simulate.trace:
-        faults += trace_faults(cfg.simulate.trace, [*devices, *spares])
+    faults = injected_faults(cfg.injection.fault_dicts(), placement.devices) + traced
     sim = cfg.simulate
     rates = FaultRates(sim.fail_slow_mtbf_h, sim.fail_slow_duration_s, sim.fail_slow_factor, sim.comm_fail_slow_mtbf_h,
                        sim.comm_fail_slow_duration_s, sim.comm_fail_slow_factor, sim.fail_stop_mtbf_h)
