@@ -3,7 +3,8 @@
 It is the only module that sees the whole config tree and wires the layers together: the composed
 config is validated and typed once (``SynapseConfig``, frozen) -> data and models -> the first plan
 (placement and micro-batch count) -> the supervisor with its controller. Nothing in synapse imports
-it. Modes: distil (kd), profile the blocks, or train a teacher/baseline with labels.
+it. Modes: distil (kd), profile the blocks, train a teacher/baseline with labels, or simulate a kd run
+(the real failover controller on simulated step timings, no workers).
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ from synapse.rundir import (
     hold_run_dir,
     is_disk_full,
 )
+from synapse.simulation import run_simulation
 
 
 def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: list[str] | None = None
@@ -75,7 +77,8 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
         if resumed:
             log(resumed)
-        if cfg.mode != "profile" and cfg.trainer.node_rank == 0:  # node 0's rank 0 writes and prunes the checkpoints
+        # node 0's rank 0 writes and prunes the checkpoints (a simulation writes none)
+        if cfg.mode not in ("profile", "simulate") and cfg.trainer.node_rank == 0:
             check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
             # A killed run's torn last event would merge with this run's first appended one into a line
             # no reader can parse; under the lock no other writer is alive to be cut short
@@ -96,6 +99,10 @@ def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], 
     CONFIG.path(run_dir).write_text(config_yaml(cfg))
     if cfg.mode == "profile":
         return run_profile_mode(cfg, log)
+    if cfg.mode == "simulate":
+        summary = run_simulation(cfg, run_dir, log)
+        write_run_report(cfg, run_dir, log)
+        return summary
     if cfg.mode in ("teacher", "baseline"):
         name = cfg.teacher.name if cfg.mode == "teacher" else cfg.student.name
         init = cfg.student.init if cfg.mode == "baseline" else None

@@ -50,6 +50,7 @@ class Mode(Choice):
     teacher = "teacher"  # train the teacher with labels
     baseline = "baseline"  # train the student with labels
     profile = "profile"  # measure the block profiles
+    simulate = "simulate"  # no workers: the real controller on step timings from the cost model (synapse.simulation)
 
 
 class Accelerator(Choice):
@@ -409,6 +410,35 @@ class FailoverConfig:
 
 
 @dataclass(frozen=True)
+class SimulateConfig:
+    """mode=simulate: what stands in for the hardware. trainer.devices is then a count of simulated
+    devices (none need exist); the policy, detector, estimator and restart priors are the real ones."""
+
+    # Block-profile CSVs (experiments/profile_models.py); null: the cached profiles of teacher.name and
+    # student.name, measured on this machine's CPU if missing (trainer.accelerator=cpu only).
+    teacher_profile: str | None = None
+    student_profile: str | None = None
+    # Step-to-step noise: auto (the one recorded on the accelerator's kind, shipped in synapse.simulation),
+    # none, or the path of a fault-free performance.jsonl to draw it from.
+    step_noise: str = "auto"
+    # Faults besides injection.faults: a CSV trace (columns device, kind, start_s or start_step, and
+    # duration_s or end_step, factor) and random ones from rates: mean hours between events per device.
+    trace: str | None = None
+    fail_slow_mtbf_h: float | None = None  # compute fail-slows
+    fail_slow_duration_s: float = 600.0
+    fail_slow_factor: float = 2.0
+    comm_fail_slow_mtbf_h: float | None = None  # a device's link slows
+    comm_fail_slow_duration_s: float = 1440.0
+    comm_fail_slow_factor: float = 2.0
+    fail_stop_mtbf_h: float | None = None  # a device dies
+    failure_detect_s: float = 5.0  # from a death to the supervisor's decision (heartbeat and teardown)
+    # Simulated GPUs (trainer.accelerator=cuda): memory each, and devices per node (links between nodes are
+    # partition.node_link_bandwidth_gbps).
+    gpu_memory_gb: float = 141.0
+    gpus_per_node: int = 8
+
+
+@dataclass(frozen=True)
 class LoggerConfig:
     """Where the run's scalars also go (synapse.trackers)."""
 
@@ -442,6 +472,7 @@ class SynapseConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 

@@ -185,11 +185,12 @@ def validate_resume(cfg: DictConfig) -> None:
         ckpt.check_resumable(Path(cfg.resume), cfg.student.name, shapes)
 
 
-def validate_injection(cfg: DictConfig) -> None:
+def validate_injection(cfg: DictConfig, ranks: int | None = None) -> None:
+    """``ranks``: the run's worker count when no real device is resolved (mode=simulate)."""
     from synapse.injection import InjectionError, parse_faults
 
     try:
-        parse_faults(_plain(cfg.injection.faults), num_ranks(cfg.trainer))
+        parse_faults(_plain(cfg.injection.faults), num_ranks(cfg.trainer) if ranks is None else ranks)
     except (InjectionError, KeyError, TypeError, ValueError) as exc:
         hint = ""
         if cfg.injection.name == "demo":  # the default: a user who changed the devices did not ask for it
@@ -243,6 +244,11 @@ def validate_failover(cfg: DictConfig) -> None:
     if failover.restart_cost_file is not None and not Path(failover.restart_cost_file).is_file():
         fail("failover.restart_cost_file", f"{failover.restart_cost_file!r} is not a file",
               "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
+    if cfg.mode != "simulate":  # simulated spares are ids after the simulated devices (validate_simulation)
+        _validate_spare_devices(cfg)
+
+
+def _validate_spare_devices(cfg: DictConfig) -> None:
     spares = [int(d) for d in cfg.trainer.spare_devices]
     if spares and min(spares) < 0:
         fail("trainer.spare_devices", f"negative device id in {spares}", "device ids start at 0")
@@ -316,6 +322,9 @@ def validate_cache_dir(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Check every value that types cannot; raise ConfigError before any work starts."""
+    if cfg.mode == "simulate":
+        validate_simulation(cfg)
+        return
     require_supported_torch()
     validate_known_keys(cfg)
     validate_finite(OmegaConf.to_container(cfg, resolve=False))  # interpolations are strings here: skipped
@@ -490,10 +499,11 @@ def _validate_pipeline(cfg: DictConfig) -> None:
               f"{cfg.data.batch_size}", "choose a divisor of the batch size")
 
 
-def _validate_replicas(cfg: DictConfig) -> None:
-    """An R x K mesh that matches the run's devices, and a batch every replica can have its share of."""
+def _validate_replicas(cfg: DictConfig, ranks: int | None = None) -> None:
+    """An R x K mesh that matches the run's devices, and a batch every replica can have its share of.
+    ``ranks``: the run's worker count when no real device is resolved (mode=simulate)."""
     replicas, trainer = cfg.trainer.replicas, cfg.trainer
-    ranks = num_ranks(trainer)
+    ranks = num_ranks(trainer) if ranks is None else ranks
     shares = trainer.replica_shares
     if replicas == "auto":
         if cfg.partition.mode != "auto":
@@ -534,9 +544,12 @@ def _validate_replicas(cfg: DictConfig) -> None:
                  f"use a batch of at least {replicas * m} images, fewer replicas or fewer micro-batches")
 
 
-def _validate_partition(cfg: DictConfig) -> None:
+def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
+    """``ranks``: the run's worker count when no real device is resolved (mode=simulate)."""
     part = cfg.partition
-    k = num_stages(cfg.trainer) or num_ranks(cfg.trainer)
+    ranks = num_ranks(cfg.trainer) if ranks is None else ranks
+    replicas = fixed_replicas(cfg.trainer)
+    k = ranks // replicas if replicas else ranks
     positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
     positive("partition.profile_repeats", part.profile_repeats)
     if part.node_link_bandwidth_gbps is not None:
@@ -544,7 +557,6 @@ def _validate_partition(cfg: DictConfig) -> None:
     if part.link_bandwidth_gbps is not None:
         positive("partition.link_bandwidth_gbps", part.link_bandwidth_gbps)
     if part.alphas is not None:
-        ranks = num_ranks(cfg.trainer)
         if len(part.alphas) != ranks:
             fail("partition.alphas", f"{len(part.alphas)} speeds given for {ranks} devices",
                  f"give exactly {ranks} values")
@@ -572,3 +584,89 @@ def _check_nonfinite_check(trainer: DictConfig) -> None:
     if trainer.nonfinite == "skip":
         fail("trainer.nonfinite_check", "late cannot skip a step: trainer.nonfinite=skip must see the loss before the "
              "update", "use trainer.nonfinite_check=auto (or at_step) with skip, or trainer.nonfinite=stop")
+
+
+# ---------------------------------------------------------------- mode=simulate
+SIMULATED_DEVICES_LIMIT = 100_000  # far beyond any study; a typo of a million devices is refused, not simulated
+
+
+def simulated_devices(trainer: DictConfig) -> int:
+    """mode=simulate: trainer.devices is a count of simulated devices per node (no real device is
+    looked up, so 256 GPUs simulate on a laptop); a list counts its ids."""
+    devices = trainer.devices
+    if isinstance(devices, (list, tuple, ListConfig)):
+        ids = [int(d) for d in devices]
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+            fail("trainer.devices", f"{ids} must be distinct ids >= 0, at least one",
+                 "give a count of simulated devices, e.g. trainer.devices=64")
+        count = len(ids)
+    elif isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        fail("trainer.devices", f"{devices!r} is not a count of simulated devices",
+             "give a positive count, e.g. trainer.devices=64 (mode=simulate needs no real device)")
+    else:
+        count = devices
+    total = count * int(trainer.nodes)
+    if total > SIMULATED_DEVICES_LIMIT:
+        fail("trainer.devices", f"{total} simulated devices (trainer.devices x trainer.nodes) is over the limit "
+             f"{SIMULATED_DEVICES_LIMIT}", "simulate fewer devices")
+    return total
+
+
+def validate_simulation(cfg: DictConfig) -> None:
+    """mode=simulate: the checks of a real run that need no real device, with trainer.devices a
+    count of simulated ones, and the simulate group's own (rates, files)."""
+    validate_known_keys(cfg)
+    validate_finite(OmegaConf.to_container(cfg, resolve=False))
+    _validate_models(cfg)
+    _validate_data(cfg.data)
+    _validate_kd(cfg.kd)
+    _validate_optim(cfg.optim)
+    positive("trainer.nodes", cfg.trainer.nodes)
+    ranks = simulated_devices(cfg.trainer)
+    positive("trainer.epochs", cfg.trainer.epochs, allow_zero=True)
+    if cfg.trainer.max_steps is not None:
+        positive("trainer.max_steps", cfg.trainer.max_steps)
+    _validate_pipeline(cfg)
+    _validate_replicas(cfg, ranks)
+    _validate_partition(cfg, ranks)
+    validate_injection(cfg, ranks)
+    validate_failover(cfg)
+    spares = [int(d) for d in cfg.trainer.spare_devices]
+    if spares and (min(spares) < ranks or len(set(spares)) != len(spares)):
+        fail("trainer.spare_devices", f"{spares} must be distinct ids after the {ranks} simulated devices "
+             f"(0..{ranks - 1})", f"number simulated spares from {ranks}, e.g. trainer.spare_devices=[{ranks}]")
+    _validate_simulate_group(cfg.simulate, str(cfg.trainer.accelerator))
+    check_float_ranges(_plain(cfg))
+    positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
+    validate_steps_within_run(cfg)
+    validate_cache_dir(cfg)
+
+
+def _validate_simulate_group(sim: DictConfig, accelerator: str) -> None:
+    for key in ("fail_slow_mtbf_h", "comm_fail_slow_mtbf_h", "fail_stop_mtbf_h"):
+        value = sim[key]
+        if value is not None and not value > 0:
+            fail(f"simulate.{key}", f"a mean time between events must be > 0 hours, got {value}",
+                 f"give hours (e.g. simulate.{key}=1000), or null for no such events")
+    for key in ("fail_slow_duration_s", "comm_fail_slow_duration_s", "gpu_memory_gb"):
+        if not sim[key] > 0:
+            fail(f"simulate.{key}", f"must be > 0, got {sim[key]}", "give a positive number")
+    positive("simulate.gpus_per_node", sim.gpus_per_node)
+    if not sim.failure_detect_s >= 0:
+        fail("simulate.failure_detect_s", f"must be >= 0 seconds, got {sim.failure_detect_s}", "give seconds, e.g. 5")
+    for key in ("fail_slow_factor", "comm_fail_slow_factor"):
+        if not sim[key] > 1:
+            fail(f"simulate.{key}", f"a slowdown factor must be > 1, got {sim[key]}", "e.g. 2.0 (half speed)")
+    for key in ("teacher_profile", "student_profile", "trace"):
+        if sim[key] is not None and not Path(sim[key]).is_file():
+            fail(f"simulate.{key}", f"{sim[key]!r} is not a file", "give the path of an existing file, or null")
+    if (sim.teacher_profile is None) != (sim.student_profile is None):
+        fail("simulate.teacher_profile", "give both simulate.teacher_profile and simulate.student_profile, or neither",
+             "set the other one too (null for both: the cached profiles of teacher.name and student.name)")
+    if sim.teacher_profile is None and accelerator == "cuda":
+        fail("simulate.teacher_profile", "simulated GPUs need GPU block profiles (this machine cannot measure them)",
+             "set simulate.teacher_profile and simulate.student_profile to CSVs of experiments/profile_models.py, "
+             "e.g. experiments/results/profiles_h200/profiles/")
+    if sim.step_noise not in ("auto", "none") and not Path(sim.step_noise).is_file():
+        fail("simulate.step_noise", f"{sim.step_noise!r} is neither auto, none nor a file",
+             "use auto, none, or the path of a fault-free performance.jsonl")

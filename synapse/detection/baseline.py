@@ -46,9 +46,43 @@ _TINY_S = 1e-9
 _MAD_TO_SD, MEDIAN_SD_FACTOR = 1.4826, 1.2533
 
 
+def _sorted_median(ordered: Sequence[float]) -> float:
+    """``statistics.median`` of values already sorted (the middle one, or the two middle ones' sum over 2)."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def robust_sd(values: Sequence[float]) -> float:
-    center = median(values)
-    return _MAD_TO_SD * median(abs(v - center) for v in values)
+    # statistics.median twice, with one sort each and no re-sorting of what is sorted already: the
+    # same numbers; the detector calls this per rank and step on windows of up to refine_window values
+    if not values:
+        return _MAD_TO_SD * median(values)  # statistics' own error for no data
+    ordered = sorted(values)
+    center = _sorted_median(ordered)
+    return _MAD_TO_SD * _sorted_median(sorted([abs(v - center) for v in ordered]))
+
+
+def medians_without_each(values: Sequence[float]) -> list[float | None]:
+    """For each index i, ``statistics.median`` of ``values`` without ``values[i]`` (None: nothing
+    left), from one sort instead of one per index (a rank's peers' median, for every rank)."""
+    n = len(values)
+    if n < 2:
+        return [None] * n
+    order = sorted(range(n), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    position = [0] * n
+    for k, i in enumerate(order):
+        position[i] = k
+    left, half = n - 1, (n - 1) // 2
+    out: list[float | None] = []
+    for i in range(n):
+        p = position[i]
+
+        def kept(j: int, p: int = p) -> float:  # the j-th smallest once values[i] is removed
+            return ranked[j] if j < p else ranked[j + 1]
+
+        out.append(kept(half) if left % 2 else (kept(half - 1) + kept(half)) / 2)
+    return out
 
 
 def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: int) -> float | None:

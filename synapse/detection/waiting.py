@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
+from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
 
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
 COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
@@ -88,9 +88,15 @@ def others_median(values: Sequence[float], rank: int, default: float) -> float:
     return median(others) if others else default
 
 
+def others_medians(values: Sequence[float], default: float | None) -> list[float]:
+    """``others_median`` of every rank, from one sort (``default`` None: the rank's own value)."""
+    medians = medians_without_each(values)
+    return [m if m is not None else (v if default is None else default) for m, v in zip(medians, values)]
+
+
 def peer_ratios(ratios: Sequence[float]) -> list[float]:
     """Each rank's ratio over the median ratio of the other ranks (1.0 without others)."""
-    return [ratio / max(others_median(ratios, r, ratio), _TINY_S) for r, ratio in enumerate(ratios)]
+    return [ratio / max(others, _TINY_S) for ratio, others in zip(ratios, others_medians(ratios, None))]
 
 
 def own_comm_per_step(compute_excess: Sequence[float],
@@ -98,8 +104,9 @@ def own_comm_per_step(compute_excess: Sequence[float],
     """(beyond_peer_comm, beyond_peer_step) of one step, per rank (the waiting rule)."""
     occupancy = [c + m for c, m in zip(compute_excess, comm_excess)]
     ranks = range(len(comm_excess))
-    beyond_comm = [comm_excess[r] - others_median(comm_excess, r, 0.0) for r in ranks]
-    beyond_step = [comm_excess[r] + min(0.0, compute_excess[r]) - others_median(occupancy, r, 0.0) for r in ranks]
+    comm_others, occupancy_others = others_medians(comm_excess, 0.0), others_medians(occupancy, 0.0)
+    beyond_comm = [comm_excess[r] - comm_others[r] for r in ranks]
+    beyond_step = [comm_excess[r] + min(0.0, compute_excess[r]) - occupancy_others[r] for r in ranks]
     return beyond_comm, beyond_step
 
 

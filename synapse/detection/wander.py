@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from statistics import median
 
-from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
+from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
 
 MIN_BLOCKS = 4  # blocks of window steps before their spread is trusted over the prior
 PRIOR_FACTOR = 2.0  # until then: this times the independent-steps sd of a window median
@@ -54,12 +54,17 @@ class PeerWander:
         """One step's per-rank compute ratios (to each rank's baseline). A rank in ``calm`` (not in
         excess, not slow) waits to count its ratio over the median of its calm peers'; any other
         rank drops its waiting steps (they may have been its slowdown's start)."""
+        calm_ranks = list(calm)
+        calm_values = [ratios[p] for p in calm_ranks]
+        # the median of a calm rank's calm peers: the calm ranks' values without its own, sorted once
+        peer_medians = dict(zip(calm_ranks, medians_without_each(calm_values)))
         for rank in range(len(self.history)):
-            peers = [ratios[p] for p in calm if p != rank]
-            if rank not in calm:
+            if rank not in peer_medians:
                 self.waiting[rank].clear()
-            elif peers:
-                self.waiting[rank].append(ratios[rank] / max(median(peers), _TINY))
+                continue
+            peer_median = peer_medians[rank]
+            if peer_median is not None:
+                self.waiting[rank].append(ratios[rank] / max(peer_median, _TINY))
                 if len(self.waiting[rank]) > DELAY_WINDOWS * self.window:
                     self.history[rank].append(self.waiting[rank].popleft())
 

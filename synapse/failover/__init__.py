@@ -16,12 +16,22 @@ from synapse.failover.node_channel import (
     Welcome,
 )
 from synapse.failover.progress import RunProgress, supervised_console
+from synapse.failover.restarts import Restart
 from synapse.failover.run import build_controller, run_with_failover
-from synapse.failover.segments import compose_segment_config, merge_overrides, read_segment_overrides, read_segments
-from synapse.failover.summary import print_failover_story
+from synapse.failover.segments import (
+    Segment,
+    compose_segment_config,
+    merge_overrides,
+    read_segment_overrides,
+    read_segments,
+    write_segment,
+)
+from synapse.failover.summary import print_failover_story, write_experiment_summary
 from synapse.failover.supervisor import FailoverError
 
 __all__ = ["ExitOrder", "FailoverController", "FailoverError", "LaunchOrder", "NodeChannel", "NodeChannelError",
-           "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError", "RunProgress", "StopOrder", "Welcome",
+           "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder",
+           "Welcome",
            "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover", "supervised_console"]
+           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover", "supervised_console",
+           "write_experiment_summary", "write_segment"]

@@ -24,19 +24,22 @@ from synapse.rundir import EVENTS, EXPERIMENT_SUMMARY, PERFORMANCE, SEGMENTS
 
 def write_experiment_summary(run_dir: Path, policy: str, injection: str, controller: FailoverController,
                              segments: Sequence[Segment], restarts: Sequence[Any], started_at: float,
-                             last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                             last: dict[str, Any], earlier_restarts: Sequence[dict[str, Any]] = (),
+                             ended_at: float | None = None) -> dict[str, Any]:
     """``policy`` and ``injection``: the names of the run's policy and injection scenario (the config's
     policy.name and injection.name); ``restarts``: the supervisor's ``Restart`` records (dataclasses);
-    ``earlier_restarts``: those an earlier supervisor of a resumed run recorded (its summary's), kept first."""
+    ``earlier_restarts``: those an earlier supervisor of a resumed run recorded (its summary's), kept first;
+    ``ended_at``: the run's end (None: now; a simulated run passes its simulated clock)."""
+    now = time.time() if ended_at is None else ended_at
     restart_views = [*earlier_restarts,
                      *({k: v for k, v in asdict(r).items() if k not in ("decision", "resume_path")} for r in restarts)]
     summary = {
         "policy": policy,
         "injection": injection,
-        "wall_time_s": time.time() - started_at,
+        "wall_time_s": now - started_at,
         "steps": last.get("steps"),
         "total_steps": last.get("total_steps"),
-        "segments": [{**s.to_dict(), "partition": s.partition, "wall_s": (s.ended_at or time.time()) - s.started_at}
+        "segments": [{**s.to_dict(), "partition": s.partition, "wall_s": (s.ended_at or now) - s.started_at}
                    for s in segments],
         "decisions": [_decision_view(d) for d in controller.decisions],
         "restarts": restart_views,

@@ -121,7 +121,20 @@ class StagePlanner:
     def predict(self, devices: Sequence[int], teacher_counts: Sequence[int], student_counts: Sequence[int],
                 alphas: Alphas = None, betas: Betas = None) -> PlanCost:
         """Per micro-batch stage times and the step time of a given partition."""
-        return self.cost_model(devices, alphas, betas).evaluate(teacher_counts, student_counts)
+        return self._evaluate(tuple(self.specs(devices, alphas, betas)), tuple(teacher_counts), tuple(student_counts))
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - per planner; a prediction is a pure function of its inputs
+    def _evaluate(self, specs: tuple[DeviceSpec, ...], teacher_counts: tuple[int, ...],
+                  student_counts: tuple[int, ...]) -> PlanCost:
+        """The cost model's prediction, kept: the controller prices every replica of every option each
+        step of a slowdown, mostly on factors it priced the step before (64 replicas: 128 cost models a
+        layout, most of a simulated step's time before this cache)."""
+        return CostModel(self.teacher, self.student, specs, self.step).evaluate(teacher_counts, student_counts)
+
+    @functools.cached_property
+    def _bytes_only(self) -> StagePlanner:
+        """This planner with no per-message latency: the link time of the bytes alone (what beta scales)."""
+        return dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
 
     def per_step_compute_s(self, devices: Sequence[int], teacher_counts: Sequence[int],
                            student_counts: Sequence[int]) -> list[float]:
@@ -138,8 +151,7 @@ class StagePlanner:
                             student_counts: Sequence[int]) -> list[float]:
         """Each rank's link time in one step for the bytes it carries alone (no per-message latency):
         what beta scales, and what the estimator measures a link's own send excess against."""
-        bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
-        return bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
+        return self._bytes_only.per_step_comm_s(devices, teacher_counts, student_counts)
 
     def layout_cost(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
         """Every rank's and the step's predicted time on ``placement`` (R = 1: one pipeline, as ``predict``).
@@ -151,7 +163,7 @@ class StagePlanner:
         comm: list[float] = []
         transfer: list[float] = []
         replica_steps = []
-        bytes_only = dataclasses.replace(self, facts=dataclasses.replace(self.facts, link_latency_s=0.0))
+        bytes_only = self._bytes_only
         m = self.step.microbatches
         for replica, scale in enumerate(self.share_scales(placement)):
             devices = placement.replica_devices(replica)

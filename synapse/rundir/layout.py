@@ -262,11 +262,14 @@ CONTROLLER_STATE = Entry(
     "the supervisor, after every segment", "a supervisor resumed with resume=auto (its controller starts from it)",
     "JSON object", "written to a temporary beside it, then renamed into place", channel=True, temp="{stem}.tmp")
 PARTITION = Entry(
-    "partition.json", "the first placement: devices and blocks per stage", "synapse.app, before the first launch",
+    "partition.json", "the first placement: devices and blocks per stage",
+    "synapse.app, before the first launch (mode=simulate: synapse.simulation, before the first simulated step)",
     "people; tests", "JSON object", f"{_WHOLE}; read only after the run")
 PLAN = Entry(
-    "plan.json", "the planner's first plan and the profiles it used (partition=auto)",
-    "synapse.planning, before the first launch", "synapse.planning (plan vs measured, at the end); synapse.analysis",
+    "plan.json", "the planner's first plan and the profiles it used (partition=auto; mode=simulate: the simulated "
+    "placement, its predicted step, the step noise and every fault)",
+    "synapse.planning, before the first launch; synapse.simulation in mode=simulate",
+    "synapse.planning (plan vs measured, at the end); synapse.analysis",
     "JSON object", f"{_WHOLE}; read later by the same process")
 PLAN_VS_MEASURED = Entry(
     "plan_vs_measured.json", "the plan's predicted step and stage times against the measured ones",

@@ -213,7 +213,7 @@ def test_bad_failover_settings_are_refused(make_config, override, key):
     # a choice outside its set: Hydra names the valid ones (Choice fields, synapse/config/schema.py)
     ("kd.mode=kl", "Invalid value 'kl', expected one of [st, logits]"),
     ("optim.name=adam", "Invalid value 'adam', expected one of [sgd, adamw]"),
-    ("mode=distil", "Invalid value 'distil', expected one of [kd, teacher, baseline, profile]"),
+    ("mode=distil", "Invalid value 'distil', expected one of [kd, teacher, baseline, profile, simulate]"),
     ("trainer.accelerator=tpu", "Invalid value 'tpu', expected one of [auto, cpu, cuda]"),
     ("failover.replan_mode=teleport", "Invalid value 'teleport', expected one of [live, restart]"),
     ("trainer.nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),

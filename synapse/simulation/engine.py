@@ -1,0 +1,332 @@
+"""The supervisor's loop without workers: step timings from the cost model, fed to the real controller.
+
+Per simulated step (a closed form, no event queue: a pipeline's step is one number the cost model
+already computes):
+
+1. the faults in force give every device its alpha (compute) and beta (link);
+2. ``StagePlanner.layout_cost`` of the running placement at those factors gives every rank's
+   compute and link time and the step time (GPipe or 1F1B, R replicas and their all-reduce: the
+   planner's schedule); the step's and each rank's noise multiply them;
+3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
+   watcher thread feeds a real run's records;
+4. a decision is carried out as the supervisor does: a live REPLAN continues in place after the
+   live re-plan's measured cost, any other action stops with a checkpoint and restarts after the
+   restart path's measured cost (the controller's restart-cost model, i.e. the shipped priors);
+   a device that dies goes to ``on_hard_failure`` and the run resumes from its last checkpoint,
+   redoing the steps since.
+
+Time is simulated: every record's ``time`` is the simulated clock (starting at ``START_TIME``), so
+the same seed writes the same records, and the report reads them as it reads a real run's.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from synapse.decision import Decision, NoViableOptionError, OptionKind
+from synapse.failover import FailoverController, Restart, Segment, write_experiment_summary, write_segment
+from synapse.partitioning import Placement, StagePlanner
+from synapse.rundir import PERFORMANCE, EventLog, JsonlWriter, events_path
+from synapse.simulation.faults import COMM, COMPUTE, STOP, DeviceFault
+from synapse.simulation.noise import StepNoise
+
+START_TIME = 1_800_000_000.0  # the simulated clock's origin, in UNIX seconds (fixed: the same seed, the same records)
+NOISE_CHUNK = 4096  # steps of noise drawn at once
+
+
+@dataclass
+class SimulationSetup:
+    """Everything a simulated run needs besides its controller."""
+
+    planner: StagePlanner  # what a step costs: the run's cost model, at the true factors of the faults
+    placement: Placement  # the first one
+    microbatches: int
+    total_steps: int
+    batch_size: int
+    faults: list[DeviceFault] = field(default_factory=list)
+    noise: StepNoise = field(default_factory=StepNoise)
+    seed: int = 0
+    checkpoint_every: int = 0  # checkpoint.every (0: only at epoch ends)
+    steps_per_epoch: int | None = None  # epoch-end checkpoints (None: none)
+    live_replan: bool = True  # failover.replan_mode=live
+    max_restarts: int = 3
+    failure_detect_s: float = 5.0
+    first_launch_s: float = 0.0  # the first launch: the restart path's launch and warm-up
+    policy: str = "eta"
+    injection: str = "none"
+
+
+@dataclass
+class SimulationResult:
+    wall_time_s: float  # simulated, first launch to the last step
+    steps: int  # the last step reached
+    total_steps: int
+    completed: bool
+    decisions: list[dict[str, Any]]
+    segments: int
+    restarts: int
+    useful_images: int
+    devices_used: int  # the first placement's devices and spares: what the run holds for its whole length
+    error: str | None = None
+    simulate_s: float = 0.0  # real seconds the simulation took
+
+    @property
+    def goodput_images_per_gpu_hour(self) -> float:
+        hours = self.wall_time_s / 3600.0
+        return self.useful_images / (self.devices_used * hours) if hours > 0 else 0.0
+
+
+class SimulatedRun:
+    """One simulated run in ``run_dir``, writing the records a real run writes."""
+
+    def __init__(self, setup: SimulationSetup, controller: FailoverController, run_dir: Path,
+                 log: Callable[[str], None] = print):
+        self.setup, self.controller, self.run_dir, self.log = setup, controller, Path(run_dir), log
+        self.clock = START_TIME
+        self.rng = np.random.default_rng(setup.seed)
+        self._events = EventLog(events_path(run_dir), source="supervisor")
+        controller_log = EventLog(events_path(run_dir), source="controller")
+        # the controller stamps its records with the real time; the simulated clock replaces it
+        controller.log_event = lambda event, **fields: controller_log.write({"event": event, **fields,
+                                                                               "time": self.clock})
+        self.placement = setup.placement
+        self.segments: list[Segment] = []
+        self.restarts: list[Restart] = []
+        self._pending: Restart | None = None  # restarted, its first step not run yet
+        self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
+        self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
+        self._width = len(setup.placement.devices) + len(controller.spare_devices)
+        self._step_faults = sorted((f for f in setup.faults if not f.in_seconds), key=lambda f: f.start)
+        self._time_faults = sorted((f for f in setup.faults if f.in_seconds), key=lambda f: f.start)
+        self._step_starts = [f.start for f in self._step_faults]
+        self._time_starts = [f.start for f in self._time_faults]
+        self._announced: set[int] = set()  # faults whose onset was logged (by id)
+        self._dead: set[int] = set()
+        self._last_checkpoint = 0
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> SimulationResult:
+        began = time.perf_counter()
+        setup = self.setup
+        self._start_segment(0, self.placement, "start", 0)
+        self.controller.begin_segment(self.placement, start_step=0)
+        self.clock += setup.first_launch_s
+        step, error = 0, None
+        with JsonlWriter(PERFORMANCE.path(self.run_dir)) as performance:
+            while step < setup.total_steps:
+                step += 1
+                active = self._active_faults(step)
+                dead = self._device_dying(active)
+                if dead is not None:
+                    try:
+                        step = self._hard_failure(dead, step)
+                    except _RunEnds as end:
+                        error, step = str(end), step - 1
+                        break
+                    continue
+                record = self._step_record(step, active)
+                performance.write(record)
+                self._first_step_after_restart(record)
+                decision = self.controller.observe(record)
+                if decision is None:
+                    continue
+                try:
+                    step = self._act(decision, step)
+                except _RunEnds as end:
+                    error = str(end)
+                    break
+        self._end(step, error)
+        return SimulationResult(
+            wall_time_s=self.clock - START_TIME, steps=step, total_steps=setup.total_steps, completed=error is None,
+            decisions=[{k: d.get(k) for k in ("step", "action", "reason")} for d in self.controller.decisions],
+            segments=len(self.segments), restarts=sum(r.mode != "live" for r in self.restarts),
+            useful_images=min(step, setup.total_steps) * setup.batch_size, devices_used=self._width, error=error,
+            simulate_s=time.perf_counter() - began)
+
+    # ---------------------------------------------------------------- faults
+    def _active_faults(self, step: int) -> list[DeviceFault]:
+        """Faults begun by ``step`` (or by the clock) and not over; onsets are logged once."""
+        started = self._step_faults[:bisect.bisect_right(self._step_starts, step)] + \
+            self._time_faults[:bisect.bisect_right(self._time_starts, self.clock - START_TIME)]
+        now = self.clock - START_TIME
+        active = [f for f in started if f.end is None or (now if f.in_seconds else step) <= f.end or f.kind == STOP]
+        for fault in active:
+            if id(fault) not in self._announced and fault.device not in self._dead:
+                self._announced.add(id(fault))
+                devices = self.placement.devices
+                rank = devices.index(fault.device) if fault.device in devices else None
+                self._events.write({"event": "fault_injected", "time": self.clock, "source": "simulation",
+                                    "step": step, "rank": rank, **fault.describe()})
+        return active
+
+    def _device_dying(self, active: list[DeviceFault]) -> int | None:
+        for fault in active:
+            if fault.kind == STOP and fault.device not in self._dead:
+                self._dead.add(fault.device)
+                if fault.device in self.placement.devices:
+                    return fault.device
+                # a spare died idle: it is no longer there to replace anything
+                self.controller.spare_devices = tuple(d for d in self.controller.spare_devices if d != fault.device)
+        return None
+
+    def _factors(self, active: list[DeviceFault], step: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        devices = self.placement.devices
+        alphas, betas = [1.0] * len(devices), [1.0] * len(devices)
+        now = self.clock - START_TIME
+        for fault in active:
+            if fault.kind == STOP or fault.device not in devices:
+                continue
+            rank = devices.index(fault.device)
+            factor = fault.factor_at(step, now)
+            if fault.kind == COMPUTE:
+                alphas[rank] *= factor
+            elif fault.kind == COMM:
+                betas[rank] *= factor
+        return tuple(alphas), tuple(betas)
+
+    # ---------------------------------------------------------------- one step
+    def _cost(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, float]:
+        key = (self.placement, alphas, betas)
+        if key not in self._cost_cache:
+            devices = self.placement.devices
+            cost = self.setup.planner.layout_cost(self.placement, dict(zip(devices, alphas)),
+                                                  dict(zip(devices, betas)))
+            self._cost_cache[key] = (np.asarray(cost.compute_s), np.asarray(cost.transfer_s), cost.step_time_s)
+        return self._cost_cache[key]
+
+    def _noise(self, ranks: int) -> tuple[float, np.ndarray]:
+        if self._noise_at >= len(self._noise_step):
+            self._noise_step, self._noise_compute = self.setup.noise.draw(self.rng, NOISE_CHUNK, self._width)
+            self._noise_at = 0
+        i = self._noise_at
+        self._noise_at += 1
+        return float(self._noise_step[i]), self._noise_compute[i, :ranks]
+
+    def _step_record(self, step: int, active: list[DeviceFault]) -> dict[str, Any]:
+        compute_nominal, transfer, step_nominal = self._cost(*self._factors(active, step))
+        step_ratio, rank_ratios = self._noise(len(compute_nominal))
+        compute = compute_nominal * rank_ratios
+        step_s = max(step_nominal * step_ratio, float(compute.max()))
+        comm = step_s - compute  # as measured: a rank's time not computing is communication, waiting included
+        self.clock += step_s
+        return {"step": step, "segment": self.segments[-1].index, "devices": list(self.placement.devices),
+                "total_steps": self.setup.total_steps, "step_seconds": step_s, "compute_s": compute.tolist(),
+                "comm_s": comm.tolist(), "send_s": np.minimum(transfer * step_ratio, comm).tolist(),
+                "images_per_s": self.setup.batch_size / step_s, "time": self.clock}
+
+    # ---------------------------------------------------------------- segments and restarts
+    def _start_segment(self, index: int, placement: Placement, reason: str, start_step: int) -> None:
+        segment = Segment(index, placement, self.setup.microbatches, reason=reason, start_step=start_step,
+                          started_at=self.clock)
+        self.segments.append(segment)
+        self.placement = placement
+        write_segment(self.run_dir, segment)
+
+    def _end_segment(self, end_step: int, outcome: str) -> Segment:
+        segment = self.segments[-1]
+        segment.ended_at, segment.end_step, segment.outcome = self.clock, end_step, outcome
+        write_segment(self.run_dir, segment)
+        self._events.write({"event": "segment_ended", "time": self.clock, "segment": segment.index,
+                            "outcome": outcome, "step": end_step})
+        return segment
+
+    def _checkpoint_before(self, step: int) -> int:
+        """The newest checkpoint at or before ``step``: periodic, epoch ends, or a stop's."""
+        every, per_epoch = self.setup.checkpoint_every, self.setup.steps_per_epoch
+        periodic = step - step % every if every else 0
+        epoch_end = step - step % per_epoch if per_epoch else 0
+        return max(periodic, epoch_end, self._last_checkpoint if self._last_checkpoint <= step else 0)
+
+    def _act(self, decision: Decision, step: int) -> int:
+        """Carry out a non-KEEP decision taken after ``step``; returns the step the run continues after."""
+        kind = decision.action
+        live = kind is OptionKind.REPLAN and self.setup.live_replan
+        path = "live" if live else "restart"
+        if not live and sum(r.mode != "live" for r in self.restarts) >= self.setup.max_restarts:
+            raise _RunEnds(f"{kind.value} decided at step {step} but failover.max_restarts={self.setup.max_restarts} "
+                           f"restarts are spent")
+        components = self.controller.restart_costs.estimate(path).to_dict()
+        components = {k: float(v) for k, v in components.items() if k != "total_s"}
+        trigger_time = self.clock
+        restart = Restart(segment=self.segments[-1].index + 1, action=kind.value, trigger_time=trigger_time,
+                          trigger_step=step, resume_step=step, cause=decision.reason, decision=decision,
+                          trigger="decision", mode="live" if live else "restart", last_step_time=self.clock,
+                          components=components)
+        self._end_segment(step, "replanned live" if live else "stopped")
+        if not live:
+            self._last_checkpoint = step  # a stop on request checkpoints at the step it stops after
+        self.clock += sum(components.values())
+        self._restart(restart, decision.chosen.placement, kind.value + (" (live)" if live else ""), step,
+                      rewind=not live)
+        self.controller.restart_costs.observe(path, components)
+        return step
+
+    def _hard_failure(self, device: int, step: int) -> int:
+        """``device`` died during ``step``: the controller picks survivors, the run resumes from a checkpoint."""
+        failed_at = self.clock
+        self._events.write({"event": "rank_dead", "time": failed_at, "source": "simulation", "hard": True,
+                            "rank": self.placement.devices.index(device), "device": device, "step": step})
+        self.clock += self.setup.failure_detect_s
+        cause = f"device {device} lost (simulated fail-stop)"
+        if sum(r.mode != "live" for r in self.restarts) >= self.setup.max_restarts:
+            raise _RunEnds(f"{cause} at step {step} but failover.max_restarts={self.setup.max_restarts} restarts "
+                           f"are spent")
+        try:
+            decision = self.controller.on_hard_failure(device, step - 1, self.setup.total_steps, cause)
+        except NoViableOptionError as exc:
+            raise _RunEnds(f"{cause} at step {step} and no device is left to continue on ({exc})") from None
+        resume = self._checkpoint_before(step - 1)
+        components = self.controller.restart_costs.estimate("restart").to_dict()
+        # a dead device saves no checkpoint for the restart: the last one is resumed, its steps redone
+        components = {k: float(v) for k, v in components.items() if k not in ("total_s", "checkpoint_save_s")}
+        restart = Restart(segment=self.segments[-1].index + 1, action=decision.action.value, trigger_time=failed_at,
+                          trigger_step=step - 1, resume_step=resume, cause=cause, decision=decision,
+                          trigger="failure", last_step_time=failed_at, components=components)
+        self._end_segment(step - 1, "failed")
+        self.clock += sum(components.values())
+        self._restart(restart, decision.chosen.placement, f"failure: {cause}", resume, rewind=True)
+        self.controller.restart_costs.observe("restart", components)
+        return resume
+
+    def _restart(self, restart: Restart, placement: Placement, reason: str, start_step: int, rewind: bool) -> None:
+        self.restarts.append(restart)
+        self._start_segment(restart.segment, placement, reason, start_step)
+        if restart.mode != "live":
+            restart.relaunch_time = self.clock
+            self._events.write({"event": "relaunch", "time": self.clock, "segment": restart.segment,
+                                "devices": list(placement.devices), "resume_step": start_step})
+        self.controller.begin_segment(placement, start_step=start_step if rewind else None)
+        self._pending = restart
+
+    def _first_step_after_restart(self, record: dict[str, Any]) -> None:
+        restart, self._pending = self._pending, None
+        if restart is None:
+            return
+        restart.first_step = int(record["step"])
+        restart.recovery_s = float(record["time"]) - restart.trigger_time
+        restart.downtime_s = restart.downtime(record, self.controller.baseline_step_s)
+        self._events.write({"event": "first_step_after_restart", "time": record["time"], "segment": restart.segment,
+                            "step": restart.first_step, "action": restart.action, "mode": restart.mode,
+                            "recovery_s": restart.recovery_s, "downtime_s": restart.downtime_s,
+                            "components": restart.components,
+                            "redo_steps": max(0, restart.trigger_step - restart.resume_step)})
+
+    def _end(self, step: int, error: str | None) -> None:
+        self._end_segment(step, "error" if error else "finished")
+        if error:
+            self._events.write({"event": "run_failed", "time": self.clock, "error": error})
+            self.log(f"simulate: the run ends at step {step}: {error}")
+        last = {"steps": step, "total_steps": self.setup.total_steps, "final_eval": {},
+                "images_per_s": None}
+        write_experiment_summary(self.run_dir, self.setup.policy, self.setup.injection, self.controller,
+                                 self.segments, self.restarts, START_TIME, last, ended_at=self.clock)
+
+
+class _RunEnds(Exception):
+    """The run cannot go on (no device left, restart budget spent): it ends there, as a real one would."""

@@ -1,0 +1,203 @@
+"""``mode=simulate`` from a config: the run's planner on block profiles, its first plan, the real
+controller (``synapse.failover.build_controller``: policy, detector, estimator, restart priors),
+the faults, the noise; then the simulated run and its records."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from synapse.config import ConfigError, SynapseConfig, fixed_replicas
+from synapse.data import data_kwargs, dataset_info, train_samples
+from synapse.failover import build_controller
+from synapse.partitioning import (
+    DeviceFacts,
+    LayoutChoiceError,
+    ModelProfile,
+    Placement,
+    Schedule,
+    StagePlanner,
+    StepSpec,
+    candidate_counts,
+    choose_layout,
+    choose_microbatches,
+    even_counts,
+    layout_shapes,
+    load_profile_csv,
+    scale_to_micro_batch,
+)
+from synapse.planning import OPTIMIZER_STATE, configured_alphas, device_facts, profile_models, replicated
+from synapse.rundir import PARTITION, PLAN
+from synapse.simulation.engine import SimulatedRun, SimulationResult, SimulationSetup
+from synapse.simulation.faults import FaultRates, injected_faults, random_faults, trace_faults
+from synapse.simulation.noise import load_noise
+
+# Random faults are drawn up to this many times the fault-free run's predicted length (restarts and slow
+# steps lengthen a run; events after its end never act).
+HORIZON_FACTOR = 4.0
+
+
+def simulated_device_count(cfg: SynapseConfig) -> int:
+    devices = cfg.trainer.devices
+    count = len(devices) if isinstance(devices, (list, tuple)) else int(devices)
+    return count * cfg.trainer.nodes
+
+
+def accelerator_of(cfg: SynapseConfig) -> str:
+    """What is simulated: GPUs with trainer.accelerator=cuda, this machine's CPU ranks otherwise."""
+    return "cuda" if str(cfg.trainer.accelerator) == "cuda" else "cpu"
+
+
+class SimulatedPlanners:
+    """The run's planner for r replicas of m micro-batches, as ``synapse.planning`` builds it, on the
+    configured profiles (scaled linearly to each micro-batch, said once) or the cached ones."""
+
+    def __init__(self, cfg: SynapseConfig, log: Callable[[str], None]):
+        self.cfg, self.log = cfg, log
+        self._explicit: tuple[ModelProfile, ModelProfile] | None = None
+        if cfg.simulate.teacher_profile and cfg.simulate.student_profile:
+            self._explicit = (load_profile_csv(cfg.simulate.teacher_profile),
+                              load_profile_csv(cfg.simulate.student_profile))
+        self._info: Any = None
+        self._made: dict[tuple[int, int], StagePlanner] = {}
+        self._scaled_said = False
+
+    def facts(self) -> DeviceFacts:
+        cfg = self.cfg
+        if accelerator_of(cfg) == "cpu":
+            return device_facts(cfg.trainer, cfg.partition)
+        sim, part = cfg.simulate, cfg.partition
+        bandwidth = part.link_bandwidth_gbps * 1e9 if part.link_bandwidth_gbps else math.inf
+        across = part.node_link_bandwidth_gbps * 1e9 if part.node_link_bandwidth_gbps else bandwidth
+        per_node = sim.gpus_per_node
+        return DeviceFacts(lambda d: "cuda:simulated", lambda d: sim.gpu_memory_gb * 2**30, bandwidth,
+                           node_of=lambda d: d // per_node, cross_node_bandwidth_bytes_per_s=across)
+
+    def profiles(self, replicas: int, microbatches: int) -> tuple[ModelProfile, ModelProfile]:
+        micro = self.cfg.data.batch_size // (replicas * microbatches)
+        if self._explicit is None:
+            if self._info is None:
+                self._info = dataset_info(self.cfg.data.name, **data_kwargs(self.cfg.data, self.cfg.seed))
+            paths = profile_models(self.cfg, self._info, self.log, replicas * microbatches, replicas)
+            return load_profile_csv(paths.teacher), load_profile_csv(paths.student)
+        scaled = []
+        for profile in self._explicit:
+            if profile.micro_batch is not None and profile.micro_batch != micro:
+                if not self._scaled_said:
+                    self.log(f"simulate: profiles measured at micro-batch {profile.micro_batch} are scaled linearly "
+                             f"to {micro} (re-profile at that size where the prediction matters)")
+                    self._scaled_said = True
+                profile = scale_to_micro_batch(profile, micro)
+            scaled.append(profile)
+        return scaled[0], scaled[1]
+
+    def __call__(self, replicas: int, microbatches: int) -> StagePlanner:
+        if (replicas, microbatches) not in self._made:
+            teacher, student = self.profiles(replicas, microbatches)
+            step = StepSpec(microbatches, Schedule.parse(self.cfg.pipeline.schedule),
+                            optimizer_state_multiplier=OPTIMIZER_STATE[str(self.cfg.optim.name)])
+            self._made[replicas, microbatches] = StagePlanner(teacher, student, step, self.facts(), replicas=replicas)
+        return self._made[replicas, microbatches]
+
+
+def first_plan(cfg: SynapseConfig, planners: SimulatedPlanners, devices: list[int], log: Callable[[str], None]
+               ) -> tuple[Placement, int, StagePlanner]:
+    """The first placement, its micro-batch count and its planner: what ``synapse.planning.plan_run``
+    decides on real devices, decided here on simulated ones."""
+    batch, replicas = cfg.data.batch_size, fixed_replicas(cfg.trainer)
+    fixed_m = None if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches)
+    if replicas is None:  # trainer.replicas=auto: every R x K layout priced, the fastest taken
+        teacher, student = planners.profiles(1, fixed_m or 1)
+        shapes = [(r, k, m) for r, k, m in layout_shapes(len(devices), batch, min(len(teacher), len(student)),
+                                                         microbatches=fixed_m) if batch // (r * m) >= 2]
+        alphas = dict(zip(devices, configured_alphas(cfg.partition, len(devices))))
+        try:
+            chosen = choose_layout(planners, devices, batch, shapes, alphas).chosen
+        except LayoutChoiceError as exc:
+            raise ConfigError(f"trainer.replicas=auto: {exc}. Fix: set trainer.replicas and the partition") from None
+        log(f"simulate: trainer.replicas=auto chose {chosen.replicas} replica(s) x {chosen.stages} stage(s), "
+            f"{chosen.microbatches} micro-batches")
+        if chosen.placement is None:  # choose_layout picks only layouts that can run, each with its placement
+            raise ConfigError("trainer.replicas=auto: no layout can run. Fix: set trainer.replicas and the partition")
+        return chosen.placement, chosen.microbatches, planners(chosen.replicas, chosen.microbatches)
+    pipeline_devices = devices[:len(devices) // replicas]
+    if fixed_m is None:
+        candidates = candidate_counts(batch // replicas, len(pipeline_devices))
+        stage_alphas = configured_alphas(cfg.partition, len(devices), replicas)
+        fixed_m = choose_microbatches(lambda m: planners(replicas, m), candidates, pipeline_devices,
+                                      stage_alphas).microbatches
+    planner = planners(replicas, fixed_m)
+    if cfg.partition.mode == "auto":
+        plan = planner.full_plan(pipeline_devices, configured_alphas(cfg.partition, len(devices), replicas))
+        teacher_counts, student_counts = tuple(plan.teacher_counts), tuple(plan.student_counts)
+    elif cfg.partition.mode == "manual" and cfg.partition.teacher and cfg.partition.student:
+        teacher_counts, student_counts = tuple(cfg.partition.teacher), tuple(cfg.partition.student)
+    else:
+        k = len(pipeline_devices)
+        teacher_counts = tuple(even_counts(len(planner.teacher), k))
+        student_counts = tuple(even_counts(len(planner.student), k))
+    pipeline = Placement(tuple(pipeline_devices), teacher_counts, student_counts)
+    return replicated(pipeline, devices, replicas, cfg.trainer.replica_shares, batch, fixed_m), fixed_m, planner
+
+
+def total_steps_of(cfg: SynapseConfig) -> tuple[int, int | None]:
+    """The schedule's length and the steps of one epoch (None where the data set's size needs its files)."""
+    samples = train_samples(cfg.data)
+    per_epoch = samples // cfg.data.batch_size if samples else None
+    if cfg.trainer.max_steps is not None:
+        return int(cfg.trainer.max_steps), per_epoch
+    if per_epoch is None:
+        raise ConfigError(f"trainer.max_steps: data={cfg.data.name} tells its length only from its files, which a "
+                          f"simulation does not read. Fix: set trainer.max_steps")
+    return cfg.trainer.epochs * per_epoch, per_epoch
+
+
+def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Simulate the configured run in ``run_dir``; every input is checked before the first step."""
+    accelerator = accelerator_of(cfg)
+    devices = list(range(simulated_device_count(cfg)))
+    total, per_epoch = total_steps_of(cfg)
+    noise = load_noise(cfg.simulate.step_noise, accelerator)
+    spares = tuple(cfg.trainer.spare_devices)
+    traced = trace_faults(cfg.simulate.trace, [*devices, *spares]) if cfg.simulate.trace else []  # checked first
+    planners = SimulatedPlanners(cfg, log)
+    placement, microbatches, planner = first_plan(cfg, planners, devices, log)
+    faults = injected_faults(cfg.injection.fault_dicts(), placement.devices) + traced
+    sim = cfg.simulate
+    rates = FaultRates(sim.fail_slow_mtbf_h, sim.fail_slow_duration_s, sim.fail_slow_factor, sim.comm_fail_slow_mtbf_h,
+                       sim.comm_fail_slow_duration_s, sim.comm_fail_slow_factor, sim.fail_stop_mtbf_h)
+    if rates.any:
+        horizon = HORIZON_FACTOR * total * planner.layout_cost(placement).step_time_s + 3600.0
+        faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed)
+    controller = build_controller(cfg, planner, run_dir, log, first=placement)
+    restart = controller.restart_costs.estimate("restart")
+    setup = SimulationSetup(
+        planner=planner, placement=placement, microbatches=microbatches, total_steps=total,
+        batch_size=cfg.data.batch_size, faults=faults, noise=noise, seed=cfg.seed,
+        checkpoint_every=cfg.checkpoint.every, steps_per_epoch=per_epoch if cfg.checkpoint.at_epoch_end else None,
+        live_replan=str(cfg.failover.replan_mode) == "live", max_restarts=cfg.failover.max_restarts,
+        failure_detect_s=sim.failure_detect_s, first_launch_s=restart.launch_s + restart.warmup_s,
+        policy=str(cfg.policy.name), injection=cfg.injection.name)
+    PARTITION.path(run_dir).write_text(json.dumps(placement.to_dict(), indent=1))
+    PLAN.path(run_dir).write_text(json.dumps({"simulated": True, "microbatches": microbatches,
+                                              "placement": placement.to_dict(),
+                                              "predicted_step_s": planner.layout_cost(placement).step_time_s,
+                                              "profiles": {"teacher": planner.teacher.source,
+                                                           "student": planner.student.source},
+                                              "noise": {"source": noise.source, **noise.spread()},
+                                              "faults": [f.describe() for f in faults]}, indent=1, default=str))
+    log(f"simulate: {len(devices)} simulated {accelerator} device(s), {placement.replicas} replica(s) x "
+        f"{placement.num_stages} stage(s), {microbatches} micro-batches, {total} steps, {len(faults)} fault(s), "
+        f"policy {cfg.policy.name}")
+    result = SimulatedRun(setup, controller, run_dir, log).run()
+    decided = ", ".join(f"{d['action']}@{d['step']}" for d in result.decisions) or "none"
+    log(f"simulate: {result.steps}/{total} steps in {result.wall_time_s:.1f} simulated s "
+        f"({result.simulate_s:.1f} s to simulate), decisions {decided}")
+    return {"simulation": result_dict(result)}
+
+
+def result_dict(result: SimulationResult) -> dict[str, Any]:
+    return {**dataclasses.asdict(result), "goodput_images_per_gpu_hour": result.goodput_images_per_gpu_hour}

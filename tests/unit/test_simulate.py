@@ -1,0 +1,178 @@
+"""mode=simulate (issue #35): the real controller on simulated step timings, the real records.
+
+Every run here simulates ViT-L -> ResNet-152 on the shared block profiles (tests/data), GPUs that
+need not exist, a few hundred steps: under a second of simulation each.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from synapse.app import run
+from synapse.config import ConfigError
+from synapse.rundir import EVENTS, EXPERIMENT_SUMMARY, PERFORMANCE, read_events, read_jsonl
+from tests.conftest import compose_config
+
+PROFILES = Path(__file__).resolve().parents[1] / "data" / "synapse_profiles"
+SIMULATED = (
+    "mode=simulate",
+    "report=false",
+    "teacher=vit_large",
+    "student=resnet152",
+    "trainer.accelerator=cuda",
+    "trainer.devices=4",
+    "trainer.max_steps=300",
+    "injection=none",
+    f"simulate.teacher_profile={PROFILES / 'tnet_vit_large.csv'}",
+    f"simulate.student_profile={PROFILES / 'snet_resnet152.csv'}",
+)
+
+
+def simulate(run_dir: Path, *overrides: str) -> dict:
+    return run(compose_config([*SIMULATED, *overrides], run_dir), log=lambda line: None)["simulation"]
+
+
+def actions(run_dir: Path) -> list[dict]:
+    return [e for e in read_events(run_dir, "decision") if e["action"] != "keep"]
+
+
+def test_a_fault_free_simulated_run_makes_no_decision(tmp_path):
+    result = simulate(tmp_path)
+    assert result["completed"] and result["steps"] == 300
+    assert len(read_jsonl(PERFORMANCE.path(tmp_path))) == 300
+    assert not read_events(tmp_path, "slowdown_detected")
+    assert not actions(tmp_path) and result["decisions"] == []
+    assert json.loads(EXPERIMENT_SUMMARY.path(tmp_path).read_text())["segments"][0]["outcome"] == "finished"
+
+
+@pytest.mark.parametrize("policy", ["eta", "degrade"])
+def test_a_slowdown_injected_at_a_step_is_detected_and_acted_on(tmp_path, policy):
+    simulate(tmp_path, f"policy={policy}", "injection.faults=[{kind:slow_compute,rank:1,start:120,factor:4}]")
+    detected = read_events(tmp_path, "slowdown_detected")
+    assert detected and detected[0]["rank"] == 1 and detected[0]["onset_step"] == 120
+    acted = actions(tmp_path)
+    assert acted and 120 <= acted[0]["step"] <= 140, acted
+    summary = json.loads(EXPERIMENT_SUMMARY.path(tmp_path).read_text())
+    assert len(summary["segments"]) >= 2 and summary["restarts"][0]["recovery_s"] > 0
+
+
+def test_keep_rides_the_slowdown_out_and_takes_longer(tmp_path):
+    fault = "injection.faults=[{kind:slow_compute,rank:1,start:120,factor:4}]"
+    keep = simulate(tmp_path / "keep", "policy=keep", fault)
+    eta = simulate(tmp_path / "eta", "policy=eta", fault)
+    assert keep["decisions"] == [] and eta["decisions"]
+    assert eta["wall_time_s"] < keep["wall_time_s"]
+
+
+def test_the_same_seed_gives_the_same_records_and_another_seed_other_ones(tmp_path):
+    fault = "injection.faults=[{kind:slow_compute,rank:2,start:100,factor:3}]"
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        simulate(tmp_path / name, f"seed={seed}", fault)
+    files = {name: (PERFORMANCE.path(tmp_path / name).read_text(), EVENTS.path(tmp_path / name).read_text())
+             for name in "abc"}
+    assert files["a"] == files["b"]
+    assert files["a"][0] != files["c"][0]
+
+
+def test_a_killed_device_is_dropped_and_its_steps_since_the_checkpoint_redone(tmp_path):
+    result = simulate(tmp_path, "checkpoint.every=50", "checkpoint.at_epoch_end=false",
+                      "injection.faults=[{kind:kill,rank:3,step:130}]")
+    assert result["completed"] and result["steps"] == 300
+    assert read_events(tmp_path, "rank_dead")[0]["device"] == 3
+    restart = json.loads(EXPERIMENT_SUMMARY.path(tmp_path).read_text())["restarts"][0]
+    assert restart["trigger"] == "failure" and restart["resume_step"] == 100 and restart["action"] == "degrade"
+    records = read_jsonl(PERFORMANCE.path(tmp_path))
+    steps = [r["step"] for r in records]
+    assert steps.count(120) == 2 and steps.count(131) == 1 and 3 not in records[-1]["devices"]
+
+
+def test_replicas_run_on_a_mesh_and_a_slow_replica_is_acted_on(tmp_path):
+    result = simulate(tmp_path, "trainer.devices=8", "trainer.replicas=2", "policy=eta",
+                      "injection.faults=[{kind:slow_compute,rank:5,start:120,factor:4}]")
+    assert len(read_jsonl(PERFORMANCE.path(tmp_path))[0]["compute_s"]) == 8
+    assert result["decisions"] and result["completed"]
+
+
+def test_faults_from_a_trace_act_on_their_device_and_step(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("device,kind,start_step,end_step,factor\n2,slow_compute,150,,4\n")
+    simulate(tmp_path / "run", f"simulate.trace={trace}")
+    detected = read_events(tmp_path / "run", "slowdown_detected")
+    assert detected and detected[0]["device"] == 2 and detected[0]["onset_step"] == 150
+
+
+def test_random_fail_stops_from_rates_kill_devices(tmp_path):
+    result = simulate(tmp_path, "simulate.fail_stop_mtbf_h=0.05", "checkpoint.every=20", "trainer.devices=8",
+                      "failover.max_restarts=20")
+    assert read_events(tmp_path, "rank_dead"), "a device MTBF of 3 min over a run of hours kills devices"
+    assert result["restarts"] >= 1
+
+
+def test_the_report_builds_from_simulated_records(tmp_path):
+    from synapse.analysis import write_report
+
+    result = simulate(tmp_path, "injection.faults=[{kind:slow_compute,rank:1,start:120,factor:4}]")
+    report = Path(write_report(tmp_path, ("png",)))
+    action = result["decisions"][0]["action"]
+    assert report.is_file() and action.upper() in report.read_text()
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("trainer.replicas=3", "trainer.replicas"),
+    ("simulate.fail_stop_mtbf_h=-1", "simulate.fail_stop_mtbf_h"),
+    ("simulate.fail_slow_factor=0.5", "simulate.fail_slow_factor"),
+    ("trainer.devices=0", "trainer.devices"),
+    ("simulate.trace=/nonexistent.csv", "simulate.trace"),
+])
+def test_bad_input_is_refused_before_any_step_naming_the_key_and_a_fix(tmp_path, override, named):
+    with pytest.raises(ConfigError, match="Fix") as error:
+        simulate(tmp_path, override)
+    assert named in str(error.value)
+    assert not PERFORMANCE.path(tmp_path).exists()
+
+
+def test_a_trace_with_bad_columns_is_refused_naming_the_columns_it_needs(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("gpu,what,when\n1,slow,10\n")
+    with pytest.raises(ConfigError, match="start_s or start_step") as error:
+        simulate(tmp_path / "run", f"simulate.trace={trace}")
+    assert "gpu" in str(error.value)
+    assert not PERFORMANCE.path(tmp_path / "run").exists()
+
+
+def test_simulated_devices_need_not_exist_and_may_be_many(tmp_path):
+    result = simulate(tmp_path, "trainer.devices=256", "trainer.replicas=32", "trainer.max_steps=20",
+                      "pipeline.microbatches=2")
+    assert result["completed"] and len(read_jsonl(PERFORMANCE.path(tmp_path))[0]["compute_s"]) == 256
+
+
+def test_a_simulated_run_writes_only_files_the_run_directory_layout_declares(tmp_path):
+    from synapse.rundir import declared
+
+    simulate(tmp_path, "injection.faults=[{kind:kill,rank:3,step:130}]")
+    written = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and [p for p in written if declared(p) is None] == []
+
+
+@pytest.mark.slow
+def test_a_hydra_multirun_sweep_of_simulations_runs_every_job(tmp_path):
+    """``python train.py -m mode=simulate trainer.devices=8,16 policy=eta,keep`` (Hydra's basic launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    settings = [o for o in SIMULATED if not o.startswith(("mode=", "trainer.devices="))]
+    command = [sys.executable, "train.py", "-m", "mode=simulate", "trainer.devices=8,16", "policy=eta,keep",
+               *settings, "trainer.max_steps=120", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}",
+               "injection.faults=[{kind:slow_compute,rank:1,start:60,factor:4}]"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.name.isdigit())
+    assert len(jobs) == 4
+    summaries = [json.loads(EXPERIMENT_SUMMARY.path(job).read_text()) for job in jobs]
+    assert sorted(s["policy"] for s in summaries) == ["eta", "eta", "keep", "keep"]
+    assert sorted(len(read_jsonl(PERFORMANCE.path(job))[0]["compute_s"]) for job in jobs) == [8, 8, 16, 16]
