@@ -392,6 +392,10 @@ class FailoverConfig:
     drills: tuple[DrillConfig, ...] = ()
     # trainer.nodes > 1: a node whose agent has not beaten for this long is lost (its devices dropped)
     node_timeout_s: float = 10.0
+    # trainer.nodes > 1: node 0's launcher restarts a decider that died this many times (each under a new
+    # epoch, from the newest checkpoint); the agents wait this long for the new one before they give up
+    decider_restarts: int = 3
+    decider_grace_s: float = 120.0
 
 
 @dataclass(frozen=True)

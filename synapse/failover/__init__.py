@@ -3,7 +3,8 @@ the controller that turns step timings into KEEP / REPLAN / DEGRADE / REPLACE; e
 composed Hydra config; the run's summary and console; and the decider and agents across nodes.
 """
 from synapse.failover.controller import FailoverController
-from synapse.failover.decider import NodeDecider, run_across_nodes
+from synapse.failover.decider import NodeDecider
+from synapse.failover.keeper import DeciderJob, DeciderLostError, run_across_nodes
 from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
@@ -17,11 +18,18 @@ from synapse.failover.node_channel import (
 )
 from synapse.failover.progress import RunProgress, supervised_console
 from synapse.failover.run import build_controller, run_with_failover
-from synapse.failover.segments import compose_segment_config, merge_overrides, read_segment_overrides, read_segments
+from synapse.failover.segments import (
+    compose_segment_config,
+    merge_overrides,
+    read_segment_overrides,
+    read_segments,
+    user_overrides,
+)
 from synapse.failover.summary import print_failover_story
 from synapse.failover.supervisor import FailoverError
 
-__all__ = ["ExitOrder", "FailoverController", "FailoverError", "LaunchOrder", "NodeChannel", "NodeChannelError",
-           "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError", "RunProgress", "StopOrder", "Welcome",
-           "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover", "supervised_console"]
+__all__ = ["DeciderJob", "DeciderLostError", "ExitOrder", "FailoverController", "FailoverError", "LaunchOrder",
+           "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError",
+           "RunProgress", "StopOrder", "Welcome", "build_controller", "compose_segment_config", "merge_overrides",
+           "print_failover_story", "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover",
+           "supervised_console", "user_overrides"]

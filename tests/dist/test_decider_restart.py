@@ -1,0 +1,118 @@
+"""The decider across nodes survives its own death (issue #36, items 1 and 3's epoch fence).
+
+Two launchers on this machine act as 2 nodes x 2 CPU ranks. Node 0's launcher serves the run's
+store and runs the decider as a process of its own; the test SIGKILLs that process mid-run. The
+launcher starts a new decider under the next epoch, the agent of node 1 re-attaches to it instead
+of exiting, and the run finishes from its newest checkpoint with the weights an uninterrupted run
+learns. An order of the replaced decider's epoch, sealed with the run's key as that decider would
+write it, is refused and said by the agent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse.app import run
+from synapse.failover import ExitOrder, NodeChannel
+from synapse.launch import free_port
+from synapse.rundir import read_events, read_jsonl
+
+from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 8
+
+
+def start_nodes(run_dir: Path, teacher_file: Path, endpoint: str, *extra: str) -> list[subprocess.Popen]:
+    common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={run_dir.parent}/cache",
+              f"run_dir={run_dir}", f"trainer.max_steps={STEPS}", "trainer.devices=2", "trainer.nodes=2",
+              f"trainer.rdzv_endpoint={endpoint}", "report=false", "logger=none", *extra]
+    return [subprocess.Popen([sys.executable, "train.py", *common, f"trainer.node_rank={rank}"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for rank in (0, 1)]
+
+
+def last_step(run_dir: Path) -> int:
+    records = read_jsonl(run_dir / "performance.jsonl") if (run_dir / "performance.jsonl").is_file() else []
+    return max((r["step"] for r in records), default=0)
+
+
+def decider_epoch(run_dir: Path) -> dict:
+    path = run_dir / "failover" / "decider_epoch.json"
+    return json.loads(path.read_text()) if path.is_file() else {"epoch": 0, "pid": 0}
+
+
+def wait_for(condition, what: str, nodes: list[subprocess.Popen], timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert all(node.poll() is None for node in nodes), f"a node ended while waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, teacher_file):
+    """The single-device trainer on the same data, steps and micro-batches."""
+    run_dir = tmp_path_factory.mktemp("single_device")
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1",
+                                 f"trainer.max_steps={STEPS}"]), log=lambda m: None)
+    return final_student_state(run_dir)
+
+
+def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exactly(tmp_path, teacher_file,
+                                                                                    reference):
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2")
+    try:
+        wait_for(lambda: last_step(run_dir) >= 3, "step 3", nodes)
+        first = decider_epoch(run_dir)
+        assert first["epoch"] == 1 and first["pid"] not in (0, nodes[0].pid), \
+            "the decider is a process of its own, beside node 0's launcher"
+        os.kill(first["pid"], signal.SIGKILL)  # the decider alone; node 0's workers follow it out
+
+        events = run_dir / "failover_events.jsonl"
+        wait_for(lambda: read_events(events, "decider_reattached"), "node 1 to re-attach", nodes)
+        # The replaced decider's epoch, sealed with the run's key exactly as that decider wrote its orders,
+        # at the number node 1 reads after the new decider's launch order: were it followed, node 1 would
+        # leave the run with an error
+        [reattached] = read_events(events, "decider_reattached")
+        old = NodeChannel.connect(endpoint, node_rank=1, timeout_s=10, run_dir=run_dir)
+        old.join("nodes")
+        old.epoch = first["epoch"]
+        old.continue_orders(1, reattached["orders_seen"] + 1)
+        old.order(1, ExitOrder("forged: an order of the replaced decider"))
+
+        outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+
+    second = decider_epoch(run_dir)
+    assert second["epoch"] == 2 and second["pid"] != first["pid"]
+    assert [e["epoch"] for e in read_events(events, "decider_started")] == [1, 2]
+    [lost] = read_events(events, "decider_lost")
+    assert lost["epoch"] == 1 and lost["pid"] == first["pid"] and lost["exitcode"] == -signal.SIGKILL
+    assert reattached["node"] == 1 and reattached["epoch"] == 2 and reattached["previous_epoch"] == 1
+    assert "attached to the decider of epoch 2" in outputs[1], outputs[1][-3000:]
+
+    refused = [e for e in read_events(events, "stale_epoch_refused") if e["record"] == "order"]
+    assert refused and all(e["record_epoch"] == 1 and e["epoch"] == 2 and e["node"] == 1 for e in refused), refused
+    assert "(exit) of decider epoch 1: this node follows epoch 2" in outputs[1], outputs[1][-3000:]
+
+    from synapse.failover import read_segments
+    segments = read_segments(run_dir)
+    assert segments[-1].reason == "supervisor_restart" and segments[-1].outcome == "finished", segments
+    assert segments[-1].devices == [0, 1, 2, 3] and segments[-1].end_step == STEPS, \
+        "the new decider continues on the last segment's devices, from the newest checkpoint"
+    assert_identical_states(final_student_state(run_dir), reference)
