@@ -181,7 +181,9 @@ class NodeDecider:
                     ) -> SynapseConfig:
         return with_settings(segment_cfg, {**segment_node_settings(self.topology, devices, self.endpoint, node),
                                            # one rendezvous per segment, every node
-                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}"})
+                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}",
+                                           # its checkpoint commits carry it, refused once a newer decider exists
+                                           "trainer.decider_epoch": self.epoch})
 
     def _outcome(self, devices: list[int], nodes: list[int], local, watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}

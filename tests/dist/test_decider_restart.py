@@ -5,7 +5,8 @@ store and runs the decider as a process of its own; the test SIGKILLs that proce
 launcher starts a new decider under the next epoch, the agent of node 1 re-attaches to it instead
 of exiting, and the run finishes from its newest checkpoint with the weights an uninterrupted run
 learns. An order of the replaced decider's epoch, sealed with the run's key as that decider would
-write it, is refused and said by the agent.
+write it, is refused and said by the agent; the checkpoints' manifests show the epoch of the workers
+that committed them, and no two epochs' workers committed beside each other.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, fi
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 8
+STEPS = 12
 
 
 def start_nodes(run_dir: Path, teacher_file: Path, endpoint: str, *extra: str) -> list[subprocess.Popen]:
@@ -72,13 +73,15 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
     run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2")
     try:
-        wait_for(lambda: last_step(run_dir) >= 3, "step 3", nodes)
+        events = run_dir / "failover_events.jsonl"
+        # mid-run, once a checkpoint is committed: the new decider must continue from it, not start over
+        wait_for(lambda: events.is_file() and any(e["step"] >= 4 for e in read_events(events, "checkpoint_saved")),
+                 "the checkpoint of step 4", nodes, timeout_s=300)
         first = decider_epoch(run_dir)
         assert first["epoch"] == 1 and first["pid"] not in (0, nodes[0].pid), \
             "the decider is a process of its own, beside node 0's launcher"
         os.kill(first["pid"], signal.SIGKILL)  # the decider alone; node 0's workers follow it out
 
-        events = run_dir / "failover_events.jsonl"
         wait_for(lambda: read_events(events, "decider_reattached"), "node 1 to re-attach", nodes)
         # The replaced decider's epoch, sealed with the run's key exactly as that decider wrote its orders,
         # at the number node 1 reads after the new decider's launch order: were it followed, node 1 would
@@ -114,5 +117,18 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
     segments = read_segments(run_dir)
     assert segments[-1].reason == "supervisor_restart" and segments[-1].outcome == "finished", segments
     assert segments[-1].devices == [0, 1, 2, 3] and segments[-1].end_step == STEPS, \
-        "the new decider continues on the last segment's devices, from the newest checkpoint"
+        "the new decider continues on the last segment's devices"
+    assert segments[-1].start_step >= 4 and segments[-1].resume is not None, \
+        "from the newest checkpoint the killed decider's workers committed"
     assert_identical_states(final_student_state(run_dir), reference)
+
+    # No two writers committed: every checkpoint says the epoch of the workers that committed it; epoch 1's
+    # end at or before the step epoch 2 resumed from, epoch 2's all come after it
+    from synapse import checkpoint as ckpt
+    commits = sorted((ckpt.read_manifest(path)["step"], ckpt.read_manifest(path)["meta"]["epoch"])
+                     for path in (run_dir / "checkpoints").glob("step_*"))
+    resumed_at = segments[-1].start_step
+    assert {epoch for _, epoch in commits} <= {1, 2} and (STEPS, 2) in commits, commits
+    assert (resumed_at, 1) in commits and all(step <= resumed_at for step, epoch in commits if epoch == 1), \
+        (commits, resumed_at)
+    assert all(step > resumed_at for step, epoch in commits if epoch == 2), (commits, resumed_at)
