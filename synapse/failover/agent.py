@@ -182,7 +182,7 @@ class Agent:
                 announced = self.channel.decider()
                 if announced is not None and announced.state == "gone":
                     break  # the launcher gave up restarting it
-                if announced is not None and announced.epoch > old and announced.state in ("starting", "serving"):
+                if announced is not None and announced.epoch > old and announced.state == "starting":
                     break
                 if time.monotonic() > deadline:
                     announced = None

@@ -39,7 +39,7 @@ from synapse.config import FailoverConfig, TrainerConfig, resolve_devices
 from synapse.failover.agent import run_agent
 from synapse.failover.decider import NodeDecider
 from synapse.failover.epoch import next_epoch, record_decider
-from synapse.failover.node_channel import DeciderAnnouncement, NodeChannel
+from synapse.failover.node_channel import BEAT_S, DECIDER_KEY, DeciderAnnouncement, NodeChannel
 from synapse.rundir import LOG, EventLog, events_path, read_events
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -87,7 +87,7 @@ def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path
             record_decider(run_dir, epoch, process.pid or 0)
             events.append("decider_started", epoch=epoch, pid=process.pid, restarts=restarts)
             log(f"launcher: decider of epoch {epoch} started (pid {process.pid})")
-            result = _result_of(results)
+            result = _result_of(results, channel)
             process.join()
             forward.pid = None
             if result is not None:
@@ -111,9 +111,14 @@ def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path
                 f"failover.decider_restarts={failover.decider_restarts})")
 
 
-def _result_of(results) -> tuple[str, Any] | None:
-    """What the decider handed back, or None if it died first (the pipe ended without a result)."""
+def _result_of(results, channel: NodeChannel) -> tuple[str, Any] | None:
+    """What the decider handed back, or None if it died first (the pipe ended without a result). Meanwhile
+    the announcement is put back whenever someone else overwrote it: the agents must find it when it
+    matters (a value not sealed with the run's key is refused by them, but it would hide this one)."""
     try:
+        while not results.poll(BEAT_S):
+            with contextlib.suppress(RuntimeError, OSError):
+                channel.announcements.keep(DECIDER_KEY)
         return results.recv()
     except (EOFError, OSError):
         return None
@@ -172,7 +177,6 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
         error: BaseException | None = None
         try:
             decider.meet_agents(resolve_devices(trainer))
-            channel.announce_decider(DeciderAnnouncement(epoch, "serving", os.getpid()))
             summary = job(decider, restarted)
         except BaseException as exc:
             error = exc

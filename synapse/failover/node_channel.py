@@ -5,7 +5,7 @@ It runs over the network the job already has: a ``TCPStore`` that the decider ho
 same store, under a run id per segment). Every message is one typed record, JSON under its own key:
 
 * the decider's announcement, put by node 0's launcher (``DeciderAnnouncement``): the epoch of the
-  decider that speaks for the run now (``epoch.py``), and whether it is starting, serving, or lost.
+  decider that speaks for the run now (``epoch.py``), and whether it runs, was lost, or is gone.
 * ``NodeHello``  agent -> decider, once per epoch: who I am (node_rank, nodes, devices, a fresh
   nonce, the epoch it attaches to and how many orders it has read); answered by a ``Welcome`` (ok,
   or the mismatch that stops both sides) that echoes the nonce and carries the epoch.
@@ -139,7 +139,9 @@ class DeciderAnnouncement:
     """Put by node 0's launcher: which decider epoch speaks for the run, and in what state."""
 
     epoch: int
-    state: str  # starting | serving | lost (it died; the launcher restarts it under the next epoch) | gone
+    # starting (the decider of this epoch runs or is about to) | lost (it died; the launcher restarts it under
+    # the next epoch) | gone (the run is over, or the launcher gave up restarting). Only the launcher writes it.
+    state: str
     pid: int = 0
 
 
@@ -227,7 +229,7 @@ class NodeChannel:
         deadline = time.monotonic() + timeout_s
         while True:
             announced = self.decider()
-            if announced is not None and announced.epoch > newer_than and announced.state in ("starting", "serving"):
+            if announced is not None and announced.epoch > newer_than and announced.state == "starting":
                 return announced
             if time.monotonic() >= deadline:
                 return None
