@@ -177,34 +177,33 @@ class Agent:
         old, deadline = self.epoch, time.monotonic() + self.grace_s
         self.log(f"agent: node {self.node}: the decider of epoch {old} was lost; waiting up to "
                  f"failover.decider_grace_s={self.grace_s:g} s for the next one")
+        target, nonce, welcome = old, "", None
         try:
-            while True:
-                announced = self.channel.decider()
-                if announced is not None and announced.state == "gone":
-                    break  # the launcher gave up restarting it
-                if announced is not None and announced.epoch > old and announced.state == "starting":
-                    break
+            while welcome is None:
                 if time.monotonic() > deadline:
-                    announced = None
-                    break
-                time.sleep(POLL_S * 4)
-            if announced is None or announced.state == "gone" or self.hello is None:
-                raise DeciderLost(decider_lost_message(self.node, self.run_dir))
-            nonce = secrets.token_hex(8)
-            self.channel.join(MEETING)
-            self.channel.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=announced.epoch,
-                                                       orders_seen=self.orders_seen), claim_nonce=self.hello.nonce)
-            welcome = self.channel.wait_welcome(self.node, max(1.0, deadline - time.monotonic()), nonce)
+                    raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+                announced = self.channel.decider()
+                if announced is not None and announced.state == "gone":  # the launcher gave up restarting it
+                    raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+                if announced is not None and announced.epoch > target and announced.state == "starting" \
+                        and self.hello is not None:
+                    # a newer decider (also when the one this agent said hello to died before its welcome)
+                    target, nonce = announced.epoch, secrets.token_hex(8)
+                    self.channel.join(MEETING)
+                    self.channel.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=target,
+                                                               orders_seen=self.orders_seen),
+                                           claim_nonce=self.hello.nonce)
+                if target > old:
+                    welcome = self.channel.wait_welcome(self.node, 1.0, nonce)
+                else:
+                    time.sleep(POLL_S * 4)
         except (RuntimeError, OSError) as exc:  # the store is gone: node 0 itself was lost
+            self.decider_lost.set()
             if isinstance(exc, DeciderLost):
                 raise
-            self.decider_lost.set()
             raise DeciderLost(decider_lost_message(self.node, self.run_dir)) from exc
-        if welcome is None:
-            self.decider_lost.set()
-            raise DeciderLost(decider_lost_message(self.node, self.run_dir))
         if welcome.error:
-            raise NodeSetupError(f"node_rank {self.node}: the decider of epoch {announced.epoch} refused this node: "
+            raise NodeSetupError(f"node_rank {self.node}: the decider of epoch {target} refused this node: "
                                  f"{welcome.error}")
         self.channel.join(welcome.instance)
         self.channel.epoch = self._beats.epoch = self.epoch = welcome.epoch

@@ -16,7 +16,8 @@ decider (the agents and the next decider meet there), and the process that serve
 that sees the decider die at once (its child's exit) without any timeout to tune; a standby would
 need a store of its own that every node finds, which TCPStore cannot give. What it does not cover:
 node 0 itself lost (the store goes with it: the agents stop and say to rerun with ``resume=auto``),
-and a decider that hangs without dying (nothing watches its progress yet).
+and a decider whose interpreter runs but whose main thread is stuck (its beat thread still beats;
+a decider frozen whole, as by SIGSTOP, stops beating and is killed and restarted: ``DeciderWatch``).
 
 A decider that ends with an error (no device left, a bad config) is not restarted: a restart would
 fail the same way. Only a death is: the process ended without handing back a result.
@@ -31,6 +32,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,15 +82,19 @@ def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path
             channel.epoch = epoch
             channel.announce_decider(DeciderAnnouncement(epoch, "starting"))
             results, result_end = spawn.Pipe(duplex=False)
+            beats = spawn.Value("Q", 0, lock=False)  # the decider's beat count (one writer: its beat thread)
             process = spawn.Process(target=serve_as_decider, name=f"synapse-decider-epoch{epoch}",
-                                    args=(job, trainer, failover, Path(run_dir), epoch, restarts > 0, result_end))
+                                    args=(job, trainer, failover, Path(run_dir), epoch, restarts > 0, result_end,
+                                          beats))
             process.start()
             result_end.close()  # the child's end only: its death reads as the end of the pipe here
             forward.pid = process.pid
             record_decider(run_dir, epoch, process.pid or 0)
             events.append("decider_started", epoch=epoch, pid=process.pid, restarts=restarts)
             log(f"launcher: decider of epoch {epoch} started (pid {process.pid})")
-            result = _result_of(results, channel)
+            watch = DeciderWatch(process, beats, float(failover.node_timeout_s), epoch, events, log,
+                                 start_s=float(trainer.rdzv_timeout_s))
+            result = _result_of(results, channel, watch)
             process.join()
             forward.pid = None
             if result is not None:
@@ -111,7 +118,36 @@ def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path
                 f"failover.decider_restarts={failover.decider_restarts})")
 
 
-def _result_of(results, channel: NodeChannel) -> tuple[str, Any] | None:
+class DeciderWatch:
+    """A decider that stops beating for ``failover.node_timeout_s`` (frozen: SIGSTOP, a machine that swaps,
+    a deadlock of the whole interpreter) is killed, so that it counts as dead and is restarted; a frozen
+    decider would otherwise hold the run forever, and could wake to steer it beside its successor."""
+
+    def __init__(self, process, beats, timeout_s: float, epoch: int, events: EventLog, log: Callable[[str], None],
+                 start_s: float = 60.0):
+        self.process, self.beats, self.timeout_s, self.epoch, self.events, self.log = \
+            process, beats, timeout_s, epoch, events, log
+        # Its first beat comes only once a fresh interpreter has imported torch and the run's code (seconds
+        # to tens of seconds on a loaded machine): until then it has trainer.rdzv_timeout_s more
+        self.seen, self.since, self.start_s = beats.value, time.monotonic(), start_s
+
+    def check(self) -> None:
+        now, count = time.monotonic(), self.beats.value
+        allowed = self.timeout_s if count else self.timeout_s + self.start_s
+        if count != self.seen:
+            self.seen, self.since = count, now
+        elif now - self.since > allowed and self.process.is_alive():
+            self.log(f"launcher: the decider of epoch {self.epoch} (pid {self.process.pid}) has not beaten for "
+                     f"{now - self.since:.1f} s (failover.node_timeout_s={self.timeout_s:g}); killing it so that a "
+                     f"new one takes over")
+            self.events.append("decider_hung", epoch=self.epoch, pid=self.process.pid,
+                               silent_s=round(now - self.since, 2))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
+            self.since = float("inf")  # killed once; its end reads as a death
+
+
+def _result_of(results, channel: NodeChannel, watch: DeciderWatch) -> tuple[str, Any] | None:
     """What the decider handed back, or None if it died first (the pipe ended without a result). Meanwhile
     the announcement is put back whenever someone else overwrote it: the agents must find it when it
     matters (a value not sealed with the run's key is refused by them, but it would hide this one)."""
@@ -119,6 +155,7 @@ def _result_of(results, channel: NodeChannel) -> tuple[str, Any] | None:
         while not results.poll(BEAT_S):
             with contextlib.suppress(RuntimeError, OSError):
                 channel.announcements.keep(DECIDER_KEY)
+            watch.check()
         return results.recv()
     except (EOFError, OSError):
         return None
@@ -162,10 +199,12 @@ def _forwarded_signals() -> Iterator[_Forward]:
 
 # ------------------------------------------------------------------------------------------ the decider's process
 def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, epoch: int,
-                     restarted: bool, results) -> None:
+                     restarted: bool, results, beats=None) -> None:
     """The decider's process: meet the agents under ``epoch``, run the job, release the agents, hand back
     the summary (or the error) to the launcher."""
     _die_with_the_launcher()
+    if beats is not None:
+        threading.Thread(target=_beat, args=(beats,), name="synapse-decider-beat", daemon=True).start()
     log = _decider_log(run_dir)
     try:
         channel = NodeChannel.attach(str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s), run_dir, log)
@@ -198,6 +237,13 @@ def _portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:  # noqa: BLE001  (any pickling failure)
         return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _beat(beats) -> None:
+    """The decider's sign of life to its launcher: a count in shared memory, every ``BEAT_S``."""
+    while True:
+        beats.value += 1
+        time.sleep(BEAT_S)
 
 
 def _die_with_the_launcher() -> None:

@@ -55,7 +55,9 @@ def wait_for(condition, what: str, nodes: list[subprocess.Popen], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        assert all(node.poll() is None for node in nodes), f"a node ended while waiting for {what}"
+        ended = [node for node in nodes if node.poll() is not None]
+        assert not ended, f"node {nodes.index(ended[0])} ended while waiting for {what}:\n" + \
+            ended[0].communicate()[0][-4000:]
         time.sleep(0.05)
 
 
@@ -68,10 +70,19 @@ def reference(tmp_path_factory, teacher_file):
     return final_student_state(run_dir)
 
 
+# Frozen (SIGSTOP): node 0's launcher kills the decider once it has not beaten for failover.node_timeout_s;
+# meanwhile its workers train on, so they are slowed (a fault that changes no number; policy=keep acts on
+# no slowdown) lest they finish the run before the decider is found frozen.
+FROZEN = ("failover.node_timeout_s=3", "policy=keep",
+          "injection.faults=[{kind:slow_compute,rank:0,start:1,seconds:0.4}]")
+
+
+@pytest.mark.parametrize("end", [pytest.param(signal.SIGKILL, id="killed"), pytest.param(signal.SIGSTOP, id="frozen")])
 def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exactly(tmp_path, teacher_file,
-                                                                                    reference):
+                                                                                    reference, end):
     run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
-    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2")
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2",
+                        *(FROZEN if end == signal.SIGSTOP else ()))
     try:
         events = run_dir / "failover_events.jsonl"
         # mid-run, once a checkpoint is committed: the new decider must continue from it, not start over
@@ -80,7 +91,7 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
         first = decider_epoch(run_dir)
         assert first["epoch"] == 1 and first["pid"] not in (0, nodes[0].pid), \
             "the decider is a process of its own, beside node 0's launcher"
-        os.kill(first["pid"], signal.SIGKILL)  # the decider alone; node 0's workers follow it out
+        os.kill(first["pid"], end)  # the decider alone; node 0's workers follow it out once it is dead
 
         wait_for(lambda: read_events(events, "decider_reattached"), "node 1 to re-attach", nodes)
         # The replaced decider's epoch, sealed with the run's key exactly as that decider wrote its orders,
@@ -106,6 +117,8 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
     assert [e["epoch"] for e in read_events(events, "decider_started")] == [1, 2]
     [lost] = read_events(events, "decider_lost")
     assert lost["epoch"] == 1 and lost["pid"] == first["pid"] and lost["exitcode"] == -signal.SIGKILL
+    hung = read_events(events, "decider_hung")
+    assert [(e["epoch"], e["pid"]) for e in hung] == ([(1, first["pid"])] if end == signal.SIGSTOP else []), hung
     assert reattached["node"] == 1 and reattached["epoch"] == 2 and reattached["previous_epoch"] == 1
     assert "attached to the decider of epoch 2" in outputs[1], outputs[1][-3000:]
 
