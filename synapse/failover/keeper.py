@@ -93,7 +93,7 @@ def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path
             events.append("decider_started", epoch=epoch, pid=process.pid, restarts=restarts)
             log(f"launcher: decider of epoch {epoch} started (pid {process.pid})")
             watch = DeciderWatch(process, beats, float(failover.node_timeout_s), epoch, events, log,
-                                 start_s=float(trainer.rdzv_timeout_s))
+                                 start_s=float(failover.decider_grace_s))
             result = _result_of(results, channel, watch)
             process.join()
             forward.pid = None
@@ -128,7 +128,8 @@ class DeciderWatch:
         self.process, self.beats, self.timeout_s, self.epoch, self.events, self.log = \
             process, beats, timeout_s, epoch, events, log
         # Its first beat comes only once a fresh interpreter has imported torch and the run's code (seconds
-        # to tens of seconds on a loaded machine): until then it has trainer.rdzv_timeout_s more
+        # to tens of seconds on a loaded machine): until then it has failover.decider_grace_s more, as long
+        # as the agents wait for a new decider (one that has not started by then is of no use to them)
         self.seen, self.since, self.start_s = beats.value, time.monotonic(), start_s
 
     def check(self) -> None:
