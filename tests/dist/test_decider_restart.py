@@ -145,3 +145,28 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
     assert (resumed_at, 1) in commits and all(step <= resumed_at for step, epoch in commits if epoch == 1), \
         (commits, resumed_at)
     assert all(step > resumed_at for step, epoch in commits if epoch == 2), (commits, resumed_at)
+
+
+def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_with_a_checkpoint(tmp_path,
+                                                                                                teacher_file):
+    """The launcher passes SIGTERM (and SIGHUP) on to its decider: the run stops after the step in flight with
+    a checkpoint, as on one node, instead of the launcher dying and taking the store from under the run."""
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=100", "failover.node_timeout_s=3",
+                        "injection.faults=[{kind:slow_compute,rank:0,start:1,seconds:0.4}]", "policy=keep")
+    try:
+        wait_for(lambda: last_step(run_dir) >= 2, "step 2", nodes)
+        nodes[0].send_signal(signal.SIGTERM)  # the launcher's pid alone, as a scheduler's preemption might
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert nodes[0].returncode == 1 and "interrupted by SIGTERM" in outputs[0], outputs[0][-3000:]
+    assert "resume=auto" in outputs[0]
+    assert nodes[1].returncode != 0 and "the run ended on node 0 with an error: RunInterrupted" in outputs[1], \
+        outputs[1][-3000:]
+    from synapse import checkpoint as ckpt
+    saved = ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
+    assert saved is not None and 2 <= saved.step < STEPS, "a checkpoint of the step the run stopped after"
+    assert not read_events(run_dir / "failover_events.jsonl", "decider_lost"), "an interrupt is not a death"
