@@ -1,12 +1,13 @@
 """The decider's side of a run across nodes: meet the agents, launch each segment on every node
 that holds some of its devices, watch the agents, and turn what each node saw into one failure.
 
-Node 0's supervisor is the decider: it owns the controller, the segment history and the composed
-segment configs, exactly as on one node; its ``launch`` is a ``NodeDecider`` instead of
+Node 0's supervisor is the decider, in a process of its own beside the store (``keeper.py``): it
+owns the controller, the segment history and the composed segment configs, exactly as on one node,
+and runs node 0's workers; its ``launch`` is a ``NodeDecider`` instead of
 ``launch_pipeline``. A segment's placement lists run-wide device ids (``partitioning/topology.py``);
 each node gets the segment config with its own local devices and its place among the segment's
-nodes, and starts its workers with the same elastic launcher. The decider hosts the run's store
-(``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
+nodes, and starts its workers with the same elastic launcher. Node 0's launcher hosts the run's
+store (``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
 
 How a segment across nodes ends:
 * every node's workers finished (or stopped on a request): the last rank's summary.

@@ -1,6 +1,6 @@
 """The channel between the decider (node 0's supervisor) and the agents of the other nodes.
 
-It runs over the network the job already has: a ``TCPStore`` that the decider hosts at
+It runs over the network the job already has: a ``TCPStore`` that node 0's launcher hosts at
 ``trainer.rdzv_endpoint`` for the whole run (the workers' c10d rendezvous of every segment uses the
 same store, under a run id per segment). Every message is one typed record, JSON under its own key:
 
