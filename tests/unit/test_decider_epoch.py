@@ -1,4 +1,5 @@
-"""The decider's epoch across nodes (issue #36): raised durably, and a fence on checkpoint commits.
+"""The decider's epoch across nodes (issue #36): raised durably, carried by the orders on the run's
+store, announced by node 0's launcher, and a fence on checkpoint commits.
 
 Real files in a real run directory: the epoch file node 0's launcher raises before each decider,
 and the commit of workers whose decider a newer one replaced, refused before anything is renamed
@@ -7,13 +8,18 @@ into place (``tests/dist/test_decider_restart.py`` shows the whole scenario with
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed import TCPStore
 
 from synapse import checkpoint as ckpt
+from synapse.failover import ExitOrder, LaunchOrder, NodeChannel, NodeHello
 from synapse.failover.epoch import EpochFileError, next_epoch, read_epoch, record_decider
+from synapse.failover.node_channel import DECIDER_KEY, RUN_SCOPE, DeciderAnnouncement
+from synapse.launch import free_port
 
 
 def write_checkpoint(root: Path, step: int, epoch: int) -> Path:
@@ -59,3 +65,57 @@ def test_a_commit_of_a_replaced_decider_s_workers_is_refused_and_leaves_nothing(
 def test_one_node_runs_have_no_epoch_and_no_fence(tmp_path):
     root = tmp_path / "checkpoints"
     assert ckpt.read_manifest(write_checkpoint(root, 2, epoch=0))["step"] == 2
+
+
+def test_a_restarted_decider_numbers_its_orders_on_and_an_older_epoch_s_order_reads_as_older(tmp_path):
+    """On a real TCPStore: node 0's launcher serves the store and announces each decider; an agent says
+    hello again to the second with the orders it has read, which the second numbers on from; the first,
+    replaced, still writes under the same number, and the agent can tell its order by its epoch."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    launcher = NodeChannel.host(endpoint, timeout_s=10, run_dir=tmp_path)
+    launcher.announce_decider(DeciderAnnouncement(1, "starting"))
+    agent = NodeChannel.connect(endpoint, node_rank=1, timeout_s=10, run_dir=tmp_path)
+    assert agent.wait_decider(1).epoch == 1
+
+    first = NodeChannel.attach(endpoint, timeout_s=10, run_dir=tmp_path)
+    first.epoch = 1
+    agent.say_hello(NodeHello(1, 2, [0, 1], "host-b", 1, "claim", epoch=1))
+    assert first.hellos()[1].epoch == 1
+    first.join(RUN_SCOPE)
+    agent.join(RUN_SCOPE)
+    agent.epoch = 1
+    launch = LaunchOrder(0, "trainer: {}\n", {"devices": [0, 1], "teacher": [1, 1], "student": [1, 1]}, 4, None,
+                         "/w/teacher.pt", store_hosted=True)
+    first.order(1, launch)
+    assert agent.next_order(1, 0, timeout_s=1).epoch == 1
+
+    launcher.announce_decider(DeciderAnnouncement(1, "lost"))
+    assert agent.decider().state == "lost"
+    launcher.announce_decider(DeciderAnnouncement(2, "starting"))
+    assert agent.wait_decider(1, newer_than=1).epoch == 2
+    agent.join("nodes meeting")
+    agent.say_hello(NodeHello(1, 2, [0, 1], "host-b", 1, "second hello", epoch=2, orders_seen=1), claim_nonce="claim")
+    second = NodeChannel.attach(endpoint, timeout_s=10, run_dir=tmp_path)
+    second.epoch = 2
+    hello = second.hellos()[1]
+    assert (hello.epoch, hello.orders_seen) == (2, 1), "the node_rank is still this agent's claim"
+    second.continue_orders(1, hello.orders_seen)
+    second.join(RUN_SCOPE)
+    agent.join(RUN_SCOPE)
+
+    first.order(1, ExitOrder("the replaced decider"))  # number 1, as the replaced decider counts
+    stale = agent.next_order(1, 1, timeout_s=1)
+    assert isinstance(stale, ExitOrder) and stale.epoch == 1, "opens (one run, one key) but says its epoch"
+    second.order(1, ExitOrder())  # number 1 again: the current decider's
+    current = agent.next_order(1, 1, timeout_s=1)
+    assert isinstance(current, ExitOrder) and current.epoch == 2 and current.error is None
+
+
+def test_an_announcement_the_launcher_did_not_seal_is_refused(tmp_path):
+    port = free_port()
+    launcher = NodeChannel.host(f"127.0.0.1:{port}", timeout_s=10, run_dir=tmp_path)
+    TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)).set(
+        DECIDER_KEY, json.dumps({"epoch": 99, "state": "lost"}))
+    assert launcher.decider() is None, "a forged 'lost' is no announcement"
+    refused = [json.loads(line) for line in (tmp_path / "failover_events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "store_record_refused" and e["key"] == DECIDER_KEY for e in refused)
