@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,10 +37,18 @@ from synapse.config import (
     run_topology,
     typed_config,
     validate,
+    with_settings,
 )
 from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
-from synapse.failover import NodeDecider, print_failover_story, run_across_nodes, run_with_failover, supervised_console
+from synapse.failover import (
+    NodeDecider,
+    print_failover_story,
+    run_across_nodes,
+    run_with_failover,
+    supervised_console,
+    user_overrides,
+)
 from synapse.launch import DISK_FULL, RunInterrupted, launch_pipeline, newest_checkpoint
 from synapse.partitioning import StagePlanner
 from synapse.pipeline import LaunchTask
@@ -127,9 +136,25 @@ def run_pipeline(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     """Pipelined KD over K devices: plan the partition here, then launch the K workers. Across nodes
     with failover, node 0 does this as the decider and every other node runs an agent."""
     if cfg.failover.enabled and cfg.trainer.nodes > 1:
+        # node 0's decider runs in a process of its own (failover/keeper.py), so the overrides are read here
         return run_across_nodes(cfg.trainer, cfg.failover, run_dir, log,
-                                lambda nodes: _plan_and_run(cfg, run_dir, log, overrides, nodes))
+                                DeciderJob(cfg, run_dir, user_overrides(overrides)))
     return _plan_and_run(cfg, run_dir, log, overrides)
+
+
+@dataclass(frozen=True)
+class DeciderJob:
+    """What node 0's decider runs, in its own process: plan and run the segments. A decider restarted
+    after the one before it died continues the run from the run directory, as ``resume=auto`` does
+    (segment history, controller state, newest checkpoint)."""
+
+    cfg: SynapseConfig
+    run_dir: Path
+    overrides: list[str] | None
+
+    def __call__(self, nodes: NodeDecider, restarted: bool) -> dict[str, Any]:
+        cfg = with_settings(self.cfg, {"resume": "auto"}) if restarted else self.cfg
+        return _plan_and_run(cfg, self.run_dir, logging.getLogger("synapse").info, self.overrides, nodes)
 
 
 def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None = None,

@@ -20,6 +20,7 @@ from synapse.checkpoint.layout import (
     IncompatibleCheckpointError,
     NoIntactCheckpointError,
     NonFiniteCheckpointError,
+    StaleEpochCommitError,
     UnsafeCheckpointError,
     list_checkpoints,
     sha256_of,
@@ -54,7 +55,8 @@ from synapse.checkpoint.write import (
 
 __all__ = ["CheckpointError", "CheckpointRef", "CheckpointWriteError", "FORMAT_VERSION", "ForeignCheckpointError",
            "IncompatibleCheckpointError", "ListedCheckpoint", "MANIFEST", "NoIntactCheckpointError",
-           "NonFiniteCheckpointError", "READABLE_VERSIONS", "RUN_FILE", "STATE_FILE", "UnsafeCheckpointError",
+           "NonFiniteCheckpointError", "READABLE_VERSIONS", "RUN_FILE", "STATE_FILE", "StaleEpochCommitError",
+           "UnsafeCheckpointError",
            "begin_checkpoint", "check_format_version", "check_resumable", "check_run_checkpoints",
            "check_run_dir_checkpoints", "commit_checkpoint", "dcp_store", "first_nonfinite", "latest_valid_checkpoint",
            "list_checkpoints", "load_file", "load_run_state", "load_student_state", "load_training_state",

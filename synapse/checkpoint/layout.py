@@ -71,6 +71,10 @@ class CheckpointWriteError(OSError):
     """
 
 
+class StaleEpochCommitError(CheckpointError):
+    """A checkpoint written by workers of a decider epoch that a newer decider has replaced: not committed."""
+
+
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file holding objects other than tensors and plain containers (possibly code): never loaded."""
 

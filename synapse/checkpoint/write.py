@@ -37,12 +37,13 @@ from synapse.checkpoint.layout import (
     CheckpointError,
     CheckpointWriteError,
     NonFiniteCheckpointError,
+    StaleEpochCommitError,
     list_checkpoints,
     sha256_of,
     step_dir_name,
 )
 from synapse.checkpoint.read import ordered_checkpoints, verify_checkpoint
-from synapse.rundir import CHECKPOINT_SET_ASIDE, CHECKPOINT_STAGING, CHECKPOINTS
+from synapse.rundir import CHECKPOINT_SET_ASIDE, CHECKPOINT_STAGING, CHECKPOINTS, DECIDER_EPOCH
 
 
 def _fsync_dir(path: Path) -> None:
@@ -202,8 +203,37 @@ def run_identity(root: Path) -> str:
     return run
 
 
+def current_decider_epoch(root: Path) -> int:
+    """The newest decider epoch of the run whose checkpoints are in ``root`` (0: none, one node)."""
+    try:
+        return int(json.loads(DECIDER_EPOCH.path(Path(root).parent).read_text())["epoch"])
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, KeyError, TypeError):
+        # unreadable: the fence cannot say no; the decider's own start refuses such a file, naming the fix
+        return 0
+
+
+def refuse_stale_commit(tmp: Path, step: int, epoch: int) -> None:
+    """Across nodes, workers of a replaced decider (one still training after a newer decider took the
+    run over) must not commit beside the new workers: raise ``StaleEpochCommitError`` if a decider of a
+    newer epoch than ``epoch`` exists, removing what they wrote. Checked just before the rename; a
+    decider is raised only after the launcher has seen the old one dead and told every agent to tear its
+    workers down, so the window between this check and the rename is never open in practice."""
+    newest = current_decider_epoch(tmp.parent)
+    if epoch and newest > epoch:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StaleEpochCommitError(
+            f"checkpoint of step {step} not committed: these workers belong to decider epoch {epoch}, and a decider "
+            f"of epoch {newest} has taken the run over ({DECIDER_EPOCH.path(tmp.parent.parent)}); only its workers "
+            f"commit. Nothing to fix: these workers are stale and stop here")
+
+
 def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
-    """Checksum every file, write the manifest, and atomically move the directory into place."""
+    """Checksum every file, write the manifest, and atomically move the directory into place (refused for
+    workers of a replaced decider epoch, ``meta["epoch"]``)."""
+    epoch = int((meta or {}).get("epoch") or 0)
+    refuse_stale_commit(tmp, step, epoch)
     files = {p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
              for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}
     # The layout says the version: DCP storage is 2, torch.save shards (tests, older writers) are 1.
@@ -219,6 +249,7 @@ def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) 
     except OSError as exc:
         _remove_quietly(tmp / MANIFEST)
         raise write_error(tmp / MANIFEST, exc) from exc
+    refuse_stale_commit(tmp, step, epoch)  # again, as close to the rename as it can be
     final = tmp.parent / step_dir_name(step)
     if final.exists():
         # The same step saved again (e.g. right after a resume). A verified copy holds the same

@@ -241,6 +241,10 @@ class TrainerConfig:
     node_devices: tuple[tuple[int, ...], ...] | None = None
     rdzv_endpoint: str | None = None  # host:port of the c10d store for nodes > 1 (default: a free local port)
     rdzv_id: str | None = None  # the same string on every node of one run (default: derived from run_dir)
+    # Not a setting: across nodes the decider sets it on each segment's config, the epoch of the decider whose
+    # workers these are (failover/epoch.py); their checkpoint commits carry it and are refused once a newer
+    # decider exists. 0: no decider across nodes (no fence)
+    decider_epoch: int = 0
     collective_timeout_s: float = 120.0  # a hung peer fails the launch after this, never a silent hang
     rdzv_timeout_s: int = 60
     epochs: int = 6
@@ -407,6 +411,10 @@ class FailoverConfig:
     drills: tuple[DrillConfig, ...] = ()
     # trainer.nodes > 1: a node whose agent has not beaten for this long is lost (its devices dropped)
     node_timeout_s: float = 10.0
+    # trainer.nodes > 1: node 0's launcher restarts a decider that died this many times (each under a new
+    # epoch, from the newest checkpoint); the agents wait this long for the new one before they give up
+    decider_restarts: int = 3
+    decider_grace_s: float = 120.0
 
 
 @dataclass(frozen=True)

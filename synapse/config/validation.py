@@ -216,6 +216,9 @@ def validate_failover(cfg: DictConfig) -> None:
     positive("failover.max_restarts", failover.max_restarts, allow_zero=True)
     positive("failover.decide_every", failover.decide_every)
     positive("failover.node_timeout_s", failover.node_timeout_s)
+    positive("failover.decider_restarts", failover.decider_restarts, allow_zero=True)
+    positive("failover.decider_grace_s", failover.decider_grace_s)
+    positive("trainer.decider_epoch", cfg.trainer.decider_epoch, allow_zero=True)
     if cfg.trainer.nodes > 1 and list(cfg.trainer.spare_devices):
         fail("trainer.spare_devices", f"spares are not supported across nodes yet (trainer.nodes={cfg.trainer.nodes})",
              "leave trainer.spare_devices empty: a failed device's node-mates take over its blocks (DEGRADE)")

@@ -3,7 +3,8 @@ the controller that turns step timings into KEEP / REPLAN / DEGRADE / REPLACE; e
 composed Hydra config; the run's summary and console; and the decider and agents across nodes.
 """
 from synapse.failover.controller import FailoverController
-from synapse.failover.decider import NodeDecider, run_across_nodes
+from synapse.failover.decider import NodeDecider
+from synapse.failover.keeper import DeciderJob, DeciderLostError, run_across_nodes
 from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
@@ -24,14 +25,15 @@ from synapse.failover.segments import (
     merge_overrides,
     read_segment_overrides,
     read_segments,
+    user_overrides,
     write_segment,
 )
 from synapse.failover.summary import print_failover_story, write_experiment_summary
 from synapse.failover.supervisor import FailoverError
 
-__all__ = ["ExitOrder", "FailoverController", "FailoverError", "LaunchOrder", "NodeChannel", "NodeChannelError",
-           "NodeDecider", "NodeHello", "NodeReport", "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder",
-           "Welcome",
+__all__ = ["DeciderJob", "DeciderLostError", "ExitOrder", "FailoverController", "FailoverError",
+           "LaunchOrder", "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport",
+           "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder", "Welcome",
            "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover", "supervised_console",
-           "write_experiment_summary", "write_segment"]
+           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover",
+           "supervised_console", "user_overrides", "write_experiment_summary", "write_segment"]

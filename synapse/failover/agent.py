@@ -5,13 +5,19 @@ this node's workers of segment n with the config the decider composed, tear them
 It reports how each launch ended (the failed rank and cause, from this node's own elastic
 agent and health monitor) and beats, so the decider can tell a lost node from a slow one.
 
-If the decider is lost (its store stops answering), the agent tears its workers down and
-exits with the documented outcome: the newest checkpoint on the shared run directory holds
-everything finished; rerun the same command on the surviving nodes with ``resume=auto``.
+If the decider dies, node 0's launcher (which serves the store) says so on the store and starts a
+new one under the next epoch (``keeper.py``): the agent tears its workers down (they lost their
+peers on node 0), waits for the new decider for ``failover.decider_grace_s`` and attaches to it
+again, with the number of orders it has read; from then on it refuses, and says, any order of an
+older epoch. If node 0 itself is lost (its store stops answering), or no new decider comes, the
+agent tears its workers down and exits with the documented outcome: the newest checkpoint on the
+shared run directory holds everything finished; rerun the same command on the surviving nodes with
+``resume=auto``.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import socket
@@ -21,9 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from synapse.config import TrainerConfig, config_from_yaml, resolve_devices
+from synapse.config import FailoverConfig, TrainerConfig, config_from_yaml, resolve_devices
 from synapse.failover.node_channel import (
     BEAT_S,
+    MEETING,
+    POLL_S,
     ExitOrder,
     LaunchOrder,
     NodeChannel,
@@ -37,14 +45,15 @@ from synapse.health import kill_live_workers, read_heartbeats
 from synapse.launch import WorkerFailure, launch_pipeline, newest_checkpoint
 from synapse.partitioning import Placement
 from synapse.pipeline import LaunchTask
-from synapse.rundir import RUN_KEY
+from synapse.rundir import RUN_KEY, EventLog, events_path
 
 
 class DeciderLost(RuntimeError):
     """Node 0 stopped answering; the message says what is saved and how to continue."""
 
 
-def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None] = print
+              ) -> dict[str, Any]:
     """Serve the decider's orders until it says the run is over; return its last launch's summary.
     Each order carries the whole config of the segment it launches."""
     endpoint = trainer.rdzv_endpoint
@@ -54,8 +63,12 @@ def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] 
     channel = NodeChannel.connect(endpoint, trainer.node_rank, trainer.rdzv_timeout_s, run_dir, log)
     node = int(trainer.node_rank)
     nonce = secrets.token_hex(8)  # the welcome must echo it: no welcome of an earlier run is taken for this one's
-    channel.say_hello(NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(),
-                                nonce))
+    # node 0's launcher announces its decider's epoch as soon as its store serves (none: epoch 0, which a
+    # decider of a later epoch does not welcome, and the meeting times out naming the fix)
+    announced = channel.wait_decider(min(float(trainer.rdzv_timeout_s), 10.0))
+    hello = NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(), nonce,
+                      epoch=announced.epoch if announced else 0)
+    channel.say_hello(hello)
     another_key = channel.holds_another_run_key()  # read now: when that fails the meeting, node 0's store goes
     try:
         welcome = channel.wait_welcome(node, 2 * trainer.rdzv_timeout_s, nonce)
@@ -75,19 +88,26 @@ def run_agent(trainer: TrainerConfig, run_dir: Path, log: Callable[[str], None] 
     if welcome.error:
         raise NodeSetupError(f"node_rank {node}: node 0 refused this node: {welcome.error}")
     channel.join(welcome.instance)
+    channel.epoch = welcome.epoch
     log(f"agent: node {node} joined the run at {endpoint}; waiting for the decider's orders")
-    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s, welcome.instance).serve()
+    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s, welcome.instance, hello=hello,
+                 grace_s=float(failover.decider_grace_s)).serve()
 
 
 class Agent:
     def __init__(self, channel: NodeChannel, node: int, run_dir: Path, log: Callable[[str], None], endpoint: str,
-                 timeout_s: float, instance: str):
+                 timeout_s: float, instance: str, hello: NodeHello | None = None, grace_s: float = 0.0):
         self.channel, self.node, self.run_dir, self.log = channel, node, Path(run_dir), log
         # the beating thread has its own connection: a main thread blocked in a launch never delays a beat
         self._beats = NodeChannel.connect(endpoint, node, timeout_s, run_dir, log)
         self._beats.records.refused = channel.records.refused  # one refusal said once, whichever thread met it
         self._beats.join(instance)
-        self.decider_lost = threading.Event()
+        self.epoch = self._beats.epoch = channel.epoch  # the decider epoch this agent follows
+        self.hello, self.grace_s = hello, grace_s  # what it says again to a restarted decider, and how long it waits
+        self.events = EventLog(events_path(self.run_dir), source=f"agent of node {node}")
+        self.decider_lost = threading.Event()  # the store is gone (node 0 lost), or no decider will come: exit
+        self.decider_replaced = threading.Event()  # the decider this agent follows died: re-attach to the next
+        self._refused_orders: set[tuple[int, int]] = set()  # (order number, epoch) said once
         self.stop_segment: int | None = None  # a StopOrder for this segment arrived
         self.launch: tuple[int, float] | None = None  # (segment, started) while workers run
         self.orders_seen = 0
@@ -111,14 +131,24 @@ class Agent:
 
     def _next_order(self):
         while True:
+            if self.decider_replaced.is_set() and not self.decider_lost.is_set():
+                self._reattach()
             try:
                 order = self.channel.next_order(self.node, self.orders_seen, timeout_s=BEAT_S) \
                     if not self.decider_lost.is_set() else None
-            except (RuntimeError, OSError):  # the store's server (the decider) is gone
+            except (RuntimeError, OSError):  # the store's server (node 0's launcher) is gone
                 self.decider_lost.set()
                 order = None
             if order is None and self.decider_lost.is_set():
                 raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+            if order is not None and order.epoch != self.epoch:
+                # older: a decider that was replaced (refused, said); newer: one this agent has not attached
+                # to yet (the beat thread sees its announcement). Either way not followed, and the number is
+                # not consumed: the current decider's order under it is read once it is put back.
+                if order.epoch < self.epoch:
+                    self._refuse_order(order)
+                time.sleep(POLL_S * 4)
+                continue
             if order is None:
                 try:
                     self.channel.keep_report()  # put back if someone overwrote it before the decider read it
@@ -128,6 +158,60 @@ class Agent:
             self.orders_seen += 1
             if not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
                 return order
+
+    def _refuse_order(self, order) -> None:
+        said = (self.orders_seen, order.epoch)
+        if said in self._refused_orders:
+            return
+        self._refused_orders.add(said)
+        self.log(f"agent: node {self.node}: refused order number {self.orders_seen} ({order.kind}) of decider epoch "
+                 f"{order.epoch}: this node follows epoch {self.epoch}; a decider that was replaced no longer "
+                 f"gives orders")
+        with contextlib.suppress(OSError):
+            self.events.append("stale_epoch_refused", record="order", kind=order.kind, node=self.node,
+                               order=self.orders_seen, record_epoch=order.epoch, epoch=self.epoch)
+
+    def _reattach(self) -> None:
+        """The decider this agent followed died: wait (``failover.decider_grace_s``) for node 0's launcher to
+        announce the next epoch, say hello to its decider, and follow it from the next order on."""
+        old, deadline = self.epoch, time.monotonic() + self.grace_s
+        self.log(f"agent: node {self.node}: the decider of epoch {old} was lost; waiting up to "
+                 f"failover.decider_grace_s={self.grace_s:g} s for the next one")
+        target, nonce, welcome = old, "", None
+        try:
+            while welcome is None:
+                if time.monotonic() > deadline:
+                    raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+                announced = self.channel.decider()
+                if announced is not None and announced.state == "gone":  # the launcher gave up restarting it
+                    raise DeciderLost(decider_lost_message(self.node, self.run_dir))
+                if announced is not None and announced.epoch > target and announced.state == "starting" \
+                        and self.hello is not None:
+                    # a newer decider (also when the one this agent said hello to died before its welcome)
+                    target, nonce = announced.epoch, secrets.token_hex(8)
+                    self.channel.join(MEETING)
+                    self.channel.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=target,
+                                                               orders_seen=self.orders_seen),
+                                           claim_nonce=self.hello.nonce)
+                if target > old:
+                    welcome = self.channel.wait_welcome(self.node, 1.0, nonce)
+                else:
+                    time.sleep(POLL_S * 4)
+        except (RuntimeError, OSError) as exc:  # the store is gone: node 0 itself was lost
+            self.decider_lost.set()
+            if isinstance(exc, DeciderLost):
+                raise
+            raise DeciderLost(decider_lost_message(self.node, self.run_dir)) from exc
+        if welcome.error:
+            raise NodeSetupError(f"node_rank {self.node}: the decider of epoch {target} refused this node: "
+                                 f"{welcome.error}")
+        self.channel.join(welcome.instance)
+        self.channel.epoch = self._beats.epoch = self.epoch = welcome.epoch
+        self.decider_replaced.clear()
+        self.log(f"agent: node {self.node}: attached to the decider of epoch {self.epoch}")
+        with contextlib.suppress(OSError):
+            self.events.append("decider_reattached", node=self.node, epoch=self.epoch, previous_epoch=old,
+                               orders_seen=self.orders_seen)
 
     def _run_launch(self, order: LaunchOrder) -> dict[str, Any] | None:
         cfg = config_from_yaml(order.cfg_yaml)
@@ -149,6 +233,8 @@ class Agent:
             report = NodeReport(self.node, order.segment, "error", cause=type(exc).__name__, message=str(exc)[:4000])
         finally:
             self.launch = None
+        if self.decider_replaced.is_set():
+            return None  # the decider that ordered it is gone; the next one starts from the run directory
         try:
             if not self.decider_lost.is_set():
                 self.channel.report(report)
@@ -163,12 +249,22 @@ class Agent:
         while not self.decider_lost.is_set():
             try:
                 self._beats.beat(self.node)
+                self._check_decider()
                 self._check_stop()
             except (RuntimeError, OSError, NodeChannelError):  # the decider's store is gone
                 self.decider_lost.set()
                 self._tear_down("node 0 (the decider) stopped answering")
                 return
             time.sleep(BEAT_S)
+
+    def _check_decider(self) -> None:
+        """Whether the decider this agent follows is still the run's (node 0's launcher announces each one)."""
+        announced = self._beats.decider()
+        if announced is None or self.decider_replaced.is_set():
+            return
+        if announced.epoch > self.epoch or (announced.epoch == self.epoch and announced.state in ("lost", "gone")):
+            self.decider_replaced.set()
+            self._tear_down(f"the decider of epoch {self.epoch} was lost")
 
     def _check_stop(self) -> None:
         launch = self.launch
@@ -177,7 +273,8 @@ class Agent:
         seq = self.orders_seen
         while (order := self._beats.next_order(self.node, seq, timeout_s=0)) is not None:
             seq += 1
-            if isinstance(order, StopOrder) and order.segment == launch[0] and self.stop_segment != launch[0]:
+            if isinstance(order, StopOrder) and order.segment == launch[0] and self.stop_segment != launch[0] \
+                    and order.epoch == self.epoch:
                 self.stop_segment = launch[0]
                 self._tear_down(order.reason)
 

@@ -1,12 +1,13 @@
 """The decider's side of a run across nodes: meet the agents, launch each segment on every node
 that holds some of its devices, watch the agents, and turn what each node saw into one failure.
 
-Node 0's supervisor is the decider: it owns the controller, the segment history and the composed
-segment configs, exactly as on one node; its ``launch`` is a ``NodeDecider`` instead of
+Node 0's supervisor is the decider, in a process of its own beside the store (``keeper.py``): it
+owns the controller, the segment history and the composed segment configs, exactly as on one node,
+and runs node 0's workers; its ``launch`` is a ``NodeDecider`` instead of
 ``launch_pipeline``. A segment's placement lists run-wide device ids (``partitioning/topology.py``);
 each node gets the segment config with its own local devices and its place among the segment's
-nodes, and starts its workers with the same elastic launcher. The decider hosts the run's store
-(``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
+nodes, and starts its workers with the same elastic launcher. Node 0's launcher hosts the run's
+store (``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
 
 How a segment across nodes ends:
 * every node's workers finished (or stopped on a request): the last rank's summary.
@@ -20,26 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from synapse.config import (
-    FailoverConfig,
-    SynapseConfig,
-    TrainerConfig,
-    config_yaml,
-    resolve_devices,
-    run_topology,
-    with_settings,
-)
-from synapse.failover.agent import run_agent
+from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
 from synapse.failover.node_channel import (
     BEAT_S,
     POLL_S,
+    RUN_SCOPE,
     ExitOrder,
     LaunchOrder,
     NodeChannel,
@@ -53,24 +45,6 @@ from synapse.launch import WorkerFailure, launch_pipeline
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
 from synapse.rundir import NODE_SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
-
-
-def run_across_nodes(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
-                     run_as_decider: Callable[[NodeDecider], dict[str, Any]]) -> dict[str, Any]:
-    """Node 0: host the run's store, meet the agents, run the segments as the decider, and release the
-    agents at the end (with the error, if any). Every other node: serve as an agent."""
-    if trainer.node_rank > 0:
-        return run_agent(trainer, run_dir, log)
-    decider = NodeDecider(trainer, failover, run_dir, log)
-    error: BaseException | None = None
-    try:
-        decider.meet_agents(resolve_devices(trainer))
-        return run_as_decider(decider)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        decider.close(error)
 
 
 def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
@@ -93,33 +67,42 @@ class NodeDecider:
     (with the segment's whole config, of which each node gets its own copy: ``node_config``)."""
 
     def __init__(self, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, channel: NodeChannel | None = None, epoch: int = 0,
+                 lost: set[int] | None = None):
+        """``channel``: the run's store served by node 0's launcher (None: this process serves it);
+        ``epoch``: this decider's (``epoch.py``); ``lost``: the nodes an earlier decider of the run
+        declared lost (they stay out: a restarted decider does not wait for them)."""
         self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
         self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
         self.node_timeout_s = float(failover.node_timeout_s)
+        # a restarted decider waits for the agents to notice and re-attach, as long as they wait for it
+        self.meeting_s = self.timeout_s if epoch <= 1 else max(self.timeout_s, float(failover.decider_grace_s))
         # derived from the run's key (launch/rendezvous.py: not guessable; the seal is what protects)
         self.rdzv_base = trainer.rdzv_id or derived_id(run_key(self.run_dir), "segments", 12)
-        self.channel = NodeChannel.host(self.endpoint, self.timeout_s, self.run_dir, log)
-        self.instance = secrets.token_hex(8)  # scopes this decider's records: none of an earlier run opens
-        self.lost: set[int] = set()
+        self.channel = channel or NodeChannel.host(self.endpoint, self.timeout_s, self.run_dir, log)
+        self.epoch = self.channel.epoch = epoch
+        self.lost: set[int] = set(lost or ())
         self.joined: set[int] = set()  # the nodes welcomed into the run (set once the meeting succeeded)
         self.events = EventLog(events_path(self.run_dir), source="decider")
 
     # ------------------------------------------------------------------ meeting the agents
     def meet_agents(self, local_devices: Sequence[int]) -> None:
         """Wait (``trainer.rdzv_timeout_s``) for every other node's hello; refuse a mismatch on both sides."""
-        expected = set(range(1, self.topology.nodes))
-        deadline = time.monotonic() + self.timeout_s
+        expected = set(range(1, self.topology.nodes)) - self.lost
+        deadline = time.monotonic() + self.meeting_s
         while True:
-            hellos = self.channel.hellos()
+            # only hellos to this epoch: an agent still attached to an earlier decider has not re-attached yet
+            hellos = {n: h for n, h in self.channel.hellos().items() if h.epoch == self.epoch}
             problems = {n: self._mismatch(h, local_devices) for n, h in hellos.items()}
             problems = {n: p for n, p in problems.items() if p}
             if problems or expected <= set(hellos) or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S * 4)
         for node, hello in hellos.items():
-            self.channel.welcome(node, Welcome(problems.get(node), hello_nonce=hello.nonce, instance=self.instance))
-        self.channel.join(self.instance)
+            self.channel.continue_orders(node, hello.orders_seen)
+            self.channel.welcome(node, Welcome(problems.get(node), hello_nonce=hello.nonce, instance=RUN_SCOPE,
+                                               epoch=self.epoch))
+        self.channel.join(RUN_SCOPE)
         if problems:
             raise NodeSetupError("; ".join(f"node_rank {n}: {p}" for n, p in sorted(problems.items())))
         missing = sorted(expected - set(hellos))
@@ -130,13 +113,15 @@ class NodeDecider:
             hint = (f" Node(s) {elsewhere} left nothing in this run directory ({self.run_dir}): if they were "
                     f"started, their hydra.run.dir is another directory; it must be on a filesystem every node "
                     f"sees, at the same path on every node." if elsewhere else "")
-            raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after trainer.rdzv_timeout_s="
-                                 f"{self.timeout_s:g} s: trainer.nodes={self.topology.nodes} nodes were expected (this "
+            raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after {self.meeting_s:g} s "
+                                 f"(trainer.rdzv_timeout_s, failover.decider_grace_s for a restarted decider): "
+                                 f"trainer.nodes={self.topology.nodes} nodes were expected (this "
                                  f"is node_rank 0) and node(s) {missing} did not join.{hint} Fix: start python "
                                  f"train.py on every node with the same trainer.rdzv_endpoint and trainer.nodes "
                                  f"(node_rank 1..{self.topology.nodes - 1}) and run directory, within the timeout, "
                                  f"or raise trainer.rdzv_timeout_s")
-        self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})")
+        self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})"
+                 f"{f' under epoch {self.epoch}' if self.epoch else ''}")
         self.joined = set(hellos)
 
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:
@@ -197,7 +182,9 @@ class NodeDecider:
                     ) -> SynapseConfig:
         return with_settings(segment_cfg, {**segment_node_settings(self.topology, devices, self.endpoint, node),
                                            # one rendezvous per segment, every node
-                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}"})
+                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}",
+                                           # its checkpoint commits carry it, refused once a newer decider exists
+                                           "trainer.decider_epoch": self.epoch})
 
     def _outcome(self, devices: list[int], nodes: list[int], local, watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
@@ -248,6 +235,7 @@ class RemoteNodesWatch:
         self.first_orders = first_orders or {}  # per node, the number of this segment's first order
         self.reports: dict[int, NodeReport] = {}
         self.lost: set[int] = set()
+        self._refused_reports: set[int] = set()
         self.stopped_local = False
         self._troubled = threading.Event()
         self._done = threading.Event()
@@ -297,6 +285,9 @@ class RemoteNodesWatch:
             if node in self.reports or node in self.lost:
                 continue
             report = channel.report_of(self.segment, node)  # None also for a value this run did not seal
+            if report is not None and report.epoch != self.decider.epoch:
+                self._refuse_report(node, report)
+                report = None
             if report is not None:
                 self.reports[node] = report
                 if report.outcome not in ("finished", "stopped"):
@@ -319,6 +310,17 @@ class RemoteNodesWatch:
                     channel.order(node, StopOrder(self.segment, f"node {node} was declared lost (no beat for "
                                                                 f"{now - since:.1f} s); the run goes on without it"))
                 self._tear_down_local(f"node {node} was lost")
+
+    def _refuse_report(self, node: int, report: NodeReport) -> None:
+        """A report of another epoch (an agent still following a decider that was replaced): not this
+        decider's segment, whatever it says; said once per node."""
+        if node in self._refused_reports:
+            return
+        self._refused_reports.add(node)
+        self.decider.log(f"decider: refused node {node}'s report of segment {self.segment}: it is of epoch "
+                         f"{report.epoch}, this decider's is {self.decider.epoch}")
+        self.decider.events.append("stale_epoch_refused", record="report", node=node, segment=self.segment,
+                                   record_epoch=report.epoch, epoch=self.decider.epoch)
 
     def _tear_down_local(self, reason: str) -> None:
         if not self._troubled.is_set():

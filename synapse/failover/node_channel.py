@@ -1,18 +1,25 @@
 """The channel between the decider (node 0's supervisor) and the agents of the other nodes.
 
-It runs over the network the job already has: a ``TCPStore`` that the decider hosts at
+It runs over the network the job already has: a ``TCPStore`` that node 0's launcher hosts at
 ``trainer.rdzv_endpoint`` for the whole run (the workers' c10d rendezvous of every segment uses the
 same store, under a run id per segment). Every message is one typed record, JSON under its own key:
 
-* ``NodeHello``  agent -> decider, once: who I am (node_rank, nodes, devices, a fresh nonce);
-  answered by a ``Welcome`` (ok, or the mismatch that stops both sides) that echoes the nonce and
-  names the decider's instance, which scopes every record after the meeting.
+* the decider's announcement, put by node 0's launcher (``DeciderAnnouncement``): the epoch of the
+  decider that speaks for the run now (``epoch.py``), and whether it runs, was lost, or is gone.
+* ``NodeHello``  agent -> decider, once per epoch: who I am (node_rank, nodes, devices, a fresh
+  nonce, the epoch it attaches to and how many orders it has read); answered by a ``Welcome`` (ok,
+  or the mismatch that stops both sides) that echoes the nonce and carries the epoch.
 * ``LaunchOrder`` decider -> agent: start your workers of segment n with this config;
   ``StopOrder``: tear your segment's workers down now; ``ExitOrder``: the run is over.
 * ``NodeReport`` agent -> decider: how its workers of segment n ended (finished, failed with the
   rank and cause, or an error).
 * beats: each agent puts its beat count every ``BEAT_S``; the decider judges liveness by its own
   clock (no clock is compared across machines) and counts only a count that grew.
+
+Every order, report, beat and exit acknowledgement carries the epoch of the decider it belongs to.
+A decider that died is restarted under the next epoch; the agents re-attach to it (a hello of the
+new epoch, with the number of orders they have read, so its orders continue that numbering) and
+refuse, and say, any order of an older epoch: a decider that was replaced cannot steer the run.
 
 Anyone who reaches the store can write under these keys (torch's stores have no authentication).
 Every record is sealed with the run's key (``synapse.rundir.run_key``), under the meeting's scope
@@ -45,6 +52,12 @@ PREFIX = "synapse/nodes"
 BEAT_S = 0.5
 POLL_S = 0.05
 MEETING = "nodes meeting"  # the scope of the records before the decider's instance is known
+# The scope of every record after the meeting. One for the whole run: the epoch inside each record,
+# not a scope per decider, is what tells an older decider's order from the current one's, so an
+# older order opens, is refused for its epoch and is said as such.
+RUN_SCOPE = "nodes"
+DECIDER_SCOPE = "decider announcement"
+DECIDER_KEY = f"{PREFIX}/decider"
 # Not sealed: a name derived from node 0's run key (it reveals nothing of the key). An agent whose
 # own key gives another name holds another run directory: it explains a meeting that never
 # happens; a forged value changes only the words of that error, never whether a node joins.
@@ -67,7 +80,9 @@ class NodeHello:
     devices: list[int]
     host: str
     pid: int
-    nonce: str = ""  # fresh per agent start: the welcome that echoes it answers this hello, no earlier one
+    nonce: str = ""  # fresh per hello: the welcome that echoes it answers this hello, no earlier one
+    epoch: int = 0  # the decider epoch this hello attaches to (an older decider's meeting ignores it)
+    orders_seen: int = 0  # orders read so far: a restarted decider numbers its orders on from here
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,7 @@ class Welcome:
     error: str | None = None  # None: accepted
     hello_nonce: str = ""  # the nonce of the hello it answers
     instance: str = ""  # the decider's: the scope of every record after the meeting
+    epoch: int = 0  # the epoch of the decider that welcomes
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,7 @@ class LaunchOrder:
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store
     kind: str = "launch"
+    epoch: int = 0  # set by the channel: the epoch of the decider that ordered it
 
 
 @dataclass(frozen=True)
@@ -94,12 +111,14 @@ class StopOrder:
     segment: int
     reason: str
     kind: str = "stop"
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
 class ExitOrder:
     error: str | None = None  # None: the run finished
     kind: str = "exit"
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,18 @@ class NodeReport:
     cause: str = ""
     message: str = ""
     device_failure: bool = False
+    epoch: int = 0  # set by the channel: the epoch of the decider the agent followed
+
+
+@dataclass(frozen=True)
+class DeciderAnnouncement:
+    """Put by node 0's launcher: which decider epoch speaks for the run, and in what state."""
+
+    epoch: int
+    # starting (the decider of this epoch runs or is about to) | lost (it died; the launcher restarts it under
+    # the next epoch) | gone (the run is over, or the launcher gave up restarting). Only the launcher writes it.
+    state: str
+    pid: int = 0
 
 
 ORDERS = {"launch": LaunchOrder, "stop": StopOrder, "exit": ExitOrder}
@@ -136,6 +167,8 @@ class NodeChannel:
         self._orders_sent: dict[int, int] = {}  # the decider's: orders sent to each node (the next one's number)
         self._beats_sent = 0  # an agent's beat thread's: its beat count
         self._last_report: str | None = None  # an agent's: the key of its last report
+        self.epoch = 0  # the decider epoch this side speaks in (stamped on every order, report and beat)
+        self.announcements = SealedStore(store, key, refused, scope=DECIDER_SCOPE)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -170,6 +203,38 @@ class NodeChannel:
         # read once the store answers: node 0 made the key (if the run had none) before it served
         return cls(store, endpoint, run_key(run_dir), Refusals(run_dir, source=f"agent of node {node_rank}", log=log))
 
+    @classmethod
+    def attach(cls, endpoint: str, timeout_s: float, run_dir: Path | str, log: Callable[[str], None] | None = None
+               ) -> NodeChannel:
+        """A decider's side when node 0's launcher serves the store (the decider runs in a process of its own)."""
+        host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+        try:
+            store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise NodeSetupError(f"the decider cannot reach the run's store at {endpoint}, which node 0's launcher "
+                                 f"serves ({type(exc).__name__}: {str(exc)[:200]}). Fix: rerun with resume=auto"
+                                 ) from exc
+        return cls(store, endpoint, run_key(run_dir), Refusals(run_dir, source="decider", log=log))
+
+    # ------------------------------------------------------------------ the decider's announcement
+    def announce_decider(self, announcement: DeciderAnnouncement) -> None:
+        self.announcements.put(DECIDER_KEY, asdict(announcement))
+
+    def decider(self) -> DeciderAnnouncement | None:
+        """The launcher's latest announcement (None: none yet, or only a value this run did not seal)."""
+        return _typed(DeciderAnnouncement, self.announcements.get(DECIDER_KEY))
+
+    def wait_decider(self, timeout_s: float, newer_than: int = -1) -> DeciderAnnouncement | None:
+        """The announcement of a decider epoch above ``newer_than`` that is not lost, within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            announced = self.decider()
+            if announced is not None and announced.epoch > newer_than and announced.state == "starting":
+                return announced
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S * 4)
+
     def holds_another_run_key(self) -> bool:
         """Whether node 0 published a run key id unlike this node's (its run directory is another)."""
         try:
@@ -196,13 +261,16 @@ class NodeChannel:
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------ meeting
-    def say_hello(self, hello: NodeHello) -> None:
-        claim = self.records.claim(self._key("claims", hello.node_rank), {"nonce": hello.nonce})
+    def say_hello(self, hello: NodeHello, claim_nonce: str | None = None) -> None:
+        """``claim_nonce``: the nonce this agent first claimed its node_rank with (a re-attaching agent's hello
+        has a fresh nonce of its own, but the node_rank is still its own claim)."""
+        claim_nonce = hello.nonce if claim_nonce is None else claim_nonce
+        claim = self.records.claim(self._key("claims", hello.node_rank), {"nonce": claim_nonce})
         if claim is None:
             raise NodeSetupError(f"trainer.node_rank={hello.node_rank} cannot be claimed: its key on the run's store "
                                  f"holds a value this run did not write (refused, see the log above). Fix: find who "
                                  f"else reaches {self.endpoint}, or use another port in trainer.rdzv_endpoint")
-        if claim.get("nonce") != hello.nonce:
+        if claim.get("nonce") != claim_nonce:
             raise NodeSetupError(f"trainer.node_rank={hello.node_rank} is already taken by another node of this "
                                    f"run. Fix: number the nodes 0..trainer.nodes-1, each once")
         self.records.put(self._key("hello", hello.node_rank), asdict(hello))
@@ -232,7 +300,11 @@ class NodeChannel:
     def order(self, node_rank: int, order: LaunchOrder | StopOrder | ExitOrder) -> None:
         seq = self._orders_sent.get(node_rank, 0)  # only the decider writes orders: its count is the truth
         self._orders_sent[node_rank] = seq + 1
-        self.records.put(self._key("order", node_rank, seq), asdict(order))
+        self.records.put(self._key("order", node_rank, seq), {**asdict(order), "epoch": self.epoch})
+
+    def continue_orders(self, node_rank: int, seq: int) -> None:
+        """A restarted decider's: the node has read ``seq`` orders (of earlier epochs); the next is number ``seq``."""
+        self._orders_sent[node_rank] = seq
 
     def orders_sent(self, node_rank: int) -> int:
         return self._orders_sent.get(node_rank, 0)
@@ -257,7 +329,7 @@ class NodeChannel:
     # ------------------------------------------------------------------ reports and beats
     def acknowledge_exit(self, node_rank: int, order_seq: int) -> None:
         """An agent's: it read the exit order numbered ``order_seq`` and is leaving."""
-        self.records.put(self._key("exit_ack", node_rank), {"order": order_seq})
+        self.records.put(self._key("exit_ack", node_rank), {"order": order_seq, "epoch": self.epoch})
 
     def await_exit_acks(self, orders: Mapping[int, int], timeout_s: float) -> list[int]:
         """The decider's, after its exit orders (``orders``: node -> that order's number): wait until
@@ -269,7 +341,7 @@ class NodeChannel:
         while waiting:
             for node, seq in list(waiting.items()):
                 ack = self.records.get(self._key("exit_ack", node))
-                if isinstance(ack, dict) and ack.get("order") == seq:
+                if isinstance(ack, dict) and ack.get("order") == seq and ack.get("epoch", 0) == self.epoch:
                     del waiting[node]
                 else:
                     self.keep_orders(node, seq)
@@ -280,7 +352,7 @@ class NodeChannel:
 
     def report(self, report: NodeReport) -> None:
         self._last_report = self._key("report", report.segment, report.node_rank)
-        self.records.put(self._last_report, asdict(report))
+        self.records.put(self._last_report, {**asdict(report), "epoch": self.epoch})
 
     def keep_report(self) -> None:
         """Put this agent's last report back if someone overwrote it before the decider read it."""
@@ -292,11 +364,13 @@ class NodeChannel:
 
     def beat(self, node_rank: int) -> int:
         self._beats_sent += 1
-        self.records.put(self._key("beat", node_rank), {"beats": self._beats_sent})
+        self.records.put(self._key("beat", node_rank), {"beats": self._beats_sent, "epoch": self.epoch})
         return self._beats_sent
 
     def beats(self, node_rank: int) -> int:
         """The node's beat count so far (0: none yet, or none this run sealed)."""
         data = self.records.get(self._key("beat", node_rank))
+        if isinstance(data, dict) and data.get("epoch", 0) != self.epoch:
+            return 0  # a beat of another decider's epoch: the node has not attached to this one (yet)
         count = data.get("beats") if isinstance(data, dict) else None
         return count if isinstance(count, int) else 0

@@ -151,7 +151,10 @@ class PipelineRunner:
         return loss
 
     def held_state(self) -> HeldState:
-        return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict()})
+        # the decider epoch (across nodes) goes into the manifest: checkpoint/write.py refuses the commit of
+        # workers whose decider was replaced
+        return HeldState(self.owned, self.optimizer, self.scheduler, {"partition": self.partition.to_dict(),
+                                                                      "epoch": self.trainer.decider_epoch})
 
     def check_loss(self, step: int, loss: float) -> None:
         self.runtime.guard.check_read_loss(step, loss)

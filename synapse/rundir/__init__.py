@@ -23,6 +23,7 @@ from synapse.rundir.layout import (
     CONTROLLER_STATE,
     CSV_TABLE,
     CSV_TRACKER,
+    DECIDER_EPOCH,
     ENTRIES,
     EVENTS,
     EXPERIMENT_SUMMARY,
@@ -112,7 +113,8 @@ from synapse.rundir.sealed import (
 )
 
 __all__ = ["ABSENT", "CHECKPOINT", "CHECKPOINTS", "CHECKPOINT_RUN_IDENTITY", "CHECKPOINT_SET_ASIDE",
-           "CHECKPOINT_STAGING", "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DiskFullError",
+           "CHECKPOINT_STAGING", "CONFIG", "CONTROL", "CONTROLLER_STATE", "CSV_TABLE", "CSV_TRACKER", "DECIDER_EPOCH",
+           "DiskFullError",
            "ENTRIES", "EVENTS", "EXPERIMENT_SUMMARY", "Entry", "EventLog", "EventLogError", "FAILOVER", "FAILURES",
            "FAILURE_RECORD", "FIELDS", "Field", "ForeignRecordError", "HEALTH", "HEARTBEAT", "HYDRA", "HYDRA_JOB",
            "HYDRA_OVERRIDES", "JsonlTail", "JsonlWriter", "LAUNCH_LOGS", "LIVE", "LOG", "LOGS", "LayoutError",

@@ -261,6 +261,13 @@ CONTROLLER_STATE = Entry(
     "failover/controller_state.json", "what the failover controller learnt: step-time baselines, restart costs",
     "the supervisor, after every segment", "a supervisor resumed with resume=auto (its controller starts from it)",
     "JSON object", "written to a temporary beside it, then renamed into place", channel=True, temp="{stem}.tmp")
+DECIDER_EPOCH = Entry(
+    "failover/decider_epoch.json", "the decider's epoch across nodes: raised by one at every start of a decider "
+    "(the first and each restart), so whatever an earlier decider ordered or its workers committed is refused",
+    "node 0's launcher, before it starts a decider (synapse.failover.epoch)",
+    "the decider it starts (its orders carry the epoch); a worker about to commit a checkpoint; tests",
+    "JSON object: epoch, pid, host, started", "written to a temporary beside it, fsynced, then renamed into place",
+    channel=True, temp="{stem}.{token}.tmp")
 PARTITION = Entry(
     "partition.json", "the first placement: devices and blocks per stage",
     "synapse.app, before the first launch (mode=simulate: synapse.simulation, before the first simulated step)",
@@ -467,7 +474,8 @@ SWEEP_FIGURE = Entry(
 
 ENTRIES = (
     CONFIG, HYDRA, HYDRA_OVERRIDES, HYDRA_JOB, LOG, METRICS, PERFORMANCE, EVENTS, HEALTH, RUN_SUMMARY,
-    EXPERIMENT_SUMMARY, FAILOVER, CONTROLLER_STATE, PARTITION, PLAN, PLAN_VS_MEASURED, MICROBATCHES, MODEL,
+    EXPERIMENT_SUMMARY, FAILOVER, CONTROLLER_STATE, DECIDER_EPOCH, PARTITION, PLAN, PLAN_VS_MEASURED, MICROBATCHES,
+    MODEL,
     TEACHER_TRAINING, SUPERVISOR_LOCK, WORKERS_LOCK, NODE_SUPERVISOR_LOCK, NODE_WORKERS_LOCK, RUN_KEY, LIVE, HEARTBEAT,
     PROGRESS_BOARD, CONTROL, STOP_REQUEST, STOP_ACK, SEGMENTS, SEGMENT, SEGMENT_RECORD, SEGMENT_CONFIG,
     SEGMENT_OVERRIDES, SEGMENT_RESUME, CHECKPOINTS, CHECKPOINT, CHECKPOINT_STAGING, CHECKPOINT_SET_ASIDE,

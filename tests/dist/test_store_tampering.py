@@ -41,6 +41,9 @@ from .test_reliability import (
 
 pytestmark = [pytest.mark.dist]
 RENDEZVOUS_STATE = "torch.rendezvous."  # + the run id: torch's pickled state (no "/" in the name)
+# node 0's launcher's announcement of the decider epoch (issue #36): a forged "lost" would make the agents
+# tear their workers down; unsealed, it is refused, and the launcher puts its own back
+DECIDER_ANNOUNCEMENT = "synapse/nodes/decider"
 
 
 class CreatesMarker:
@@ -150,7 +153,7 @@ def test_garbage_and_forged_records_on_the_nodes_store_change_nothing(tmp_path, 
     # After the meeting (a value under a key the nodes meet on fails the meeting, with the fix: a
     # denial of service, not a takeover): the report, control and rendezvous-state keys, and the beats.
     attacker = Attacker(port, lambda key: key.startswith("synapse/nodes/beat/") or is_rendezvous_state(key),
-                        (report, "synapse/control/stop"),
+                        (report, "synapse/control/stop", DECIDER_ANNOUNCEMENT),
                         [b"\x80\x04garbage\xff", base64.b64encode(pickle.dumps(CreatesMarker(marker))), forged_report,
                          forged_stop])
     try:
@@ -170,7 +173,7 @@ def test_garbage_and_forged_records_on_the_nodes_store_change_nothing(tmp_path, 
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-3000:]
     assert not marker.exists(), "the crafted pickle ran in the run"
-    assert {report, "synapse/control/stop"} <= refused_keys(run_dir), refused_keys(run_dir)
+    assert {report, "synapse/control/stop", DECIDER_ANNOUNCEMENT} <= refused_keys(run_dir), refused_keys(run_dir)
     assert any(k.startswith(RENDEZVOUS_STATE) for k in attacker.written)
     assert f"decider: refused the value under '{report}'" in outputs[0]
     (segment,) = read_segments(run_dir)

@@ -1,0 +1,81 @@
+"""The decider's epoch: which decider of a run across nodes speaks for it now.
+
+Node 0's launcher raises the epoch by one before it starts a decider (the first, and every restart
+after a decider died) and records it in the run directory (``failover/decider_epoch.json``), on the
+filesystem every node shares. Every order, report, beat and welcome on the run's store carries it:
+an agent follows only the epoch it attached to and refuses an older one (a decider that was
+replaced but still writes), and a worker refuses to commit a checkpoint once a newer epoch exists,
+so two deciders never both steer the run, nor two generations of workers both commit.
+
+The file is whole or absent (written beside, fsynced, renamed, the folder fsynced), so the epoch
+never goes back, not even across a crash of the machine: a resumed run (``resume=auto``) keeps
+counting from it, and an earlier run's records, replayed, carry an epoch that is older.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from synapse.rundir import DECIDER_EPOCH, EVENTS
+
+
+class EpochFileError(RuntimeError):
+    """``failover/decider_epoch.json`` cannot be read; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class DeciderEpoch:
+    epoch: int  # 1 for a run's first decider; 0 means "no decider has started in this run directory"
+    pid: int  # node 0's decider process of this epoch (0 until it started)
+    host: str
+    started: float
+
+
+def read_epoch(run_dir: Path | str) -> DeciderEpoch:
+    """The newest epoch recorded in the run directory (epoch 0 if none was)."""
+    path = DECIDER_EPOCH.path(run_dir)
+    try:
+        data = json.loads(path.read_text())
+        return DeciderEpoch(int(data["epoch"]), int(data["pid"]), str(data["host"]), float(data["started"]))
+    except FileNotFoundError:
+        return DeciderEpoch(0, 0, "", 0.0)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EpochFileError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); it holds the run's decider epoch, which only ever "
+            f"grows. Fix: write {{\"epoch\": N, \"pid\": 0, \"host\": \"\", \"started\": 0}} into it with N larger "
+            f"than any epoch in {EVENTS.path(run_dir)} ('decider_started' events), then rerun") from exc
+
+
+def write_epoch(run_dir: Path | str, record: DeciderEpoch) -> None:
+    """Record ``record`` durably: a reader sees the old epoch or the new one, never half of one."""
+    path = DECIDER_EPOCH.path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = DECIDER_EPOCH.temp_path(path, secrets.token_hex(4))
+    with open(temp, "w") as f:
+        f.write(json.dumps(asdict(record)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a crash
+    finally:
+        os.close(folder)
+
+
+def next_epoch(run_dir: Path | str) -> int:
+    """Raise the run's epoch by one, durably, before a decider starts; the new epoch. Only node 0's
+    launcher calls it, under node 0's run-directory lock, so no two raise it at once."""
+    epoch = read_epoch(run_dir).epoch + 1
+    write_epoch(run_dir, DeciderEpoch(epoch, 0, socket.gethostname(), time.time()))
+    return epoch
+
+
+def record_decider(run_dir: Path | str, epoch: int, pid: int) -> None:
+    """Name the process that serves as the decider of ``epoch`` (for people and tests: who to blame or kill)."""
+    write_epoch(run_dir, DeciderEpoch(epoch, pid, socket.gethostname(), time.time()))

@@ -1,0 +1,172 @@
+"""The decider across nodes survives its own death (issue #36, items 1 and 3's epoch fence).
+
+Two launchers on this machine act as 2 nodes x 2 CPU ranks. Node 0's launcher serves the run's
+store and runs the decider as a process of its own; the test SIGKILLs that process mid-run. The
+launcher starts a new decider under the next epoch, the agent of node 1 re-attaches to it instead
+of exiting, and the run finishes from its newest checkpoint with the weights an uninterrupted run
+learns. An order of the replaced decider's epoch, sealed with the run's key as that decider would
+write it, is refused and said by the agent; the checkpoints' manifests show the epoch of the workers
+that committed them, and no two epochs' workers committed beside each other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from synapse.app import run
+from synapse.failover import ExitOrder, NodeChannel
+from synapse.launch import free_port
+from synapse.rundir import read_events, read_jsonl
+
+from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 12
+
+
+def start_nodes(run_dir: Path, teacher_file: Path, endpoint: str, *extra: str) -> list[subprocess.Popen]:
+    common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={run_dir.parent}/cache",
+              f"run_dir={run_dir}", f"trainer.max_steps={STEPS}", "trainer.devices=2", "trainer.nodes=2",
+              f"trainer.rdzv_endpoint={endpoint}", "report=false", "logger=none", *extra]
+    return [subprocess.Popen([sys.executable, "train.py", *common, f"trainer.node_rank={rank}"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for rank in (0, 1)]
+
+
+def last_step(run_dir: Path) -> int:
+    records = read_jsonl(run_dir / "performance.jsonl") if (run_dir / "performance.jsonl").is_file() else []
+    return max((r["step"] for r in records), default=0)
+
+
+def decider_epoch(run_dir: Path) -> dict:
+    path = run_dir / "failover" / "decider_epoch.json"
+    return json.loads(path.read_text()) if path.is_file() else {"epoch": 0, "pid": 0}
+
+
+def wait_for(condition, what: str, nodes: list[subprocess.Popen], timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        ended = [node for node in nodes if node.poll() is not None]
+        assert not ended, f"node {nodes.index(ended[0])} ended while waiting for {what}:\n" + \
+            ended[0].communicate()[0][-4000:]
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, teacher_file):
+    """The single-device trainer on the same data, steps and micro-batches."""
+    run_dir = tmp_path_factory.mktemp("single_device")
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1",
+                                 f"trainer.max_steps={STEPS}"]), log=lambda m: None)
+    return final_student_state(run_dir)
+
+
+# Frozen (SIGSTOP): node 0's launcher kills the decider once it has not beaten for failover.node_timeout_s;
+# meanwhile its workers train on, so they are slowed (a fault that changes no number; policy=keep acts on
+# no slowdown) lest they finish the run before the decider is found frozen.
+FROZEN = ("failover.node_timeout_s=3", "policy=keep",
+          "injection.faults=[{kind:slow_compute,rank:0,start:1,seconds:0.4}]")
+
+
+@pytest.mark.parametrize("end", [pytest.param(signal.SIGKILL, id="killed"), pytest.param(signal.SIGSTOP, id="frozen")])
+def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exactly(tmp_path, teacher_file,
+                                                                                    reference, end):
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2",
+                        *(FROZEN if end == signal.SIGSTOP else ()))
+    try:
+        events = run_dir / "failover_events.jsonl"
+        # mid-run, once a checkpoint is committed: the new decider must continue from it, not start over
+        wait_for(lambda: events.is_file() and any(e["step"] >= 4 for e in read_events(events, "checkpoint_saved")),
+                 "the checkpoint of step 4", nodes, timeout_s=300)
+        first = decider_epoch(run_dir)
+        assert first["epoch"] == 1 and first["pid"] not in (0, nodes[0].pid), \
+            "the decider is a process of its own, beside node 0's launcher"
+        os.kill(first["pid"], end)  # the decider alone; node 0's workers follow it out once it is dead
+
+        wait_for(lambda: read_events(events, "decider_reattached"), "node 1 to re-attach", nodes)
+        # The replaced decider's epoch, sealed with the run's key exactly as that decider wrote its orders,
+        # at the number node 1 reads after the new decider's launch order: were it followed, node 1 would
+        # leave the run with an error
+        [reattached] = read_events(events, "decider_reattached")
+        old = NodeChannel.connect(endpoint, node_rank=1, timeout_s=10, run_dir=run_dir)
+        old.join("nodes")
+        old.epoch = first["epoch"]
+        old.continue_orders(1, reattached["orders_seen"] + 1)
+        old.order(1, ExitOrder("forged: an order of the replaced decider"))
+
+        outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+
+    second = decider_epoch(run_dir)
+    assert second["epoch"] == 2 and second["pid"] != first["pid"]
+    assert [e["epoch"] for e in read_events(events, "decider_started")] == [1, 2]
+    [lost] = read_events(events, "decider_lost")
+    assert lost["epoch"] == 1 and lost["pid"] == first["pid"] and lost["exitcode"] == -signal.SIGKILL
+    hung = read_events(events, "decider_hung")
+    assert [(e["epoch"], e["pid"]) for e in hung] == ([(1, first["pid"])] if end == signal.SIGSTOP else []), hung
+    assert reattached["node"] == 1 and reattached["epoch"] == 2 and reattached["previous_epoch"] == 1
+    assert "attached to the decider of epoch 2" in outputs[1], outputs[1][-3000:]
+
+    refused = [e for e in read_events(events, "stale_epoch_refused") if e["record"] == "order"]
+    assert refused and all(e["record_epoch"] == 1 and e["epoch"] == 2 and e["node"] == 1 for e in refused), refused
+    assert "(exit) of decider epoch 1: this node follows epoch 2" in outputs[1], outputs[1][-3000:]
+
+    from synapse.failover import read_segments
+    segments = read_segments(run_dir)
+    assert segments[-1].reason == "supervisor_restart" and segments[-1].outcome == "finished", segments
+    assert segments[-1].devices == [0, 1, 2, 3] and segments[-1].end_step == STEPS, \
+        "the new decider continues on the last segment's devices"
+    assert segments[-1].start_step >= 4 and segments[-1].resume is not None, \
+        "from the newest checkpoint the killed decider's workers committed"
+    assert_identical_states(final_student_state(run_dir), reference)
+
+    # No two writers committed: every checkpoint says the epoch of the workers that committed it; epoch 1's
+    # end at or before the step epoch 2 resumed from, epoch 2's all come after it
+    from synapse import checkpoint as ckpt
+    commits = sorted((ckpt.read_manifest(path)["step"], ckpt.read_manifest(path)["meta"]["epoch"])
+                     for path in (run_dir / "checkpoints").glob("step_*"))
+    resumed_at = segments[-1].start_step
+    assert {epoch for _, epoch in commits} <= {1, 2} and (STEPS, 2) in commits, commits
+    assert (resumed_at, 1) in commits and all(step <= resumed_at for step, epoch in commits if epoch == 1), \
+        (commits, resumed_at)
+    assert all(step > resumed_at for step, epoch in commits if epoch == 2), (commits, resumed_at)
+
+
+def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_with_a_checkpoint(tmp_path,
+                                                                                                teacher_file):
+    """The launcher passes SIGTERM (and SIGHUP) on to its decider: the run stops after the step in flight with
+    a checkpoint, as on one node, instead of the launcher dying and taking the store from under the run."""
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=100", "failover.node_timeout_s=3",
+                        "injection.faults=[{kind:slow_compute,rank:0,start:1,seconds:0.4}]", "policy=keep")
+    try:
+        wait_for(lambda: last_step(run_dir) >= 2, "step 2", nodes)
+        nodes[0].send_signal(signal.SIGTERM)  # the launcher's pid alone, as a scheduler's preemption might
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert nodes[0].returncode == 1 and "interrupted by SIGTERM" in outputs[0], outputs[0][-3000:]
+    assert "resume=auto" in outputs[0]
+    assert nodes[1].returncode != 0 and "the run ended on node 0 with an error: RunInterrupted" in outputs[1], \
+        outputs[1][-3000:]
+    from synapse import checkpoint as ckpt
+    saved = ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
+    assert saved is not None and 2 <= saved.step < STEPS, "a checkpoint of the step the run stopped after"
+    assert not read_events(run_dir / "failover_events.jsonl", "decider_lost"), "an interrupt is not a death"
