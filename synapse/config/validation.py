@@ -36,7 +36,7 @@ from synapse.config.devices import (
 from synapse.config.errors import fail, finite, positive
 from synapse.config.ranges import check_float_ranges
 from synapse.config.supported_torch import require_supported_torch
-from synapse.rundir import CHECKPOINTS
+from synapse.rundir import CHECKPOINTS, PERFORMANCE
 
 
 def _plain(node: Any) -> Any:
@@ -672,4 +672,4 @@ def _validate_simulate_group(sim: DictConfig, accelerator: str) -> None:
              "e.g. experiments/results/profiles_h200/profiles/")
     if sim.step_noise not in ("auto", "none") and not Path(sim.step_noise).is_file():
         fail("simulate.step_noise", f"{sim.step_noise!r} is neither auto, none nor a file",
-             "use auto, none, or the path of a fault-free performance.jsonl")
+             f"use auto, none, or the path of a fault-free run's {PERFORMANCE.shown()}")
