@@ -672,4 +672,4 @@ def _validate_simulate_group(sim: DictConfig, accelerator: str) -> None:
              "e.g. experiments/results/profiles_h200/profiles/")
     if sim.step_noise not in ("auto", "none") and not Path(sim.step_noise).is_file():
         fail("simulate.step_noise", f"{sim.step_noise!r} is neither auto, none nor a file",
-             f"use auto, none, or the path of a fault-free run's {PERFORMANCE.shown()}")
+             f"use auto, none, or the path of a fault-free run's {PERFORMANCE.shown}")

@@ -55,7 +55,7 @@ def noise_from_stream(path: str | Path, warmup_steps: int = WARMUP_STEPS) -> Ste
         records = [r for r in read_jsonl(Path(path)) if int(r.get("step", 0)) > warmup_steps]
     except (RecordFileError, OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"simulate.step_noise: {path} cannot be read as step records ({exc}). Fix: give a "
-                          f"{PERFORMANCE.shown()} of a fault-free run, auto or none") from None
+                          f"{PERFORMANCE.shown} of a fault-free run, auto or none") from None
     steps = [float(r["step_seconds"]) for r in records if "step_seconds" in r]
     if len(steps) < 10:
         raise ConfigError(f"simulate.step_noise: {path} has {len(steps)} steady steps (after {warmup_steps} warm-up "
