@@ -134,7 +134,7 @@ def make_tree(root: Path, per_class: int) -> dict:
 def loader_rate(dataset, workers: int, batch: int, batches: int, warmup: int | None = None,
                 device: str = "cuda") -> dict:
     """Steady-state images/s. The warm-up drains what the DataLoader fetched ahead (2 batches per
-    worker) plus a few: timed, those would count as free. Until session 8 the warm-up was 4
+    worker) plus a few: timed, those would count as free. Until 2026-12-01 the warm-up was 4
     batches, so with 14 workers up to 24 of the timed batches could already be waiting."""
     if warmup is None:
         warmup = 2 * workers + 4

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bash experiments/gpu/early_faults.sh   (one-H200 device machine, repository root; results under $OUT)
-# #15 on a GPU, with the pipeline's timing read a step late (the CUDA default since session 10):
+# #15 on a GPU, with the pipeline's timing read a step late (the CUDA default since 2026-12-02):
 # ViT-B/16 -> ResNet-50 @256 (2 micro-batches, synthetic) as a K = 1 pipeline under the failover
 # supervisor, the user's command with one fault each:
 #   none     fault-free, 300 steps: no detection (its performance.jsonl becomes a regression stream)

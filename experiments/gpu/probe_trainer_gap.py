@@ -19,7 +19,7 @@ GPU hits them alike), each timed as images/s over blocks of 5 steps after a warm
 - loader+plain+rest:   the plain loop with the step's other extras (tensor_split, the loss summed
                        into a tensor, scheduler.step), without ``train()``.
 
-Session 9 (`experiments/results/h200/probe_trainer_gap_run*.txt`): the data path and the late
+On 2026-12-02 (`experiments/results/h200/probe_trainer_gap_run*.txt`): the data path and the late
 read cost about 1% each; SingleDeviceStep about 4-5% more, for both pairs. The last two variants
 split that cost between its parts.
 """

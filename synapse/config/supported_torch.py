@@ -2,7 +2,7 @@
 
 The floor is the oldest release the suite has run on: 2.11, the GPU image's (the default suite on
 its CPU ranks passed but for one model-gradient test of efficientnet_b0, and the GPU tests on one
-H200: experiments/results/h200/torch211_suite_session15), besides 2.14 here. On 2.9 every launch fails:
+H200: experiments/results/h200/torch211_suite_2026-12-03), besides 2.14 here. On 2.9 every launch fails:
 its elastic ``LaunchConfig`` has no ``signals_to_handle``, through which the supervisor turns
 Ctrl-C and SIGTERM into "checkpoint and stop" (``synapse/launch/interrupt.py``).
 """
