@@ -88,6 +88,17 @@ FLOAT_RANGES: dict[str, Range] = {
     "injection.faults[].seconds": Range(0, DAY_S, example="0.05"),
     "injection.faults[].factor": Range(0, 1e4, low_open=True, example="2.0"),
     "injection.faults[].bytes_per_s": Range(0, 1e13, low_open=True, example="2.0e6"),
+    # mode=simulate: hours between events per device (1e7 h: over a thousand years), a fail-slow's length
+    # and factor, the time from a death to the decision, a simulated GPU's memory
+    "simulate.fail_slow_mtbf_h": Range(0, 1e7, low_open=True, example="27400"),
+    "simulate.comm_fail_slow_mtbf_h": Range(0, 1e7, low_open=True, example="27400"),
+    "simulate.fail_stop_mtbf_h": Range(0, 1e7, low_open=True, example="8090"),
+    "simulate.fail_slow_duration_s": Range(0, WEEK_S, low_open=True, example="600"),
+    "simulate.comm_fail_slow_duration_s": Range(0, WEEK_S, low_open=True, example="1440"),
+    "simulate.fail_slow_factor": Range(1, 1e4, low_open=True, example="2.0"),
+    "simulate.comm_fail_slow_factor": Range(1, 1e4, low_open=True, example="2.0"),
+    "simulate.failure_detect_s": Range(0, DAY_S, example="5"),
+    "simulate.gpu_memory_gb": Range(0, 1e5, low_open=True, example="141"),
 }
 
 
