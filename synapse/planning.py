@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from synapse.config import (
     run_topology,
     shares_a_gpu,
 )
-from synapse.engine import default_threads
+from synapse.engine import available_cores, default_threads
 from synapse.models import count_blocks
 from synapse.partitioning import (
     OPTIMIZER_STATE_MULTIPLIERS,
@@ -283,11 +282,7 @@ def cpu_rank_contention(trainer: TrainerConfig) -> float:
     """
     local_ranks = len(resolve_devices(trainer))
     threads = trainer.threads or default_threads(local_ranks)
-    return cpu_contention(local_ranks, threads, _available_cores())
-
-
-def _available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpu_contention(local_ranks, threads, available_cores())
 
 
 def auto_partition(partition: PartitionConfig, planner: StagePlanner, devices: list[int], run_dir: Path,

@@ -12,7 +12,14 @@ from synapse.engine.batches import (
     with_host_data_path,
 )
 from synapse.engine.checkpointer import Checkpointer, HeldState, HostBufferStager, SingleShard
-from synapse.engine.device import ComputeSetup, build_compute_setup, default_threads, rng_state, set_rng_state
+from synapse.engine.device import (
+    ComputeSetup,
+    available_cores,
+    build_compute_setup,
+    default_threads,
+    rng_state,
+    set_rng_state,
+)
 from synapse.engine.graph_capture import WARMUP_ITERATIONS, ForwardReplay, TrainingReplay, capture_kwargs
 from synapse.engine.optim import (
     build_optimizer,
@@ -57,6 +64,7 @@ __all__ = ["BadSampleLog", "Batch", "CLEAR_LINE", "Checkpointer", "ComputeSetup"
            "DataWarning", "DevicePrefetcher", "ForwardReplay", "HeldState", "HostBufferStager",
            "LoopSettings", "Milestones", "NonFiniteGuard", "NonFiniteLossError", "Progress",
            "SingleDeviceStep", "SingleShard", "StepRate", "Trainer", "TrainingReplay", "WARMUP_ITERATIONS",
+           "available_cores",
            "build_compute_setup", "build_optimizer", "build_run_parts", "build_scheduler", "build_trainer",
            "capture_kwargs", "checks_loss_late", "default_threads", "distil_on_one_device",
            "ensure_training", "eval_batches", "evaluate", "format_seconds", "is_terminal", "kd_params",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import signal
 import sys
 import warnings
@@ -34,6 +33,7 @@ from synapse.data import (
     device_decoding_available,
     iterate_batches,
 )
+from synapse.engine.device import available_cores
 from synapse.engine.prefetch import DevicePrefetcher
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -230,7 +230,7 @@ def with_host_data_path(cfg: SynapseConfig, device: torch.device, local_ranks: i
     probe = data.decode == "auto" and on_cuda and reads_files  # a real decode on the GPU: only when it decides
     path = choose_host_data_path(
         decode=str(data.decode), workers=data.num_workers, reads_files=reads_files,
-        cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+        cores=available_cores(),
         local_ranks=local_ranks, local_readers=local_readers, on_cuda=on_cuda,
         device_decoder=device_decoding_available(device) if probe else False)
     resolved = dataclasses.replace(data, num_workers=path.workers, decode=Decode(path.decode))

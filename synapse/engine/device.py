@@ -52,14 +52,18 @@ class ComputeSetup:
             torch.cuda.synchronize(self.device)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity: a container or a Slurm step may grant fewer)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_threads(local_processes: int) -> int:
     """Intra-op threads per process: the cores shared out, never oversubscribed.
 
     More threads than cores make OpenMP spin against the other processes: small CPU models
     then run several times slower, not faster.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_processes))
+    return max(1, available_cores() // max(1, local_processes))
 
 
 def build_compute_setup(trainer: TrainerConfig, device_id: int = 0, local_processes: int = 1) -> ComputeSetup:

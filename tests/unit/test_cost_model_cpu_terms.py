@@ -250,7 +250,7 @@ def test_calibration_needs_a_single_device_model_and_sane_numbers():
                           (2, "2", 2, 2.0), (1, "null", 2, 1.0)])
 def test_cpu_device_specs_know_how_the_ranks_share_the_cores(make_config, monkeypatch, devices, threads, cores,
                                                              expected):
-    monkeypatch.setattr(planning, "_available_cores", lambda: cores)
+    monkeypatch.setattr(planning, "available_cores", lambda: cores)
     monkeypatch.setattr(planning, "default_threads", lambda ranks: max(1, cores // ranks))
     cfg = make_config("trainer.accelerator=cpu", f"trainer.devices={devices}", f"trainer.threads={threads}")
     specs = planning.device_specs(cfg.trainer, cfg.partition, devices)
