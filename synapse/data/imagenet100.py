@@ -198,7 +198,9 @@ class ImageNet100(EpochDataset):
     ``decode``: where JPEGs are decoded when loading for a device (``bind_device``):
     ``cpu`` in the loader workers; ``gpu`` in the training process on its device (nvJPEG on
     CUDA; on a CPU device the same path with the CPU decoder, which is what tests run);
-    ``auto``: ``gpu`` when the device is CUDA and torchvision can decode there, else ``cpu``.
+    ``auto``: ``gpu`` when the device is CUDA and torchvision can decode there, else ``cpu``. (A run
+    never passes ``auto`` here: its ``data.decode=auto`` is resolved for the host first, weighing the
+    loader workers it can afford against the GPU, ``synapse.data.host_path``.)
     ``gpu_share``: with ``gpu``, the fraction of samples whose JPEG the device decodes; the
     workers decode the rest at the same time (a fixed choice per sample index, so it is the
     same in every run). 1.0 when the device decoder alone keeps up.
