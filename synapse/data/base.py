@@ -100,6 +100,12 @@ class EpochDataset(Dataset[tuple[torch.Tensor, int]]):
         """Called before loading for ``device`` (before workers start): resolve choices such as
         where to decode. Default: nothing to choose."""
 
+    @property
+    def device_finishers(self) -> int:
+        """How many threads finish host batches on the device at once (after ``bind_device``).
+        One, unless finishing spends host time outside the interpreter lock (override)."""
+        return 1
+
     def labels_of(self, indices: Sequence[int]) -> torch.Tensor:
         """int64 labels of ``indices`` without decoding images where the data set can (override)."""
         return torch.tensor([self[index][1] for index in indices], dtype=torch.int64)

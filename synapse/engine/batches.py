@@ -30,7 +30,7 @@ from synapse.data import (
     ResumableSampler,
     choose_host_data_path,
     dataset_decodes_files,
-    device_decoding_available,
+    device_decoder_name,
     iterate_batches,
 )
 from synapse.engine.device import available_cores
@@ -114,7 +114,8 @@ def _load_mode(load: bool | str) -> str:
 
 def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0,
                   load: bool | str = "images", device: torch.device | str | None = None,
-                  bad_samples: BadSampleLog | None = None, share: range | None = None) -> Iterator[Batch]:
+                  bad_samples: BadSampleLog | None = None, share: range | None = None,
+                  finishers: int | None = None) -> Iterator[Batch]:
     """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``.
 
     ``load``: ``"images"`` (images and labels; True), ``"labels"`` (labels only, no image read:
@@ -124,6 +125,8 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
     process finishes them on ``device`` (default CPU) one or two batches ahead, on a side stream.
     ``share``: which positions of each global batch to load (a replica's share; None: all of it).
     Only those images are read and decoded, so R replicas together decode each batch once.
+    ``finishers``: threads finishing batches on the device at once (default: the data set's
+    ``device_finishers``, known once it is bound to ``device``).
     """
     mode = _load_mode(load)
     if mode == "nothing":
@@ -144,7 +147,8 @@ def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_worke
         return Batch(epoch, step, images, labels), getattr(host, "bad", ())
 
     host = _host_train_batches(dataset, sampler, num_epochs, num_workers, pin=target.type == "cuda", share=share)
-    for batch, bad in DevicePrefetcher(host, finish, target):
+    threads = dataset.device_finishers if finishers is None else finishers
+    for batch, bad in DevicePrefetcher(host, finish, target, finishers=threads):
         log.record(bad)
         yield batch
 
@@ -232,7 +236,7 @@ def with_host_data_path(cfg: SynapseConfig, device: torch.device, local_ranks: i
         decode=str(data.decode), workers=data.num_workers, reads_files=reads_files,
         cores=available_cores(),
         local_ranks=local_ranks, local_readers=local_readers, on_cuda=on_cuda,
-        device_decoder=device_decoding_available(device) if probe else False)
+        device_decoder=device_decoder_name(device) if probe else None)
     resolved = dataclasses.replace(data, num_workers=path.workers, decode=Decode(path.decode))
     return dataclasses.replace(cfg, data=resolved), path
 

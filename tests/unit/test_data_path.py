@@ -405,6 +405,86 @@ def test_prefetcher_stops_its_thread_when_the_consumer_stops_early():
     assert closed.wait(5) and not prefetcher._thread.is_alive()
 
 
+@pytest.mark.parametrize("finishers", [2, 3])
+def test_several_finishers_hand_out_items_in_source_order_however_long_each_takes(finishers):
+    import random
+    import time
+    delays = random.Random(finishers).choices([0.0, 0.002, 0.02], k=40)
+
+    def finish(item):
+        time.sleep(delays[item])  # later items often finish first
+        return torch.tensor([item])
+
+    out = [int(v) for v in DevicePrefetcher(range(40), finish, torch.device("cpu"), overlap=True,
+                                            finishers=finishers)]
+    assert out == list(range(40))
+
+
+def test_several_finishers_work_at_once():
+    import time
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def finish(item):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)  # releases the interpreter lock, as the host half of nvJPEG does
+        with lock:
+            running -= 1
+        return item
+
+    assert list(DevicePrefetcher(range(12), finish, torch.device("cpu"), depth=4, overlap=True,
+                                 finishers=3)) == list(range(12))
+    assert most >= 2
+
+
+@pytest.mark.parametrize("failing", ["finish", "source"])
+def test_with_several_finishers_an_error_reraises_at_its_place(failing):
+    def source():
+        for n in range(10):
+            if failing == "source" and n == 5:
+                raise ValueError("source broke at 5")
+            yield n
+
+    def finish(item):
+        if failing == "finish" and item == 5:
+            raise ValueError("finish broke at 5")
+        return item
+
+    seen = []
+    with pytest.raises(ValueError, match="broke at 5"):
+        for value in DevicePrefetcher(source(), finish, torch.device("cpu"), overlap=True, finishers=2):
+            seen.append(value)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_several_finishers_stop_when_the_consumer_stops_early():
+    closed = threading.Event()
+
+    def endless():
+        try:
+            n = 0
+            while True:
+                yield n
+                n += 1
+        finally:
+            closed.set()
+
+    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"), overlap=True, finishers=3)
+    for value in prefetcher:
+        if value == 7:
+            break
+    assert closed.wait(5)
+    assert not any(t.is_alive() for t in (prefetcher._thread, *prefetcher._finishers))
+
+
+def test_a_prefetcher_needs_at_least_one_finisher():
+    with pytest.raises(ValueError, match="finishers must be >= 1"):
+        DevicePrefetcher(range(3), lambda x: x, torch.device("cpu"), finishers=0)
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 # nvJPEG and libjpeg-turbo differ in IDCT and chroma upsampling; after the antialiased resize the
@@ -505,6 +585,33 @@ def test_cuda_synthetic_batch_equals_the_cpu_batch():
     on_gpu = dataset.device_batch(host, torch.device("cuda"))
     on_cpu = dataset.device_batch(host, torch.device("cpu"))
     assert torch.equal(on_gpu[0].cpu(), on_cpu[0]) and torch.equal(on_gpu[1].cpu(), on_cpu[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpus_jpeg_engines_decode_like_libjpeg_and_hand_back_what_they_cannot(tmp_path):
+    """Where nvImageCodec and the engines are there: the same tolerance as nvJPEG against the CPU
+    decoder, and a progressive JPEG (the engines decode baseline only) still decoded, by nvJPEG."""
+    from synapse.data.jpeg import decode_many
+    from synapse.data.jpeg_engines import hardware_jpeg_decoder
+    device = torch.device("cuda")
+    if hardware_jpeg_decoder(device) is None:
+        pytest.skip("no nvImageCodec, or this GPU has no JPEG engines")
+    generator = np.random.default_rng(3)
+    files = []
+    for k in range(12):
+        pixels = (generator.random((120 + 8 * k, 160, 3)) * 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).resize((160 + 4 * k, 120)).save(buffer, format="JPEG", quality=90,
+                                                                  progressive=(k == 5))
+        files.append(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8))
+    decoded = decode_many(files, device)
+    for data, image in zip(files, decoded):
+        assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+        reference = decode_cpu(data)
+        assert image.shape == reference.shape
+        diff = (image.cpu().int() - reference.int()).abs().float()
+        assert diff.mean() <= CUDA_MEAN_LEVELS and diff.quantile(0.99) <= CUDA_P99_LEVELS
 
 
 @pytest.mark.gpu
