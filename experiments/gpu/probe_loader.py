@@ -17,8 +17,8 @@ host4:   four processes on the one GPU at once, 2 workers each, as four ranks of
 profile: the finishing half per operator (torch.profiler), and the crop alone on decoded images.
 e2e:     the eager KD loop (ViT-B/16 -> ResNet-50 @128) fed by the loader with nvJPEG, 1 or 2 finishing
          threads, against the same loop on a resident batch.
-(loader, host4 and e2e compare 1 and 2 finishing threads, ``train_batches(finishers=...)``; loader and
-e2e also the GPU's JPEG engines (nvImageCodec) against nvJPEG.)
+(loader, host4 and e2e compare 1 and 2 finishing threads, ``train_batches(finishers=...)``. The
+GPU's JPEG engines through nvImageCodec were compared with this probe at commit 66b1b8a.)
 
 Images/s over wall-clock per timed window, after a warm-up; each figure with its n and spread.
 """
@@ -40,14 +40,6 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "experiments"))
 
 BATCH = 256
-
-
-def use_decoder(name: str) -> None:
-    """``engines``: the GPU's JPEG engines where nvImageCodec finds them (what a run uses);
-    ``nvjpeg``: torchvision's nvJPEG, as a run without nvImageCodec installed decodes."""
-    import synapse.data.jpeg as jpeg
-    from synapse.data.jpeg_engines import hardware_jpeg_decoder
-    jpeg.hardware_jpeg_decoder = hardware_jpeg_decoder if name == "engines" else (lambda device: None)
 
 
 def spread(values: list[float]) -> dict:
@@ -200,14 +192,7 @@ def loader_rates(tree: Path, workers: int, windows: int = 4, per_window: int = 6
 
 
 def probe_loader(tree: Path) -> dict:
-    result = {}
-    for decoder in ("nvjpeg", "engines"):
-        use_decoder(decoder)
-        for w in (2, 4, 8):
-            for f in (1, 2):
-                result[f"{decoder}_{w}_workers_{f}_finishers"] = loader_rates(tree, w, finishers=f)
-    use_decoder("engines")
-    return result
+    return {f"{w}_workers_{f}_finishers": loader_rates(tree, w, finishers=f) for w in (2, 4, 8) for f in (1, 2)}
 
 
 def probe_e2e(tree: Path) -> dict:
@@ -220,19 +205,17 @@ def probe_e2e(tree: Path) -> dict:
     torch.backends.cudnn.benchmark = True
     loop = EagerKDLoop("vit_base", "resnet50", 128, fused=True)
     resident = (loop.images, loop.labels)
-    variants = {"resident": None, "nvjpeg_2_workers": ("nvjpeg", 2, 2), "engines_2_workers": ("engines", 2, 2),
-                "engines_8_workers": ("engines", 8, 2)}
+    variants = {"resident": None, **{f"{w}_workers_{f}_finishers": (w, f) for w in (2, 8) for f in (1, 2)}}
     result: dict = {name: [] for name in variants}
     warm, timed = 12, 40
     for _round in range(2):
         for name, setting in variants.items():
             stream = None
             if setting is not None:
-                use_decoder(setting[0])
                 data = dataset(tree)
                 sampler = ResumableSampler(len(data), seed=0, batch_size=128, drop_last=True)
-                stream = train_batches(data, sampler, 10**6, num_workers=setting[1], device="cuda",
-                                       bad_samples=BadSampleLog(), finishers=setting[2])
+                stream = train_batches(data, sampler, 10**6, num_workers=setting[0], device="cuda",
+                                       bad_samples=BadSampleLog(), finishers=setting[1])
             for step in range(warm + timed):
                 if step == warm:
                     torch.cuda.synchronize()

@@ -33,13 +33,12 @@ class HostDataPath:
 
 
 def choose_host_data_path(*, decode: str, workers: int | str, reads_files: bool, cores: int, local_ranks: int,
-                          local_readers: int, on_cuda: bool, device_decoder: str | None) -> HostDataPath:
+                          local_readers: int, on_cuda: bool, device_decoder: bool) -> HostDataPath:
     """``decode`` (auto | cpu | gpu) and ``workers`` (a count or "auto") as configured; the host: its
     ``cores`` (this process's affinity), ``local_ranks`` training processes on it, ``local_readers`` of
     them reading images (the first stage of each pipeline replica), whether this rank runs on CUDA and
-    what decodes JPEGs there (``device_decoder``: its name, None if nothing). ``reads_files``: the data
-    set decodes files (synthetic data is made on the device and digits sit in memory: no workers to
-    feed)."""
+    whether it can decode JPEGs there (``device_decoder``). ``reads_files``: the data set decodes files
+    (synthetic data is made on the device and digits sit in memory: no workers to feed)."""
     if not reads_files:
         count = 0 if workers == "auto" else int(workers)
         return HostDataPath("cpu", count, "the data set decodes no files" if workers == "auto" else "as configured")
@@ -56,4 +55,4 @@ def choose_host_data_path(*, decode: str, workers: int | str, reads_files: bool,
     if count >= CPU_DECODE_MIN_WORKERS or not device_decoder:
         why = "enough of them to keep up" if device_decoder else "no JPEG decoder on this GPU"
         return HostDataPath("cpu", count, f"{source}; the workers decode ({why})")
-    return HostDataPath("gpu", count, f"{source}; too few to keep up, {device_decoder} decodes on the GPU")
+    return HostDataPath("gpu", count, f"{source}; too few to keep up, nvJPEG decodes on the GPU")

@@ -3,8 +3,6 @@ turned into reasons instead of crashes.
 
 Decoders, in the order tried:
 
-* on CUDA, the GPU's hardware JPEG engines through nvImageCodec where it is installed and the
-  GPU has them (``synapse.data.jpeg_engines``);
 * ``torchvision.io.decode_jpeg`` (libjpeg-turbo on the CPU, nvJPEG on CUDA, batched): RGB,
   grey-scale and CMYK JPEGs (grey and CMYK converted to RGB);
 * PIL, for files that are not JPEGs despite their name (a PNG saved as ``.JPEG`` exists in
@@ -24,8 +22,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
-
-from synapse.data.jpeg_engines import hardware_jpeg_decoder
 
 # torchvision >= 0.29 warns on every decode call that its decoders move to TorchCodec; they
 # still work, and a warning per batch would bury the ones about bad files.
@@ -106,19 +102,12 @@ def decode_cpu(data: torch.Tensor) -> torch.Tensor:
 def decode_many(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | str]:
     """Decode a batch on ``device``: uint8 [3, H, W] tensors there, or a reason per bad file.
 
-    On CUDA the hardware engines where there are (a file they return nothing for is decoded
-    alone as below), else one batched nvJPEG call; if that fails (one bad file fails the whole
-    call) each file is retried alone, then on the CPU, so only the truly unreadable ones come back
-    as reasons.
+    On CUDA one batched nvJPEG call; if it fails (one bad file fails the whole call) each file
+    is retried alone, then on the CPU, so only the truly unreadable ones come back as reasons.
     """
     if not datas:
         return []
     if device.type == "cuda":
-        engines = hardware_jpeg_decoder(device)
-        if engines is not None:
-            decoded = engines.decode(datas)
-            return [image if image is not None else _decode_one_on(data, device)
-                    for image, data in zip(decoded, datas)]
         try:
             return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
@@ -138,24 +127,16 @@ def _decode_one_on(data: torch.Tensor, device: torch.device) -> torch.Tensor | s
         return str(error)
 
 
-def device_decoder_name(device: torch.device) -> str | None:
-    """What decodes JPEGs on ``device``: its hardware engines (nvImageCodec), nvJPEG (present on
-    this torchvision build), or None."""
+def device_decoding_available(device: torch.device) -> bool:
+    """Whether torchvision can decode JPEGs on ``device`` (nvJPEG present on this build)."""
     if device.type != "cuda":
-        return None
-    if hardware_jpeg_decoder(device) is not None:
-        return "the GPU's JPEG engines (nvImageCodec)"
+        return False
     probe = _tiny_jpeg()
     try:
         decode_jpeg([probe], mode=ImageReadMode.RGB, device=device)
     except (RuntimeError, NotImplementedError):
-        return None
-    return "nvJPEG"
-
-
-def device_decoding_available(device: torch.device) -> bool:
-    """Whether JPEGs can be decoded on ``device`` (``device_decoder_name`` names how)."""
-    return device_decoder_name(device) is not None
+        return False
+    return True
 
 
 def _tiny_jpeg() -> torch.Tensor:

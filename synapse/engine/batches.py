@@ -30,7 +30,7 @@ from synapse.data import (
     ResumableSampler,
     choose_host_data_path,
     dataset_decodes_files,
-    device_decoder_name,
+    device_decoding_available,
     iterate_batches,
 )
 from synapse.engine.device import available_cores
@@ -236,7 +236,7 @@ def with_host_data_path(cfg: SynapseConfig, device: torch.device, local_ranks: i
         decode=str(data.decode), workers=data.num_workers, reads_files=reads_files,
         cores=available_cores(),
         local_ranks=local_ranks, local_readers=local_readers, on_cuda=on_cuda,
-        device_decoder=device_decoder_name(device) if probe else None)
+        device_decoder=device_decoding_available(device) if probe else False)
     resolved = dataclasses.replace(data, num_workers=path.workers, decode=Decode(path.decode))
     return dataclasses.replace(cfg, data=resolved), path
 

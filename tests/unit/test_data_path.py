@@ -589,33 +589,6 @@ def test_cuda_synthetic_batch_equals_the_cpu_batch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_gpus_jpeg_engines_decode_like_libjpeg_and_hand_back_what_they_cannot(tmp_path):
-    """Where nvImageCodec and the engines are there: the same tolerance as nvJPEG against the CPU
-    decoder, and a progressive JPEG (the engines decode baseline only) still decoded, by nvJPEG."""
-    from synapse.data.jpeg import decode_many
-    from synapse.data.jpeg_engines import hardware_jpeg_decoder
-    device = torch.device("cuda")
-    if hardware_jpeg_decoder(device) is None:
-        pytest.skip("no nvImageCodec, or this GPU has no JPEG engines")
-    generator = np.random.default_rng(3)
-    files = []
-    for k in range(12):
-        pixels = (generator.random((120 + 8 * k, 160, 3)) * 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).resize((160 + 4 * k, 120)).save(buffer, format="JPEG", quality=90,
-                                                                  progressive=(k == 5))
-        files.append(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8))
-    decoded = decode_many(files, device)
-    for data, image in zip(files, decoded):
-        assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
-        reference = decode_cpu(data)
-        assert image.shape == reference.shape
-        diff = (image.cpu().int() - reference.int()).abs().float()
-        assert diff.mean() <= CUDA_MEAN_LEVELS and diff.quantile(0.99) <= CUDA_P99_LEVELS
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batched_resampler_matches_the_cpu_kernel():
     generator = torch.Generator().manual_seed(1)
     images = [torch.randint(0, 256, (3, 375, 500), dtype=torch.uint8, generator=generator) for _ in range(6)]
