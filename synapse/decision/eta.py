@@ -21,8 +21,9 @@ With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and
 
 * REPLAN    every replica re-cut for the slowest device of each stage across replicas.
 * DEGRADE   the replica that holds the bad device dropped; the others share its images.
-* REBALANCE the same devices, each replica's share of the batch in proportion to its speed, so
-            that all finish a step together (the global batch unchanged).
+* REBALANCE the same devices, the batch shared out so that all replicas finish a step together
+            (the global batch unchanged): shares by speed, then moved a micro-batch's worth at a time
+            while the planner, pricing each share at its own micro-batch, says the step gets shorter.
 * REPLACE   the bad device swapped for a spare.
 
 Calibration: the planner's cost model is never exact. Its compute per block is
