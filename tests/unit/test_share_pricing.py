@@ -247,3 +247,24 @@ def test_noisy_profiles_never_price_a_share_outside_what_its_images_allow(measur
         step = plan.layout_cost(p).replica_step_s[replica]
         low, high = sorted((equal[replica], scale * equal[replica]))
         assert low * (1 - 1e-9) <= step <= high * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------- the run's planner
+def test_a_replicated_run_under_failover_is_profiled_at_the_share_sizes(make_config, tiny_run):
+    """Real profiles of the tiny run's models, measured (or read from the cache) at every size a share
+    may take; one pipeline, or replicas without failover, measure only their own."""
+    from synapse import planning
+    from synapse.data import data_kwargs, dataset_info
+
+    def planner_of(replicas: int, failover: bool) -> StagePlanner:
+        cfg = make_config(*tiny_run, "trainer.accelerator=cpu", f"trainer.devices={replicas}",
+                          f"trainer.replicas={replicas}", "data.batch_size=32", "pipeline.microbatches=1",
+                          f"failover.enabled={str(failover).lower()}")
+        info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
+        return planning.build_stage_planner(cfg, info, 1, log=lambda m: None, replicas=replicas)
+
+    replicated = planner_of(4, True)
+    assert [s.micro_batch for _, s in replicated.size_profiles] == share_micro_batches(32, 4, 1) == [2, 4, 8, 16]
+    assert [t.micro_batch for t, _ in replicated.size_profiles] == [2, 4, 8, 16]
+    assert replicated.student.micro_batch == 8
+    assert planner_of(4, False).size_profiles == () and planner_of(1, True).size_profiles == ()
