@@ -75,7 +75,12 @@ def profile_models(cfg: SynapseConfig, info, log: Callable[[str], None] = print,
                    replicas: int = 1):
     """The teacher and student profiles at the run's micro-batch size, or at that of ``microbatches``
     micro-batches (measured once, then cached), as ``replicas`` replicas would run them."""
-    micro_batch = cfg.data.batch_size // (microbatches or _configured_microbatches(cfg.pipeline))
+    return profiles_at(cfg, info, cfg.data.batch_size // (microbatches or _configured_microbatches(cfg.pipeline)),
+                       log, replicas)
+
+
+def profiles_at(cfg: SynapseConfig, info, micro_batch: int, log: Callable[[str], None] = print, replicas: int = 1):
+    """The teacher and student profiles at ``micro_batch`` images (measured once, then cached)."""
     return profile_for_config(cfg.teacher.name, cfg.student.name, micro_batch, cfg.trainer.precision,
                               profile_device(cfg.trainer), info.num_classes, info.in_chans, info.image_size,
                               cfg.cache_dir, warmup=cfg.partition.profile_warmup,
@@ -150,8 +155,32 @@ def build_stage_planner(cfg: SynapseConfig, info, microbatches: int, log: Callab
     """The one planner of a run: the first plan (partition=auto) and every re-plan of the failover
     controller are made by it, so they are priced by the same cost model. It prices one replica's
     pipeline: profiles at that replica's micro-batch (the global batch over replicas x micro-batches)."""
-    return planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * microbatches, replicas), microbatches,
-                                replicas)
+    planner = planner_for_profiles(cfg, profile_models(cfg, info, log, replicas * microbatches, replicas),
+                                   microbatches, replicas)
+    return with_share_sizes(planner, cfg, info, microbatches, log, replicas)
+
+
+def share_micro_batches(batch: int, replicas: int, microbatches: int) -> list[int]:
+    """The micro-batch sizes a replicated run's planner is profiled at, so that a changed share is priced
+    at its own micro-batch: the run's own, half and a quarter of it (a slow replica's share shrinks), and
+    twice it (the others' grow), within what a share can hold (at least 2 images: BatchNorm trains on no
+    fewer; at most the batch less one micro-batch of images for every other replica)."""
+    own = batch // (replicas * microbatches)
+    largest = batch // microbatches - (replicas - 1)
+    return sorted({min(max(2, size), largest) for size in (own // 4, own // 2, own, 2 * own)} | {own})
+
+
+def with_share_sizes(planner: StagePlanner, cfg: SynapseConfig, info, microbatches: int,
+                     log: Callable[[str], None] = print, replicas: int = 1) -> StagePlanner:
+    """``planner`` with profiles at the micro-batches a share may take (``StagePlanner.size_profiles``):
+    only for replicas under failover, whose shares REBALANCE and DEGRADE change."""
+    if replicas == 1 or not cfg.failover.enabled:
+        return planner
+    sizes = []
+    for micro_batch in share_micro_batches(cfg.data.batch_size, replicas, microbatches):
+        paths = profiles_at(cfg, info, micro_batch, log, replicas)
+        sizes.append((load_profile_csv(paths.teacher), load_profile_csv(paths.student)))
+    return dataclasses.replace(planner, size_profiles=tuple(sizes))
 
 
 def plan_run(cfg: SynapseConfig, info, devices: list[int], run_dir: Path, log: Callable[[str], None] = print
@@ -215,7 +244,8 @@ def choose_layout_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Pat
         for c in choice.candidates)
     log(f"trainer.replicas=auto: {chosen.replicas} replica(s) x {chosen.stages} stage(s), {chosen.microbatches} "
         f"micro-batches, predicted {chosen.images_per_s(batch):,.0f} images/s ({table})")
-    return RunPlan(placement, chosen.microbatches), planner_for(chosen.replicas, chosen.microbatches)
+    return RunPlan(placement, chosen.microbatches), with_share_sizes(
+        planner_for(chosen.replicas, chosen.microbatches), cfg, info, chosen.microbatches, log, chosen.replicas)
 
 
 def replicated(pipeline: Placement, devices: Sequence[int], replicas: int, shares: Sequence[int] | None, batch: int,

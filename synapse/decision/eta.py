@@ -21,8 +21,9 @@ With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and
 
 * REPLAN    every replica re-cut for the slowest device of each stage across replicas.
 * DEGRADE   the replica that holds the bad device dropped; the others share its images.
-* REBALANCE the same devices, each replica's share of the batch in proportion to its speed, so
-            that all finish a step together (the global batch unchanged).
+* REBALANCE the same devices, the batch shared out so that all replicas finish a step together
+            (the global batch unchanged): shares by speed, then moved a micro-batch's worth at a time
+            while the planner, pricing each share at its own micro-batch, says the step gets shorter.
 * REPLACE   the bad device swapped for a spare.
 
 Calibration: the planner's cost model is never exact. Its compute per block is
@@ -45,6 +46,7 @@ out. The partitioner enters as an injected ``plan_fn``; what a restart costs is
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -293,11 +295,34 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
 
 def _rebalanced(running: Placement, pricer: LayoutPricer, alphas: Mapping[DeviceId, float], betas: Any,
                 batch: int, microbatches: int) -> Placement | None:
-    """Shares in proportion to each replica's speed now (images per second at its current share); None
-    when that changes nothing."""
-    cost = pricer.layout_cost(running, {d: _alpha_of(alphas, d, required=True) for d in running.devices}, betas)
-    rebalanced = running.shared_by_speed(cost.replica_step_s, batch, microbatches)
-    return None if rebalanced.shares == running.shares else rebalanced
+    """The shares that finish a step soonest on the same devices; None when that changes nothing.
+
+    First each replica's share in proportion to its speed now (images per second at its current share).
+    That assumes a replica's time follows its share, which per-call costs do not (the planner prices a
+    share at its own micro-batch when it has profiles at several sizes), so then one micro-batch's
+    worth of images at a time moves from the replica that finishes last to the one where it shortens
+    the priced step most, while the step gets shorter."""
+    priced = {d: _alpha_of(alphas, d, required=True) for d in running.devices}
+    best = running.shared_by_speed(pricer.layout_cost(running, priced, betas).replica_step_s, batch, microbatches)
+    best_step = pricer.layout_cost(best, priced, betas)
+    while True:
+        steps = list(best_step.replica_step_s)
+        slowest = steps.index(max(steps))
+        if best.shares[slowest] <= microbatches:
+            break
+        moves = []
+        for receiver in range(running.replicas):
+            if receiver != slowest:
+                shares = list(best.shares)
+                shares[slowest] -= microbatches
+                shares[receiver] += microbatches
+                trial = dataclasses.replace(best, shares=tuple(shares))
+                moves.append((pricer.layout_cost(trial, priced, betas), trial))
+        trial_step, trial = min(moves, key=lambda move: move[0].step_time_s)
+        if trial_step.step_time_s >= best_step.step_time_s:
+            break
+        best, best_step = trial, trial_step
+    return None if best.shares == running.shares else best
 
 
 def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:

@@ -65,11 +65,11 @@ STEP_WINDOW = 10  # steps whose median is "the current step time"
 BASELINE_STEPS = 50  # healthy steps whose median is the step time a slowdown is measured against
 KEEP_LOG_EVERY = 10  # a KEEP with an unchanged reason is logged once every this many decisions
 ERROR_LOG_LIMIT, ERROR_LOG_EVERY = 5, 100  # a controller error repeating every step: log the first few
-# A REBALANCE is priced by scaling each replica's time with its share; at a few images per replica a
-# step's fixed costs do not scale (a CPU rank 4x slow kept ~0.13 s of compute from 8 images down to 2),
-# and each rebalance then looked as good as the last. Its outcome is therefore checked once this many
-# steps have run after it: a realised gain under half the predicted one takes REBALANCE off the
-# options for the rest of the slowdown.
+# A REBALANCE is priced from profiles at each share's micro-batch (``StagePlanner.size_profiles``),
+# which keep a step's per-call costs (a CPU rank 4x slow kept ~0.13 s of compute from 8 images down to
+# 2); a planner without them scales a replica's time with its share, and each rebalance then looked as
+# good as the last. Its outcome is still checked once this many steps have run after it: a realised
+# gain under half the predicted one takes REBALANCE off the options for the rest of the slowdown.
 OUTCOME_STEPS = 8
 
 FALLBACK_POLICY = DegradePolicy()  # decides a hard failure when the configured policy fails

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,62 @@ def scale_to_micro_batch(profile: ModelProfile, micro_batch: int, from_micro_bat
         for block in profile.blocks
     )
     return dataclasses.replace(profile, blocks=blocks, micro_batch=micro_batch)
+
+
+TIME_COLUMNS: tuple[str, ...] = ("forward_time_ms", "backward_time_ms")
+
+
+def profile_at_micro_batch(measured: Sequence[ModelProfile], micro_batch: float) -> ModelProfile:
+    """The profile at ``micro_batch`` images from the same model measured at several micro-batch sizes.
+
+    A block's time is not proportional to its images: a pass pays per-call costs (launches, the
+    framework's own work) whatever it holds, so halving a micro-batch saves less than half its time.
+    Each block's time is therefore read off the measurements piecewise linearly between the two
+    measured sizes around ``micro_batch``, and along the nearest two beyond them (never below
+    proportional scaling from the smallest size, never below the largest size's time above it).
+    With one measured size it is that size's time scaled in proportion (``scale_to_micro_batch``).
+    Activation sizes are exactly proportional; parameter sizes do not change.
+    """
+    if not measured:
+        raise ProfileError("no measured profiles given; pass the model's profile at one micro-batch size or more")
+    if not (isinstance(micro_batch, numbers.Real) and math.isfinite(micro_batch) and micro_batch > 0):
+        raise ProfileError(f"micro_batch={micro_batch!r} must be a positive number of images")
+    first = measured[0]
+    for profile in measured:
+        if profile.micro_batch is None:
+            raise ProfileError(f"profile {profile.name!r} does not record its micro-batch size; profiles at "
+                               f"several sizes need it (re-profile with mode=profile, which writes it)")
+        if [b.layer for b in profile.blocks] != [b.layer for b in first.blocks]:
+            raise ProfileError(f"profiles {first.name!r} and {profile.name!r} have different blocks; give profiles "
+                               f"of one model at several micro-batch sizes")
+    by_size = {int(p.micro_batch or 0): p for p in measured}  # every micro_batch checked above
+    if len(by_size) != len(measured):
+        raise ProfileError(f"profiles of {first.name!r} repeat a micro-batch size "
+                           f"{sorted(int(p.micro_batch or 0) for p in measured)}; give one profile per size")
+    sizes = sorted(by_size)
+    nearest = min(sizes, key=lambda s: abs(s - micro_batch))
+    base = by_size[nearest]
+    blocks = []
+    for index, block in enumerate(base.blocks):
+        values = {c: getattr(block, c) * micro_batch / nearest for c in NUMERIC_COLUMNS
+                  if c not in TIME_COLUMNS and c != "parameter_size_kb"}
+        for column in TIME_COLUMNS:
+            times = [getattr(by_size[s].blocks[index], column) for s in sizes]
+            values[column] = _piecewise_time(sizes, times, float(micro_batch))
+        blocks.append(dataclasses.replace(block, **values))
+    return dataclasses.replace(base, blocks=tuple(blocks), micro_batch=max(1, round(micro_batch)))
+
+
+def _piecewise_time(sizes: list[int], times: list[float], size: float) -> float:
+    """One block's time at ``size`` images from its times at the measured ``sizes`` (ascending)."""
+    if len(sizes) == 1:
+        return times[0] * size / sizes[0]
+    if size <= sizes[0]:
+        s0, s1, t0, t1 = sizes[0], sizes[1], times[0], times[1]
+        return max(t0 + (t1 - t0) * (size - s0) / (s1 - s0), t0 * size / s0)
+    if size >= sizes[-1]:
+        s0, s1, t0, t1 = sizes[-2], sizes[-1], times[-2], times[-1]
+        return max(t1 + (t1 - t0) * (size - s1) / (s1 - s0), t1)
+    upper = next(i for i, s in enumerate(sizes) if s >= size)
+    s0, s1, t0, t1 = sizes[upper - 1], sizes[upper], times[upper - 1], times[upper]
+    return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
