@@ -43,6 +43,7 @@ from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import (
     NodeDecider,
+    keeps_the_decider,
     print_failover_story,
     run_across_nodes,
     run_with_failover,
@@ -83,11 +84,11 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     resumed = check_resume_settings(composed)
     cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
-    with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
+    with hold_run_dir(run_dir, _lock_slot(cfg)):  # one run per directory (synapse/rundir/lock.py)
         if resumed:
             log(resumed)
         # node 0's rank 0 writes and prunes the checkpoints (a simulation writes none)
-        if cfg.mode not in ("profile", "simulate") and cfg.trainer.node_rank == 0:
+        if cfg.mode not in ("profile", "simulate") and _owns_the_run(cfg):
             check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
             # A killed run's torn last event would merge with this run's first appended one into a line
             # no reader can parse; under the lock no other writer is alive to be cut short
@@ -101,6 +102,20 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
             # Whatever write hit the full disk last (a record, a segment file), the user hears ENOSPC.
             # (A full cache disk is named where the cache is written, as a DiskFullError of its own.)
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _owns_the_run(cfg: SynapseConfig) -> bool:
+    """Whether this launcher checks the run directory and writes the run's report: the one process of the
+    run that serves node 0 or, across nodes, keeps the decider (``trainer.role``)."""
+    if cfg.trainer.nodes > 1 and cfg.failover.enabled:
+        return keeps_the_decider(cfg.trainer)
+    return cfg.trainer.node_rank == 0
+
+
+def _lock_slot(cfg: SynapseConfig) -> int:
+    """Which lock of the run directory this launcher holds: its node's; a decider on a host of its own
+    (``trainer.role=decider``) holds the one after the last node's, beside node 0's agent."""
+    return cfg.trainer.nodes if cfg.trainer.role == "decider" else cfg.trainer.node_rank
 
 
 def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
@@ -126,7 +141,7 @@ def run_kd(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     """Distil over the configured devices, K = 1 included: one run path, under the supervisor (health,
     detection, failover) unless failover.enabled=false."""
     summary = run_pipeline(cfg, run_dir, log, overrides)
-    if cfg.trainer.node_rank == 0:  # one report per run, by node 0
+    if _owns_the_run(cfg):  # one report per run, by the launcher that keeps the decider
         write_run_report(cfg, run_dir, log)
     return summary
 

@@ -83,6 +83,9 @@ class NodeHello:
     nonce: str = ""  # fresh per hello: the welcome that echoes it answers this hello, no earlier one
     epoch: int = 0  # the decider epoch this hello attaches to (an older decider's meeting ignores it)
     orders_seen: int = 0  # orders read so far: a restarted decider numbers its orders on from here
+    # the segment whose workers this node still runs (or whose report it holds) when it re-attaches to a
+    # restarted decider, which then adopts them instead of relaunching; -1: none
+    running_segment: int = -1
 
 
 @dataclass(frozen=True)
@@ -276,9 +279,9 @@ class NodeChannel:
         self.records.put(self._key("hello", hello.node_rank), asdict(hello))
 
     def hellos(self, max_nodes: int = 64) -> dict[int, NodeHello]:
-        """Every hello so far (node ranks 1..max_nodes-1: also those beyond this run's trainer.nodes)."""
+        """Every hello so far (node ranks 0..max_nodes-1: also those beyond this run's trainer.nodes)."""
         found = {}
-        for node in range(1, max_nodes):
+        for node in range(max_nodes):
             hello = _typed(NodeHello, self.records.get(self._key("hello", node)))
             if hello is not None:
                 found[node] = hello

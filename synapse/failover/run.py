@@ -106,6 +106,13 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     if state.is_file():
         load_controller_state(controller, state)
     last = history[-1]
+    adopts = getattr(launch, "adopts", None)  # a restarted decider across nodes (failover/decider.py)
+    if not last.outcome and adopts is not None and adopts(last):
+        # its workers still run on every node of it: watched to their end, not relaunched
+        supervisor.segments = history[:-1]
+        log(f"failover: adopting segment {last.index} on devices {last.devices}, still running since step "
+            f"{last.start_step}")
+        return supervisor.run(last, compose=True, adopted=True)
     supervisor.segments = history
     log(f"failover: continuing after segment {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")

@@ -110,7 +110,7 @@ def test_a_lost_decider_stops_node_1_and_resume_auto_on_the_survivor_learns_exac
     output = finish([node1], timeout=120)[0]
     node0.communicate()
     assert node1.returncode != 0 and time.monotonic() - started < 60
-    assert "node 0 (the decider) was lost" in output and "resume=auto" in output, output[-3000:]
+    assert "was lost, or no decider took the run over" in output and "resume=auto" in output, output[-3000:]
     assert "the newest checkpoint is" in output and "checkpoints/step_" in output
     # The documented way on: the survivor alone, as a one-node run, continues from the newest checkpoint.
     run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", "trainer.devices=2",
