@@ -84,7 +84,7 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     resumed = check_resume_settings(composed)
     cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
-    with hold_run_dir(run_dir, _lock_slot(cfg)):  # one run per directory (synapse/rundir/lock.py)
+    with hold_run_dir(run_dir, lock_slot(composed)):  # one run per directory (synapse/rundir/lock.py)
         if resumed:
             log(resumed)
         # node 0's rank 0 writes and prunes the checkpoints (a simulation writes none)
@@ -112,10 +112,15 @@ def _owns_the_run(cfg: SynapseConfig) -> bool:
     return cfg.trainer.node_rank == 0
 
 
-def _lock_slot(cfg: SynapseConfig) -> int:
+def lock_slot(config: DictConfig) -> int:
     """Which lock of the run directory this launcher holds: its node's; a decider on a host of its own
-    (``trainer.role=decider``) holds the one after the last node's, beside node 0's agent."""
-    return cfg.trainer.nodes if cfg.trainer.role == "decider" else cfg.trainer.node_rank
+    (``trainer.role=decider``) holds the one after the last node's, beside node 0's agent. Read from the
+    composed config (also before it is validated: a value that is not a number reads as node 0)."""
+    def number(key: str) -> int:
+        value = OmegaConf.select(config, key, default=0, throw_on_resolution_failure=False)
+        return value if isinstance(value, int) else 0
+    role = OmegaConf.select(config, "trainer.role", default="auto", throw_on_resolution_failure=False)
+    return number("trainer.nodes") if role == "decider" else number("trainer.node_rank")
 
 
 def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
@@ -276,9 +281,8 @@ class HoldRunDir(Callback):
         except Exception:  # anything else: run() validates again under the lock and reports it there;
             pass  # raised here, Hydra would only warn and go on without the lock
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
-        node_rank = OmegaConf.select(config, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
         try:
-            self._held.enter_context(hold_run_dir(run_dir, node_rank if isinstance(node_rank, int) else 0))
+            self._held.enter_context(hold_run_dir(run_dir, lock_slot(config)))
         except (RunDirInUseError, RunDirUnusableError) as exc:
             # Hydra turns a callback's exception into a warning and goes on; a SystemExit it lets through
             print(f"synapse: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -319,9 +323,8 @@ def _record_failed_job(cfg: DictConfig, error: Exception) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    node_rank = OmegaConf.select(cfg, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
     with contextlib.suppress(RunDirInUseError, RunDirUnusableError, OSError):
-        with hold_run_dir(job_dir, node_rank if isinstance(node_rank, int) else 0):
+        with hold_run_dir(job_dir, lock_slot(cfg)):
             EventLog(EVENTS.path(job_dir), source="supervisor").append(
                 "run_failed", error=f"{type(error).__name__}: {error}"[:2000])
 

@@ -60,11 +60,13 @@ def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoi
         return {"trainer.devices": list(devices)}
     nodes = topology.nodes_of(devices)
     node = nodes[0] if node is None else node
+    # a segment's config is its workers': they take no launcher's role (trainer.role=decider names the
+    # decider's host, and is refused for a one-node config)
     if len(nodes) == 1:  # the segment runs on one node: a one-node launch there (its own loopback rendezvous)
         return {"trainer.devices": topology.local_devices_of(node, devices), "trainer.node_devices": None,
-                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None}
+                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None, "trainer.role": "auto"}
     return {"trainer.node_devices": [topology.local_devices_of(n, devices) for n in nodes], "trainer.nodes": len(nodes),
-            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint}
+            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint, "trainer.role": "auto"}
 
 
 class NodeDecider:
