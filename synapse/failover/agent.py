@@ -68,7 +68,7 @@ def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, l
     # decider of a later epoch does not welcome, and the meeting times out naming the fix)
     announced = channel.wait_decider(min(float(trainer.rdzv_timeout_s), 10.0))
     hello = NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(), nonce,
-                      epoch=announced.epoch if announced else 0)
+                      epoch=announced.epoch if announced else 0, incarnation=secrets.token_hex(8))
     channel.say_hello(hello)
     another_key = channel.holds_another_run_key()  # read now: when that fails the meeting, node 0's store goes
     try:
@@ -105,6 +105,7 @@ class Agent:
         self._beats.join(instance)
         self.epoch = self._beats.epoch = channel.epoch  # the decider epoch this agent follows
         self.hello, self.grace_s = hello, grace_s  # what it says again to a restarted decider, and how long it waits
+        self._claim_nonce = hello.nonce if hello is not None else ""  # its first hello's: its claim of node_rank
         self.events = EventLog(events_path(self.run_dir), source=f"agent of node {node}")
         self.decider_lost = threading.Event()  # the store is gone (node 0 lost), or no decider will come: exit
         self.decider_replaced = threading.Event()  # the decider this agent follows died: re-attach to the next
@@ -156,8 +157,37 @@ class Agent:
                     self.decider_lost.set()
                 continue
             self.orders_seen += 1
-            if not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
+            if isinstance(order, StopOrder) and order.lost:
+                self._rejoin(order)
+            elif not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
                 return order
+
+    def _rejoin(self, order: StopOrder) -> None:
+        """The decider declared this node lost (it was silent past ``failover.node_timeout_s``: stalled, not
+        dead) and the run went on without it; its workers are torn down (``_check_stop``). Come back as a
+        new incarnation: the decider welcomes it as a spare, which a later decision may take (REPLACE)."""
+        assert self.hello is not None
+        self.hello = dataclasses.replace(self.hello, nonce=secrets.token_hex(8), incarnation=secrets.token_hex(8),
+                                         epoch=self.epoch, orders_seen=self.orders_seen, running_segment=-1)
+        self.log(f"agent: node {self.node}: declared lost by the decider ({order.reason}); rejoining as incarnation "
+                 f"{self.hello.incarnation}")
+        with contextlib.suppress(OSError):
+            self.events.append("node_rejoining", node=self.node, incarnation=self.hello.incarnation,
+                               epoch=self.epoch)
+        scope = self.channel.records.scope
+        self.channel.join(MEETING)  # this thread's connection: the beat thread beats on in the run's scope
+        try:
+            self.channel.say_hello(self.hello, claim_nonce=self._claim_nonce)
+            while (welcome := self.channel.wait_welcome(self.node, BEAT_S, self.hello.nonce)) is None:
+                if self.decider_lost.is_set() or self.decider_replaced.is_set():
+                    return  # the store is gone, or a new decider: the beat thread deals with it
+                if self._beats.next_order(self.node, self.orders_seen, timeout_s=0) is not None:
+                    return  # the run ended (an exit order) before the decider took this node back
+        finally:
+            self.channel.join(scope)
+        if welcome.error:
+            raise NodeSetupError(f"node_rank {self.node}: the decider refused this node's return: {welcome.error}")
+        self.log(f"agent: node {self.node}: back in the run as a spare")
 
     def _refuse_order(self, order) -> None:
         said = (self.orders_seen, order.epoch)
@@ -195,7 +225,7 @@ class Agent:
                     self._beats.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=target,
                                                               orders_seen=self.orders_seen,
                                                               running_segment=self.unreported),
-                                          claim_nonce=self.hello.nonce)
+                                          claim_nonce=self._claim_nonce)
                 if target > old:
                     welcome = self._beats.wait_welcome(self.node, 1.0, nonce)
                 else:

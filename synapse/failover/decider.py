@@ -93,11 +93,16 @@ class NodeDecider:
         # A restarted decider's: node -> the segment whose workers it still runs (said in its hello). When every
         # node of the run's last segment still runs it, this decider adopts it rather than relaunch it
         self.adoptable: dict[int, int] = {}
+        self.incarnations: dict[int, str] = {}  # node -> the incarnation welcomed last
+        self.local_devices: list[int] = []  # trainer.devices of every node (set by the meeting)
+        # told the devices of a node that came back after it was declared lost: spares for the controller
+        self.on_spares: Callable[[list[int]], None] | None = None
         self.events = EventLog(events_path(self.run_dir), source="decider")
 
     # ------------------------------------------------------------------ meeting the agents
     def meet_agents(self, local_devices: Sequence[int]) -> None:
         """Wait (``trainer.rdzv_timeout_s``) for every node's hello; refuse a mismatch on both sides."""
+        self.local_devices = list(local_devices)
         expected = set(range(self.topology.nodes)) - self.lost
         deadline = time.monotonic() + self.meeting_s
         while True:
@@ -112,6 +117,7 @@ class NodeDecider:
             self.channel.continue_orders(node, hello.orders_seen)
             if hello.running_segment >= 0:
                 self.adoptable[node] = hello.running_segment
+            self.incarnations[node] = hello.incarnation
             self.channel.welcome(node, Welcome(problems.get(node), hello_nonce=hello.nonce, instance=RUN_SCOPE,
                                                epoch=self.epoch))
         self.channel.join(RUN_SCOPE)
@@ -137,6 +143,28 @@ class NodeDecider:
                  f"{f' under epoch {self.epoch}' if self.epoch else ''}")
         self.joined = set(hellos)
 
+    def take_back(self, node: int) -> bool:
+        """A node declared lost that said hello again as a new incarnation under this epoch (it was stalled,
+        not dead, and stopped on the lost node's stop order): welcome it back as a spare. Whether it was."""
+        hello = self.channel.hello_of(node)
+        if hello is None or hello.epoch != self.epoch or not hello.incarnation \
+                or hello.incarnation == self.incarnations.get(node):
+            return False
+        problem = self._mismatch(hello, self.local_devices)
+        self.channel.continue_orders(node, hello.orders_seen)
+        self.channel.welcome_back(node, Welcome(problem, hello_nonce=hello.nonce, instance=RUN_SCOPE, epoch=self.epoch))
+        self.incarnations[node] = hello.incarnation
+        if problem:
+            return False
+        spares = self.topology.devices_on(node)
+        self.lost.discard(node)
+        self.joined.add(node)
+        self.events.append("node_rejoined", node=node, incarnation=hello.incarnation, spares=spares, epoch=self.epoch)
+        self.log(f"decider: node {node} is back (incarnation {hello.incarnation}); its devices {spares} are spares")
+        if self.on_spares is not None:
+            self.on_spares(spares)
+        return True
+
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:
         if hello.nodes != self.topology.nodes:
             return (f"it has trainer.nodes={hello.nodes}, the decider has trainer.nodes={self.topology.nodes}. "
@@ -153,6 +181,9 @@ class NodeDecider:
                  if node not in self.lost}
         for node in exits:
             self.channel.order(node, ExitOrder(message))
+        for node in sorted(self.lost):  # best effort: a lost node that still waits to come back leaves too
+            with contextlib.suppress(RuntimeError, OSError):
+                self.channel.order(node, ExitOrder(message))
         # This process serves the store: it stays until every agent that joined acknowledged (a live
         # agent reads its orders every BEAT_S), or a node timeout has passed for the silent ones. A
         # meeting that failed has no agent serving: nothing to wait for.
@@ -285,6 +316,8 @@ class RemoteNodesWatch:
 
     def _poll(self) -> None:
         channel, now = self.decider.channel, time.monotonic()
+        for node in sorted(self.decider.lost - self.lost):  # declared lost in an earlier segment: back?
+            self.decider.take_back(node)
         for node in self.remote:
             if node in self.reports or node in self.lost:
                 continue
@@ -312,7 +345,8 @@ class RemoteNodesWatch:
                 # workers down, rather than train on beside the launch that replaces them.
                 with contextlib.suppress(RuntimeError, OSError):
                     channel.order(node, StopOrder(self.segment, f"node {node} was declared lost (no beat for "
-                                                                f"{now - since:.1f} s); the run goes on without it"))
+                                                                f"{now - since:.1f} s); the run goes on without it",
+                                                  lost=True))
                 self.trouble(f"node {node} was lost")
 
     def _refuse_report(self, node: int, report: NodeReport) -> None:

@@ -248,7 +248,10 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
     try:
         channel = NodeChannel.attach(str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s), run_dir, log)
         channel.epoch = epoch
-        lost = {int(e["node"]) for e in read_events(events_path(run_dir), "node_lost") if "node" in e}
+        lost: set[int] = set()  # declared lost and not back (node_rejoined) since
+        for event in read_events(events_path(run_dir)):
+            if event.get("event") in ("node_lost", "node_rejoined") and isinstance(event.get("node"), int):
+                (lost.add if event["event"] == "node_lost" else lost.discard)(event["node"])
         decider = NodeDecider(trainer, failover, run_dir, log, channel=channel, epoch=epoch, lost=lost)
         if lost:
             log(f"decider: epoch {epoch}: node(s) {sorted(lost)} were declared lost earlier in this run; they stay out")

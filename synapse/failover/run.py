@@ -82,6 +82,10 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
+    if hasattr(launch, "on_spares"):  # across nodes: a node declared lost that comes back is a spare
+        def add_spares(devices: list[int]) -> None:
+            controller.spare_devices = tuple(sorted({*controller.spare_devices, *devices}))
+        launch.on_spares = add_spares
     composer = SegmentComposer(cfg, run_dir, user_overrides(overrides))
     supervisor = Supervisor(cfg.failover, cfg.trainer, composer, run_dir, controller, teacher_weights,
                             policy=cfg.policy.name, injection=cfg.injection.name, log=log,

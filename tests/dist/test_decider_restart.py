@@ -38,11 +38,14 @@ STEPS = 12
 
 
 def start_nodes(run_dir: Path, teacher_file: Path, endpoint: str, *extra: str,
-                launchers: tuple[tuple[str, ...], ...] = (("trainer.node_rank=0",), ("trainer.node_rank=1",))
-                ) -> list[subprocess.Popen]:
-    """One ``python train.py`` per entry of ``launchers`` (its own settings), each in a session of its own."""
+                launchers: tuple[tuple[str, ...], ...] = (("trainer.node_rank=0",), ("trainer.node_rank=1",)),
+                devices: int = 2) -> list[subprocess.Popen]:
+    """One ``python train.py`` per entry of ``launchers`` (its own settings), each in a session of its own;
+    as many nodes as launchers with a node_rank, of ``devices`` CPU slots each."""
+    node_count = sum(any(o.startswith("trainer.node_rank=") for o in own) for own in launchers)
     common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={run_dir.parent}/cache",
-              f"run_dir={run_dir}", f"trainer.max_steps={STEPS}", "trainer.devices=2", "trainer.nodes=2",
+              f"run_dir={run_dir}", f"trainer.max_steps={STEPS}", f"trainer.devices={devices}",
+              f"trainer.nodes={node_count}",
               f"trainer.rdzv_endpoint={endpoint}", "report=false", "logger=none", *extra]
     return [subprocess.Popen([sys.executable, "train.py", *common, *own], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -241,3 +244,34 @@ def test_a_decider_on_a_host_of_its_own_is_replaced_without_a_stop_and_node_0_lo
     assert {epoch for _, epoch in commits} == {1, 2} and (STEPS, 2) in commits, commits
     assert all(step <= resumed_at for step, epoch in commits if epoch == 1), (commits, resumed_at)
     assert all(step > resumed_at for step, epoch in commits if epoch == 2), (commits, resumed_at)
+
+
+@pytest.mark.extended  # three more interpreters on a 2-core machine (~2 min); [killed] covers two nodes by default
+def test_three_launchers_as_three_nodes_keep_their_workers_when_the_decider_is_killed(tmp_path, teacher_file,
+                                                                                      reference):
+    """Three nodes of one CPU slot each (role=auto: node 0's launcher keeps the decider): the decider SIGKILLed
+    after step 2's checkpoint; all three agents re-attach, the new decider adopts the segment, no worker stops,
+    and the run learns what one device learns; every commit is epoch 1's."""
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=2", devices=1,
+                        launchers=tuple((f"trainer.node_rank={n}",) for n in range(3)))
+    try:
+        events = run_dir / "failover_events.jsonl"
+        wait_for(lambda: events.is_file() and any(e["step"] >= 2 for e in read_events(events, "checkpoint_saved")),
+                 "the checkpoint of step 2", nodes, timeout_s=300)
+        os.kill(decider_epoch(run_dir)["pid"], signal.SIGKILL)
+        outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert sorted(e["node"] for e in read_events(events, "decider_reattached")) == [0, 1, 2]
+    [adopted] = read_events(events, "segment_adopted")
+    assert adopted["segment"] == 0 and adopted["nodes"] == [0, 1, 2], adopted
+    from synapse.failover import read_segments
+    assert len(read_segments(run_dir)) == 1 and not read_events(events, "relaunch")
+    commits = commit_epochs(run_dir)
+    assert (STEPS, 1) in commits and {epoch for _, epoch in commits} == {1}, commits
+    assert_identical_states(final_student_state(run_dir), reference)
