@@ -43,6 +43,7 @@ from synapse.data import data_kwargs, dataset_info
 from synapse.engine import resolve_resume, teacher_weights, train_label_model
 from synapse.failover import (
     NodeDecider,
+    keeps_the_decider,
     print_failover_story,
     run_across_nodes,
     run_with_failover,
@@ -83,11 +84,11 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
     resumed = check_resume_settings(composed)
     cfg = typed_config(composed)  # from here on, every part receives its typed, frozen slice
     run_dir = Path(cfg.run_dir)
-    with hold_run_dir(run_dir, cfg.trainer.node_rank):  # one run per directory (synapse/rundir/lock.py)
+    with hold_run_dir(run_dir, lock_slot(composed)):  # one run per directory (synapse/rundir/lock.py)
         if resumed:
             log(resumed)
         # node 0's rank 0 writes and prunes the checkpoints (a simulation writes none)
-        if cfg.mode not in ("profile", "simulate") and cfg.trainer.node_rank == 0:
+        if cfg.mode not in ("profile", "simulate") and _owns_the_run(cfg):
             check_run_dir_checkpoints(CHECKPOINTS.path(run_dir), cfg.resume)  # never two runs' in one directory
             # A killed run's torn last event would merge with this run's first appended one into a line
             # no reader can parse; under the lock no other writer is alive to be cut short
@@ -101,6 +102,25 @@ def run(composed: DictConfig, log: Callable[[str], None] = print, overrides: lis
             # Whatever write hit the full disk last (a record, a segment file), the user hears ENOSPC.
             # (A full cache disk is named where the cache is written, as a DiskFullError of its own.)
             raise disk_full_error(run_dir, newest_checkpoint(run_dir), f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _owns_the_run(cfg: SynapseConfig) -> bool:
+    """Whether this launcher checks the run directory and writes the run's report: the one process of the
+    run that serves node 0 or, across nodes, keeps the decider (``trainer.role``)."""
+    if cfg.trainer.nodes > 1 and cfg.failover.enabled:
+        return keeps_the_decider(cfg.trainer)
+    return cfg.trainer.node_rank == 0
+
+
+def lock_slot(config: DictConfig) -> int:
+    """Which lock of the run directory this launcher holds: its node's; a decider on a host of its own
+    (``trainer.role=decider``) holds the one after the last node's, beside node 0's agent. Read from the
+    composed config (also before it is validated: a value that is not a number reads as node 0)."""
+    def number(key: str) -> int:
+        value = OmegaConf.select(config, key, default=0, throw_on_resolution_failure=False)
+        return value if isinstance(value, int) else 0
+    role = OmegaConf.select(config, "trainer.role", default="auto", throw_on_resolution_failure=False)
+    return number("trainer.nodes") if role == "decider" else number("trainer.node_rank")
 
 
 def _run_holding(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None], overrides: list[str] | None
@@ -126,7 +146,7 @@ def run_kd(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     """Distil over the configured devices, K = 1 included: one run path, under the supervisor (health,
     detection, failover) unless failover.enabled=false."""
     summary = run_pipeline(cfg, run_dir, log, overrides)
-    if cfg.trainer.node_rank == 0:  # one report per run, by node 0
+    if _owns_the_run(cfg):  # one report per run, by the launcher that keeps the decider
         write_run_report(cfg, run_dir, log)
     return summary
 
@@ -261,9 +281,8 @@ class HoldRunDir(Callback):
         except Exception:  # anything else: run() validates again under the lock and reports it there;
             pass  # raised here, Hydra would only warn and go on without the lock
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
-        node_rank = OmegaConf.select(config, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
         try:
-            self._held.enter_context(hold_run_dir(run_dir, node_rank if isinstance(node_rank, int) else 0))
+            self._held.enter_context(hold_run_dir(run_dir, lock_slot(config)))
         except (RunDirInUseError, RunDirUnusableError) as exc:
             # Hydra turns a callback's exception into a warning and goes on; a SystemExit it lets through
             print(f"synapse: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -304,9 +323,8 @@ def _record_failed_job(cfg: DictConfig, error: Exception) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    node_rank = OmegaConf.select(cfg, "trainer.node_rank", default=0, throw_on_resolution_failure=False)
     with contextlib.suppress(RunDirInUseError, RunDirUnusableError, OSError):
-        with hold_run_dir(job_dir, node_rank if isinstance(node_rank, int) else 0):
+        with hold_run_dir(job_dir, lock_slot(cfg)):
             EventLog(EVENTS.path(job_dir), source="supervisor").append(
                 "run_failed", error=f"{type(error).__name__}: {error}"[:2000])
 

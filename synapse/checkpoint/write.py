@@ -204,9 +204,12 @@ def run_identity(root: Path) -> str:
 
 
 def current_decider_epoch(root: Path) -> int:
-    """The newest decider epoch of the run whose checkpoints are in ``root`` (0: none, one node)."""
+    """The decider epoch whose workers may commit in the run whose checkpoints are in ``root`` (0: none, one
+    node): ``workers`` of failover/decider_epoch.json (a restarted decider that adopted the running workers
+    leaves it at theirs), else its ``epoch``."""
     try:
-        return int(json.loads(DECIDER_EPOCH.path(Path(root).parent).read_text())["epoch"])
+        data = json.loads(DECIDER_EPOCH.path(Path(root).parent).read_text())
+        return int(data.get("workers") or data["epoch"])
     except FileNotFoundError:
         return 0
     except (OSError, ValueError, KeyError, TypeError):

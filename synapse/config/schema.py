@@ -236,6 +236,11 @@ class TrainerConfig:
     # to data.batch_size); None: equal shares. A REBALANCE or a dropped replica sets it for its segment.
     replica_shares: tuple[int, ...] | None = None
     node_rank: int = 0  # 0 hosts the rendezvous store; c10d rendezvous assigns the process ranks
+    # Across nodes (failover.enabled): what this launcher runs. auto: node 0 serves the run's store, keeps the
+    # decider running and runs node 0's agent; every other node runs its agent. decider: only the store and
+    # the decider, on a host that needs no device (a Slurm batch host, a het-job component); the nodes then
+    # all run role=agent, node 0 included. agent: only this node's agent (its workers).
+    role: str = "auto"
     # The devices of each node when they differ (a failover segment after a device or node was dropped,
     # composed by the supervisor); None: trainer.devices on every node.
     node_devices: tuple[tuple[int, ...], ...] | None = None

@@ -418,6 +418,9 @@ def _validate_optim(optim: DictConfig) -> None:
               f"{optim.gamma}", "use e.g. optim.gamma=0.1")
 
 
+ROLES = ("auto", "decider", "agent")  # trainer.role
+
+
 def _validate_trainer(trainer: DictConfig) -> None:
     _validate_cpu_slot_ids(trainer)
     positive("trainer.nodes", trainer.nodes)
@@ -430,6 +433,13 @@ def _validate_trainer(trainer: DictConfig) -> None:
         fail("trainer.node_devices", f"{trainer.node_devices} must list the devices of each of trainer.nodes="
               f"{trainer.nodes} nodes, none empty",
              "leave it unset (null): the supervisor sets it for failover segments")
+    if trainer.role not in ROLES:
+        fail("trainer.role", f"{trainer.role!r} is not one of {', '.join(ROLES)}",
+             "use auto (node 0 keeps the decider), decider (a host of its own keeps it) or agent (a node's "
+             "workers only, every node when a decider runs apart)")
+    if trainer.role != "auto" and trainer.nodes == 1:
+        fail("trainer.role", f"{trainer.role} splits a run across nodes, but trainer.nodes=1",
+             "set trainer.nodes to the number of nodes with devices, or leave trainer.role=auto")
     positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     positive("trainer.rdzv_timeout_s", trainer.rdzv_timeout_s)
     if trainer.nodes == 1 and trainer.rdzv_endpoint and not _is_loopback_endpoint(trainer.rdzv_endpoint):

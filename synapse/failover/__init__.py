@@ -4,7 +4,7 @@ composed Hydra config; the run's summary and console; and the decider and agents
 """
 from synapse.failover.controller import FailoverController
 from synapse.failover.decider import NodeDecider
-from synapse.failover.keeper import DeciderJob, DeciderLostError, run_across_nodes
+from synapse.failover.keeper import DeciderJob, DeciderLostError, keeps_the_decider, run_across_nodes
 from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
@@ -35,5 +35,5 @@ __all__ = ["DeciderJob", "DeciderLostError", "ExitOrder", "FailoverController", 
            "LaunchOrder", "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport",
            "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder", "Welcome",
            "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover",
+           "keeps_the_decider", "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover",
            "supervised_console", "user_overrides", "write_experiment_summary", "write_segment"]

@@ -5,14 +5,15 @@ this node's workers of segment n with the config the decider composed, tear them
 It reports how each launch ended (the failed rank and cause, from this node's own elastic
 agent and health monitor) and beats, so the decider can tell a lost node from a slow one.
 
-If the decider dies, node 0's launcher (which serves the store) says so on the store and starts a
-new one under the next epoch (``keeper.py``): the agent tears its workers down (they lost their
-peers on node 0), waits for the new decider for ``failover.decider_grace_s`` and attaches to it
-again, with the number of orders it has read; from then on it refuses, and says, any order of an
-older epoch. If node 0 itself is lost (its store stops answering), or no new decider comes, the
-agent tears its workers down and exits with the documented outcome: the newest checkpoint on the
-shared run directory holds everything finished; rerun the same command on the surviving nodes with
-``resume=auto``.
+Node 0 runs an agent too: the decider owns no worker. If the decider dies, its launcher (which
+serves the store) says so on the store and starts a new one under the next epoch (``keeper.py``):
+the agent's workers train on; its beat thread waits for the new decider for
+``failover.decider_grace_s`` and attaches to it again, with the number of orders it has read and the
+segment its workers still run, which the new decider adopts; the launch's report waits for it. From
+then on the agent refuses, and says, any order of an older epoch. If the store itself is lost, or no
+new decider comes, the agent tears its workers down and exits with the documented outcome: the newest
+checkpoint on the shared run directory holds everything finished; rerun the same command on the
+surviving nodes with ``resume=auto``.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, l
     # decider of a later epoch does not welcome, and the meeting times out naming the fix)
     announced = channel.wait_decider(min(float(trainer.rdzv_timeout_s), 10.0))
     hello = NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(), nonce,
-                      epoch=announced.epoch if announced else 0)
+                      epoch=announced.epoch if announced else 0, incarnation=secrets.token_hex(8))
     channel.say_hello(hello)
     another_key = channel.holds_another_run_key()  # read now: when that fails the meeting, node 0's store goes
     try:
@@ -104,12 +105,14 @@ class Agent:
         self._beats.join(instance)
         self.epoch = self._beats.epoch = channel.epoch  # the decider epoch this agent follows
         self.hello, self.grace_s = hello, grace_s  # what it says again to a restarted decider, and how long it waits
+        self._claim_nonce = hello.nonce if hello is not None else ""  # its first hello's: its claim of node_rank
         self.events = EventLog(events_path(self.run_dir), source=f"agent of node {node}")
         self.decider_lost = threading.Event()  # the store is gone (node 0 lost), or no decider will come: exit
         self.decider_replaced = threading.Event()  # the decider this agent follows died: re-attach to the next
         self._refused_orders: set[tuple[int, int]] = set()  # (order number, epoch) said once
         self.stop_segment: int | None = None  # a StopOrder for this segment arrived
         self.launch: tuple[int, float] | None = None  # (segment, started) while workers run
+        self.unreported = -1  # the segment whose workers run or whose report is not delivered yet (-1: none)
         self.orders_seen = 0
 
     def serve(self) -> dict[str, Any]:
@@ -131,8 +134,6 @@ class Agent:
 
     def _next_order(self):
         while True:
-            if self.decider_replaced.is_set() and not self.decider_lost.is_set():
-                self._reattach()
             try:
                 order = self.channel.next_order(self.node, self.orders_seen, timeout_s=BEAT_S) \
                     if not self.decider_lost.is_set() else None
@@ -156,8 +157,37 @@ class Agent:
                     self.decider_lost.set()
                 continue
             self.orders_seen += 1
-            if not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
+            if isinstance(order, StopOrder) and order.lost:
+                self._rejoin(order)
+            elif not isinstance(order, StopOrder):  # a stop for a launch already over needs nothing
                 return order
+
+    def _rejoin(self, order: StopOrder) -> None:
+        """The decider declared this node lost (it was silent past ``failover.node_timeout_s``: stalled, not
+        dead) and the run went on without it; its workers are torn down (``_check_stop``). Come back as a
+        new incarnation: the decider welcomes it as a spare, which a later decision may take (REPLACE)."""
+        assert self.hello is not None
+        self.hello = dataclasses.replace(self.hello, nonce=secrets.token_hex(8), incarnation=secrets.token_hex(8),
+                                         epoch=self.epoch, orders_seen=self.orders_seen, running_segment=-1)
+        self.log(f"agent: node {self.node}: declared lost by the decider ({order.reason}); rejoining as incarnation "
+                 f"{self.hello.incarnation}")
+        with contextlib.suppress(OSError):
+            self.events.append("node_rejoining", node=self.node, incarnation=self.hello.incarnation,
+                               epoch=self.epoch)
+        scope = self.channel.records.scope
+        self.channel.join(MEETING)  # this thread's connection: the beat thread beats on in the run's scope
+        try:
+            self.channel.say_hello(self.hello, claim_nonce=self._claim_nonce)
+            while (welcome := self.channel.wait_welcome(self.node, BEAT_S, self.hello.nonce)) is None:
+                if self.decider_lost.is_set() or self.decider_replaced.is_set():
+                    return  # the store is gone, or a new decider: the beat thread deals with it
+                if self._beats.next_order(self.node, self.orders_seen, timeout_s=0) is not None:
+                    return  # the run ended (an exit order) before the decider took this node back
+        finally:
+            self.channel.join(scope)
+        if welcome.error:
+            raise NodeSetupError(f"node_rank {self.node}: the decider refused this node's return: {welcome.error}")
+        self.log(f"agent: node {self.node}: back in the run as a spare")
 
     def _refuse_order(self, order) -> None:
         said = (self.orders_seen, order.epoch)
@@ -172,8 +202,10 @@ class Agent:
                                order=self.orders_seen, record_epoch=order.epoch, epoch=self.epoch)
 
     def _reattach(self) -> None:
-        """The decider this agent followed died: wait (``failover.decider_grace_s``) for node 0's launcher to
-        announce the next epoch, say hello to its decider, and follow it from the next order on."""
+        """The decider this agent followed died (the beat thread's, while the workers train on): wait
+        (``failover.decider_grace_s``) for its launcher to announce the next epoch, say hello to its decider
+        with the segment still running here, and follow it from the next order on. On its own connection:
+        the main thread's stays in the run's scope, where it reads orders and reports."""
         old, deadline = self.epoch, time.monotonic() + self.grace_s
         self.log(f"agent: node {self.node}: the decider of epoch {old} was lost; waiting up to "
                  f"failover.decider_grace_s={self.grace_s:g} s for the next one")
@@ -182,19 +214,20 @@ class Agent:
             while welcome is None:
                 if time.monotonic() > deadline:
                     raise DeciderLost(decider_lost_message(self.node, self.run_dir))
-                announced = self.channel.decider()
+                announced = self._beats.decider()
                 if announced is not None and announced.state == "gone":  # the launcher gave up restarting it
                     raise DeciderLost(decider_lost_message(self.node, self.run_dir))
                 if announced is not None and announced.epoch > target and announced.state == "starting" \
                         and self.hello is not None:
                     # a newer decider (also when the one this agent said hello to died before its welcome)
                     target, nonce = announced.epoch, secrets.token_hex(8)
-                    self.channel.join(MEETING)
-                    self.channel.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=target,
-                                                               orders_seen=self.orders_seen),
-                                           claim_nonce=self.hello.nonce)
+                    self._beats.join(MEETING)
+                    self._beats.say_hello(dataclasses.replace(self.hello, nonce=nonce, epoch=target,
+                                                              orders_seen=self.orders_seen,
+                                                              running_segment=self.unreported),
+                                          claim_nonce=self._claim_nonce)
                 if target > old:
-                    welcome = self.channel.wait_welcome(self.node, 1.0, nonce)
+                    welcome = self._beats.wait_welcome(self.node, 1.0, nonce)
                 else:
                     time.sleep(POLL_S * 4)
         except (RuntimeError, OSError) as exc:  # the store is gone: node 0 itself was lost
@@ -206,6 +239,7 @@ class Agent:
             raise NodeSetupError(f"node_rank {self.node}: the decider of epoch {target} refused this node: "
                                  f"{welcome.error}")
         self.channel.join(welcome.instance)
+        self._beats.join(welcome.instance)
         self.channel.epoch = self._beats.epoch = self.epoch = welcome.epoch
         self.decider_replaced.clear()
         self.log(f"agent: node {self.node}: attached to the decider of epoch {self.epoch}")
@@ -217,7 +251,7 @@ class Agent:
         cfg = config_from_yaml(order.cfg_yaml)
         task = LaunchTask(cfg, Placement.from_dict(order.partition), order.microbatches, order.segment,
                           order.teacher_weights, order.resume)
-        self.stop_segment, self.launch = None, (order.segment, time.time())
+        self.stop_segment, self.launch, self.unreported = None, (order.segment, time.time()), order.segment
         self.log(f"agent: node {self.node}: segment {order.segment} on local devices "
                  f"{list(resolve_devices(cfg.trainer))}")
         report = NodeReport(self.node, order.segment, "finished")
@@ -233,12 +267,15 @@ class Agent:
             report = NodeReport(self.node, order.segment, "error", cause=type(exc).__name__, message=str(exc)[:4000])
         finally:
             self.launch = None
-        if self.decider_replaced.is_set():
-            return None  # the decider that ordered it is gone; the next one starts from the run directory
+        # The decider that ordered it died meanwhile: the report is for its successor, which adopted (or
+        # will adopt) this segment; it goes once the beat thread has attached to it
+        while self.decider_replaced.is_set() and not self.decider_lost.is_set():
+            time.sleep(POLL_S * 4)
         try:
             if not self.decider_lost.is_set():
                 self.channel.report(report)
-        except (RuntimeError, OSError):  # the store's server (the decider) is gone
+                self.unreported = -1
+        except (RuntimeError, OSError):  # the store's server is gone
             self.decider_lost.set()
         if self.decider_lost.is_set():
             raise DeciderLost(decider_lost_message(self.node, self.run_dir))
@@ -248,12 +285,18 @@ class Agent:
         """Beat, and watch for a StopOrder or a lost decider while the main thread runs a launch."""
         while not self.decider_lost.is_set():
             try:
+                if self.decider_replaced.is_set():
+                    self._reattach()
                 self._beats.beat(self.node)
                 self._check_decider()
                 self._check_stop()
-            except (RuntimeError, OSError, NodeChannelError):  # the decider's store is gone
+            except DeciderLost:  # no new decider came in time, or its launcher gave up
                 self.decider_lost.set()
-                self._tear_down("node 0 (the decider) stopped answering")
+                self._tear_down("no decider took the run over")
+                return
+            except (RuntimeError, OSError, NodeChannelError):  # the store is gone
+                self.decider_lost.set()
+                self._tear_down("the run's store stopped answering")
                 return
             time.sleep(BEAT_S)
 
@@ -263,8 +306,8 @@ class Agent:
         if announced is None or self.decider_replaced.is_set():
             return
         if announced.epoch > self.epoch or (announced.epoch == self.epoch and announced.state in ("lost", "gone")):
+            # the workers train on: the next decider adopts them (``_reattach``, from this thread's next turn)
             self.decider_replaced.set()
-            self._tear_down(f"the decider of epoch {self.epoch} was lost")
 
     def _check_stop(self) -> None:
         launch = self.launch
@@ -288,7 +331,7 @@ class Agent:
 def decider_lost_message(node: int, run_dir: Path) -> str:
     saved = newest_checkpoint(run_dir)
     at = f"the newest checkpoint is {saved}" if saved else "no checkpoint was written yet"
-    return (f"node {node}: node 0 (the decider) was lost, so this node's workers were stopped; {at} on the shared "
-            f"run directory, nothing finished is lost. Fix: rerun the same command on the surviving nodes with "
-            f"resume=auto (one of them as trainer.node_rank=0 with its address in trainer.rdzv_endpoint, and "
-            f"trainer.nodes set to how many are left)")
+    return (f"node {node}: the decider's launcher (the run's store) was lost, or no decider took the run over, so "
+            f"this node's workers were stopped; {at} on the shared run directory, nothing finished is lost. Fix: "
+            f"rerun the same command on the surviving nodes with resume=auto (one of them as trainer.node_rank=0 "
+            f"with its address in trainer.rdzv_endpoint, and trainer.nodes set to how many are left)")

@@ -1,10 +1,12 @@
 """The decider's side of a run across nodes: meet the agents, launch each segment on every node
 that holds some of its devices, watch the agents, and turn what each node saw into one failure.
 
-Node 0's supervisor is the decider, in a process of its own beside the store (``keeper.py``): it
+The decider is the run's supervisor, in a process of its own beside the store (``keeper.py``): it
 owns the controller, the segment history and the composed segment configs, exactly as on one node,
-and runs node 0's workers; its ``launch`` is a ``NodeDecider`` instead of
-``launch_pipeline``. A segment's placement lists run-wide device ids (``partitioning/topology.py``);
+and no worker: every node, node 0 included, runs an agent that starts and tears down its own workers
+on order. Its ``launch`` is a ``NodeDecider`` instead of ``launch_pipeline``, so it can run on a
+host with no device at all, and its death costs no worker: the next decider adopts the segment the
+agents still run (``adoptable``). A segment's placement lists run-wide device ids (``partitioning/topology.py``);
 each node gets the segment config with its own local devices and its place among the segment's
 nodes, and starts its workers with the same elastic launcher. Node 0's launcher hosts the run's
 store (``node_channel.py``): every segment's workers rendezvous there under a run id of their own.
@@ -14,20 +16,21 @@ How a segment across nodes ends:
 * a worker failed: each node reports what its own elastic agent and health monitor saw; the
   failure a node reports about one of its *own* ranks is the root cause (the others only lost a
   peer). The decider tears down the rest at once, so no node waits for a collective timeout.
-* a node's agent stopped beating for ``failover.node_timeout_s``: the node is lost, and every
-  rank it ran is dropped with it (``WorkerFailure.lost_ranks``: DEGRADE of all its devices).
+* a node's agent stopped beating for ``failover.node_timeout_s`` (node 0's as any other): the node is
+  lost, and every rank it ran is dropped with it (``WorkerFailure.lost_ranks``: DEGRADE of all its
+  devices).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
+from synapse.failover.epoch import admit_workers
 from synapse.failover.node_channel import (
     BEAT_S,
     POLL_S,
@@ -40,11 +43,13 @@ from synapse.failover.node_channel import (
     StopOrder,
     Welcome,
 )
-from synapse.health import kill_live_workers, read_heartbeats
-from synapse.launch import WorkerFailure, launch_pipeline
+from synapse.launch import WorkerFailure
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
-from synapse.rundir import NODE_SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
+from synapse.rundir import NODE_SUPERVISOR_LOCK, SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
+
+if TYPE_CHECKING:  # segments.py composes segment configs with segment_node_settings below
+    from synapse.failover.segments import Segment
 
 
 def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
@@ -55,15 +60,17 @@ def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoi
         return {"trainer.devices": list(devices)}
     nodes = topology.nodes_of(devices)
     node = nodes[0] if node is None else node
+    # a segment's config is its workers': they take no launcher's role (trainer.role=decider names the
+    # decider's host, and is refused for a one-node config)
     if len(nodes) == 1:  # the segment runs on one node: a one-node launch there (its own loopback rendezvous)
         return {"trainer.devices": topology.local_devices_of(node, devices), "trainer.node_devices": None,
-                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None}
+                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None, "trainer.role": "auto"}
     return {"trainer.node_devices": [topology.local_devices_of(n, devices) for n in nodes], "trainer.nodes": len(nodes),
-            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint}
+            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint, "trainer.role": "auto"}
 
 
 class NodeDecider:
-    """Node 0's view of the other nodes; called like ``launch_pipeline`` to run one segment on all of them
+    """The decider's view of the nodes; called like ``launch_pipeline`` to run one segment on all of them
     (with the segment's whole config, of which each node gets its own copy: ``node_config``)."""
 
     def __init__(self, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path,
@@ -83,12 +90,20 @@ class NodeDecider:
         self.epoch = self.channel.epoch = epoch
         self.lost: set[int] = set(lost or ())
         self.joined: set[int] = set()  # the nodes welcomed into the run (set once the meeting succeeded)
+        # A restarted decider's: node -> the segment whose workers it still runs (said in its hello). When every
+        # node of the run's last segment still runs it, this decider adopts it rather than relaunch it
+        self.adoptable: dict[int, int] = {}
+        self.incarnations: dict[int, str] = {}  # node -> the incarnation welcomed last
+        self.local_devices: list[int] = []  # trainer.devices of every node (set by the meeting)
+        # told the devices of a node that came back after it was declared lost: spares for the controller
+        self.on_spares: Callable[[list[int]], None] | None = None
         self.events = EventLog(events_path(self.run_dir), source="decider")
 
     # ------------------------------------------------------------------ meeting the agents
     def meet_agents(self, local_devices: Sequence[int]) -> None:
-        """Wait (``trainer.rdzv_timeout_s``) for every other node's hello; refuse a mismatch on both sides."""
-        expected = set(range(1, self.topology.nodes)) - self.lost
+        """Wait (``trainer.rdzv_timeout_s``) for every node's hello; refuse a mismatch on both sides."""
+        self.local_devices = list(local_devices)
+        expected = set(range(self.topology.nodes)) - self.lost
         deadline = time.monotonic() + self.meeting_s
         while True:
             # only hellos to this epoch: an agent still attached to an earlier decider has not re-attached yet
@@ -100,6 +115,9 @@ class NodeDecider:
             time.sleep(POLL_S * 4)
         for node, hello in hellos.items():
             self.channel.continue_orders(node, hello.orders_seen)
+            if hello.running_segment >= 0:
+                self.adoptable[node] = hello.running_segment
+            self.incarnations[node] = hello.incarnation
             self.channel.welcome(node, Welcome(problems.get(node), hello_nonce=hello.nonce, instance=RUN_SCOPE,
                                                epoch=self.epoch))
         self.channel.join(RUN_SCOPE)
@@ -109,37 +127,63 @@ class NodeDecider:
         if missing:
             # A node that started but writes elsewhere left no lock here (and its hello, sealed with
             # another run key, was refused above)
-            elsewhere = [n for n in missing if not NODE_SUPERVISOR_LOCK.path(self.run_dir, node=n).exists()]
+            elsewhere = [n for n in missing if not (NODE_SUPERVISOR_LOCK.path(self.run_dir, node=n) if n else
+                                                    SUPERVISOR_LOCK.path(self.run_dir)).exists()]
             hint = (f" Node(s) {elsewhere} left nothing in this run directory ({self.run_dir}): if they were "
                     f"started, their hydra.run.dir is another directory; it must be on a filesystem every node "
                     f"sees, at the same path on every node." if elsewhere else "")
             raise NodeSetupError(f"the rendezvous at {self.endpoint} timed out after {self.meeting_s:g} s "
                                  f"(trainer.rdzv_timeout_s, failover.decider_grace_s for a restarted decider): "
-                                 f"trainer.nodes={self.topology.nodes} nodes were expected (this "
-                                 f"is node_rank 0) and node(s) {missing} did not join.{hint} Fix: start python "
+                                 f"trainer.nodes={self.topology.nodes} nodes were expected and node(s) {missing} "
+                                 f"did not join.{hint} Fix: start python "
                                  f"train.py on every node with the same trainer.rdzv_endpoint and trainer.nodes "
-                                 f"(node_rank 1..{self.topology.nodes - 1}) and run directory, within the timeout, "
+                                 f"(node_rank 0..{self.topology.nodes - 1}) and run directory, within the timeout, "
                                  f"or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})"
                  f"{f' under epoch {self.epoch}' if self.epoch else ''}")
         self.joined = set(hellos)
 
+    def take_back(self, node: int) -> bool:
+        """A node declared lost that said hello again as a new incarnation under this epoch (it was stalled,
+        not dead, and stopped on the lost node's stop order): welcome it back as a spare. Whether it was."""
+        hello = self.channel.hello_of(node)
+        if hello is None or hello.epoch != self.epoch or not hello.incarnation \
+                or hello.incarnation == self.incarnations.get(node):
+            return False
+        problem = self._mismatch(hello, self.local_devices)
+        self.channel.continue_orders(node, hello.orders_seen)
+        self.channel.welcome_back(node, Welcome(problem, hello_nonce=hello.nonce, instance=RUN_SCOPE, epoch=self.epoch))
+        self.incarnations[node] = hello.incarnation
+        if problem:
+            return False
+        spares = self.topology.devices_on(node)
+        self.lost.discard(node)
+        self.joined.add(node)
+        self.events.append("node_rejoined", node=node, incarnation=hello.incarnation, spares=spares, epoch=self.epoch)
+        self.log(f"decider: node {node} is back (incarnation {hello.incarnation}); its devices {spares} are spares")
+        if self.on_spares is not None:
+            self.on_spares(spares)
+        return True
+
     def _mismatch(self, hello, local_devices: Sequence[int]) -> str | None:
         if hello.nodes != self.topology.nodes:
-            return (f"it has trainer.nodes={hello.nodes}, node 0 has trainer.nodes={self.topology.nodes}. Fix: the "
-                    f"same trainer.nodes on every node")
+            return (f"it has trainer.nodes={hello.nodes}, the decider has trainer.nodes={self.topology.nodes}. "
+                    f"Fix: the same trainer.nodes on every node")
         if list(hello.devices) != list(local_devices):
-            return (f"it has trainer.devices={hello.devices}, node 0 has {list(local_devices)}. Fix: the same "
+            return (f"it has trainer.devices={hello.devices}, the decider has {list(local_devices)}. Fix: the same "
                     f"trainer.devices on every node")
         return None
 
     def close(self, error: BaseException | None = None) -> None:
         """The run is over: tell every agent still there, so it exits (with the error, if any)."""
         message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
-        exits = {node: self.channel.orders_sent(node) for node in range(1, self.topology.nodes)
+        exits = {node: self.channel.orders_sent(node) for node in range(self.topology.nodes)
                  if node not in self.lost}
         for node in exits:
             self.channel.order(node, ExitOrder(message))
+        for node in sorted(self.lost):  # best effort: a lost node that still waits to come back leaves too
+            with contextlib.suppress(RuntimeError, OSError):
+                self.channel.order(node, ExitOrder(message))
         # This process serves the store: it stays until every agent that joined acknowledged (a live
         # agent reads its orders every BEAT_S), or a node timeout has passed for the silent ones. A
         # meeting that failed has no agent serving: nothing to wait for.
@@ -155,28 +199,41 @@ class NodeDecider:
         devices, segment = list(task.placement.devices), task.segment
         self.topology.check_node_ordered(devices)
         nodes = self.topology.nodes_of(devices)
-        multi = len(nodes) > 1
-        configs = {n: self.node_config(task.config, devices, n, segment) for n in nodes}
-        first_orders = {n: self.channel.orders_sent(n) for n in nodes if n != 0}
-        for node in [n for n in nodes if n != 0]:
-            self.channel.order(node, LaunchOrder(segment, config_yaml(configs[node]), task.placement.to_dict(),
-                                                 task.microbatches, task.resume, task.teacher_weights,
-                                                 store_hosted=multi))
-        watch = RemoteNodesWatch(self, segment, [n for n in nodes if n != 0], time.time(), first_orders)
+        first_orders = {n: self.channel.orders_sent(n) for n in nodes}
+        if nodes and all(self.adoptable.get(n) == segment for n in nodes):
+            # A restarted decider: the agents' workers of this segment train on; watch them to their end
+            self.log(f"decider: epoch {self.epoch}: adopting segment {segment}, still running on nodes {nodes}")
+            self.events.append("segment_adopted", segment=segment, nodes=nodes, epoch=self.epoch)
+        else:
+            self._stop_unadopted()
+            admit_workers(self.run_dir, self.epoch)  # from here on only this decider's workers commit
+            multi = len(nodes) > 1
+            for node in nodes:
+                config = self.node_config(task.config, devices, node, segment)
+                self.channel.order(node, LaunchOrder(segment, config_yaml(config), task.placement.to_dict(),
+                                                     task.microbatches, task.resume, task.teacher_weights,
+                                                     store_hosted=multi))
+        self.adoptable.clear()
+        watch = RemoteNodesWatch(self, segment, nodes, time.time(), first_orders)
         watch.start()
-        local: dict[str, Any] | BaseException = {}
         try:
-            if 0 in nodes:
-                try:
-                    local = launch_pipeline(dataclasses.replace(task, config=configs[0]), run_dir, attempt=attempt,
-                                            log=log, store_hosted=multi)
-                except Exception as exc:  # noqa: BLE001  (judged with the other nodes' reports below)
-                    local = exc
-                    watch.trouble(f"node 0's workers ended: {type(exc).__name__}")
-            watch.wait_done(local_failed=isinstance(local, Exception))
+            watch.wait_done()
         finally:
             watch.stop()
-        return self._outcome(devices, nodes, local, watch)
+        return self._outcome(devices, nodes, watch)
+
+    def adopts(self, segment: Segment) -> bool:
+        """Whether every node of ``segment`` still runs it (said when it re-attached to this decider)."""
+        nodes = self.topology.nodes_of(list(segment.devices))
+        return bool(nodes) and all(self.adoptable.get(n) == segment.index for n in nodes)
+
+    def _stop_unadopted(self) -> None:
+        """Workers an earlier decider started that this one does not adopt (some node of their segment no
+        longer runs it): told to stop before anything new starts; their commits are refused from now on."""
+        for node, segment in sorted(self.adoptable.items()):
+            self.log(f"decider: epoch {self.epoch}: node {node} still runs segment {segment}, which not every node of "
+                     f"it runs any more; stopping it")
+            self.channel.order(node, StopOrder(segment, "a restarted decider relaunches from the newest checkpoint"))
 
     def node_config(self, segment_cfg: SynapseConfig, devices: Sequence[int], node: int, segment: int
                     ) -> SynapseConfig:
@@ -186,7 +243,7 @@ class NodeDecider:
                                            # its checkpoint commits carry it, refused once a newer decider exists
                                            "trainer.decider_epoch": self.epoch})
 
-    def _outcome(self, devices: list[int], nodes: list[int], local, watch: RemoteNodesWatch) -> dict[str, Any]:
+    def _outcome(self, devices: list[int], nodes: list[int], watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
         if watch.lost:
             node = min(watch.lost)
@@ -196,8 +253,6 @@ class NodeDecider:
                                 f"{[devices[r] for r in ranks]}) leave the run", ranks[0], "node_lost",
                                 device_failure=True, lost_ranks=tuple(ranks))
         reports = dict(watch.reports)
-        if 0 in nodes:
-            reports[0] = local_report(local, segment=watch.segment, stopped=watch.stopped_local)
         failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
         if not failures:
             return next((r.summary for r in reports.values() if r.summary), {})
@@ -207,27 +262,13 @@ class NodeDecider:
             own = report.rank is not None and report.rank in ranks_of[node]
             return (not report.device_failure, not own, node)
         node, root = min(failures, key=rank)
-        if isinstance(local, Exception) and node == 0 and not isinstance(local, WorkerFailure):
-            raise local
         raise WorkerFailure(f"node {node}: {root.message}", root.rank, root.cause or root.outcome,
                             device_failure=root.device_failure)
 
 
-def local_report(local, segment: int, stopped: bool) -> NodeReport:
-    """Node 0's own launch as a report, like the agents'."""
-    if isinstance(local, WorkerFailure):
-        if stopped:  # torn down by the decider because another node failed: a consequence
-            return NodeReport(0, segment, "stopped")
-        return NodeReport(0, segment, "failed", rank=local.rank, cause=local.cause, message=str(local)[:4000],
-                          device_failure=local.device_failure)
-    if isinstance(local, BaseException):
-        return NodeReport(0, segment, "error", cause=type(local).__name__, message=str(local)[:4000])
-    return NodeReport(0, segment, "finished", summary=local or {})
-
-
 class RemoteNodesWatch:
-    """While a segment runs (its own thread): the remote nodes' beats and reports; on the first trouble
-    it tears down node 0's workers and tells the other nodes to stop."""
+    """While a segment runs (its own thread): the nodes' beats and reports; on the first trouble it tells
+    every node still running to stop, so nobody waits for a collective timeout."""
 
     def __init__(self, decider: NodeDecider, segment: int, remote: list[int], started: float,
                  first_orders: dict[int, int] | None = None):
@@ -236,7 +277,6 @@ class RemoteNodesWatch:
         self.reports: dict[int, NodeReport] = {}
         self.lost: set[int] = set()
         self._refused_reports: set[int] = set()
-        self.stopped_local = False
         self._troubled = threading.Event()
         self._done = threading.Event()
         self._halt = threading.Event()
@@ -250,14 +290,9 @@ class RemoteNodesWatch:
         self._halt.set()
         self._thread.join(timeout=5)
 
-    def wait_done(self, local_failed: bool) -> None:
-        """Until every remote node reported or was found lost (node 0's launch is over by now). After a
-        failure on node 0, a node still running is told to stop after ``node_timeout_s``."""
-        grace = time.monotonic() + self.decider.node_timeout_s
+    def wait_done(self) -> None:
+        """Until every node reported or was found lost."""
         while not self._done.is_set():
-            if local_failed and time.monotonic() > grace and not self._troubled.is_set():
-                # node 0 ended but a node neither reported nor was lost: stop it rather than wait
-                self.trouble("node 0's workers ended and the others did not")
             self._done.wait(POLL_S * 4)
 
     def trouble(self, reason: str) -> None:
@@ -281,6 +316,8 @@ class RemoteNodesWatch:
 
     def _poll(self) -> None:
         channel, now = self.decider.channel, time.monotonic()
+        for node in sorted(self.decider.lost - self.lost):  # declared lost in an earlier segment: back?
+            self.decider.take_back(node)
         for node in self.remote:
             if node in self.reports or node in self.lost:
                 continue
@@ -291,7 +328,7 @@ class RemoteNodesWatch:
             if report is not None:
                 self.reports[node] = report
                 if report.outcome not in ("finished", "stopped"):
-                    self._tear_down_local(f"node {node} reported {report.outcome}: {report.cause}")
+                    self.trouble(f"node {node} reported {report.outcome}: {report.cause}")
                 continue
             channel.keep_orders(node, self.first_orders.get(node, 0))  # this segment's, until the node reports
             beats, since = self._last_beat[node]
@@ -308,8 +345,9 @@ class RemoteNodesWatch:
                 # workers down, rather than train on beside the launch that replaces them.
                 with contextlib.suppress(RuntimeError, OSError):
                     channel.order(node, StopOrder(self.segment, f"node {node} was declared lost (no beat for "
-                                                                f"{now - since:.1f} s); the run goes on without it"))
-                self._tear_down_local(f"node {node} was lost")
+                                                                f"{now - since:.1f} s); the run goes on without it",
+                                                  lost=True))
+                self.trouble(f"node {node} was lost")
 
     def _refuse_report(self, node: int, report: NodeReport) -> None:
         """A report of another epoch (an agent still following a decider that was replaced): not this
@@ -321,8 +359,3 @@ class RemoteNodesWatch:
                          f"{report.epoch}, this decider's is {self.decider.epoch}")
         self.decider.events.append("stale_epoch_refused", record="report", node=node, segment=self.segment,
                                    record_epoch=report.epoch, epoch=self.decider.epoch)
-
-    def _tear_down_local(self, reason: str) -> None:
-        if not self._troubled.is_set():
-            self.stopped_local = bool(kill_live_workers(read_heartbeats(self.decider.run_dir), since=self.started))
-        self.trouble(reason)

@@ -4,8 +4,11 @@ Node 0's launcher raises the epoch by one before it starts a decider (the first,
 after a decider died) and records it in the run directory (``failover/decider_epoch.json``), on the
 filesystem every node shares. Every order, report, beat and welcome on the run's store carries it:
 an agent follows only the epoch it attached to and refuses an older one (a decider that was
-replaced but still writes), and a worker refuses to commit a checkpoint once a newer epoch exists,
-so two deciders never both steer the run, nor two generations of workers both commit.
+replaced but still writes). The file also names the epoch whose workers may commit (``workers``): a
+restarted decider first adopts the workers still running (their commits go on), and raises it to its
+own epoch before it launches any (``admit_workers``); a worker refuses to commit a checkpoint once
+that is newer than its own, so two deciders never both steer the run, nor two generations of workers
+both commit.
 
 The file is whole or absent (written beside, fsynced, renamed, the folder fsynced), so the epoch
 never goes back, not even across a crash of the machine: a resumed run (``resume=auto``) keeps
@@ -13,6 +16,7 @@ counting from it, and an earlier run's records, replayed, carry an epoch that is
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -34,6 +38,9 @@ class DeciderEpoch:
     pid: int  # node 0's decider process of this epoch (0 until it started)
     host: str
     started: float
+    # the epoch whose workers may commit checkpoints (older ones' commits are refused): the epoch of the
+    # newest decider that launched workers; 0 in a file written before this field existed: ``epoch``
+    workers: int = 0
 
 
 def read_epoch(run_dir: Path | str) -> DeciderEpoch:
@@ -41,7 +48,8 @@ def read_epoch(run_dir: Path | str) -> DeciderEpoch:
     path = DECIDER_EPOCH.path(run_dir)
     try:
         data = json.loads(path.read_text())
-        return DeciderEpoch(int(data["epoch"]), int(data["pid"]), str(data["host"]), float(data["started"]))
+        return DeciderEpoch(int(data["epoch"]), int(data["pid"]), str(data["host"]), float(data["started"]),
+                            int(data.get("workers") or data["epoch"]))
     except FileNotFoundError:
         return DeciderEpoch(0, 0, "", 0.0)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -71,11 +79,22 @@ def write_epoch(run_dir: Path | str, record: DeciderEpoch) -> None:
 def next_epoch(run_dir: Path | str) -> int:
     """Raise the run's epoch by one, durably, before a decider starts; the new epoch. Only node 0's
     launcher calls it, under node 0's run-directory lock, so no two raise it at once."""
-    epoch = read_epoch(run_dir).epoch + 1
-    write_epoch(run_dir, DeciderEpoch(epoch, 0, socket.gethostname(), time.time()))
+    before = read_epoch(run_dir)
+    epoch = before.epoch + 1
+    # the workers of the decider before keep committing until the new one relaunches (it may adopt them)
+    write_epoch(run_dir, DeciderEpoch(epoch, 0, socket.gethostname(), time.time(), before.workers))
     return epoch
 
 
 def record_decider(run_dir: Path | str, epoch: int, pid: int) -> None:
     """Name the process that serves as the decider of ``epoch`` (for people and tests: who to blame or kill)."""
-    write_epoch(run_dir, DeciderEpoch(epoch, pid, socket.gethostname(), time.time()))
+    write_epoch(run_dir, DeciderEpoch(epoch, pid, socket.gethostname(), time.time(), read_epoch(run_dir).workers))
+
+
+def admit_workers(run_dir: Path | str, epoch: int) -> None:
+    """The decider of ``epoch`` is about to launch workers: from now on only workers of ``epoch`` (or
+    newer) commit. Called by that decider only after it has met the agents, long after the launcher's
+    last write of the file for this epoch (``record_decider``, right after the decider's start)."""
+    current = read_epoch(run_dir)
+    if current.workers < epoch:
+        write_epoch(run_dir, dataclasses.replace(current, workers=epoch))

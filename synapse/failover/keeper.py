@@ -1,21 +1,22 @@
-"""Node 0 across nodes: serve the run's store, and keep a decider running beside it.
+"""The roles across nodes: serve the run's store and keep a decider running beside it; run the agents.
 
-Node 0's ``train.py`` is the decider's launcher. It serves the run's store (the node channel and
-every segment's rendezvous) for the whole run and starts the decider (the supervisor with its
-controller, which also runs node 0's workers) as a process of its own. When the decider dies (a
-kill, the OOM killer, a crash of the interpreter), the store lives on, so do the agents: the
-launcher announces the decider lost on the store (the agents tear down their workers, which lost
-their peers on node 0 anyway, and wait for a new decider for ``failover.decider_grace_s``), raises
-the epoch (``epoch.py``) and starts a new decider. That one rebuilds its state from the run
-directory like a ``resume=auto`` run (the segment history in ``segments/``, the controller's state,
-the newest checkpoint), meets the agents again under the new epoch and continues the run from the
-newest checkpoint on the devices of the last segment.
+The decider's launcher (node 0's ``train.py`` with ``trainer.role=auto``, or a host of its own with
+``trainer.role=decider``, which needs no device) serves the run's store (the node channel and every
+segment's rendezvous) for the whole run and starts the decider (the supervisor with its controller;
+it owns no worker) as a process of its own. Every node runs an agent that owns its workers; node 0's,
+under ``role=auto``, is another child of the same launcher, so losing it (with its workers) is an
+ordinary node lost. When the decider dies (a kill, the OOM killer, a crash of the interpreter), the
+store lives on, so do the agents and their workers: the launcher announces the decider lost on the
+store, raises the epoch (``epoch.py``) and starts a new decider. That one rebuilds its state from the
+run directory like a ``resume=auto`` run (the segment history in ``segments/``, the controller's
+state), meets the agents again under the new epoch and adopts the segment they still run; it
+relaunches from the newest checkpoint only when that segment no longer runs on every node of it.
 
 Why a process beside the store rather than a standby on another node: the store must outlive the
 decider (the agents and the next decider meet there), and the process that serves it is the one
 that sees the decider die at once (its child's exit) without any timeout to tune; a standby would
 need a store of its own that every node finds, which TCPStore cannot give. What it does not cover:
-node 0 itself lost (the store goes with it: the agents stop and say to rerun with ``resume=auto``),
+the launcher itself lost (the store goes with it: the agents stop and say to rerun with ``resume=auto``),
 and a decider whose interpreter runs but whose main thread is stuck (its beat thread still beats;
 a decider frozen whole, as by SIGSTOP, stops beating and is killed and restarted: ``DeciderWatch``).
 
@@ -59,24 +60,30 @@ class DeciderLostError(RuntimeError):
     """The decider died more often than ``failover.decider_restarts`` allows; the message says how to go on."""
 
 
+def keeps_the_decider(trainer: TrainerConfig) -> bool:
+    """Whether this launcher serves the run's store and keeps its decider (``trainer.role``)."""
+    return trainer.role == "decider" or (trainer.role == "auto" and trainer.node_rank == 0)
+
+
 def run_across_nodes(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
                      job: DeciderJob) -> dict[str, Any]:
-    """Node 0: serve the run's store and keep a decider running ``job`` (``keep_decider``). Every other
-    node: serve as an agent."""
-    if trainer.node_rank > 0:
+    """By ``trainer.role``: serve the run's store and keep a decider running ``job`` (``keep_decider``;
+    under ``auto`` node 0 runs its agent beside it), or serve as this node's agent."""
+    if not keeps_the_decider(trainer):
         return run_agent(trainer, failover, run_dir, log)
-    return keep_decider(trainer, failover, run_dir, log, job)
+    return keep_decider(trainer, failover, run_dir, log, job, with_agent=trainer.role == "auto")
 
 
 def keep_decider(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None],
-                 job: DeciderJob) -> dict[str, Any]:
+                 job: DeciderJob, with_agent: bool = False) -> dict[str, Any]:
     """Serve the run's store and run ``job`` as the decider in a process of its own until it hands back
-    the run's summary (or its error); restart it under a new epoch each time it dies."""
+    the run's summary (or its error); restart it under a new epoch each time it dies. ``with_agent``:
+    also run this node's agent (node 0's) in a process of its own, which owns this node's workers."""
     channel = NodeChannel.host(str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s), run_dir, log)
     events = EventLog(events_path(run_dir), source="launcher")
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: this one serves a store from a thread
     restarts = 0
-    with _forwarded_signals() as forward:
+    with _forwarded_signals() as forward, _node_agent(spawn, trainer, failover, run_dir, with_agent, log):
         while True:
             epoch = next_epoch(run_dir)  # durable before anyone hears of it
             channel.epoch = epoch
@@ -198,6 +205,37 @@ def _forwarded_signals() -> Iterator[_Forward]:
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def _node_agent(spawn, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, wanted: bool,
+                log: Callable[[str], None]) -> Iterator[None]:
+    """Node 0's agent beside the decider (``trainer.role=auto``): a process of its own, like any node's, so
+    that neither outlives nor takes down the other; it ends once the decider's exit order reached it."""
+    if not wanted:
+        yield
+        return
+    agent = spawn.Process(target=serve_as_agent, name="synapse-agent-node0", args=(trainer, failover, Path(run_dir)))
+    agent.start()
+    log(f"launcher: node 0's agent started (pid {agent.pid})")
+    try:
+        yield
+    finally:
+        agent.join(timeout=max(4 * BEAT_S, float(failover.node_timeout_s)))  # it acknowledged the exit already
+        if agent.is_alive():
+            agent.kill()
+            agent.join()
+
+
+def serve_as_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path) -> None:
+    """Node 0's agent process under ``trainer.role=auto`` (any other node runs ``run_agent`` in its launcher)."""
+    _die_with_the_launcher()
+    log = _child_log(run_dir)
+    try:
+        run_agent(trainer, failover, run_dir, log)
+    except Exception as exc:  # noqa: BLE001  (said; the launcher's decider owns the run's outcome)
+        log(f"agent: node 0: {type(exc).__name__}: {exc}")
+        sys.exit(1)
+
+
 # ------------------------------------------------------------------------------------------ the decider's process
 def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, epoch: int,
                      restarted: bool, results, beats=None) -> None:
@@ -206,11 +244,14 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
     _die_with_the_launcher()
     if beats is not None:
         threading.Thread(target=_beat, args=(beats,), name="synapse-decider-beat", daemon=True).start()
-    log = _decider_log(run_dir)
+    log = _child_log(run_dir)
     try:
         channel = NodeChannel.attach(str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s), run_dir, log)
         channel.epoch = epoch
-        lost = {int(e["node"]) for e in read_events(events_path(run_dir), "node_lost") if "node" in e}
+        lost: set[int] = set()  # declared lost and not back (node_rejoined) since
+        for event in read_events(events_path(run_dir)):
+            if event.get("event") in ("node_lost", "node_rejoined") and isinstance(event.get("node"), int):
+                (lost.add if event["event"] == "node_lost" else lost.discard)(event["node"])
         decider = NodeDecider(trainer, failover, run_dir, log, channel=channel, epoch=epoch, lost=lost)
         if lost:
             log(f"decider: epoch {epoch}: node(s) {sorted(lost)} were declared lost earlier in this run; they stay out")
@@ -258,7 +299,7 @@ def _die_with_the_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _decider_log(run_dir: Path) -> Callable[[str], None]:
+def _child_log(run_dir: Path) -> Callable[[str], None]:
     """The decider's lines go where the launcher's go: the console and the run's train.log."""
     logger = logging.getLogger("synapse")
     if not logger.handlers and not logging.getLogger().handlers:

@@ -83,6 +83,11 @@ class NodeHello:
     nonce: str = ""  # fresh per hello: the welcome that echoes it answers this hello, no earlier one
     epoch: int = 0  # the decider epoch this hello attaches to (an older decider's meeting ignores it)
     orders_seen: int = 0  # orders read so far: a restarted decider numbers its orders on from here
+    # the segment whose workers this node still runs (or whose report it holds) when it re-attaches to a
+    # restarted decider, which then adopts them instead of relaunching; -1: none
+    running_segment: int = -1
+    # fresh each time the agent (re)joins: a node declared lost comes back as a new incarnation, a spare
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class StopOrder:
     reason: str
     kind: str = "stop"
     epoch: int = 0
+    lost: bool = False  # the node was declared lost: stop, then rejoin as a new incarnation (a spare)
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,8 @@ class NodeChannel:
         self._last_report: str | None = None  # an agent's: the key of its last report
         self.epoch = 0  # the decider epoch this side speaks in (stamped on every order, report and beat)
         self.announcements = SealedStore(store, key, refused, scope=DECIDER_SCOPE)
+        # the meeting's scope, for a node that comes back after the meeting (``hello_of``, ``welcome_back``)
+        self.meetings = SealedStore(store, key, refused, scope=MEETING)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -276,13 +284,20 @@ class NodeChannel:
         self.records.put(self._key("hello", hello.node_rank), asdict(hello))
 
     def hellos(self, max_nodes: int = 64) -> dict[int, NodeHello]:
-        """Every hello so far (node ranks 1..max_nodes-1: also those beyond this run's trainer.nodes)."""
+        """Every hello so far (node ranks 0..max_nodes-1: also those beyond this run's trainer.nodes)."""
         found = {}
-        for node in range(1, max_nodes):
+        for node in range(max_nodes):
             hello = _typed(NodeHello, self.records.get(self._key("hello", node)))
             if hello is not None:
                 found[node] = hello
         return found
+
+    def hello_of(self, node_rank: int) -> NodeHello | None:
+        """The node's latest hello, read after the meeting (a node declared lost that comes back)."""
+        return _typed(NodeHello, self.meetings.get(self._key("hello", node_rank)))
+
+    def welcome_back(self, node_rank: int, welcome: Welcome) -> None:
+        self.meetings.put(self._key("welcome", node_rank), asdict(welcome))
 
     def welcome(self, node_rank: int, welcome: Welcome) -> None:
         self.records.put(self._key("welcome", node_rank), asdict(welcome))

@@ -82,6 +82,10 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
+    if hasattr(launch, "on_spares"):  # across nodes: a node declared lost that comes back is a spare
+        def add_spares(devices: list[int]) -> None:
+            controller.spare_devices = tuple(sorted({*controller.spare_devices, *devices}))
+        launch.on_spares = add_spares
     composer = SegmentComposer(cfg, run_dir, user_overrides(overrides))
     supervisor = Supervisor(cfg.failover, cfg.trainer, composer, run_dir, controller, teacher_weights,
                             policy=cfg.policy.name, injection=cfg.injection.name, log=log,
@@ -106,6 +110,13 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     if state.is_file():
         load_controller_state(controller, state)
     last = history[-1]
+    adopts = getattr(launch, "adopts", None)  # a restarted decider across nodes (failover/decider.py)
+    if not last.outcome and adopts is not None and adopts(last):
+        # its workers still run on every node of it: watched to their end, not relaunched
+        supervisor.segments = history[:-1]
+        log(f"failover: adopting segment {last.index} on devices {last.devices}, still running since step "
+            f"{last.start_step}")
+        return supervisor.run(last, compose=True, adopted=True)
     supervisor.segments = history
     log(f"failover: continuing after segment {last.index} ({last.outcome or 'interrupted'}) on devices {last.devices} "
         f"from step {start}")

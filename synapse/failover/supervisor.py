@@ -90,12 +90,13 @@ class Supervisor:
         return self._events_seen
 
     # ---------------------------------------------------------------- the loop
-    def run(self, first: Segment, compose: bool = False) -> dict[str, Any]:
-        """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides.
+    def run(self, first: Segment, compose: bool = False, adopted: bool = False) -> dict[str, Any]:
+        """Run from ``first`` to the end; ``compose``: build even the first segment's config from overrides;
+        ``adopted``: ``first`` already runs (a restarted decider across nodes adopts it; its record stands).
         A first Ctrl-C/SIGTERM/SIGHUP stops it at the next step with a checkpoint (``RunInterrupted``)."""
         with InterruptToStop(self._stop_on_interrupt) as self.interrupt, \
                 supervised_console(self.run_dir, self.log, self.trainer.progress, self._running_segment):
-            return self._run_segments(first, compose)
+            return self._run_segments(first, compose, adopted)
 
     def _running_segment(self) -> tuple[int, Placement] | None:
         """What the progress bar shows as the segment (read from its thread: the newest segment started)."""
@@ -110,13 +111,14 @@ class Supervisor:
         control.send(StopRequest(uuid.uuid4().hex, f"interrupt ({signal_name})", spec.start_step, spec.index, "restart",
                                  spec.placement))
 
-    def _run_segments(self, first: Segment, compose: bool) -> dict[str, Any]:
+    def _run_segments(self, first: Segment, compose: bool, adopted: bool = False) -> dict[str, Any]:
         spec, restart = first, None
         composed = (self.composer.compose(spec, self.worker_events) if compose
                     else self.composer.as_launched(spec, self.worker_events))
         while True:
             self.segments.append(spec)
-            write_segment(self.run_dir, spec, composed.config, composed.overrides)
+            if not (adopted and spec is first):
+                write_segment(self.run_dir, spec, composed.config, composed.overrides)
             self._mark_segment(spec)
             summary, watcher, failure = self._launch(spec, composed, restart)
             current = self.segments[-1]  # a live re-partition may have started later segments in this launch

@@ -190,6 +190,15 @@ def test_a_spare_device_that_cannot_exist_is_refused(make_config, tiny_run, tmp_
     assert_names(message, problem)
 
 
+def test_an_unknown_trainer_role_and_a_role_on_one_node_are_refused(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.role=leader", "trainer.nodes=2",
+                                    "trainer.rdzv_endpoint=127.0.0.1:29999", error=ConfigError)
+    assert_names(message, "trainer.role: 'leader' is not one of auto, decider, agent", "Fix: use auto")
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.role=decider", error=ConfigError)
+    assert_names(message, "trainer.role: decider splits a run across nodes, but trainer.nodes=1",
+                 "Fix: set trainer.nodes")
+
+
 def test_a_node_rank_beyond_the_node_count_is_refused(make_config, tiny_run, tmp_path):
     message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.node_rank=3", error=ConfigError)
     assert_names(message, "trainer.node_rank: must be in 0..0 for trainer.nodes=1, got 3", "Fix: number the nodes")

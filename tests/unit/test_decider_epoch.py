@@ -17,7 +17,7 @@ from torch.distributed import TCPStore
 
 from synapse import checkpoint as ckpt
 from synapse.failover import ExitOrder, LaunchOrder, NodeChannel, NodeHello
-from synapse.failover.epoch import EpochFileError, next_epoch, read_epoch, record_decider
+from synapse.failover.epoch import EpochFileError, admit_workers, next_epoch, read_epoch, record_decider
 from synapse.failover.node_channel import DECIDER_KEY, RUN_SCOPE, DeciderAnnouncement
 from synapse.launch import free_port
 
@@ -47,17 +47,22 @@ def test_an_unreadable_epoch_file_is_refused_naming_the_fix(tmp_path):
         next_epoch(tmp_path)
 
 
-def test_a_commit_of_a_replaced_decider_s_workers_is_refused_and_leaves_nothing(tmp_path):
+def test_a_commit_of_workers_the_new_decider_did_not_adopt_is_refused_and_leaves_nothing(tmp_path):
     root = tmp_path / "checkpoints"
     next_epoch(tmp_path)
     first = write_checkpoint(root, 2, epoch=1)
     assert ckpt.read_manifest(first)["meta"]["epoch"] == 1, "a commit carries its writers' epoch"
-    next_epoch(tmp_path)  # a new decider took the run over
+    next_epoch(tmp_path)  # a new decider took the run over: until it launches, epoch 1's workers are adopted
+    adopted = write_checkpoint(root, 3, epoch=1)
+    assert ckpt.read_manifest(adopted)["meta"]["epoch"] == 1 and read_epoch(tmp_path).workers == 1
+    admit_workers(tmp_path, 2)  # it launches workers of its own: epoch 1's may no longer commit
+    assert read_epoch(tmp_path).workers == 2 and read_epoch(tmp_path).epoch == 2
     with pytest.raises(ckpt.StaleEpochCommitError, match="decider epoch 1, and a decider of epoch 2"):
         write_checkpoint(root, 4, epoch=1)
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_00000002"], \
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_00000002",
+                                                                                    "step_00000003"], \
         "nothing of the refused commit is left: neither the step nor its temporary"
-    assert ckpt.latest_valid_checkpoint(root).step == 2
+    assert ckpt.latest_valid_checkpoint(root).step == 3
     newer = write_checkpoint(root, 4, epoch=2)  # the new decider's workers commit as before
     assert json.loads((newer / ckpt.MANIFEST).read_text())["meta"]["epoch"] == 2
 
