@@ -126,7 +126,7 @@ class Agent:
                 with contextlib.suppress(RuntimeError, OSError):  # it waits for this before it leaves
                     self.channel.acknowledge_exit(self.node, self.orders_seen - 1)
                 if order.error:
-                    raise RuntimeError(f"node {self.node}: the run ended on node 0 with an error: {order.error}")
+                    raise RuntimeError(f"node {self.node}: the decider ended the run with an error: {order.error}")
                 self.log(f"agent: node {self.node}: the run is over")
                 return summary
             if isinstance(order, LaunchOrder):

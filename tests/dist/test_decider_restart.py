@@ -183,7 +183,7 @@ def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_wit
                 os.killpg(node.pid, signal.SIGKILL)
     assert nodes[0].returncode == 1 and "interrupted by SIGTERM" in outputs[0], outputs[0][-3000:]
     assert "resume=auto" in outputs[0]
-    assert nodes[1].returncode != 0 and "the run ended on node 0 with an error: RunInterrupted" in outputs[1], \
+    assert nodes[1].returncode != 0 and "the decider ended the run with an error: RunInterrupted" in outputs[1], \
         outputs[1][-3000:]
     from synapse import checkpoint as ckpt
     saved = ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
