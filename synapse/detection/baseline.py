@@ -127,15 +127,37 @@ def prior_checked(learned_s: Sequence[float], expected_s: Sequence[float] | None
     return baselines, replaced
 
 
-def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], margin: float) -> list[float]:
+def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], margin: float,
+                       pipelines: Sequence[Sequence[int]] | None = None) -> list[float]:
     """Each rank's compute ratio less what its peers' compute fell below their baselines.
 
     ``ratios`` are window medians of compute over baseline. Only a peer more than ``margin``
     below its baseline counts (its full shortfall, in seconds): the noise of healthy peers,
-    a few percent of a window median each, must not hide a slowdown in a large pipeline."""
+    a few percent of a window median each, must not hide a slowdown in a large pipeline.
+
+    Peers are the ranks of the rank's own pipeline (``pipelines``: the ranks of each replica;
+    None: all ranks are one pipeline): time moves between the clocks of ranks that wait on each
+    other's sends, never between replicas. Summed over every replica, the dips of 255 healthy
+    replicas of a 256 x 1 layout (each its own pipeline) outweighed a 2x slowdown, and every
+    ratio read 0: no policy acted at 256 GPUs (docs/simulate.md)."""
     shortfall = [(r - 1.0) * b if r < 1.0 - margin else 0.0 for r, b in zip(ratios, baseline_s)]
-    total = sum(shortfall)
-    return [max(0.0, r + (total - own) / max(b, _TINY_S)) for r, b, own in zip(ratios, baseline_s, shortfall)]
+    net = [0.0] * len(shortfall)
+    for pipeline in (range(len(shortfall)),) if pipelines is None else pipelines:
+        total = sum(shortfall[rank] for rank in pipeline)
+        for rank in pipeline:
+            net[rank] = max(0.0, ratios[rank] + (total - shortfall[rank]) / max(baseline_s[rank], _TINY_S))
+    return net
+
+
+def pipelines_of(same_work: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ranks of each replica's pipeline, from each rank's ranks that run its stage (one per
+    replica, in replica order, as `synapse.detection.start` reads them): a rank's replica is its
+    place in its stage's list."""
+    replica_of = {rank: list(group).index(rank) for rank, group in enumerate(same_work)}
+    pipelines: dict[int, list[int]] = {}
+    for rank in range(len(same_work)):
+        pipelines.setdefault(replica_of[rank], []).append(rank)
+    return [pipelines[replica] for replica in sorted(pipelines)]
 
 
 class ComputeBaseline:

@@ -61,7 +61,7 @@ from itertools import islice
 from statistics import median
 from typing import Any, cast
 
-from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, robust_sd
+from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, pipelines_of, robust_sd
 from synapse.detection.link import LinkBaseline
 from synapse.detection.rolling import SortedWindow
 from synapse.detection.start import StartCheck, StartReading
@@ -405,6 +405,7 @@ class SlowdownDetector:
         # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
         # their baselines: the start check's steps for them (at a run's start: ``_learning``)
         self._launch_steps: list[tuple[float, ...]] = []
+        self._pipelines: list[list[int]] | None = None  # the ranks of each replica (None: one pipeline)
 
     @property
     def _link_mode(self) -> bool:
@@ -442,7 +443,10 @@ class SlowdownDetector:
         """Per rank, the ranks that do the same work (its stage in every replica, itself included), for
         the launch to come; None: one pipeline. A rank ``replica_threshold`` times the others of its
         group is slow from the start (`synapse.detection.start`)."""
-        self._start.same_work = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
+        groups = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
+        self._start.same_work = groups
+        # compute moves between the clocks of one pipeline's ranks only (`net_compute_ratios`)
+        self._pipelines = None if groups is None else pipelines_of(groups)
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
         """The plan's per-step compute seconds of each rank at nominal speed (the cost model's
@@ -568,7 +572,7 @@ class SlowdownDetector:
             baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
             raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
                    for r, (c, b) in enumerate(zip(entry.compute_s, baseline))]
-            ratios = net_compute_ratios(raw, baseline, self._margin)
+            ratios = net_compute_ratios(raw, baseline, self._margin, self._pipelines)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
             comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt

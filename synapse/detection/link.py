@@ -94,7 +94,8 @@ class LinkBaseline:
         return [s - b for s, b in zip(send_s, cast(list[float], self.baseline))]  # asked only when ready
 
     def ratios(self, excess: Sequence[float]) -> list[float]:
-        return [1.0 + max(0.0, x) / self.denominator(r) for r, x in enumerate(excess)]
+        least = max(self.min_comm_s, _TINY_S)  # max(b, m, t) == max(b, max(m, t)): `denominator` per rank
+        return [1.0 + max(0.0, x) / max(b, least) for b, x in zip(cast(list[float], self.baseline), excess)]
 
     def floor(self, rank: int, window: int, noise_z: float) -> float:
         """Smallest window-median own excess (s) that is neither below min_comm_s nor noise."""
