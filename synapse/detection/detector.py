@@ -20,8 +20,9 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    or carried over) among the witnesses.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
    single-step spike cannot move a median). A rank's per-step compute ratio is net of
-   what its peers' compute fell more than ``threshold - 1`` below theirs (time that
-   moved between ranks' clocks is not a slower device). A (rank, kind) is *in excess*
+   what the other ranks of its pipeline fell more than ``threshold - 1`` below their
+   baselines (time that moved between ranks' clocks is not a slower device; replicas,
+   `set_replicas`, are pipelines apart). A (rank, kind) is *in excess*
    when its ratio to the baseline is >= ``threshold``, beyond its own noise (`NOISE_Z`
    sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
