@@ -34,32 +34,25 @@ counts a rank's excess only beyond what its peers' compute fell below their base
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from statistics import median
 from typing import cast
 
-from synapse.detection.window import projection_sd_factor
+import numpy as np
+
+from synapse.detection.rolling import SortedWindow, sorted_robust_sd
+from synapse.detection.window import VECTOR_FROM_RANKS, projection_sd_factor
 
 _TINY_S = 1e-9
-# Robust sd = 1.4826 * MAD; the sd of a median of n samples is ~1.2533 * sd / sqrt(n).
-_MAD_TO_SD, MEDIAN_SD_FACTOR = 1.4826, 1.2533
+# The sd of a median of n samples is ~1.2533 * sd / sqrt(n).
+MEDIAN_SD_FACTOR = 1.2533
 
 
-def _sorted_median(ordered: Sequence[float]) -> float:
-    """``statistics.median`` of values already sorted (the middle one, or the two middle ones' sum over 2)."""
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-
-
-def robust_sd(values: Sequence[float]) -> float:
-    # statistics.median twice, with one sort each and no re-sorting of what is sorted already: the
-    # same numbers; the detector calls this per rank and step on windows of up to refine_window values
-    if not values:
-        return _MAD_TO_SD * median(values)  # statistics' own error for no data
-    ordered = sorted(values)
-    center = _sorted_median(ordered)
-    return _MAD_TO_SD * _sorted_median(sorted([abs(v - center) for v in ordered]))
+def robust_sd(values: Collection[float]) -> float:
+    """1.4826 x the median absolute deviation of ``values`` (a `SortedWindow` reads its sorted copy)."""
+    if isinstance(values, SortedWindow):
+        return values.robust_sd()
+    return sorted_robust_sd(sorted(values))
 
 
 def medians_without_each(values: Sequence[float]) -> list[float | None]:
@@ -68,6 +61,8 @@ def medians_without_each(values: Sequence[float]) -> list[float | None]:
     n = len(values)
     if n < 2:
         return [None] * n
+    if n >= VECTOR_FROM_RANKS:
+        return _medians_without_each_at_once(values)
     order = sorted(range(n), key=values.__getitem__)
     ranked = [values[i] for i in order]
     position = [0] * n
@@ -83,6 +78,23 @@ def medians_without_each(values: Sequence[float]) -> list[float | None]:
 
         out.append(kept(half) if left % 2 else (kept(half - 1) + kept(half)) / 2)
     return out
+
+
+def _medians_without_each_at_once(values: Sequence[float]) -> list[float | None]:
+    """`medians_without_each` of two or more values in one numpy pass: the same sort (stable, as
+    ``sorted``), the same values picked and the same (a + b) / 2, so the same answers bit for bit."""
+    ranked_values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(ranked_values, kind="stable")
+    ranked = ranked_values[order]
+    position = np.empty(len(order), dtype=np.intp)
+    position[order] = np.arange(len(order))
+    half = (len(order) - 1) // 2
+
+    def kept(j: int) -> np.ndarray:  # per index: the j-th smallest once its own value is removed
+        return np.where(j < position, ranked[j], ranked[j + 1])
+
+    middle = kept(half) if (len(order) - 1) % 2 else (kept(half - 1) + kept(half)) / 2
+    return cast(list[float | None], middle.tolist())
 
 
 def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: int) -> float | None:
@@ -115,15 +127,37 @@ def prior_checked(learned_s: Sequence[float], expected_s: Sequence[float] | None
     return baselines, replaced
 
 
-def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], margin: float) -> list[float]:
+def net_compute_ratios(ratios: Sequence[float], baseline_s: Sequence[float], margin: float,
+                       pipelines: Sequence[Sequence[int]] | None = None) -> list[float]:
     """Each rank's compute ratio less what its peers' compute fell below their baselines.
 
     ``ratios`` are window medians of compute over baseline. Only a peer more than ``margin``
     below its baseline counts (its full shortfall, in seconds): the noise of healthy peers,
-    a few percent of a window median each, must not hide a slowdown in a large pipeline."""
+    a few percent of a window median each, must not hide a slowdown in a large pipeline.
+
+    Peers are the ranks of the rank's own pipeline (``pipelines``: the ranks of each replica;
+    None: all ranks are one pipeline): time moves between the clocks of ranks that wait on each
+    other's sends, never between replicas. Summed over every replica, the dips of 255 healthy
+    replicas of a 256 x 1 layout (each its own pipeline) outweighed a 2x slowdown, and every
+    ratio read 0: no policy acted at 256 GPUs (docs/simulate.md)."""
     shortfall = [(r - 1.0) * b if r < 1.0 - margin else 0.0 for r, b in zip(ratios, baseline_s)]
-    total = sum(shortfall)
-    return [max(0.0, r + (total - own) / max(b, _TINY_S)) for r, b, own in zip(ratios, baseline_s, shortfall)]
+    net = [0.0] * len(shortfall)
+    for pipeline in (range(len(shortfall)),) if pipelines is None else pipelines:
+        total = sum(shortfall[rank] for rank in pipeline)
+        for rank in pipeline:
+            net[rank] = max(0.0, ratios[rank] + (total - shortfall[rank]) / max(baseline_s[rank], _TINY_S))
+    return net
+
+
+def pipelines_of(same_work: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ranks of each replica's pipeline, from each rank's ranks that run its stage (one per
+    replica, in replica order, as `synapse.detection.start` reads them): a rank's replica is its
+    place in its stage's list."""
+    replica_of = {rank: list(group).index(rank) for rank, group in enumerate(same_work)}
+    pipelines: dict[int, list[int]] = {}
+    for rank in range(len(same_work)):
+        pipelines.setdefault(replica_of[rank], []).append(rank)
+    return [pipelines[replica] for replica in sorted(pipelines)]
 
 
 class ComputeBaseline:
@@ -133,7 +167,7 @@ class ComputeBaseline:
     def __init__(self, refine_window: int) -> None:
         self.refine_window = refine_window
         self.values: list[float] | None = None
-        self.samples: list[deque[float]] = []  # per rank: healthy compute seconds the baseline is the median of
+        self.samples: list[SortedWindow] = []  # per rank: healthy compute seconds the baseline is the median of
         self.expected: list[float] | None = None  # the plan's per-step compute of each rank (nominal speed)
         self.replaced: tuple[int, ...] = ()  # ranks whose baseline came from their peers (slow from the start)
         # Values learnt before the window closed, because a rank was found slow from the start (the
@@ -155,7 +189,7 @@ class ComputeBaseline:
         per_rank = [list(values) for values in zip(*compute_steps)]
         self.values = [references.get(rank, median(values)) for rank, values in enumerate(per_rank)]
         self.replaced = tuple(sorted(references))
-        self.samples = [deque([] if rank in references else values, maxlen=self.refine_window)
+        self.samples = [SortedWindow([] if rank in references else values, maxlen=self.refine_window)
                         for rank, values in enumerate(per_rank)]
         self.provisional = provisional
 
@@ -165,7 +199,7 @@ class ComputeBaseline:
         values = cast(list[float], self.values)  # refined only once learnt
         for rank in quiet_ranks:
             self.samples[rank].append(compute_s[rank])
-            values[rank] = median(self.samples[rank])
+            values[rank] = self.samples[rank].median()
             changed = True
         return changed
 
@@ -193,8 +227,8 @@ class ComputeBaseline:
         values = cast(list[float], self.values)  # carried only once learnt
         self.values = [values[old] * s for old, s in zip(mapping, scale)]
         if self.samples:
-            self.samples = [deque(() if new in relearn else (x * s for x in self.samples[old]),
-                                  maxlen=self.refine_window) for new, (old, s) in enumerate(zip(mapping, scale))]
+            self.samples = [SortedWindow(() if new in relearn else (x * s for x in self.samples[old]),
+                                         maxlen=self.refine_window) for new, (old, s) in enumerate(zip(mapping, scale))]
         self.pending = {rank: [] for rank in relearn}
 
     def learn_pending(self, compute_s: Sequence[float], window: int) -> bool:
@@ -212,7 +246,7 @@ class ComputeBaseline:
             seen = self.pending.pop(rank)
             values[rank] = median(seen)
             if self.samples:
-                self.samples[rank] = deque(seen, maxlen=self.refine_window)
+                self.samples[rank] = SortedWindow(seen, maxlen=self.refine_window)
         return True
 
     def settle(self, rank: int, reference_s: float) -> None:
@@ -221,5 +255,5 @@ class ComputeBaseline:
         self.pending.pop(rank, None)
         cast(list[float], self.values)[rank] = reference_s  # pending ranks exist only after a carry-over
         if self.samples:
-            self.samples[rank] = deque(maxlen=self.refine_window)
+            self.samples[rank] = SortedWindow(maxlen=self.refine_window)
         self.replaced = (*self.replaced, rank)

@@ -20,8 +20,9 @@ Pure: one `StepTiming` per optimizer step in, `Detection` events out.
    or carried over) among the witnesses.
 3. Evaluation, every later step, on medians over the last ``window`` steps (a
    single-step spike cannot move a median). A rank's per-step compute ratio is net of
-   what its peers' compute fell more than ``threshold - 1`` below theirs (time that
-   moved between ranks' clocks is not a slower device). A (rank, kind) is *in excess*
+   what the other ranks of its pipeline fell more than ``threshold - 1`` below their
+   baselines (time that moved between ranks' clocks is not a slower device; replicas,
+   `set_replicas`, are pipelines apart). A (rank, kind) is *in excess*
    when its ratio to the baseline is >= ``threshold``, beyond its own noise (`NOISE_Z`
    sd of a window median, sd from its baseline samples) and, step by step, it is
    >= ``peer_threshold`` times the median ratio of the other ranks (window median;
@@ -55,19 +56,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import islice
 from statistics import median
 from typing import Any, cast
 
-from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, robust_sd
+from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, pipelines_of, robust_sd
 from synapse.detection.link import LinkBaseline
+from synapse.detection.rolling import SortedWindow
 from synapse.detection.start import StartCheck, StartReading
 from synapse.detection.timing import StepTiming
 from synapse.detection.waiting import COMM_BASELINE_FIELDS, CommBaseline, peer_ratios
 from synapse.detection.wander import PeerWander
-from synapse.detection.window import current_level, onset_index
+from synapse.detection.window import column_medians, current_levels, onset_index
 
 COMPUTE, COMM = "compute", "comm"
 KINDS = (COMPUTE, COMM)
@@ -296,7 +298,7 @@ def carried_trackers(trackers: Mapping[tuple[str, int], Tracker], mapping: Seque
 
 def encode_state(*, num_ranks: int | None, last_step: int | None, compute_baseline: Sequence[float] | None,
                  comm_baseline: CommBaseline | None, learning: Sequence[tuple[Sequence[float], Sequence[float]]],
-                 compute_samples: Sequence[Sequence[float]], comm_own_samples: Sequence[Sequence[float]],
+                 compute_samples: Sequence[Collection[float]], comm_own_samples: Sequence[Collection[float]],
                  peer_wander: Sequence[Sequence[float]], compute_pending: Mapping[int, Sequence[float]],
                  history: Sequence[HistoryEntry], link: dict[str, Any],
                  trackers: Mapping[tuple[str, int], Tracker], compute_provisional: bool = False,
@@ -331,7 +333,7 @@ LearningSteps = list[tuple[tuple[float, ...], tuple[float, ...]]]  # (compute, c
 ParsedState = tuple[Any, Any, list[float] | None, CommBaseline | None, LearningSteps, deque[HistoryEntry],
                     dict[tuple[str, int], Tracker]]
 # (compute samples, compute pending, comm own samples, peer wander)
-ParsedSamples = tuple[list[deque[float]], dict[int, list[float]], list[deque[float]], list[list[float]]]
+ParsedSamples = tuple[list[SortedWindow], dict[int, list[float]], list[SortedWindow], list[list[float]]]
 
 
 def parse_state(state: Mapping[str, Any], history_len: int) -> ParsedState:
@@ -368,9 +370,9 @@ def parse_state(state: Mapping[str, Any], history_len: int) -> ParsedState:
 def parse_samples(state: Mapping[str, Any], num_ranks: int | None, keep: int) -> ParsedSamples:
     """(compute samples, compute pending, comm own samples, peer wander) of an `encode_state` dict,
     each per rank; a state saved before one existed has none of it. ValueError when malformed."""
-    compute = [deque(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
+    compute = [SortedWindow(map(float, s), maxlen=keep) for s in state.get("compute_samples", [])]
     pending = {int(rank): [float(x) for x in seen] for rank, seen in state.get("compute_pending", {}).items()}
-    comm_own = [deque(map(float, s), maxlen=keep) for s in state.get("comm_own_samples", [])]
+    comm_own = [SortedWindow(map(float, s), maxlen=keep) for s in state.get("comm_own_samples", [])]
     wander = state.get("peer_wander") or [[] for _ in range(num_ranks or 0)]
     if len(wander) != (num_ranks or 0):
         raise ValueError(f"peer_wander has {len(wander)} ranks, num_ranks is {num_ranks}")
@@ -392,7 +394,7 @@ class SlowdownDetector:
         self._compute = ComputeBaseline(self.config.refine_window)
         self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
-        self._comm_own: list[deque[float]] = []  # per rank: own comm excess of quiet steps (its spread)
+        self._comm_own: list[SortedWindow] = []  # per rank: own comm excess of quiet steps (its spread)
         self._history: deque[HistoryEntry] = deque(maxlen=self.config.history_len)
         self._trackers: dict[tuple[str, int], Tracker] = {}
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
@@ -404,6 +406,7 @@ class SlowdownDetector:
         # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
         # their baselines: the start check's steps for them (at a run's start: ``_learning``)
         self._launch_steps: list[tuple[float, ...]] = []
+        self._pipelines: list[list[int]] | None = None  # the ranks of each replica (None: one pipeline)
 
     @property
     def _link_mode(self) -> bool:
@@ -441,7 +444,10 @@ class SlowdownDetector:
         """Per rank, the ranks that do the same work (its stage in every replica, itself included), for
         the launch to come; None: one pipeline. A rank ``replica_threshold`` times the others of its
         group is slow from the start (`synapse.detection.start`)."""
-        self._start.same_work = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
+        groups = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
+        self._start.same_work = groups
+        # compute moves between the clocks of one pipeline's ranks only (`net_compute_ratios`)
+        self._pipelines = None if groups is None else pipelines_of(groups)
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
         """The plan's per-step compute seconds of each rank at nominal speed (the cost model's
@@ -492,7 +498,7 @@ class SlowdownDetector:
             compute_steps, comm_steps = zip(*self._learning)
             compute_median = [median(per_rank) for per_rank in zip(*compute_steps)]
             self._comm_baseline, own = CommBaseline.learned(compute_steps, comm_steps, compute_median)
-            self._comm_own = [deque(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
+            self._comm_own = [SortedWindow(per_rank, maxlen=self.config.refine_window) for per_rank in zip(*own)]
         if self._comm_baseline is not None:
             self._learning = []
         return events
@@ -567,7 +573,7 @@ class SlowdownDetector:
             baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
             raw = [1.0 if r in self._compute.pending else c / max(b, _TINY_S)
                    for r, (c, b) in enumerate(zip(entry.compute_s, baseline))]
-            ratios = net_compute_ratios(raw, baseline, self._margin)
+            ratios = net_compute_ratios(raw, baseline, self._margin, self._pipelines)
             signals.update(compute_raw=raw, compute_ratio=ratios, compute_peer=peer_ratios(ratios))
         else:
             comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt
@@ -581,8 +587,10 @@ class SlowdownDetector:
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
 
-        def window_median(name: str, reading: Callable[[Sequence[float]], float] = median) -> list[float]:
-            return [reading(per_rank) for per_rank in zip(*(self._signal(e, name) for e in recent))]
+        def window_median(name: str, reading: Callable[[Sequence[Sequence[float]]], list[float]] = column_medians
+                          ) -> list[float]:
+            """Each rank's ``reading`` of a signal over the window (all ranks at once: one row per step)."""
+            return reading([self._signal(e, name) for e in recent])
 
         ratios = window_median("compute_ratio")
         cfg = self.config
@@ -590,10 +598,10 @@ class SlowdownDetector:
         beyond_noise = [ratio >= floor for ratio in ratios]
         trend = None
         if cfg.trend:  # a device degrading gradually: where its ratio stands now, not half a window ago
-            levels = window_median("compute_ratio", current_level)
+            levels = window_median("compute_ratio", current_levels)
             # ... and only once the window median is halfway there: a burst of a few slow steps
             # (on an H200, an asynchronous checkpoint write slowed the next 5 steps 1.25-1.5x) is not
-            trend = (levels, window_median("compute_peer", current_level),
+            trend = (levels, window_median("compute_peer", current_levels),
                      [level >= least and ratio >= cfg.recover_below
                       for level, least, ratio in zip(levels, trend_floors, ratios)])
         peer_floors = self._wander.floors(cfg.peer_threshold) if cfg.peer_threshold and cfg.peer_wander_z else None
@@ -797,7 +805,7 @@ class SlowdownDetector:
         if comm_carried:  # so there is a comm baseline, and comm_scale is given
             comm_baseline, scales = cast(CommBaseline, self._comm_baseline), cast(list[float], comm_scale)
             self._comm_baseline = comm_baseline.carried(mapping, scales, compute_scale)
-            self._comm_own = [deque((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
+            self._comm_own = [SortedWindow((x * s for x in self._comm_own[old]), maxlen=self.config.refine_window)
                               for old, s in zip(mapping, scales)] if self._comm_own else []
         else:
             self._comm_baseline, self._comm_own = None, []

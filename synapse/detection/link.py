@@ -18,17 +18,17 @@ alone, so, unlike ``comm_s = step - compute``, it says whose link it is.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from statistics import median
 from typing import Any, cast
 
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
+from synapse.detection.rolling import SortedWindow
 
 _TINY_S = 1e-9
 
 
-def _robust_sd(values: Sequence[float]) -> float:
+def _robust_sd(values: Collection[float]) -> float:
     return robust_sd(values) if len(values) >= 2 else 0.0
 
 
@@ -58,7 +58,7 @@ class LinkBaseline:
         self.baseline: list[float] | None = None
         self.replaced: tuple[int, ...] = ()
         self._learning: list[tuple[float, ...]] = []
-        self._samples: list[deque[float]] = []
+        self._samples: list[SortedWindow] = []
 
     @property
     def ready(self) -> bool:
@@ -75,7 +75,7 @@ class LinkBaseline:
         self.baseline, replaced = peer_checked_send([median(v) for v in per_rank], self.prior_threshold,
                                                     self.min_comm_s)
         self.replaced = tuple(replaced)
-        self._samples = [deque([] if r in replaced else v, maxlen=max(self.refine_window, 1))
+        self._samples = [SortedWindow([] if r in replaced else v, maxlen=max(self.refine_window, 1))
                          for r, v in enumerate(per_rank)]
         self._learning = []
 
@@ -85,7 +85,7 @@ class LinkBaseline:
             return
         for rank in quiet_ranks:
             self._samples[rank].append(send_s[rank])
-            self.baseline[rank] = median(self._samples[rank])
+            self.baseline[rank] = self._samples[rank].median()
 
     def denominator(self, rank: int) -> float:
         return max(cast(list[float], self.baseline)[rank], self.min_comm_s, _TINY_S)  # asked only when ready
@@ -94,7 +94,8 @@ class LinkBaseline:
         return [s - b for s, b in zip(send_s, cast(list[float], self.baseline))]  # asked only when ready
 
     def ratios(self, excess: Sequence[float]) -> list[float]:
-        return [1.0 + max(0.0, x) / self.denominator(r) for r, x in enumerate(excess)]
+        least = max(self.min_comm_s, _TINY_S)  # max(b, m, t) == max(b, max(m, t)): `denominator` per rank
+        return [1.0 + max(0.0, x) / max(b, least) for b, x in zip(cast(list[float], self.baseline), excess)]
 
     def floor(self, rank: int, window: int, noise_z: float) -> float:
         """Smallest window-median own excess (s) that is neither below min_comm_s nor noise."""
@@ -107,7 +108,7 @@ class LinkBaseline:
             self._learning = []
             return
         self.baseline = [self.baseline[old] for old in mapping]
-        self._samples = [deque(self._samples[old], maxlen=max(self.refine_window, 1)) for old in mapping]
+        self._samples = [SortedWindow(self._samples[old], maxlen=max(self.refine_window, 1)) for old in mapping]
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "learning": [list(s) for s in self._learning],
@@ -118,4 +119,5 @@ class LinkBaseline:
         baseline = state.get("baseline")
         self.baseline = None if baseline is None else [float(v) for v in baseline]
         self._learning = [tuple(float(v) for v in s) for s in state.get("learning", [])]
-        self._samples = [deque(map(float, s), maxlen=max(self.refine_window, 1)) for s in state.get("samples", [])]
+        self._samples = [SortedWindow(map(float, s), maxlen=max(self.refine_window, 1))
+                         for s in state.get("samples", [])]

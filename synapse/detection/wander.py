@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from statistics import median
 
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
@@ -45,9 +46,11 @@ class PeerWander:
         # A rank's steps wait here DELAY_WINDOWS windows before they count: the first steps of a
         # slowdown come before it is in excess, and must not teach the rank that it wanders so far.
         self.waiting: list[deque[float]] = []
+        self._fresh(0)
 
     def reset(self, num_ranks: int) -> None:
         self.history = [deque(maxlen=self.keep) for _ in range(num_ranks)]
+        self._fresh(num_ranks)
         self.waiting = [deque() for _ in range(num_ranks)]
 
     def observe(self, ratios: Sequence[float], calm: Sequence[int]) -> None:
@@ -67,16 +70,32 @@ class PeerWander:
                 self.waiting[rank].append(ratios[rank] / max(peer_median, _TINY))
                 if len(self.waiting[rank]) > DELAY_WINDOWS * self.window:
                     self.history[rank].append(self.waiting[rank].popleft())
+                    self._counted[rank] += 1
+
+    def _fresh(self, num_ranks: int) -> None:
+        """Per rank: steps ever counted into its history, and its blocks' medians by the count at which
+        each block starts (a block's steps never change, while the history's first step moves on)."""
+        self._counted = [0] * num_ranks
+        self._block_medians: list[dict[int, float]] = [{} for _ in range(num_ranks)]
 
     def spread(self, rank: int) -> float | None:
         """The sd of a window median of this rank's peer ratio when nothing is wrong (None: no steps yet)."""
-        seen = list(self.history[rank])
-        if len(seen) < 4:
+        history = self.history[rank]
+        if len(history) < 4:
             return None
-        blocks = [median(seen[i:i + self.window]) for i in range(0, len(seen) - self.window + 1, self.window)]
+        first = self._counted[rank] - len(history)
+        cached = self._block_medians[rank]
+        if len(cached) > 2 * len(history):  # blocks that began before the history's first step are gone
+            cached = self._block_medians[rank] = {start: m for start, m in cached.items() if start >= first}
+        blocks = []
+        for i in range(0, len(history) - self.window + 1, self.window):
+            block = cached.get(first + i)
+            if block is None:
+                block = cached[first + i] = median(islice(history, i, i + self.window))
+            blocks.append(block)
         if len(blocks) >= MIN_BLOCKS:
             return robust_sd(blocks)
-        return PRIOR_FACTOR * MEDIAN_SD_FACTOR * robust_sd(seen) / math.sqrt(self.window)
+        return PRIOR_FACTOR * MEDIAN_SD_FACTOR * robust_sd(history) / math.sqrt(self.window)
 
     def floors(self, least: float) -> list[float]:
         """Per rank, the smallest window median over its peers that is beyond its wander (>= ``least``)."""
@@ -88,6 +107,7 @@ class PeerWander:
         self.history = [deque(() if new in fresh else self.history[old], maxlen=self.keep)
                         for new, old in enumerate(mapping)] if self.history else []
         self.waiting = [deque() for _ in self.history]
+        self._fresh(len(self.history))
 
     def state_dict(self) -> list[list[float]]:
         return [list(h) for h in self.history]
@@ -95,3 +115,4 @@ class PeerWander:
     def load_state_dict(self, state: Sequence[Sequence[float]]) -> None:
         self.history = [deque(map(float, h), maxlen=self.keep) for h in state]
         self.waiting = [deque() for _ in self.history]
+        self._fresh(len(self.history))

@@ -33,7 +33,7 @@ from synapse.decision import Decision, NoViableOptionError, OptionKind
 from synapse.failover import FailoverController, Restart, Segment, write_experiment_summary, write_segment
 from synapse.partitioning import Placement, StagePlanner
 from synapse.rundir import PERFORMANCE, EventLog, JsonlWriter, events_path
-from synapse.simulation.faults import COMM, COMPUTE, STOP, DeviceFault
+from synapse.simulation.faults import COMM, COMPUTE, DEATHS, NODE, DeviceFault
 from synapse.simulation.noise import StepNoise
 
 START_TIME = 1_800_000_000.0  # the simulated clock's origin, in UNIX seconds (fixed: the same seed, the same records)
@@ -125,7 +125,7 @@ class SimulatedRun:
                 dead = self._device_dying(active)
                 if dead is not None:
                     try:
-                        step = self._hard_failure(dead, step)
+                        step = self._hard_failure(dead[0], step, lost_with_it=dead[1:])
                     except _RunEnds as end:
                         error, step = str(end), step - 1
                         break
@@ -155,7 +155,7 @@ class SimulatedRun:
         started = self._step_faults[:bisect.bisect_right(self._step_starts, step)] + \
             self._time_faults[:bisect.bisect_right(self._time_starts, self.clock - START_TIME)]
         now = self.clock - START_TIME
-        active = [f for f in started if f.end is None or (now if f.in_seconds else step) <= f.end or f.kind == STOP]
+        active = [f for f in started if f.end is None or (now if f.in_seconds else step) <= f.end or f.kind in DEATHS]
         for fault in active:
             if id(fault) not in self._announced and fault.device not in self._dead:
                 self._announced.add(id(fault))
@@ -165,14 +165,22 @@ class SimulatedRun:
                                     "step": step, "rank": rank, **fault.describe()})
         return active
 
-    def _device_dying(self, active: list[DeviceFault]) -> int | None:
+    def _device_dying(self, active: list[DeviceFault]) -> tuple[int, ...] | None:
+        """The running devices that die now, the first one the failure's cause (None: none); a node
+        loss takes every device of the fault's node. Spares that die idle leave the spares."""
         for fault in active:
-            if fault.kind == STOP and fault.device not in self._dead:
-                self._dead.add(fault.device)
-                if fault.device in self.placement.devices:
-                    return fault.device
-                # a spare died idle: it is no longer there to replace anything
-                self.controller.spare_devices = tuple(d for d in self.controller.spare_devices if d != fault.device)
+            if fault.kind not in DEATHS or fault.device in self._dead:
+                continue
+            lost: tuple[int, ...] = (fault.device,)
+            if fault.kind == NODE:
+                node_of, node = self.setup.planner.facts.node_of, self.setup.planner.facts.node_of(fault.device)
+                everyone = (*self.placement.devices, *self.controller.spare_devices)
+                lost = (fault.device, *(d for d in everyone if d != fault.device and node_of(d) == node))
+            self._dead.update(lost)
+            self.controller.spare_devices = tuple(d for d in self.controller.spare_devices if d not in lost)
+            running = tuple(d for d in lost if d in self.placement.devices)
+            if running:
+                return running
         return None
 
     def _factors(self, active: list[DeviceFault], step: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -180,7 +188,7 @@ class SimulatedRun:
         alphas, betas = [1.0] * len(devices), [1.0] * len(devices)
         now = self.clock - START_TIME
         for fault in active:
-            if fault.kind == STOP or fault.device not in devices:
+            if fault.kind in DEATHS or fault.device not in devices:
                 continue
             rank = devices.index(fault.device)
             factor = fault.factor_at(step, now)
@@ -267,18 +275,22 @@ class SimulatedRun:
         self.controller.restart_costs.observe(path, components)
         return step
 
-    def _hard_failure(self, device: int, step: int) -> int:
-        """``device`` died during ``step``: the controller picks survivors, the run resumes from a checkpoint."""
+    def _hard_failure(self, device: int, step: int, lost_with_it: tuple[int, ...] = ()) -> int:
+        """``device`` (and ``lost_with_it``: its node's other running devices) died during ``step``: the
+        controller picks survivors, the run resumes from a checkpoint."""
         failed_at = self.clock
-        self._events.write({"event": "rank_dead", "time": failed_at, "source": "simulation", "hard": True,
-                            "rank": self.placement.devices.index(device), "device": device, "step": step})
+        for dead in (device, *lost_with_it):
+            self._events.write({"event": "rank_dead", "time": failed_at, "source": "simulation", "hard": True,
+                                "rank": self.placement.devices.index(dead), "device": dead, "step": step})
         self.clock += self.setup.failure_detect_s
-        cause = f"device {device} lost (simulated fail-stop)"
+        cause = (f"device {device} lost (simulated fail-stop)" if not lost_with_it else
+                 f"node of device {device} lost with devices {list(lost_with_it)} (simulated node loss)")
         if sum(r.mode != "live" for r in self.restarts) >= self.setup.max_restarts:
             raise _RunEnds(f"{cause} at step {step} but failover.max_restarts={self.setup.max_restarts} restarts "
                            f"are spent")
         try:
-            decision = self.controller.on_hard_failure(device, step - 1, self.setup.total_steps, cause)
+            decision = self.controller.on_hard_failure(device, step - 1, self.setup.total_steps, cause,
+                                                       lost_with_it=lost_with_it)
         except NoViableOptionError as exc:
             raise _RunEnds(f"{cause} at step {step} and no device is left to continue on ({exc})") from None
         resume = self._checkpoint_before(step - 1)

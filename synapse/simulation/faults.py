@@ -9,7 +9,9 @@ Three sources, one form (``DeviceFault``):
 * random events from rates (``simulate.*_mtbf_h``): exponential gaps per device, seeded.
 
 A slowdown multiplies the device's compute time (alpha) or its link's transfer time (beta) by its
-factor while it lasts; a fail-stop kills the device once.
+factor while it lasts; a fail-stop kills the device once; a node loss (``node_loss``, traces only:
+the row names any device of the node) kills every device of that node at once, as a lost host or
+agent does (the multi-node recovery runs of experiments/results/recovery_nodes_cpu.*).
 """
 from __future__ import annotations
 
@@ -24,12 +26,13 @@ from typing import Any
 from synapse.config import ConfigError
 from synapse.injection import FaultSpec, InjectionError, parse_faults
 
-COMPUTE, COMM, STOP = "slow_compute", "slow_comm", "fail_stop"
-KINDS = (COMPUTE, COMM, STOP)
+COMPUTE, COMM, STOP, NODE = "slow_compute", "slow_comm", "fail_stop", "node_loss"
+KINDS = (COMPUTE, COMM, STOP, NODE)
+DEATHS = (STOP, NODE)  # kinds that kill (once) rather than slow
 # Injection kinds a simulation stands in for: a killed, hung or CUDA-failed rank is a device lost.
 INSTANT_AS_STOP = ("kill", "hang", "cuda_error")
-TRACE_COLUMNS = "device, kind (slow_compute|slow_comm|fail_stop), start_s or start_step, " \
-                "duration_s or end_step (empty: to the end), factor (empty for fail_stop)"
+TRACE_COLUMNS = "device, kind (slow_compute|slow_comm|fail_stop|node_loss), start_s or start_step, " \
+                "duration_s or end_step (empty: to the end), factor (empty for fail_stop and node_loss)"
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def _trace_row(row: Mapping[str, str], in_seconds: bool, known: set[int], where:
     else:
         end = number("end_step", int)
     factor = number("factor", float, 1.0)
-    if kind != STOP and not factor > 1:
+    if kind not in DEATHS and not factor > 1:
         raise ConfigError(f"{where}: a {kind} needs a factor > 1, got {factor}. Fix: e.g. factor 2 (half speed)")
     return DeviceFault(int(device), kind, start, end, factor, in_seconds=in_seconds, source="trace")
 

@@ -176,3 +176,19 @@ def test_a_hydra_multirun_sweep_of_simulations_runs_every_job(tmp_path):
     summaries = [json.loads(EXPERIMENT_SUMMARY.path(job).read_text()) for job in jobs]
     assert sorted(s["policy"] for s in summaries) == ["eta", "eta", "keep", "keep"]
     assert sorted(len(read_jsonl(PERFORMANCE.path(job))[0]["compute_s"]) for job in jobs) == [8, 8, 16, 16]
+
+
+def test_a_node_loss_from_a_trace_takes_all_its_devices_at_once(tmp_path):
+    """Two simulated nodes of 4 GPUs; the trace loses the node of device 5 at step 130: devices 4-7 die
+    together, one failure, and the run degrades to node 0's devices from the checkpoint at step 100."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("device,kind,start_step,end_step,factor\n5,node_loss,130,,\n")
+    result = simulate(tmp_path / "run", "trainer.devices=8", "simulate.gpus_per_node=4", f"simulate.trace={trace}",
+                      "checkpoint.every=50", "checkpoint.at_epoch_end=false", "failover.max_restarts=1")
+    assert result["completed"] and result["steps"] == 300
+    dead = read_events(tmp_path / "run", "rank_dead")
+    assert sorted(e["device"] for e in dead) == [4, 5, 6, 7] and {e["step"] for e in dead} == {130}
+    restarts = json.loads(EXPERIMENT_SUMMARY.path(tmp_path / "run").read_text())["restarts"]
+    assert len(restarts) == 1 and restarts[0]["resume_step"] == 100 and restarts[0]["action"] == "degrade"
+    assert "node" in restarts[0]["cause"]
+    assert read_jsonl(PERFORMANCE.path(tmp_path / "run"))[-1]["devices"] == [0, 1, 2, 3]
