@@ -27,7 +27,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from synapse.config import TrainerConfig, cuda_index, resolve_accelerator, resolve_devices
@@ -139,6 +139,11 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
         config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:
             return _launch_once(config, task, run_dir, attempt, log)
+        except (rendezvous.ForeignRoundValueError, RendezvousStateError) as exc:
+            # Another process's values on the store failed this round (each one refused and logged as it
+            # was read): no device is to blame and the code is not wrong, so the launch is retried.
+            raise WorkerFailure(f"the launch's rendezvous failed on values another process wrote on its store: "
+                                f"{exc}", None, "store_tampered", retry_same_devices=True) from exc
         except RendezvousError as exc:
             if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
