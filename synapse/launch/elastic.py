@@ -146,10 +146,9 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
         except (rendezvous.ForeignRoundValueError, RendezvousStateError) as exc:
             # Another process's values on the store failed this round (each one refused and logged as it
             # was read): no device is to blame and the code is not wrong, so the launch is retried.
-            failure = WorkerFailure(f"the launch's rendezvous failed on values another process wrote on its "
-                                    f"store: {exc}", None, "store_tampered", retry_same_devices=True)
-            exc.__traceback__ = None  # the launch's frames (module docstring of _release_frames)
-            raise failure from exc
+            _release_frames(exc)
+            raise WorkerFailure(f"the launch's rendezvous failed on values another process wrote on its store: "
+                                f"{exc}", None, "store_tampered", retry_same_devices=True) from exc
         except RendezvousError as exc:
             if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
