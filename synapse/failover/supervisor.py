@@ -309,7 +309,8 @@ class Supervisor:
         if action == RETRY:
             self.events.append("retry_same_devices", segment=restart.segment, devices=list(spec.devices),
                                step=end_step, resume_step=restart.resume_step, why=str(cause)[:2000])
-            self.log(f"failover: no device can be blamed ({failure}); retrying on the same devices "
+            said = str(failure).splitlines()[0][:300]  # the first line: a failure's message may hold a traceback
+            self.log(f"failover: no device can be blamed ({said}); retrying on the same devices "
                      f"{list(spec.devices)} from step {restart.resume_step} (restart "
                      f"{sum(r.mode != 'live' for r in self.restarts)} of failover.max_restarts="
                      f"{self.failover.max_restarts})")

@@ -184,7 +184,14 @@ class SealedRoundStore(Store):
         self._written[key] = (plain, sealed)
 
     def get(self, key: str) -> bytes:
-        raw = self.inner.get(key)  # torch's semantics: wait until the key exists (up to the store's timeout)
+        if key in self._written:  # ours: never waited for, even when someone deleted it
+            raw = self.inner.compare_set(key, ABSENT, ABSENT)
+            if raw == ABSENT.encode():
+                self._refused(key, b"", "torch's once-per-round key: deleted by another process")
+                self.inner.set(key, self._written[key][1])
+                return self._written[key][0]
+        else:
+            raw = self.inner.get(key)  # torch's semantics: wait until the key exists (up to the store's timeout)
         deadline = time.monotonic() + self.inner.timeout.total_seconds()
         while True:
             try:

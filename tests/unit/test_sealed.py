@@ -164,6 +164,8 @@ def test_torchs_once_per_round_keys_are_sealed_and_a_foreign_value_is_refused_an
     assert [w.global_rank for w in workers] == [0, 1, 2]
     attacker.set(f"{prefix}/torchelastic/assigned_ranks/0", b'[6, 9, 6, 9]')
     assert store.get("torchelastic/assigned_ranks/0") == b"[0, 3, 0, 3]"
+    attacker.delete_key(f"{prefix}/MASTER_PORT")  # deleted: torch's get would wait for it for the store's timeout
+    assert RendezvousStoreInfo.build(1, store, local_addr=None).master_port == 4242
     refused_keys = {line.split("'")[1] for line in lines}
     assert refused_keys == {"MASTER_ADDR", "MASTER_PORT", "torchelastic/assigned_ranks/0"}, lines
     assert all("torch's once-per-round key" in line for line in lines)
