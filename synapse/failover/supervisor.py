@@ -26,7 +26,7 @@ from typing import Any
 from synapse import checkpoint as ckpt
 from synapse.config import FailoverConfig, TrainerConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
-from synapse.decision import Decision, NoViableOptionError
+from synapse.decision import Decision, NoViableOptionError, Option, OptionKind
 from synapse.failover.controller import FailoverController
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
@@ -48,6 +48,8 @@ from synapse.rundir import (
     events_path,
 )
 from synapse.trackers import NullTracker, Tracker
+
+RETRY = "retry"  # a restart on the same devices: a failure no device can be blamed for (WorkerFailure)
 
 
 class FailoverError(RuntimeError):
@@ -192,7 +194,8 @@ class Supervisor:
             summary = self.launch(task, self.run_dir, attempt=str(spec.index), log=self.log)
         except WorkerFailure as exc:
             self._show_failed_rank(spec, exc)
-            if not exc.device_failure:  # an error in the code: a restart would fail the same way
+            if not (exc.device_failure or exc.retry_same_devices):  # an error in the code: a restart would fail
+                # the same way
                 watcher.stop()
                 self._end_segment_in_error(watcher, exc)
                 raise
@@ -292,16 +295,27 @@ class Supervisor:
             raise FailoverError(f"segment {spec.index} stopped on request but the controller decided nothing; "
                                 f"there is no restart to plan")
         cause = failure.cause if failure else decision.reason
+        action = decision.action.value
+        if failure is not None and failure.rank is None:  # _decide_on_failure kept the devices
+            action, cause = RETRY, f"{cause}: {failure}"
         if failure is None and watcher.pending_live is not None:  # the workers refused the live path
             cause += "; the live re-partition failed, so the workers checkpointed for a restart instead"
         resume = self._resume_checkpoint()
-        restart = Restart(segment=spec.index + 1, action=decision.action.value, trigger_time=trigger,
+        restart = Restart(segment=spec.index + 1, action=action, trigger_time=trigger,
                           trigger_step=end_step, resume_step=resume.step if resume else 0,
                           cause=cause, decision=decision,
                           resume_path=resume.path if resume else None, trigger="failure" if failure else "decision",
                           last_step_time=(watcher.last_record or {}).get("time"))
         self.restarts.append(restart)
         self._mark_decision(decision)
+        if action == RETRY:
+            self.events.append("retry_same_devices", segment=restart.segment, devices=list(spec.devices),
+                               step=end_step, resume_step=restart.resume_step, why=str(cause)[:2000])
+            said = str(failure).splitlines()[0][:300]  # the first line: a failure's message may hold a traceback
+            self.log(f"failover: no device can be blamed ({said}); retrying on the same devices "
+                     f"{list(spec.devices)} from step {restart.resume_step} (restart "
+                     f"{sum(r.mode != 'live' for r in self.restarts)} of failover.max_restarts="
+                     f"{self.failover.max_restarts})")
         return restart
 
     @staticmethod
@@ -314,6 +328,8 @@ class Supervisor:
     def _decide_on_failure(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure,
                            total: int) -> tuple[Decision, float]:
         end_step, ended_at = self._end_of(spec)
+        if failure.rank is None and failure.retry_same_devices:
+            return self._same_devices(spec, end_step, total, failure), ended_at
         if failure.rank is None or not 0 <= failure.rank < len(spec.devices):
             raise FailoverError(f"a worker failed but its rank is unknown, so no device can be dropped: {failure}. "
                                 f"Everything finished is saved in {CHECKPOINTS.path(self.run_dir)}. Fix: rerun "
@@ -331,6 +347,13 @@ class Supervisor:
         failed_at = min((e["time"] for e in self.worker_events() if e.get("hard") and e["time"] >= spec.started_at),
                         default=ended_at)
         return decision, failed_at
+
+    def _same_devices(self, spec: Segment, end_step: int, total: int, failure: WorkerFailure) -> Decision:
+        """The decision to run on as before: the same placement relaunched (KEEP: no device is to blame)."""
+        keep = Option(OptionKind.KEEP, spec.placement, predicted_step_s=self.controller.baseline_step_s or 1.0,
+                      restart_cost_s=0.0)
+        return Decision(OptionKind.KEEP, keep, (keep,), f"retry on the same devices: {failure.cause}, no device to "
+                        f"blame", end_step, max(0, total - end_step))
 
     def _resume_checkpoint(self) -> ckpt.CheckpointRef | None:
         def skipped(ref, error) -> None:

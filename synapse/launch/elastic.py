@@ -27,7 +27,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from synapse.config import TrainerConfig, cuda_index, resolve_accelerator, resolve_devices
@@ -139,6 +139,16 @@ def launch_pipeline(task: LaunchTask, run_dir: Path, attempt: str = "0", log: Ca
         config = launch_config(cfg.trainer, run_dir, attempt, store_hosted)
         try:
             return _launch_once(config, task, run_dir, attempt, log)
+        except WorkerFailure as failure:
+            if failure.device_failure or failure.retry_same_devices:  # the supervisor restarts the launch
+                _release_frames(failure)
+            raise
+        except (rendezvous.ForeignRoundValueError, RendezvousStateError) as exc:
+            # Another process's values on the store failed this round (each one refused and logged as it
+            # was read): no device is to blame and the code is not wrong, so the launch is retried.
+            _release_frames(exc)
+            raise WorkerFailure(f"the launch's rendezvous failed on values another process wrote on its store: "
+                                f"{exc}", None, "store_tampered", retry_same_devices=True) from exc
         except RendezvousError as exc:
             if _port_in_use(exc) and not cfg.trainer.rdzv_endpoint and tries_left:
                 log(f"launch: port {config.rdzv_endpoint} was taken before the rendezvous could use it; "
@@ -214,6 +224,14 @@ def unreadable_worker_report(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
     return any(Path(f.filename).parts[-3:] == parts and f.name == name
                for f in frames for parts, name in _WORKER_REPORT_READS)
+
+
+def _release_frames(failure: BaseException) -> None:
+    """Drop the tracebacks of a failed launch's exceptions before a restart: their frames hold the launch's
+    agent and rendezvous store, whose server would keep ``trainer.rdzv_endpoint``'s port bound, so the
+    restart could not bind it again. The messages stay."""
+    for exc in _chain(failure):
+        exc.__traceback__ = None
 
 
 def _port_in_use(exc: BaseException) -> bool:

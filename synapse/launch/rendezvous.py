@@ -25,9 +25,12 @@ HMAC of what it reads back before torch unpickles it. A value another process pu
 pickle, garbage, torch's "no state yet" marker, a deletion) is refused, said once, and replaced by
 the last state this node verified, so torch never sees it. The run id is derived from the key as
 well (not guessable, but ``list_keys`` shows it: the seal is what protects). The node-rank records
-below are sealed too. What stays unsealed are the few keys torch itself writes and reads once per
-round (the bootstrap store's address, the agents' rank assignment, the exit barrier): a process
-that overwrites one in that instant fails the launch's rendezvous with an error; it runs nothing.
+below are sealed too, and so are the few keys torch itself writes and reads once per round (the
+bootstrap store's address, the agents' rank assignment, the exit barrier): torch's agent is handed a
+``SealedRoundStore``. A foreign value there is refused; one that cannot be waited past fails the
+launch as no device's fault (``ForeignRoundValueError``), and the supervisor retries it on the same
+devices. The workers' bootstrap store stays unsealed (gloo reads it in C++ while the group forms); a
+group that does not form is judged no device's fault as well (``root_cause``).
 
 Registered as the rendezvous backend ``synapse-c10d``; same parameters as torch's ``c10d``, plus
 ``run_dir`` (where the run's key is; required).
@@ -42,7 +45,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from torch.distributed import TCPStore
+from torch.distributed import Store, TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousConnectionError,
@@ -149,6 +152,98 @@ class SealedRendezvousBackend(C10dRendezvousBackend):
         return self._call_store("compare_set", self._key, found or "", desired)
 
 
+class ForeignRoundValueError(RendezvousError):
+    """A key torch reads once per round holds a value this run did not seal, and its writer (another node's
+    agent) will not write it again: the round cannot complete. No device is to blame; the launch is retried."""
+
+
+class SealedRoundStore(Store):
+    """The round's store as torch's agent sees it, with every value it sets sealed with the run's key.
+
+    torch writes and reads a few keys once per round (under ``torch.rendezvous.<id>.<round>/``): the
+    workers' bootstrap store address (``MASTER_ADDR``, ``MASTER_PORT``: parsed with ``int``), the agents'
+    role infos and rank assignment (``torchelastic/role_info/<n>``, ``torchelastic/assigned_ranks/<n>``:
+    JSON) and the exit barrier (``torchelastic/agent/terminal_state/...``). None is unpickled, but a value
+    another process wrote there made the agent raise (a failed launch) or start its workers on a forged
+    address or rank. Here ``set`` seals and ``get`` opens: a foreign value is refused and logged; for a key
+    this process wrote, its own value is put back and used; for another agent's key, it is waited past
+    until the store's timeout, then ``ForeignRoundValueError``. Counters (``add``: the exit barrier's member
+    count) and existence checks (``wait``, ``check``) carry no value torch parses and stay as they are; a
+    counter made unusable fails only the exit barrier, which torch logs and passes.
+    """
+
+    def __init__(self, inner: Store, key: bytes, refused):
+        super().__init__()
+        self.inner, self._mac_key, self._refused = inner, key, refused
+        self._written: dict[str, tuple[bytes, bytes]] = {}  # key -> (value, sealed value) set by this process
+
+    def set(self, key: str, value) -> None:
+        plain = value.encode() if isinstance(value, str) else bytes(value)
+        sealed = seal_bytes(self._mac_key, key, "round", plain)
+        self.inner.set(key, sealed)
+        self._written[key] = (plain, sealed)
+
+    def get(self, key: str) -> bytes:
+        if key in self._written:  # ours: never waited for, even when someone deleted it
+            raw = self.inner.compare_set(key, ABSENT, ABSENT)
+            if raw == ABSENT.encode():
+                self._refused(key, b"", "torch's once-per-round key: deleted by another process")
+                self.inner.set(key, self._written[key][1])
+                return self._written[key][0]
+        else:
+            raw = self.inner.get(key)  # torch's semantics: wait until the key exists (up to the store's timeout)
+        deadline = time.monotonic() + self.inner.timeout.total_seconds()
+        while True:
+            try:
+                return open_bytes(self._mac_key, key, "round", raw)
+            except ForeignRecordError as exc:
+                self._refused(key, raw, f"torch's once-per-round key: {exc}")
+            if key in self._written:  # ours: put it back (for the other agents) and use it
+                plain, sealed = self._written[key]
+                self.inner.compare_set(key, raw, sealed)
+                return plain
+            if time.monotonic() > deadline:
+                raise ForeignRoundValueError(
+                    f"the rendezvous key {key!r} holds a value this run did not seal (another process wrote it) "
+                    f"and its writer will not write it again; this round cannot complete. No device is to blame")
+            time.sleep(0.05)
+            now = self.inner.compare_set(key, ABSENT, ABSENT)
+            raw = b"" if now == ABSENT.encode() else now
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(key) for key in keys]
+
+    def multi_set(self, keys: list[str], values: list) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def delete_key(self, key: str) -> bool:
+        self._written.pop(key, None)
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+    @property
+    def timeout(self) -> timedelta:  # type: ignore[override]
+        return self.inner.timeout
+
+
 class BoundRendezvousHandler(DynamicRendezvousHandler):
     """torch's dynamic rendezvous whose workers' bootstrap store listens on loopback for one node."""
 
@@ -160,10 +255,15 @@ class BoundRendezvousHandler(DynamicRendezvousHandler):
         info = super().next_rendezvous()
         if self.node_rank is None or self.records is None:
             return info
-        records = SealedStore(info.store, self.records.key, self.records.refused)
+        records = SealedStore(getattr(info.store, "inner", info.store), self.records.key, self.records.refused)
         rank = node_ordered_rank(records, info.rank, info.world_size, self.node_rank,
                                  self._settings.timeout.join.total_seconds())
         return RendezvousInfo(info.store, rank, info.world_size, info.bootstrap_store_info)
+
+    def _get_store(self) -> Store:
+        """The round's store: torch's once-per-round keys on it sealed (``SealedRoundStore``)."""
+        store = super()._get_store()
+        return store if self.records is None else SealedRoundStore(store, self.records.key, self.records.refused)
 
     def get_backend(self) -> str:
         return BACKEND  # torch's registry checks that the handler is the backend it asked for

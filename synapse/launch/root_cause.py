@@ -26,13 +26,17 @@ class WorkerFailure(RuntimeError):
     ``rank`` is the root-cause rank (None when unknown); ``device_failure`` says whether the
     failure is the device's or its process's (killed, hung, CUDA error, probe/XID) rather than
     an error in the code, which no restart would fix. ``lost_ranks``: every rank gone with it (a
-    node lost with all its ranks; empty: only ``rank``).
+    node lost with all its ranks; empty: only ``rank``). ``retry_same_devices``: no device can be
+    blamed and nothing says the code is wrong (a stall whose culprit cannot be told, a launch failed
+    by a value another process wrote on its store), so the launch is retried on the same devices
+    from the newest checkpoint, within the restart budget.
     """
 
     def __init__(self, message: str, rank: int | None = None, cause: str = "error", device_failure: bool = False,
-                 lost_ranks: tuple[int, ...] = ()):
+                 lost_ranks: tuple[int, ...] = (), retry_same_devices: bool = False):
         super().__init__(message)
         self.rank, self.cause, self.device_failure, self.lost_ranks = rank, cause, device_failure, tuple(lost_ranks)
+        self.retry_same_devices = retry_same_devices
 
 
 def hang_culprit(progress: dict[int, dict]) -> int | None:
@@ -95,6 +99,12 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
         signals = {rank: f.signal_name() for rank, f in reaped.items() if f.exitcode < 0}
         return _hard_failure(_first_cause(hard, reaped, beats, progress or {}), beats, progress or {}, log_dir, signals)
     message = describe_failures(failure_dir, reaped, log_dir)
+    if records and all(_forming_the_group(r) for r in records):
+        # Every rank that spoke failed while its process group formed, on the workers' bootstrap store, which
+        # any local process can write to (docs/reliability.md, "Stores, pids and signals"): no device is to
+        # blame, and a fresh launch forms the group on a fresh store.
+        return WorkerFailure(f"the workers' process group did not form: {message}", None, FORMING_THE_GROUP,
+                             retry_same_devices=True)
     signalled = {rank: f for rank, f in reaped.items() if f.exitcode < 0}
     if signalled and all(lost_a_peer(r) for r in records):
         rank, failure = min(signalled.items(), key=lambda item: (item[1].signal_name() != "SIGKILL", item[0]))
@@ -112,6 +122,14 @@ def failure_of(failure_dir: Path, reaped: Mapping[int, ProcessFailure], log_dir:
     device_error = _device_error(root)
     cause = device_error or f"{root['type']}: {root['message']}"
     return WorkerFailure(message, root["rank"], cause.splitlines()[0][:200], device_failure=device_error is not None)
+
+
+FORMING_THE_GROUP = "the process group did not form"
+
+
+def _forming_the_group(record: dict[str, Any]) -> bool:
+    """Whether a rank's error was raised inside ``init_process_group`` (and is no device error)."""
+    return "in init_process_group" in str(record.get("traceback", "")) and _device_error(record) is None
 
 
 DISK_FULL = "No space left on device"
@@ -212,8 +230,9 @@ def _hang(event: dict, progress: dict[int, dict], log_dir: Path) -> WorkerFailur
         if found is None:
             phases = {rank: board["phase"] for rank, board in sorted(progress.items())}
             return WorkerFailure(f"the pipeline hung ({stalled}) and no rank can be told as the cause: every rank "
-                                 f"waited on a peer ({phases or 'no progress boards'}), so no device is dropped; "
-                                 f"logs in {log_dir}", None, "rank_hung", device_failure=True)
+                                 f"waited on a peer ({phases or 'no progress boards'}), so no device is dropped "
+                                 f"and the launch is retried on the same devices; logs in {log_dir}", None,
+                                 "rank_hung", device_failure=True, retry_same_devices=True)
         culprit = found
         board = progress[culprit]
         message = f"pipeline rank {culprit} hung in {board['phase']} of step {board['step']}: {stalled}"

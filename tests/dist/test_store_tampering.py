@@ -28,6 +28,7 @@ from torch.distributed import TCPStore
 
 from synapse.failover import read_segments
 from synapse.launch import free_port
+from synapse.rundir.sealed import MAC_BYTES
 
 from .test_multinode_failover import finish, start_nodes
 from .test_reliability import (
@@ -178,3 +179,70 @@ def test_garbage_and_forged_records_on_the_nodes_store_change_nothing(tmp_path, 
     assert f"decider: refused the value under '{report}'" in outputs[0]
     (segment,) = read_segments(run_dir)
     assert segment.outcome == "finished" and len(segment.devices) == 4, "no device was dropped"
+
+
+def bootstrap_port(store: TCPStore) -> int | None:
+    """The first launch's bootstrap store port, read where torch's agent publishes it (sealed: the seal
+    authenticates the value, it does not hide it)."""
+    for key in store.list_keys():
+        if key.endswith("/MASTER_PORT"):
+            with contextlib.suppress(ValueError):
+                return int(store.get(key)[MAC_BYTES:])
+    return None
+
+
+@pytest.mark.timeout(420)
+def test_garbage_under_every_key_of_both_stores_changes_nothing_and_a_spoilt_group_is_retried(tmp_path, teacher_file):
+    # Issue #33, 1, torch's own keys: garbage and crafted pickles under every key the rendezvous store lists
+    # (torch's state, the round's MASTER_ADDR/MASTER_PORT, role infos, rank assignment, exit barrier) for
+    # the whole run; and, on the first launch's bootstrap store, garbage under the keys gloo reads while the
+    # process group forms (their names are fixed: default_pg/0//cpu//0/<rank>), written before and while
+    # the workers meet. The group cannot form on them: no device is blamed, and the launch is retried on
+    # the same devices. The run finishes on [0, 1, 2]; the pickle never runs.
+    run_dir, port = tmp_path / "run", free_port()
+    marker = tmp_path / "marker"
+    pickled = base64.b64encode(pickle.dumps(CreatesMarker(marker)))
+    proc = train_py(run_dir, overrides_for(run_dir, teacher_file, "policy=keep",
+                                           f"trainer.rdzv_endpoint=127.0.0.1:{port}"))
+    everywhere = Attacker(port, lambda key: True, (),
+                          [pickled, b"garbage", b"\x80\x04\x95", pickle.dumps(CreatesMarker(marker))])
+    gloo_keys = [f"default_pg/0//cpu//0/{rank}" for rank in range(3)]
+    spoilt: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not spoilt:
+            assert proc.poll() is None and time.monotonic() < deadline, "no bootstrap store was published"
+            with contextlib.suppress(Exception):
+                store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+                if (found := bootstrap_port(store)) is not None:
+                    spoilt.append(found)
+            time.sleep(0.01)
+        everywhere.start()  # once the port is read: its garbage would hide the port from this test as well
+        bootstrap = TCPStore("127.0.0.1", spoilt[0], is_master=False, timeout=timedelta(seconds=10))
+        while not events(run_dir, "segment_ended") and steps_done(run_dir) == 0:  # the first launch's meeting
+            assert proc.poll() is None and time.monotonic() < deadline, "the first launch neither failed nor trained"
+            with contextlib.suppress(Exception):
+                for key in gloo_keys:
+                    bootstrap.set(key, b"\x80\x04garbage\xff" * 4)
+            time.sleep(0.02)
+        code = proc.wait(300)
+        said = [line for line in (tmp_path / "run.train_py.log").read_text().splitlines()
+                if line.startswith(("failover:", "rendezvous:")) or "Error" in line]
+        assert code == 0, "\n".join(said)[-6000:]
+    finally:
+        everywhere.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / "run.train_py.log").read_text()
+    assert not marker.exists(), "the crafted pickle ran in the run"
+    round_keys = [k for k in everywhere.written if k.startswith(RENDEZVOUS_STATE) and "/" in k]
+    assert any(k.endswith("/MASTER_PORT") for k in round_keys) and any("assigned_ranks" in k for k in round_keys)
+    segments = read_segments(run_dir)
+    assert all(s.devices == [0, 1, 2] for s in segments), "no device was dropped"
+    assert segments[-1].outcome == "finished"
+    (ended, *_) = events(run_dir, "segment_ended", segment=0)
+    assert ended["cause"] == "the process group did not form" and ended["rank"] is None, ended
+    retry = events(run_dir, "retry_same_devices")
+    assert retry and retry[0]["devices"] == [0, 1, 2] and segments[1].reason == "retry", retry
+    assert "retrying on the same devices [0, 1, 2]" in log
+    assert not events(run_dir, "rank_dead")

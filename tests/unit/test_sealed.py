@@ -130,3 +130,53 @@ def test_a_crafted_pickle_under_the_rendezvous_key_is_refused_and_never_unpickle
     another_run = SealedRendezvousBackend(store, "run1", run_key(tmp_path / "other"), Refusals(None, "rendezvous",
                                                                                                  lines.append))
     assert another_run.get_state() is None and len(lines) == 5
+
+
+def test_torchs_once_per_round_keys_are_sealed_and_a_foreign_value_is_refused_and_logged(tmp_path):
+    """Issue #33, 1: torch's agent writes and reads the bootstrap store's address, the rank assignment and
+    the exit barrier on the round's store. Through ``SealedRoundStore`` torch's own code runs unchanged and
+    every value it sets is sealed; what another process writes is refused, logged, and never parsed."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+    from synapse.launch.rendezvous import ForeignRoundValueError, SealedRoundStore
+
+    server = TCPStore("127.0.0.1", free_port(), is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    lines: list[str] = []
+    refused = Refusals(tmp_path, "rendezvous", lines.append)
+    prefix = "torch.rendezvous.run1.0"
+    store = SealedRoundStore(PrefixStore(prefix, server), run_key(tmp_path), refused)
+    attacker = TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+    # torch's own code: the bootstrap store's address (rank 0 writes it, every agent reads it back)
+    info = RendezvousStoreInfo.build(0, store, local_addr="127.0.0.1", server_port=4242)
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", 4242)
+    assert all(server.get(f"{prefix}/{k}")[:32] != b"127.0.0.1"[:32] for k in ("MASTER_ADDR", "MASTER_PORT"))
+    # a forged address and port: this agent wrote them, so its own are used and put back
+    attacker.set(f"{prefix}/MASTER_ADDR", b"10.6.6.6")
+    attacker.set(f"{prefix}/MASTER_PORT", b"not a port")
+    again = RendezvousStoreInfo.build(1, store, local_addr=None)  # rank 1's read: nothing is written first
+    assert (again.master_addr, again.master_port) == ("127.0.0.1", 4242)
+    assert server.get(f"{prefix}/MASTER_ADDR") != b"10.6.6.6", "the sealed value was put back"
+    # the rank assignment (torch's slow path: role infos in, assigned ranks out, JSON both ways)
+    spec = WorkerSpec(role="trainer", local_world_size=3, rdzv_handler=None, entrypoint="x")  # type: ignore[arg-type]
+    workers = SimpleElasticAgent._assign_worker_ranks(None, store, 0, 1, spec)  # type: ignore[arg-type]
+    assert [w.global_rank for w in workers] == [0, 1, 2]
+    attacker.set(f"{prefix}/torchelastic/assigned_ranks/0", b'[6, 9, 6, 9]')
+    assert store.get("torchelastic/assigned_ranks/0") == b"[0, 3, 0, 3]"
+    attacker.delete_key(f"{prefix}/MASTER_PORT")  # deleted: torch's get would wait for it for the store's timeout
+    assert RendezvousStoreInfo.build(1, store, local_addr=None).master_port == 4242
+    refused_keys = {line.split("'")[1] for line in lines}
+    assert refused_keys == {"MASTER_ADDR", "MASTER_PORT", "torchelastic/assigned_ranks/0"}, lines
+    assert all("torch's once-per-round key" in line for line in lines)
+    # a key another agent wrote, overwritten: waited past until the store's timeout, then a clear error
+    other = SealedRoundStore(PrefixStore(prefix, server), run_key(tmp_path), refused)
+    store.set("torchelastic/role_info/1", b'{"role": "trainer", "rank": 1, "local_world_size": 3}')
+    assert other.get("torchelastic/role_info/1").startswith(b'{"role"')
+    attacker.set(f"{prefix}/torchelastic/role_info/1", b"\x80\x04garbage")
+    other.set_timeout(timedelta(seconds=1))
+    with pytest.raises(ForeignRoundValueError, match="did not seal .* No device is to blame"):
+        other.get("torchelastic/role_info/1")
+    # the exit barrier (a counter and an existence check) runs through as it does on torch's store
+    from torch.distributed.elastic.utils.store import barrier
+    barrier(store, 1, "torchelastic/agent/terminal_state", barrier_timeout=5)
