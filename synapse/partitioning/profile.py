@@ -324,4 +324,6 @@ def _piecewise_time(sizes: list[int], times: list[float], size: float) -> float:
         return max(t1 + (t1 - t0) * (size - s1) / (s1 - s0), t1)
     upper = next(i for i, s in enumerate(sizes) if s >= size)
     s0, s1, t0, t1 = sizes[upper - 1], sizes[upper], times[upper - 1], times[upper]
-    return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+    # Between two times >= 0 the line stays >= 0, but its rounding can land a hair below (hypothesis found
+    # -6.7e-198 between a subnormal time and zero), which a profile refuses as negative.
+    return max(0.0, t0 + (t1 - t0) * (size - s0) / (s1 - s0))
