@@ -386,7 +386,8 @@ def test_prefetcher_reraises_an_error_from_finishing():
     assert seen == [0, 1, 2]
 
 
-def test_prefetcher_stops_its_thread_when_the_consumer_stops_early():
+@pytest.mark.parametrize("finishers", [1, 3])
+def test_prefetcher_stops_its_threads_when_the_consumer_stops_early(finishers):
     closed = threading.Event()
 
     def endless():
@@ -398,11 +399,12 @@ def test_prefetcher_stops_its_thread_when_the_consumer_stops_early():
         finally:
             closed.set()
 
-    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"), overlap=True)
+    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"), overlap=True, finishers=finishers)
     for value in prefetcher:
         if value == 5:
             break
-    assert closed.wait(5) and not prefetcher._thread.is_alive()
+    assert closed.wait(5)
+    assert not any(t.is_alive() for t in (prefetcher._thread, *prefetcher._finishers))
 
 
 @pytest.mark.parametrize("finishers", [2, 3])
@@ -458,26 +460,6 @@ def test_with_several_finishers_an_error_reraises_at_its_place(failing):
         for value in DevicePrefetcher(source(), finish, torch.device("cpu"), overlap=True, finishers=2):
             seen.append(value)
     assert seen == [0, 1, 2, 3, 4]
-
-
-def test_several_finishers_stop_when_the_consumer_stops_early():
-    closed = threading.Event()
-
-    def endless():
-        try:
-            n = 0
-            while True:
-                yield n
-                n += 1
-        finally:
-            closed.set()
-
-    prefetcher = DevicePrefetcher(endless(), lambda x: x, torch.device("cpu"), overlap=True, finishers=3)
-    for value in prefetcher:
-        if value == 7:
-            break
-    assert closed.wait(5)
-    assert not any(t.is_alive() for t in (prefetcher._thread, *prefetcher._finishers))
 
 
 def test_a_prefetcher_needs_at_least_one_finisher():
