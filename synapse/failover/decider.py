@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
 from synapse.failover.epoch import admit_workers
@@ -47,9 +47,6 @@ from synapse.launch import WorkerFailure
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
 from synapse.rundir import NODE_SUPERVISOR_LOCK, SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
-
-if TYPE_CHECKING:  # segments.py composes segment configs with segment_node_settings below
-    from synapse.failover.segments import Segment
 
 
 def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
@@ -222,10 +219,11 @@ class NodeDecider:
             watch.stop()
         return self._outcome(devices, nodes, watch)
 
-    def adopts(self, segment: Segment) -> bool:
-        """Whether every node of ``segment`` still runs it (said when it re-attached to this decider)."""
-        nodes = self.topology.nodes_of(list(segment.devices))
-        return bool(nodes) and all(self.adoptable.get(n) == segment.index for n in nodes)
+    def adopts(self, segment: int, devices: Sequence[int]) -> bool:
+        """Whether every node of segment number ``segment`` (on ``devices``) still runs it (said when it
+        re-attached to this decider)."""
+        nodes = self.topology.nodes_of(list(devices))
+        return bool(nodes) and all(self.adoptable.get(n) == segment for n in nodes)
 
     def _stop_unadopted(self) -> None:
         """Workers an earlier decider started that this one does not adopt (some node of their segment no

@@ -111,7 +111,7 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
         load_controller_state(controller, state)
     last = history[-1]
     adopts = getattr(launch, "adopts", None)  # a restarted decider across nodes (failover/decider.py)
-    if not last.outcome and adopts is not None and adopts(last):
+    if not last.outcome and adopts is not None and adopts(last.index, last.devices):
         # its workers still run on every node of it: watched to their end, not relaunched
         supervisor.segments = history[:-1]
         log(f"failover: adopting segment {last.index} on devices {last.devices}, still running since step "
