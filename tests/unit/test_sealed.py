@@ -106,6 +106,16 @@ class Marker:
         return (open, (self.path, "w"))
 
 
+def forge(attacker: TCPStore, key: str, value: bytes) -> None:
+    """Write ``value`` under ``key`` as another process would, and return once the store holds it.
+
+    ``TCPStore.set`` does not wait for the server's answer: a read on another connection (the run's) made
+    right after could still find the old value, and the foreign value would land after it was checked
+    (seen in the parallel suite). A read on the attacker's own connection is answered after its set."""
+    attacker.set(key, value)
+    assert attacker.get(key) == value
+
+
 def test_a_crafted_pickle_under_the_rendezvous_key_is_refused_and_never_unpickled(tmp_path):
     store = TCPStore("127.0.0.1", free_port(), is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
     lines: list[str] = []
@@ -118,7 +128,7 @@ def test_a_crafted_pickle_under_the_rendezvous_key_is_refused_and_never_unpickle
     key = "torch.rendezvous.run1"  # torch's name for run id run1
     crafted = base64.b64encode(pickle.dumps(Marker(str(marker))))
     for value in (crafted, b"garbage", b"\x00"):
-        attacker.set(key, value)
+        forge(attacker, key, value)
         got, _ = backend.get_state()  # torch unpickles what this returns
         assert pickle.loads(got) == {"round": 1}, "the last verified state is read (and put back)"
         assert attacker.get(key) != value
@@ -153,8 +163,8 @@ def test_torchs_once_per_round_keys_are_sealed_and_a_foreign_value_is_refused_an
     assert (info.master_addr, info.master_port) == ("127.0.0.1", 4242)
     assert all(server.get(f"{prefix}/{k}")[:32] != b"127.0.0.1"[:32] for k in ("MASTER_ADDR", "MASTER_PORT"))
     # a forged address and port: this agent wrote them, so its own are used and put back
-    attacker.set(f"{prefix}/MASTER_ADDR", b"10.6.6.6")
-    attacker.set(f"{prefix}/MASTER_PORT", b"not a port")
+    forge(attacker, f"{prefix}/MASTER_ADDR", b"10.6.6.6")
+    forge(attacker, f"{prefix}/MASTER_PORT", b"not a port")
     again = RendezvousStoreInfo.build(1, store, local_addr=None)  # rank 1's read: nothing is written first
     assert (again.master_addr, again.master_port) == ("127.0.0.1", 4242)
     assert server.get(f"{prefix}/MASTER_ADDR") != b"10.6.6.6", "the sealed value was put back"
@@ -162,7 +172,7 @@ def test_torchs_once_per_round_keys_are_sealed_and_a_foreign_value_is_refused_an
     spec = WorkerSpec(role="trainer", local_world_size=3, rdzv_handler=None, entrypoint="x")  # type: ignore[arg-type]
     workers = SimpleElasticAgent._assign_worker_ranks(None, store, 0, 1, spec)  # type: ignore[arg-type]
     assert [w.global_rank for w in workers] == [0, 1, 2]
-    attacker.set(f"{prefix}/torchelastic/assigned_ranks/0", b'[6, 9, 6, 9]')
+    forge(attacker, f"{prefix}/torchelastic/assigned_ranks/0", b'[6, 9, 6, 9]')
     assert store.get("torchelastic/assigned_ranks/0") == b"[0, 3, 0, 3]"
     attacker.delete_key(f"{prefix}/MASTER_PORT")  # deleted: torch's get would wait for it for the store's timeout
     assert RendezvousStoreInfo.build(1, store, local_addr=None).master_port == 4242
@@ -173,7 +183,7 @@ def test_torchs_once_per_round_keys_are_sealed_and_a_foreign_value_is_refused_an
     other = SealedRoundStore(PrefixStore(prefix, server), run_key(tmp_path), refused)
     store.set("torchelastic/role_info/1", b'{"role": "trainer", "rank": 1, "local_world_size": 3}')
     assert other.get("torchelastic/role_info/1").startswith(b'{"role"')
-    attacker.set(f"{prefix}/torchelastic/role_info/1", b"\x80\x04garbage")
+    forge(attacker, f"{prefix}/torchelastic/role_info/1", b"\x80\x04garbage")
     other.set_timeout(timedelta(seconds=1))
     with pytest.raises(ForeignRoundValueError, match="did not seal .* No device is to blame"):
         other.get("torchelastic/role_info/1")
