@@ -191,16 +191,52 @@ def bootstrap_port(store: TCPStore) -> int | None:
     return None
 
 
+LATE_RANK = 2  # held back on the first launch, so that its gloo key holds only the attacker's garbage
+
+
+def late_rank_site(site_dir: Path, flag: Path) -> Path:
+    """A ``sitecustomize`` (first on PYTHONPATH, so every process of the run imports it) that holds rank
+    ``LATE_RANK`` back before its process group forms, on its first launch only (``flag`` marks it held),
+    as a slow-starting worker would be. Until it writes its gloo key, only the attacker writes there: the
+    other ranks, which wait for that key, can read nothing but garbage (without the hold, a rank's own
+    write could land after the garbage and the group formed under load: the spoil lost the race)."""
+    site_dir.mkdir()
+    (site_dir / "sitecustomize.py").write_text(f"""\
+import os
+import time
+
+import torch.distributed as dist
+
+_init_process_group = dist.init_process_group
+
+
+def init_process_group_late(*args, **kwargs):
+    if os.environ.get("RANK") == "{LATE_RANK}" and not os.path.exists({str(flag)!r}):
+        open({str(flag)!r}, "w").close()
+        time.sleep(120)  # the launch is torn down long before: the other ranks fail on the garbage
+    return _init_process_group(*args, **kwargs)
+
+
+dist.init_process_group = init_process_group_late
+""")
+    return site_dir
+
+
 @pytest.mark.timeout(420)
-def test_garbage_under_every_key_of_both_stores_changes_nothing_and_a_spoilt_group_is_retried(tmp_path, teacher_file):
+def test_garbage_under_every_key_of_both_stores_changes_nothing_and_a_spoilt_group_is_retried(tmp_path, teacher_file,
+                                                                                             monkeypatch):
     # Issue #33, 1, torch's own keys: garbage and crafted pickles under every key the rendezvous store lists
     # (torch's state, the round's MASTER_ADDR/MASTER_PORT, role infos, rank assignment, exit barrier) for
     # the whole run; and, on the first launch's bootstrap store, garbage under the keys gloo reads while the
     # process group forms (their names are fixed: default_pg/0//cpu//0/<rank>), written before and while
-    # the workers meet. The group cannot form on them: no device is blamed, and the launch is retried on
-    # the same devices. The run finishes on [0, 1, 2]; the pickle never runs.
+    # the workers meet. Rank 2 is late on the first launch (``late_rank_site``), so the other ranks read its
+    # key while only the attacker has written it: the group cannot form, whatever the load. No device is
+    # blamed, and the launch is retried on the same devices. The run finishes on [0, 1, 2]; the pickle never
+    # runs.
     run_dir, port = tmp_path / "run", free_port()
-    marker = tmp_path / "marker"
+    marker, held = tmp_path / "marker", tmp_path / "late_rank_held"
+    site = late_rank_site(tmp_path / "site", held)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     pickled = base64.b64encode(pickle.dumps(CreatesMarker(marker)))
     proc = train_py(run_dir, overrides_for(run_dir, teacher_file, "policy=keep",
                                            f"trainer.rdzv_endpoint=127.0.0.1:{port}"))
@@ -235,6 +271,7 @@ def test_garbage_under_every_key_of_both_stores_changes_nothing_and_a_spoilt_gro
             os.killpg(proc.pid, signal.SIGKILL)
     log = (tmp_path / "run.train_py.log").read_text()
     assert not marker.exists(), "the crafted pickle ran in the run"
+    assert held.exists(), f"rank {LATE_RANK} was not held back on the first launch"
     round_keys = [k for k in everywhere.written if k.startswith(RENDEZVOUS_STATE) and "/" in k]
     assert any(k.endswith("/MASTER_PORT") for k in round_keys) and any("assigned_ranks" in k for k in round_keys)
     segments = read_segments(run_dir)
