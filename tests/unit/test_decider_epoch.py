@@ -119,8 +119,12 @@ def test_a_restarted_decider_numbers_its_orders_on_and_an_older_epoch_s_order_re
 def test_an_announcement_the_launcher_did_not_seal_is_refused(tmp_path):
     port = free_port()
     launcher = NodeChannel.host(f"127.0.0.1:{port}", timeout_s=10, run_dir=tmp_path)
-    TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)).set(
-        DECIDER_KEY, json.dumps({"epoch": 99, "state": "lost"}))
+    forger = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+    forged = json.dumps({"epoch": 99, "state": "lost"}).encode()
+    forger.set(DECIDER_KEY, forged)
+    # a set returns before the server has applied it; a read on the same connection waits for it, so the
+    # launcher's read below cannot come before the forged value has landed
+    assert forger.get(DECIDER_KEY) == forged
     assert launcher.decider() is None, "a forged 'lost' is no announcement"
     refused = [json.loads(line) for line in (tmp_path / "failover_events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "store_record_refused" and e["key"] == DECIDER_KEY for e in refused)
