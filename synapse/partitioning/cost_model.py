@@ -67,6 +67,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -193,6 +194,35 @@ class PlanCost:
     stage_overhead_s: tuple[float, ...] = ()  # per micro-batch; stage time = compute + overhead + comm
 
 
+# The canonical expressions of a stage's time, on scalars or on arrays alike (the cost model's tables and
+# the planner's all-replica pricing, ``partitioning.pipelines``, both go through them, so the two agree
+# bit for bit: the same IEEE operations in the same order).
+def link_time_s(beta: Any, cut_bytes: Any, bandwidth_bytes_per_s: Any, link_latency_s: Any) -> Any:
+    """Per-micro-batch link time of a stage sending ``cut_bytes`` (its messages' latency included)."""
+    return beta * cut_bytes / bandwidth_bytes_per_s + MESSAGES_PER_MICROBATCH * link_latency_s
+
+
+def overhead_time_s(contention: Any, per_microbatch_overhead_s: float) -> Any:
+    """Per-micro-batch host time outside the blocks (grows with contention, not alpha)."""
+    return contention * per_microbatch_overhead_s
+
+
+def fixed_time_s(compute_scale: Any, loss_s: Any, overhead_s: Any) -> Any:
+    """The part of a stage time that does not depend on its blocks: the loss (last stage) and overhead."""
+    return compute_scale * loss_s + overhead_s
+
+
+def stage_time_of(compute_scale: Any, work_s: Any, fixed_s: Any, comm_s: Any) -> Any:
+    """A stage's per-micro-batch time from its block work (profile seconds) and the parts above."""
+    return compute_scale * work_s + fixed_s + comm_s
+
+
+def pipeline_step_time_s(step: StepSpec, stage_times_s: Sequence[float]) -> float:
+    """GPipe / 1F1B: fill and drain through every stage once, then M - 1 micro-batches at the slowest."""
+    waiting = (step.microbatches - 1) * max(stage_times_s)
+    return math.fsum(stage_times_s) + waiting + step.optimizer_step_s
+
+
 def _prefix(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
 
@@ -220,7 +250,8 @@ class CostModel:
         self.teacher_param_prefix_bytes = _prefix(teacher.column("parameter_size_kb") * BYTES_PER_KB)
         teacher_out = _shifted(teacher.column("output_activation_size_kb") * BYTES_PER_KB)
         student_out = _shifted(student.column("output_activation_size_kb") * BYTES_PER_KB)
-        self._comm_s = [self._comm_table(r, teacher_out, student_out) for r in range(self.num_stages)]
+        self._teacher_out_bytes, self._student_out_bytes = teacher_out, student_out
+        self._comm_s = [self._comm_table(r) for r in range(self.num_stages)]
         self._teacher_held_bytes = [self.in_flight(r) * teacher_out for r in range(self.num_stages)]
         state_per_param_byte = 2.0 + step.optimizer_state_multiplier  # params + grads + optimizer state
         student_params = student.column("parameter_size_kb") * BYTES_PER_KB
@@ -239,13 +270,21 @@ class CostModel:
         m = self.step.microbatches
         return m if self.step.schedule is Schedule.GPIPE else min(self.num_stages - stage, m)
 
-    def _comm_table(self, stage: int, teacher_out: np.ndarray, student_out: np.ndarray) -> np.ndarray:
+    def _comm_table(self, stage: int) -> np.ndarray:
+        cut_bytes = self.cut_bytes(np.arange(self.num_teacher_blocks + 1)[:, None],
+                                   np.arange(self.num_student_blocks + 1)[None, :])
         if stage == self.num_stages - 1:
-            return np.zeros((teacher_out.size, student_out.size))
+            return np.zeros(cut_bytes.shape)
         device = self.devices[stage]
-        cut_bytes = teacher_out[:, None] + 2.0 * student_out[None, :]
-        latency_s = MESSAGES_PER_MICROBATCH * device.link_latency_s
-        return device.beta * cut_bytes / device.link_bandwidth_bytes_per_s + latency_s
+        table: np.ndarray = link_time_s(device.beta, cut_bytes, device.link_bandwidth_bytes_per_s,
+                                        device.link_latency_s)
+        return table
+
+    def cut_bytes(self, i1: Cuts, j1: Cuts) -> np.ndarray:
+        """Bytes a stage whose cuts end at teacher i1, student j1 sends per micro-batch: the teacher's and
+        the student's activation forward, the student's gradient (as large) back."""
+        nbytes: np.ndarray = self._teacher_out_bytes[i1] + 2.0 * self._student_out_bytes[j1]
+        return nbytes
 
     def compute_scale(self, stage: int) -> float:
         """Wall seconds per profiled second of block work on `stage`: its alpha times its contention."""
@@ -254,12 +293,17 @@ class CostModel:
 
     def stage_overhead_s(self, stage: int) -> float:
         """Per-micro-batch host time of `stage` outside its blocks (grows with contention, not alpha)."""
-        return self.devices[stage].contention * self.step.per_microbatch_overhead_s
+        overhead_s: float = overhead_time_s(self.devices[stage].contention, self.step.per_microbatch_overhead_s)
+        return overhead_s
+
+    def stage_loss_s(self, stage: int) -> float:
+        """The KD loss's profile seconds per micro-batch on `stage`: on the last stage only."""
+        return self.step.loss_s if stage == self.num_stages - 1 else 0.0
 
     def stage_fixed_s(self, stage: int) -> float:
         """The part of a stage time that does not depend on its blocks: overhead, and the loss on the last stage."""
-        loss_s = self.step.loss_s if stage == self.num_stages - 1 else 0.0
-        return self.compute_scale(stage) * loss_s + self.stage_overhead_s(stage)
+        fixed_s: float = fixed_time_s(self.compute_scale(stage), self.stage_loss_s(stage), self.stage_overhead_s(stage))
+        return fixed_s
 
     def stage_time_s(self, stage: int, i0: Cuts, i1: Cuts, j0: Cuts, j1: Cuts) -> np.ndarray:
         """Per-micro-batch time of `stage` holding teacher [i0, i1) and student [j0, j1)."""
@@ -277,8 +321,8 @@ class CostModel:
     def combine_stage_time(self, stage: int, teacher_work_s: np.ndarray, student_work_s: np.ndarray,
                            comm_s: np.ndarray) -> np.ndarray:
         """The one place where a stage time is assembled; callers may cache the parts."""
-        time_s: np.ndarray = (self.compute_scale(stage) * (teacher_work_s + student_work_s) + self.stage_fixed_s(stage)
-                              + comm_s)
+        time_s: np.ndarray = stage_time_of(self.compute_scale(stage), teacher_work_s + student_work_s,
+                                           self.stage_fixed_s(stage), comm_s)
         return time_s
 
     def comm_time_s(self, stage: int, i1: Cuts, j1: Cuts) -> np.ndarray:
@@ -307,13 +351,16 @@ class CostModel:
         return self._student_memory_prefix[stage]
 
     def step_time_s(self, stage_times_s: Sequence[float]) -> float:
-        waiting = (self.step.microbatches - 1) * max(stage_times_s)
-        return math.fsum(stage_times_s) + waiting + self.step.optimizer_step_s
+        return pipeline_step_time_s(self.step, stage_times_s)
+
+    def stage_cuts(self, teacher_counts: Sequence[int], student_counts: Sequence[int]) -> tuple[list[int], list[int]]:
+        """The cut positions of a partition given as blocks per stage (K + 1 each, from 0 to the model size)."""
+        return (_cuts(teacher_counts, self.num_teacher_blocks, self.num_stages, "teacher"),
+                _cuts(student_counts, self.num_student_blocks, self.num_stages, "student"))
 
     def evaluate(self, teacher_counts: Sequence[int], student_counts: Sequence[int]) -> PlanCost:
         """Cost of a partition given as blocks per stage (each >= 1, summing to the model size)."""
-        t_cuts = _cuts(teacher_counts, self.num_teacher_blocks, self.num_stages, "teacher")
-        s_cuts = _cuts(student_counts, self.num_student_blocks, self.num_stages, "student")
+        t_cuts, s_cuts = self.stage_cuts(teacher_counts, student_counts)
         stages = range(self.num_stages)
         times = [float(self.stage_time_s(r, t_cuts[r], t_cuts[r + 1], s_cuts[r], s_cuts[r + 1])) for r in stages]
         comm = [float(self.comm_time_s(r, t_cuts[r + 1], s_cuts[r + 1])) for r in stages]

@@ -16,8 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
+
 from synapse.partitioning.cost_model import CostModel, DeviceSpec, PlanCost, StepSpec
 from synapse.partitioning.partitioner import PartitionPlan, plan_with_cost_model
+from synapse.partitioning.pipelines import PipelinePrices, PipelineTerms
 from synapse.partitioning.placement import Placement
 from synapse.partitioning.profile import BYTES_PER_KB, ModelProfile, profile_at_micro_batch
 
@@ -160,7 +163,28 @@ class StagePlanner:
     def layout_cost(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
         """Every rank's and the step's predicted time on ``placement`` (R = 1: one pipeline, as ``predict``).
 
-        ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's)."""
+        ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's). All replicas are
+        priced at once from terms kept per devices and cut (``partitioning.pipelines``), with the same
+        numbers as ``layout_cost_by_replica``; factors the cost model refuses take that path, for its error."""
+        grids = self._factor_grids(placement, alphas, betas)
+        if grids is None:
+            return self.layout_cost_by_replica(placement, alphas, betas)
+        alpha_grid, beta_grid = grids
+        key = (placement.devices, placement.teacher_counts, placement.student_counts, placement.replicas)
+        cost = self._pipelines(*key).price(alpha_grid, beta_grid)
+        own = self._bytes_only._pipelines(*key).link_s(beta_grid)
+        scales = self.share_scales(placement)
+        compute_scales, comm_scales, step_scales = self._share_responses(key, alpha_grid, beta_grid, scales)
+        m = self.step.microbatches
+        by_replica = np.array(scales)[:, None]
+        return LayoutCost(tuple((compute_scales * m * cost.compute_s).ravel().tolist()),
+                          tuple((comm_scales * m * cost.comm_s).ravel().tolist()),
+                          tuple((by_replica * m * own).ravel().tolist()),  # bytes: exactly in proportion to the images
+                          tuple((step_scales * cost.step_s).tolist()), self.allreduce_s(placement))
+
+    def layout_cost_by_replica(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
+        """``layout_cost`` the plain way: a cost model per replica's pipeline (``predict``). The reference
+        the fast path is tested against, and the path that raises the cost model's error on bad factors."""
         if alphas is not None and not isinstance(alphas, Mapping):
             alphas = list(alphas)
         compute: list[float] = []
@@ -183,6 +207,57 @@ class StagePlanner:
             replica_steps.append(step_scale * cost.step_time_s)
         return LayoutCost(tuple(compute), tuple(comm), tuple(transfer), tuple(replica_steps),
                           self.allreduce_s(placement))
+
+    def _factor_grids(self, placement: Placement, alphas: Alphas, betas: Betas
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every rank's alpha and beta as (R, K) arrays, read as ``specs`` reads them; None when one is
+        not finite and positive (the cost model's error is then raised by the plain path) or an aligned
+        sequence does not give every rank one."""
+        devices = placement.devices
+        if alphas is None or isinstance(alphas, Mapping):
+            by_rank = [float((alphas or {}).get(d, 1.0)) for d in devices]
+        else:
+            by_rank = [float(a) for a in alphas]
+            if len(by_rank) != len(devices):
+                return None
+        shape = (placement.replicas, placement.num_stages)
+        alpha_grid = np.array(by_rank).reshape(shape)
+        beta_grid = np.array([float((betas or {}).get(d, 1.0)) for d in devices]).reshape(shape)
+        for grid in (alpha_grid, beta_grid):
+            if not bool(np.all(np.isfinite(grid) & (grid > 0))):
+                return None
+        return alpha_grid, beta_grid
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a run meets a few placements, a REBALANCE many shares
+    def _pipelines(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...], student_counts: tuple[int, ...],
+                   replicas: int) -> PipelineTerms:
+        """The factor-free terms of every replica's pipeline (shares do not enter: they scale the prices)."""
+        k = len(devices) // replicas
+        specs = [self.specs(devices[r * k:(r + 1) * k]) for r in range(replicas)]
+        return PipelineTerms.of(self.teacher, self.student, self.step, specs, teacher_counts, student_counts)
+
+    def _share_responses(self, key: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int],
+                         alphas: np.ndarray, betas: np.ndarray, scales: Sequence[float]
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``share_response`` of every replica at once ((R, K) compute and comm scales, (R,) step scales):
+        each share that is not the profiled one priced on the profiles at its own micro-batch."""
+        by_replica = np.array(scales)
+        compute = np.repeat(by_replica[:, None], alphas.shape[1], axis=1)
+        comm, step = compute.copy(), by_replica.copy()
+        profiled = self.student.micro_batch
+        if not self.size_profiles or profiled is None:
+            return compute, comm, step
+        before: PipelinePrices | None = None
+        for scale in sorted(set(scales) - {1.0}):
+            rows = by_replica == scale
+            if before is None:
+                before = self._at_micro_batch(float(profiled))._pipelines(*key).price(alphas, betas)
+            at_share = self._at_micro_batch(round(profiled * scale, 6))._pipelines(*key)
+            after = at_share.price(alphas[rows], betas[rows], rows)
+            compute[rows] = _ratios(after.compute_s, before.compute_s[rows], scale)
+            comm[rows] = _ratios(after.comm_s, before.comm_s[rows], scale)
+            step[rows] = _ratios(after.step_s, before.step_s[rows], scale)
+        return compute, comm, step
 
     def share_response(self, placement: Placement, devices: Sequence[int], alphas: Alphas, betas: Betas,
                        scale: float) -> tuple[list[float], list[float], float]:
@@ -223,20 +298,25 @@ class StagePlanner:
         """The student gradients' all-reduce across replicas: each stage's group reduces its own
         blocks' gradients at the same time, so the step waits for the largest (over the slowest link
         of the group: between nodes when its replicas are on different nodes)."""
-        if placement.replicas == 1:
+        return self._allreduce_s(placement.devices, placement.student_counts, placement.replicas)
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
+    def _allreduce_s(self, devices: tuple[int, ...], student_counts: tuple[int, ...], replicas: int) -> float:
+        if replicas == 1:
             return 0.0
         grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
-        bounds = [0, *accumulate(placement.student_counts)]
+        bounds = [0, *accumulate(student_counts)]
         slowest = 0.0
-        for stage in range(placement.num_stages):
-            group = [placement.replica_devices(r)[stage] for r in range(placement.replicas)]
+        k = len(student_counts)
+        for stage in range(k):
+            group = devices[stage::k]  # the stage's device in every replica (ranks are replica-major)
             crosses = len({self.facts.node_of(d) for d in group}) > 1
             bandwidth = (min(self.facts.link_bandwidth_bytes_per_s, self.facts.cross_node_bandwidth_bytes_per_s)
                          if crosses else self.facts.link_bandwidth_bytes_per_s)
             latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
                 else self.facts.link_latency_s
             nbytes = float(grad_bytes[bounds[stage]:bounds[stage + 1]].sum())
-            slowest = max(slowest, ring_allreduce_s(nbytes, placement.replicas, bandwidth, latency))
+            slowest = max(slowest, ring_allreduce_s(nbytes, replicas, bandwidth, latency))
         return slowest
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
@@ -255,6 +335,14 @@ class StagePlanner:
                      ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))
         return plan.teacher_counts, plan.student_counts, plan.step_time_s
+
+
+def _ratios(after: np.ndarray, before: np.ndarray, scale: float) -> np.ndarray:
+    """``_ratio`` of arrays, element by element (the same comparisons, the same quotient)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bounded = np.minimum(np.maximum(after / before, min(scale, 1.0)), max(scale, 1.0))
+    ratios: np.ndarray = np.where(before <= 0, scale, bounded)
+    return ratios
 
 
 def _ratio(after: float, before: float, scale: float) -> float:
