@@ -262,7 +262,8 @@ class Agent:
         except WorkerFailure as exc:  # "stopped": torn down on the decider's order, a consequence
             outcome = "stopped" if self.stop_segment == order.segment else "failed"
             report = NodeReport(self.node, order.segment, outcome, rank=exc.rank, cause=exc.cause,
-                                message=str(exc)[:4000], device_failure=exc.device_failure)
+                                message=str(exc)[:4000], device_failure=exc.device_failure,
+                                retry_same_devices=exc.retry_same_devices)
         except Exception as exc:  # noqa: BLE001  (the rendezvous or the launch itself failed: the decider decides)
             report = NodeReport(self.node, order.segment, "error", cause=type(exc).__name__, message=str(exc)[:4000])
         finally:

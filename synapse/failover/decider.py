@@ -254,14 +254,17 @@ class NodeDecider:
         failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
         if not failures:
             return next((r.summary for r in reports.values() if r.summary), {})
-        # The root cause: a device failure a node saw on one of its own ranks, then any device failure.
+        # The root cause: a device failure a node saw on one of its own ranks, then any device failure; of the
+        # rest, a failure that blames something (an error in the code ends the run) before one that blames
+        # nothing (retried on the same devices: one node's ranks may all have waited on another node's)
         def rank(item) -> tuple:
             node, report = item
             own = report.rank is not None and report.rank in ranks_of[node]
-            return (not report.device_failure, not own, node)
+            return (not report.device_failure, not own, report.retry_same_devices, node)
         node, root = min(failures, key=rank)
+        # the one supervisor path decides what follows, as for a launch on one node (supervisor.py)
         raise WorkerFailure(f"node {node}: {root.message}", root.rank, root.cause or root.outcome,
-                            device_failure=root.device_failure)
+                            device_failure=root.device_failure, retry_same_devices=root.retry_same_devices)
 
 
 class RemoteNodesWatch:

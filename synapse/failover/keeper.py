@@ -226,8 +226,15 @@ def _node_agent(spawn, trainer: TrainerConfig, failover: FailoverConfig, run_dir
 
 
 def serve_as_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path) -> None:
-    """Node 0's agent process under ``trainer.role=auto`` (any other node runs ``run_agent`` in its launcher)."""
+    """Node 0's agent process under ``trainer.role=auto`` (any other node runs ``run_agent`` in its launcher).
+
+    A terminal's Ctrl-C (and its hangup) reaches the launcher's whole process group: the decider stops the run
+    after the step in flight with a checkpoint, and this agent leaves them to it (its workers stop on the
+    decider's request and it reports them stopped; torch's agent, had it handled them, would have killed the
+    workers first)."""
     _die_with_the_launcher()
+    for terminal_signal in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(terminal_signal, signal.SIG_IGN)
     log = _child_log(run_dir)
     try:
         run_agent(trainer, failover, run_dir, log)

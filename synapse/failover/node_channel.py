@@ -137,6 +137,9 @@ class NodeReport:
     cause: str = ""
     message: str = ""
     device_failure: bool = False
+    # no device can be blamed and nothing says the code is wrong (a stall whose culprit this node could not
+    # tell, a process group that did not form): the decider retries on the same devices (WorkerFailure's flag)
+    retry_same_devices: bool = False
     epoch: int = 0  # set by the channel: the epoch of the decider the agent followed
 
 

@@ -109,7 +109,7 @@ def launch_config(trainer: TrainerConfig, run_dir: Path, attempt: str = "0", sto
         max_restarts=0,  # failover is Synapse's decision, made by the supervisor, not a blind restart
         # Under the supervisor, Ctrl-C, SIGTERM and a closed terminal's SIGHUP mean "checkpoint and stop"
         # (launch/interrupt.py), not torch's "abort the launch now".
-        signals_to_handle="SIGQUIT" if interrupt.active() else "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        signals_to_handle=interrupt.signals_for_torch(),
         monitor_interval=0.1, start_method=START_METHOD, logs_specs=logs,
         log_line_prefix_template=RANK_PREFIX if trainer.nodes == 1 else f"[node {trainer.node_rank}] {RANK_PREFIX}",
     )

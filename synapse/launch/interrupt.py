@@ -75,3 +75,17 @@ def active() -> bool:
     """Whether an ``InterruptToStop`` handles SIGINT now."""
     handler = signal.getsignal(signal.SIGINT)
     return isinstance(getattr(handler, "__self__", None), InterruptToStop)
+
+
+TORCH_HANDLES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torch's agent: each aborts the launch
+
+
+def signals_for_torch() -> str:
+    """The signals torch's elastic agent may handle in this process (``LaunchConfig.signals_to_handle``):
+    none of ours while an ``InterruptToStop`` is active, and never one this process ignores (node 0's
+    agent beside the decider ignores a terminal's SIGINT and SIGHUP: the decider, in the same process
+    group, stops the run with a checkpoint, and an agent that aborted its launch on them would kill its
+    workers before they could write it)."""
+    if active():
+        return "SIGQUIT"
+    return ",".join(name for name in TORCH_HANDLES if signal.getsignal(getattr(signal, name)) != signal.SIG_IGN)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from synapse.app import run
-from synapse.failover import ExitOrder, NodeChannel
+from synapse.failover import ExitOrder, NodeChannel, read_segments
 from synapse.launch import free_port
 from synapse.rundir import read_events, read_jsonl
 
@@ -166,28 +166,42 @@ def commit_epochs(run_dir: Path) -> list[tuple[int, int]]:
                   for path in (run_dir / "checkpoints").glob("step_*"))
 
 
+@pytest.mark.parametrize("interrupt", [
+    pytest.param("sigterm", id="sigterm"),
+    # Ctrl-C at node 0's terminal: SIGINT to its whole process group, the launcher, the decider, node 0's agent
+    # and its workers (issue #36); -m extended, one more two-node run (~1 min)
+    pytest.param("ctrl_c", id="ctrl_c", marks=pytest.mark.extended)])
 def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_with_a_checkpoint(tmp_path,
-                                                                                                teacher_file):
+                                                                                                teacher_file,
+                                                                                                interrupt):
     """The launcher passes SIGTERM (and SIGHUP) on to its decider: the run stops after the step in flight with
-    a checkpoint, as on one node, instead of the launcher dying and taking the store from under the run."""
+    a checkpoint, as on one node, instead of the launcher dying and taking the store from under the run.
+    A Ctrl-C reaches the decider itself; node 0's agent leaves it to the decider (before: torch's agent in it
+    aborted the launch on the SIGINT and killed node 0's workers, so no checkpoint was written)."""
     run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     nodes = start_nodes(run_dir, teacher_file, endpoint, "checkpoint.every=100", "failover.node_timeout_s=3",
                         "injection.faults=[{kind:slow_compute,rank:0,start:1,seconds:0.4}]", "policy=keep")
     try:
         wait_for(lambda: last_step(run_dir) >= 2, "step 2", nodes)
-        nodes[0].send_signal(signal.SIGTERM)  # the launcher's pid alone, as a scheduler's preemption might
+        if interrupt == "sigterm":
+            nodes[0].send_signal(signal.SIGTERM)  # the launcher's pid alone, as a scheduler's preemption might
+        else:
+            os.killpg(nodes[0].pid, signal.SIGINT)  # what a terminal's Ctrl-C does to its foreground job
         outputs = [node.communicate(timeout=300)[0] for node in nodes]
     finally:
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
-    assert nodes[0].returncode == 1 and "interrupted by SIGTERM" in outputs[0], outputs[0][-3000:]
+    said = "SIGTERM" if interrupt == "sigterm" else "SIGINT"
+    assert nodes[0].returncode == 1 and f"interrupted by {said}" in outputs[0], outputs[0][-3000:]
     assert "resume=auto" in outputs[0]
     assert nodes[1].returncode != 0 and "the decider ended the run with an error: RunInterrupted" in outputs[1], \
         outputs[1][-3000:]
     from synapse import checkpoint as ckpt
     saved = ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
     assert saved is not None and 2 <= saved.step < STEPS, "a checkpoint of the step the run stopped after"
+    [segment] = read_segments(run_dir)
+    assert segment.outcome == "interrupted" and segment.end_step == saved.step, segment
     assert not read_events(run_dir / "failover_events.jsonl", "decider_lost"), "an interrupt is not a death"
 
 
