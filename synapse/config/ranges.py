@@ -93,6 +93,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "simulate.fail_slow_mtbf_h": Range(0, 1e7, low_open=True, example="27400"),
     "simulate.comm_fail_slow_mtbf_h": Range(0, 1e7, low_open=True, example="27400"),
     "simulate.fail_stop_mtbf_h": Range(0, 1e7, low_open=True, example="8090"),
+    "simulate.node_loss_mtbf_h": Range(0, 1e7, low_open=True, example="60000"),
     "simulate.fail_slow_duration_s": Range(0, WEEK_S, low_open=True, example="600"),
     "simulate.comm_fail_slow_duration_s": Range(0, WEEK_S, low_open=True, example="1440"),
     "simulate.fail_slow_factor": Range(1, 1e4, low_open=True, example="2.0"),

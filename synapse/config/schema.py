@@ -444,6 +444,7 @@ class SimulateConfig:
     comm_fail_slow_duration_s: float = 1440.0
     comm_fail_slow_factor: float = 2.0
     fail_stop_mtbf_h: float | None = None  # a device dies
+    node_loss_mtbf_h: float | None = None  # a node goes, every device on it at once (per node)
     failure_detect_s: float = 5.0  # from a death to the supervisor's decision (heartbeat and teardown)
     # Simulated GPUs (trainer.accelerator=cuda): memory each, and devices per node (links between nodes are
     # partition.node_link_bandwidth_gbps).

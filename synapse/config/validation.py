@@ -656,7 +656,7 @@ def validate_simulation(cfg: DictConfig) -> None:
 
 
 def _validate_simulate_group(sim: DictConfig, accelerator: str) -> None:
-    for key in ("fail_slow_mtbf_h", "comm_fail_slow_mtbf_h", "fail_stop_mtbf_h"):
+    for key in ("fail_slow_mtbf_h", "comm_fail_slow_mtbf_h", "fail_stop_mtbf_h", "node_loss_mtbf_h"):
         value = sim[key]
         if value is not None and not value > 0:
             fail(f"simulate.{key}", f"a mean time between events must be > 0 hours, got {value}",

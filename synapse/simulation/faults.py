@@ -154,9 +154,10 @@ class FaultRates:
     comm_fail_slow_duration_s: float = 1440.0
     comm_fail_slow_factor: float = 2.0
     fail_stop_mtbf_h: float | None = None
+    node_loss_mtbf_h: float | None = None  # per node: all its devices at once
 
     def __post_init__(self) -> None:
-        for name in ("fail_slow_mtbf_h", "comm_fail_slow_mtbf_h", "fail_stop_mtbf_h"):
+        for name in ("fail_slow_mtbf_h", "comm_fail_slow_mtbf_h", "fail_stop_mtbf_h", "node_loss_mtbf_h"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"simulate.{name}={value}: a mean time between events must be > 0 hours. Fix: give "
@@ -164,12 +165,16 @@ class FaultRates:
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.fail_slow_mtbf_h, self.comm_fail_slow_mtbf_h, self.fail_stop_mtbf_h))
+        return any(v is not None for v in (self.fail_slow_mtbf_h, self.comm_fail_slow_mtbf_h, self.fail_stop_mtbf_h,
+                                           self.node_loss_mtbf_h))
 
 
-def random_faults(rates: FaultRates, devices: Iterable[int], horizon_s: float, seed: int) -> list[DeviceFault]:
+def random_faults(rates: FaultRates, devices: Iterable[int], horizon_s: float, seed: int,
+                  nodes: Sequence[Sequence[int]] = ()) -> list[DeviceFault]:
     """Events of every device up to ``horizon_s`` simulated seconds: exponential gaps (a Poisson
-    process per device and kind), slowdowns of exponential duration around their mean. Seeded."""
+    process per device and kind), slowdowns of exponential duration around their mean; and a node
+    loss per node of ``nodes`` (each node's devices) at its own exponential time, named by the node's
+    first device (the engine takes every device of that device's node). Seeded."""
     rng = random.Random(f"synapse.simulation.faults:{seed}")
     out: list[DeviceFault] = []
     kinds = ((COMPUTE, rates.fail_slow_mtbf_h, rates.fail_slow_duration_s, rates.fail_slow_factor),
@@ -187,4 +192,11 @@ def random_faults(rates: FaultRates, devices: Iterable[int], horizon_s: float, s
                 length = rng.expovariate(1.0 / duration_s)
                 out.append(DeviceFault(device, kind, at, at + length, factor, in_seconds=True, source="rates"))
                 at += length + rng.expovariate(1.0 / (mtbf_h * 3600.0))
+    if rates.node_loss_mtbf_h is not None:
+        # a stream of its own, so that adding node losses leaves the devices' events as they were
+        node_rng = random.Random(f"synapse.simulation.faults.nodes:{seed}")
+        for node in nodes:
+            at = node_rng.expovariate(1.0 / (rates.node_loss_mtbf_h * 3600.0))
+            if node and at < horizon_s:  # a lost node does not come back
+                out.append(DeviceFault(min(node), NODE, at, at, in_seconds=True, source="rates"))
     return sorted(out, key=lambda f: (f.start, f.device))

@@ -168,10 +168,14 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
     faults = injected_faults(cfg.injection.fault_dicts(), placement.devices) + traced
     sim = cfg.simulate
     rates = FaultRates(sim.fail_slow_mtbf_h, sim.fail_slow_duration_s, sim.fail_slow_factor, sim.comm_fail_slow_mtbf_h,
-                       sim.comm_fail_slow_duration_s, sim.comm_fail_slow_factor, sim.fail_stop_mtbf_h)
+                       sim.comm_fail_slow_duration_s, sim.comm_fail_slow_factor, sim.fail_stop_mtbf_h,
+                       sim.node_loss_mtbf_h)
     if rates.any:
         horizon = HORIZON_FACTOR * total * planner.layout_cost(placement).step_time_s + 3600.0
-        faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed)
+        by_node: dict[int, list[int]] = {}
+        for device in [*devices, *spares]:
+            by_node.setdefault(planner.facts.node_of(device), []).append(device)
+        faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed, nodes=list(by_node.values()))
     controller = build_controller(cfg, planner, run_dir, log, first=placement)
     restart = controller.restart_costs.estimate("restart")
     setup = SimulationSetup(

@@ -178,6 +178,30 @@ def test_a_hydra_multirun_sweep_of_simulations_runs_every_job(tmp_path):
     assert sorted(len(read_jsonl(PERFORMANCE.path(job))[0]["compute_s"]) for job in jobs) == [8, 8, 16, 16]
 
 
+def test_node_losses_from_a_rate_take_a_whole_node_at_once(tmp_path):
+    """Rates give node losses too (simulate.node_loss_mtbf_h, per node): two nodes of 4 simulated GPUs,
+    a mean of 0.02 h per node, so at least one node goes within the run; every device of a lost node
+    dies at the same step, and the run goes on without them. Seeded: the same seed, the same losses."""
+    overrides = ("trainer.devices=8", "simulate.gpus_per_node=4", "simulate.node_loss_mtbf_h=0.02",
+                 "checkpoint.every=50", "checkpoint.at_epoch_end=false", "failover.max_restarts=2")
+    result = simulate(tmp_path / "run", *overrides)
+    dead = read_events(tmp_path / "run", "rank_dead")
+    assert dead, "no node was lost"
+    by_step: dict[int, set[int]] = {}
+    for event in dead:
+        by_step.setdefault(event["step"], set()).add(event["device"])
+    assert all(devices in ({0, 1, 2, 3}, {4, 5, 6, 7}) for devices in by_step.values()), by_step
+    again = simulate(tmp_path / "again", *overrides)
+    assert [(e["step"], e["device"]) for e in read_events(tmp_path / "again", "rank_dead")] == \
+        [(e["step"], e["device"]) for e in dead]
+    assert again["steps"] == result["steps"]
+
+
+def test_a_node_loss_rate_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="simulate.node_loss_mtbf_h"):
+        simulate(tmp_path, "simulate.node_loss_mtbf_h=0")
+
+
 def test_a_node_loss_from_a_trace_takes_all_its_devices_at_once(tmp_path):
     """Two simulated nodes of 4 GPUs; the trace loses the node of device 5 at step 130: devices 4-7 die
     together, one failure, and the run degrades to node 0's devices from the checkpoint at step 100."""
