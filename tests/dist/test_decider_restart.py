@@ -104,7 +104,11 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
             "the decider is a process of its own, beside node 0's launcher"
         os.kill(first["pid"], end)  # the decider alone: it owns no worker
 
-        wait_for(lambda: read_events(events, "segment_adopted"), "the new decider to adopt the segment", nodes)
+        # Forged as soon as node 1 re-attaches, before the new decider can have given it any order: were
+        # the forgery written only after the adoption, a run that had already trained to its end could take
+        # that order number with its real exit order first, and node 1 would never read the forged one
+        wait_for(lambda: any(e["node"] == 1 for e in read_events(events, "decider_reattached")),
+                 "node 1 to re-attach to the new decider", nodes)
         # The replaced decider's epoch, sealed with the run's key exactly as that decider wrote its orders,
         # at the number node 1 reads next: were it followed, node 1 would leave the run with an error
         reattached = {e["node"]: e for e in read_events(events, "decider_reattached")}
@@ -129,6 +133,7 @@ def test_a_killed_decider_is_restarted_under_a_new_epoch_and_the_run_learns_exac
     assert lost["epoch"] == 1 and lost["pid"] == first["pid"] and lost["exitcode"] == -signal.SIGKILL
     hung = read_events(events, "decider_hung")
     assert [(e["epoch"], e["pid"]) for e in hung] == ([(1, first["pid"])] if end == signal.SIGSTOP else []), hung
+    reattached = {e["node"]: e for e in read_events(events, "decider_reattached")}
     assert sorted(reattached) == [0, 1], "node 0's agent re-attaches like any other"
     assert all(e["epoch"] == 2 and e["previous_epoch"] == 1 for e in reattached.values()), reattached
     assert "attached to the decider of epoch 2" in outputs[1], outputs[1][-3000:]
