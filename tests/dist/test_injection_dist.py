@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -88,10 +89,13 @@ def test_ramp_factor_and_intermittent_slowdowns_follow_their_schedules(tmp_path,
     for step in range(3, STEPS + 1):
         expected = MICROBATCHES * 0.2 * min(1.0, (step - 3) / 4)
         assert expected <= ramp[step] < expected + 0.1, (step, ramp)
-    # Factor 4 from step 6: rank 1's compute is about 4x what it was (at least twice, for noise).
+    # Factor 4 from step 6: rank 1's compute is about 4x what it was. Medians, and at least twice:
+    # a factor scales a recent step's measured compute, so on a loaded machine one step can scale a
+    # quick one (every step at 2x failed once under a load average of 11 on 2 cores).
     factor = per_step(records, "compute_s", 1)
-    before = sorted(factor[s] for s in (2, 3, 4, 5))[1]
-    assert all(factor[s] >= 2 * before for s in range(6, STEPS + 1)), factor
+    before = median(factor[s] for s in (2, 3, 4, 5))
+    assert median(factor[s] for s in range(6, STEPS + 1)) >= 2 * before, factor
+    assert min(factor[s] for s in range(6, STEPS + 1)) >= 1.3 * before, factor
     # Intermittent: on 3-4, off 5-6, on 7-8, off 9-10.
     flaky = per_step(records, "compute_s", 2)
     slowed = {s for s in flaky if flaky[s] >= 2 * MICROBATCHES * 0.05}
