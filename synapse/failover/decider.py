@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
-from synapse.failover.epoch import admit_workers
+from synapse.failover.epoch import admit_workers, close_commits
 from synapse.failover.node_channel import (
     BEAT_S,
     POLL_S,
@@ -274,7 +274,8 @@ class NodeDecider:
             self.events.append("segment_adopted", segment=segment, nodes=nodes, epoch=self.epoch)
         else:
             self._stop_unadopted()
-            admit_workers(self.run_dir, self.epoch)  # from here on only this decider's workers commit
+            # from here on only this launch's workers commit: not an earlier decider's, nor a lost node's
+            admit_workers(self.run_dir, self.epoch, self.launch_id(segment))
             multi = len(nodes) > 1
             for node in nodes:
                 config = self.node_config(task.config, devices, node, segment)
@@ -307,10 +308,15 @@ class NodeDecider:
     def node_config(self, segment_cfg: SynapseConfig, devices: Sequence[int], node: int, segment: int
                     ) -> SynapseConfig:
         return with_settings(segment_cfg, {**segment_node_settings(self.topology, devices, self.endpoint, node),
-                                           # one rendezvous per segment, every node
-                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}",
+                                           # one rendezvous per segment, every node: the launch's id
+                                           "trainer.rdzv_id": self.launch_id(segment),
                                            # its checkpoint commits carry it, refused once a newer decider exists
                                            "trainer.decider_epoch": self.epoch})
+
+    def launch_id(self, segment: int) -> str:
+        """Segment ``segment``'s launch: its rendezvous run id, which torch gives each of its workers (the commit
+        fence names the launch whose workers may commit, ``epoch.py``)."""
+        return f"{self.rdzv_base}-segment{segment}"
 
     def _outcome(self, devices: list[int], nodes: list[int], watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
@@ -412,6 +418,8 @@ class RemoteNodesWatch:
             elif now - since > self.decider.node_timeout_s:
                 self.lost.add(node)
                 self.decider.lost.add(node)
+                # first: its workers may train on (a stalled agent), and must not commit from now on
+                close_commits(self.decider.run_dir)
                 self.decider.events.append("node_lost", hard=True, node=node, segment=self.segment,
                                            silent_s=round(now - since, 2))
                 self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")
