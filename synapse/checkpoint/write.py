@@ -203,39 +203,57 @@ def run_identity(root: Path) -> str:
     return run
 
 
-def current_decider_epoch(root: Path) -> int:
-    """The decider epoch whose workers may commit in the run whose checkpoints are in ``root`` (0: none, one
-    node): ``workers`` of failover/decider_epoch.json (a restarted decider that adopted the running workers
-    leaves it at theirs), else its ``epoch``."""
+# torch's elastic agent gives every worker of a launch its rendezvous run id; across nodes the decider names
+# each launch with it in failover/decider_epoch.json (``launch``), the one launch whose workers may commit
+LAUNCH_ENV = "TORCHELASTIC_RUN_ID"
+
+
+def commit_fence(root: Path) -> tuple[int, str]:
+    """Who may commit in the run whose checkpoints are in ``root``: (the decider epoch whose workers may,
+    the launch whose workers may: "" for any of that epoch); (0, "") for none recorded (one node).
+    ``workers`` of failover/decider_epoch.json (a restarted decider that adopted the running workers leaves
+    it at theirs), else its ``epoch``."""
     try:
         data = json.loads(DECIDER_EPOCH.path(Path(root).parent).read_text())
-        return int(data.get("workers") or data["epoch"])
+        return int(data.get("workers") or data["epoch"]), str(data.get("launch") or "")
     except FileNotFoundError:
-        return 0
+        return 0, ""
     except (OSError, ValueError, KeyError, TypeError):
         # unreadable: the fence cannot say no; the decider's own start refuses such a file, naming the fix
-        return 0
+        return 0, ""
 
 
 def refuse_stale_commit(tmp: Path, step: int, epoch: int) -> None:
-    """Across nodes, workers of a replaced decider (one still training after a newer decider took the
-    run over) must not commit beside the new workers: raise ``StaleEpochCommitError`` if a decider of a
-    newer epoch than ``epoch`` exists, removing what they wrote. Checked just before the rename; a
-    decider is raised only after the launcher has seen the old one dead and told every agent to tear its
-    workers down, so the window between this check and the rename is never open in practice."""
-    newest = current_decider_epoch(tmp.parent)
+    """Across nodes, stale workers must not commit beside the ones that replaced them: those of a replaced
+    decider (still training after a newer decider took the run over), and those of a launch the decider no
+    longer runs (a node's, judged lost, whose agent was only stalled: they share their epoch with the launch
+    that replaces them). Raise ``StaleEpochCommitError``, removing what they wrote, if a decider of a newer
+    epoch than ``epoch`` exists or the decider named another launch than this worker's. Checked just before
+    the rename; a decider is raised only after the launcher has seen the old one dead and told every agent
+    to tear its workers down, so the window between this check and the rename is never open in practice."""
+    newest, launch = commit_fence(tmp.parent)
     if epoch and newest > epoch:
         shutil.rmtree(tmp, ignore_errors=True)
         raise StaleEpochCommitError(
             f"checkpoint of step {step} not committed: these workers belong to decider epoch {epoch}, and a decider "
             f"of epoch {newest} has taken the run over ({DECIDER_EPOCH.path(tmp.parent.parent)}); only its workers "
             f"commit. Nothing to fix: these workers are stale and stop here")
+    own = os.environ.get(LAUNCH_ENV, "")
+    if epoch and launch and own != launch:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StaleEpochCommitError(
+            f"checkpoint of step {step} not committed: these workers are of launch {own or '(none)'}, and the "
+            f"decider's fence ({DECIDER_EPOCH.path(tmp.parent.parent)}) admits {launch}: a node of this launch "
+            f"was declared lost, or the launch was replaced. Nothing to fix: these workers are stale and stop here")
 
 
 def commit_checkpoint(tmp: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
     """Checksum every file, write the manifest, and atomically move the directory into place (refused for
-    workers of a replaced decider epoch, ``meta["epoch"]``)."""
+    workers of a replaced decider epoch, ``meta["epoch"]``, or of a launch the decider no longer runs: the
+    manifest's ``meta.launch``)."""
     epoch = int((meta or {}).get("epoch") or 0)
+    if epoch:  # across nodes: the launch the commit's writers are of, beside their epoch (the commit's fence)
+        meta = {**(meta or {}), "launch": os.environ.get(LAUNCH_ENV, "")}
     refuse_stale_commit(tmp, step, epoch)
     files = {p.name: {"sha256": sha256_of(p), "bytes": p.stat().st_size}
              for p in sorted(tmp.iterdir()) if p.is_file() and p.name != MANIFEST}

@@ -494,6 +494,16 @@ class SynapseConfig:
 # ---------------------------------------------------------------- Hydra's mutable twins
 _NODES: dict[type, type] = {}  # frozen dataclass -> its Hydra node
 _FROZEN: dict[type, type] = {}  # Hydra node -> its frozen dataclass
+# The same by the node's name (None: two nodes of one name). A node class is made at import and cannot be
+# imported by name, so a config pickled into another process (submitit's jobs: hydra/launcher=slurm,
+# slurm_nodes, local_sequential) brings a copy of its class, which is not the key above.
+_FROZEN_BY_NAME: dict[str, type | None] = {}
+
+
+def _remember_frozen(node: type, frozen: type) -> None:
+    _FROZEN[node] = frozen
+    known = _FROZEN_BY_NAME.get(node.__name__, frozen)
+    _FROZEN_BY_NAME[node.__name__] = frozen if known is frozen else None
 
 
 def _node_hint(hint: Any) -> Any:
@@ -541,7 +551,7 @@ def hydra_node(settings: type, base: type | None = None) -> type:
                                      for f in dataclasses.fields(settings)], bases=(base,) if base else ())
     if base is None:
         _NODES[settings] = node
-    _FROZEN[node] = settings
+    _remember_frozen(node, settings)
     return node
 
 
@@ -553,7 +563,7 @@ def _policy_node(name: str) -> type:
         f"{settings.__name__}PolicyNode", [("name", PolicyName, field(default=PolicyName(name))),
                                            ("params", params, field(default_factory=params))],
         bases=(hydra_node(PolicyConfig),))
-    _FROZEN[node] = PolicyConfig
+    _remember_frozen(node, PolicyConfig)
     return node
 
 
@@ -585,7 +595,7 @@ def _freeze(value: Any, hint: Any) -> Any:
     if typing.get_origin(hint) in (Union, types.UnionType) and len(args) == 1:
         hint = args[0]  # Optional[X]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        frozen = _FROZEN.get(type(value), type(value))
+        frozen = _FROZEN.get(type(value)) or _FROZEN_BY_NAME.get(type(value).__name__) or type(value)
         hints = typing.get_type_hints(frozen)
         return frozen(**{f.name: _freeze(getattr(value, f.name), hints[f.name]) for f in dataclasses.fields(frozen)})
     if isinstance(value, (list, tuple)):

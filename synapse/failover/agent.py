@@ -38,14 +38,18 @@ from synapse.failover.node_channel import (
     NodeChannel,
     NodeChannelError,
     NodeHello,
+    NodeInterrupt,
     NodeReport,
     NodeSetupError,
+    ProfileAnswer,
+    ProfileOrder,
     StopOrder,
 )
 from synapse.health import kill_live_workers, read_heartbeats
-from synapse.launch import WorkerFailure, launch_pipeline, newest_checkpoint
+from synapse.launch import InterruptToStop, WorkerFailure, launch_pipeline, newest_checkpoint
 from synapse.partitioning import Placement
 from synapse.pipeline import LaunchTask
+from synapse.profiling import ProfileRequest, get_or_profile
 from synapse.rundir import RUN_KEY, EventLog, events_path
 
 
@@ -53,10 +57,12 @@ class DeciderLost(RuntimeError):
     """Node 0 stopped answering; the message says what is saved and how to continue."""
 
 
-def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None] = print
-              ) -> dict[str, Any]:
+def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, log: Callable[[str], None] = print,
+              passes_interrupts: bool = True) -> dict[str, Any]:
     """Serve the decider's orders until it says the run is over; return its last launch's summary.
-    Each order carries the whole config of the segment it launches."""
+    Each order carries the whole config of the segment it launches. ``passes_interrupts``: a Ctrl-C, SIGTERM
+    or hangup of this launcher goes to the decider, which stops the run with a checkpoint (False: node 0's
+    agent beside the decider, whose terminal's signals reach the decider itself)."""
     endpoint = trainer.rdzv_endpoint
     if endpoint is None:  # validation requires it of a run on several nodes
         raise NodeSetupError(f"node_rank {trainer.node_rank}: trainer.rdzv_endpoint is not set. Fix: set "
@@ -91,8 +97,14 @@ def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, l
     channel.join(welcome.instance)
     channel.epoch = welcome.epoch
     log(f"agent: node {node} joined the run at {endpoint}; waiting for the decider's orders")
-    return Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s, welcome.instance, hello=hello,
-                 grace_s=float(failover.decider_grace_s)).serve()
+    agent = Agent(channel, node, run_dir, log, endpoint, trainer.rdzv_timeout_s, welcome.instance, hello=hello,
+                  grace_s=float(failover.decider_grace_s))
+    if not passes_interrupts:
+        return agent.serve()
+    # Handled here, not by torch's agent, which would abort this node's launch and kill its workers before
+    # they could write the checkpoint (launch/interrupt.py: torch is handed none of these while this is active)
+    with InterruptToStop(agent.interrupted):
+        return agent.serve()
 
 
 class Agent:
@@ -114,6 +126,7 @@ class Agent:
         self.launch: tuple[int, float] | None = None  # (segment, started) while workers run
         self.unreported = -1  # the segment whose workers run or whose report is not delivered yet (-1: none)
         self.orders_seen = 0
+        self.interrupt: str | None = None  # the signal this launcher got, until the beat thread said it
 
     def serve(self) -> dict[str, Any]:
         beating = threading.Thread(target=self._beat, name="synapse-agent-beat", daemon=True)
@@ -131,6 +144,8 @@ class Agent:
                 return summary
             if isinstance(order, LaunchOrder):
                 summary = self._run_launch(order) or summary
+            if isinstance(order, ProfileOrder):
+                self._profile(order)
 
     def _next_order(self):
         while True:
@@ -247,6 +262,34 @@ class Agent:
             self.events.append("decider_reattached", node=self.node, epoch=self.epoch, previous_epoch=old,
                                orders_seen=self.orders_seen)
 
+    def _profile(self, order: ProfileOrder) -> None:
+        """Profile on this node's devices what a decider without them plans with (or find it in this node's
+        cache), and answer with the profiles' text."""
+        profiles, error = [], ""
+        try:
+            for fields in order.requests:
+                _, path = get_or_profile(ProfileRequest(**fields), order.cache_dir, refresh=order.refresh,
+                                         log=self.log)
+                profiles.append({"name": path.name, "csv": path.read_text()})
+        except Exception as exc:  # noqa: BLE001  (said to the decider, which ends the run with it)
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+        with contextlib.suppress(OSError):
+            self.events.append("profiled_for_decider", node=self.node, pid=os.getpid(),
+                               profiles=[p["name"] for p in profiles], error=error or None)
+        try:
+            self.channel.answer_profile(ProfileAnswer(self.node, order.answer, profiles, error, socket.getfqdn(),
+                                                      os.getpid()))
+        except (RuntimeError, OSError):  # the store's server is gone
+            self.decider_lost.set()
+
+    def interrupted(self, signal_name: str) -> None:
+        """The first Ctrl-C, SIGTERM or hangup of this launcher (its signal handler, in the main thread, which
+        may hold the channel: the beat thread says it to the decider on its next turn). A second SIGINT or
+        SIGTERM aborts this node's launch at once (``InterruptToStop``)."""
+        self.interrupt = signal_name
+        self.log(f"agent: node {self.node}: {signal_name}: asking the decider to stop the run after the current "
+                 f"step with a checkpoint (Ctrl-C again to abort this node's launch now)")
+
     def _run_launch(self, order: LaunchOrder) -> dict[str, Any] | None:
         cfg = config_from_yaml(order.cfg_yaml)
         task = LaunchTask(cfg, Placement.from_dict(order.partition), order.microbatches, order.segment,
@@ -289,6 +332,11 @@ class Agent:
                 if self.decider_replaced.is_set():
                     self._reattach()
                 self._beats.beat(self.node)
+                if (signal_name := self.interrupt) is not None:
+                    self._beats.interrupted(NodeInterrupt(self.node, signal_name))
+                    self.interrupt = None
+                    with contextlib.suppress(OSError):
+                        self.events.append("node_interrupted", node=self.node, signal=signal_name, epoch=self.epoch)
                 self._check_decider()
                 self._check_stop()
             except DeciderLost:  # no new decider came in time, or its launcher gave up

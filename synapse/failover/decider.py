@@ -23,14 +23,18 @@ How a segment across nodes ends:
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
-from synapse.failover.epoch import admit_workers
+from synapse.failover.epoch import admit_workers, close_commits
 from synapse.failover.node_channel import (
     BEAT_S,
     POLL_S,
@@ -38,15 +42,26 @@ from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
     NodeChannel,
+    NodeInterrupt,
     NodeReport,
     NodeSetupError,
+    ProfileOrder,
     StopOrder,
     Welcome,
 )
 from synapse.launch import WorkerFailure
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
-from synapse.rundir import NODE_SUPERVISOR_LOCK, SUPERVISOR_LOCK, EventLog, derived_id, events_path, run_key
+from synapse.profiling import PROFILES_SUBDIR, ProfileRequest
+from synapse.rundir import (
+    NODE_SUPERVISOR_LOCK,
+    SUPERVISOR_LOCK,
+    EventLog,
+    derived_id,
+    events_path,
+    read_events,
+    run_key,
+)
 
 
 def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
@@ -91,6 +106,7 @@ class NodeDecider:
         # node of the run's last segment still runs it, this decider adopts it rather than relaunch it
         self.adoptable: dict[int, int] = {}
         self.incarnations: dict[int, str] = {}  # node -> the incarnation welcomed last
+        self.interrupts_seen: dict[int, int] = {}  # node -> the epoch of the interrupt it said, once acted on
         self.local_devices: list[int] = []  # trainer.devices of every node (set by the meeting)
         # told the devices of a node that came back after it was declared lost: spares for the controller
         self.on_spares: Callable[[list[int]], None] | None = None
@@ -171,6 +187,61 @@ class NodeDecider:
                     f"trainer.devices on every node")
         return None
 
+    def interrupted(self, interrupt: NodeInterrupt) -> None:
+        """A node's launcher got a Ctrl-C, SIGTERM or hangup: the decider stops the run exactly as if that signal
+        had reached its own launcher (its supervisor's handler, in this process's main thread: after the step in
+        flight, with a checkpoint; a second one aborts). Each node's interrupt is acted on once."""
+        if self.interrupts_seen.get(interrupt.node_rank) == interrupt.epoch:
+            return
+        self.interrupts_seen[interrupt.node_rank] = interrupt.epoch
+        self.log(f"decider: node {interrupt.node_rank} got {interrupt.signal}: stopping the run as for this host's own")
+        self.events.append("interrupt_from_node", node=interrupt.node_rank, signal=interrupt.signal, epoch=self.epoch)
+        os.kill(os.getpid(), getattr(signal, interrupt.signal, signal.SIGINT))
+
+    # ------------------------------------------------------------------ profiles, taken where the devices are
+    def take_profile(self, request: ProfileRequest, cache_dir: str, refresh: bool) -> tuple[str, str]:
+        """A profile measured (or found in its cache) by the first node that answers, node 0's agent unless it
+        went silent: the name of its cache file there and its CSV text (``profiling.profiles_taken_by``).
+        A decider on a host of its own has none of the run's devices, or other ones. A profile this run was
+        handed before (its event, and the file in this host's cache) is not asked for again: a restarted
+        decider plans while the agents' workers still run the segment it adopts, and their main threads read
+        no order until it ends."""
+        fields = asdict(request)
+        if not refresh:
+            for earlier in reversed(read_events(events_path(self.run_dir), "profile_taken")):
+                kept = Path(cache_dir) / PROFILES_SUBDIR / Path(str(earlier.get("name", ""))).name
+                if earlier.get("request") == fields and kept.is_file():
+                    return kept.name, kept.read_text()
+        for node in sorted(self.joined - self.lost):
+            answer_key = secrets.token_hex(8)
+            self.channel.order(node, ProfileOrder([fields], cache_dir, answer_key, refresh))
+            beats, since = self.channel.beats(node), time.monotonic()
+            while (answer := self.channel.profile_answer(answer_key)) is None or answer.epoch != self.epoch:
+                now, current = time.monotonic(), self.channel.beats(node)
+                if current > beats:
+                    beats, since = current, now
+                elif now - since > self.node_timeout_s:
+                    break
+                time.sleep(POLL_S * 4)
+            if answer is None or answer.epoch != self.epoch:
+                self.log(f"decider: node {node} went silent while profiling {request.model_name} ({request.role}); "
+                         f"asking the next node")
+                continue
+            if answer.error or len(answer.profiles) != 1:
+                raise RuntimeError(f"node {node} could not profile {request.model_name} ({request.role}) at "
+                                   f"micro-batch {request.micro_batch} on {request.device}: "
+                                   f"{answer.error or 'no profile in its answer'}")
+            profile = answer.profiles[0]
+            self.log(f"decider: {request.model_name} ({request.role}, micro-batch {request.micro_batch}) profiled by "
+                     f"node {node}'s agent ({answer.host}, pid {answer.pid}) on {request.device}: {profile['name']}")
+            self.events.append("profile_taken", node=node, host=answer.host, pid=answer.pid,
+                               model=request.model_name, role=request.role, micro_batch=request.micro_batch,
+                               device=request.device, name=profile["name"], epoch=self.epoch, request=fields)
+            return profile["name"], profile["csv"]
+        raise NodeSetupError(f"no node could profile {request.model_name} ({request.role}): every node went silent "
+                             f"for failover.node_timeout_s={self.node_timeout_s:g} s. Fix: check the nodes' logs and "
+                             f"rerun with resume=auto")
+
     def close(self, error: BaseException | None = None) -> None:
         """The run is over: tell every agent still there, so it exits (with the error, if any)."""
         message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
@@ -203,7 +274,8 @@ class NodeDecider:
             self.events.append("segment_adopted", segment=segment, nodes=nodes, epoch=self.epoch)
         else:
             self._stop_unadopted()
-            admit_workers(self.run_dir, self.epoch)  # from here on only this decider's workers commit
+            # from here on only this launch's workers commit: not an earlier decider's, nor a lost node's
+            admit_workers(self.run_dir, self.epoch, self.launch_id(segment))
             multi = len(nodes) > 1
             for node in nodes:
                 config = self.node_config(task.config, devices, node, segment)
@@ -236,10 +308,15 @@ class NodeDecider:
     def node_config(self, segment_cfg: SynapseConfig, devices: Sequence[int], node: int, segment: int
                     ) -> SynapseConfig:
         return with_settings(segment_cfg, {**segment_node_settings(self.topology, devices, self.endpoint, node),
-                                           # one rendezvous per segment, every node
-                                           "trainer.rdzv_id": f"{self.rdzv_base}-segment{segment}",
+                                           # one rendezvous per segment, every node: the launch's id
+                                           "trainer.rdzv_id": self.launch_id(segment),
                                            # its checkpoint commits carry it, refused once a newer decider exists
                                            "trainer.decider_epoch": self.epoch})
+
+    def launch_id(self, segment: int) -> str:
+        """Segment ``segment``'s launch: its rendezvous run id, which torch gives each of its workers (the commit
+        fence names the launch whose workers may commit, ``epoch.py``)."""
+        return f"{self.rdzv_base}-segment{segment}"
 
     def _outcome(self, devices: list[int], nodes: list[int], watch: RemoteNodesWatch) -> dict[str, Any]:
         ranks_of = {n: [r for r, d in enumerate(devices) if self.topology.node_of(d) == n] for n in nodes}
@@ -322,6 +399,8 @@ class RemoteNodesWatch:
         for node in self.remote:
             if node in self.reports or node in self.lost:
                 continue
+            if (interrupt := channel.interrupt_of(node)) is not None:
+                self.decider.interrupted(interrupt)
             report = channel.report_of(self.segment, node)  # None also for a value this run did not seal
             if report is not None and report.epoch != self.decider.epoch:
                 self._refuse_report(node, report)
@@ -339,6 +418,8 @@ class RemoteNodesWatch:
             elif now - since > self.decider.node_timeout_s:
                 self.lost.add(node)
                 self.decider.lost.add(node)
+                # first: its workers may train on (a stalled agent), and must not commit from now on
+                close_commits(self.decider.run_dir)
                 self.decider.events.append("node_lost", hard=True, node=node, segment=self.segment,
                                            silent_s=round(now - since, 2))
                 self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")

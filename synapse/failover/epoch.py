@@ -8,7 +8,11 @@ replaced but still writes). The file also names the epoch whose workers may comm
 restarted decider first adopts the workers still running (their commits go on), and raises it to its
 own epoch before it launches any (``admit_workers``); a worker refuses to commit a checkpoint once
 that is newer than its own, so two deciders never both steer the run, nor two generations of workers
-both commit.
+both commit. Within one epoch the file also names the launch whose workers may commit (``launch``:
+its rendezvous run id, which torch gives each of its workers as ``TORCHELASTIC_RUN_ID``): the decider
+names each launch before it starts it, and names none the moment it declares a node lost
+(``close_commits``), so the workers of a lost node, which share their epoch with the launch that
+replaces them, can never commit once the node is judged lost.
 
 The file is whole or absent (written beside, fsynced, renamed, the folder fsynced), so the epoch
 never goes back, not even across a crash of the machine: a resumed run (``resume=auto``) keeps
@@ -41,6 +45,12 @@ class DeciderEpoch:
     # the epoch whose workers may commit checkpoints (older ones' commits are refused): the epoch of the
     # newest decider that launched workers; 0 in a file written before this field existed: ``epoch``
     workers: int = 0
+    # the launch whose workers may commit (the run id of its rendezvous); "": any of ``workers``' epoch (a file
+    # written before this field existed); NO_LAUNCH: none (a node was declared lost; the next launch names itself)
+    launch: str = ""
+
+
+NO_LAUNCH = "none: a node was declared lost and no launch has replaced it yet"
 
 
 def read_epoch(run_dir: Path | str) -> DeciderEpoch:
@@ -49,7 +59,7 @@ def read_epoch(run_dir: Path | str) -> DeciderEpoch:
     try:
         data = json.loads(path.read_text())
         return DeciderEpoch(int(data["epoch"]), int(data["pid"]), str(data["host"]), float(data["started"]),
-                            int(data.get("workers") or data["epoch"]))
+                            int(data.get("workers") or data["epoch"]), str(data.get("launch") or ""))
     except FileNotFoundError:
         return DeciderEpoch(0, 0, "", 0.0)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -82,19 +92,30 @@ def next_epoch(run_dir: Path | str) -> int:
     before = read_epoch(run_dir)
     epoch = before.epoch + 1
     # the workers of the decider before keep committing until the new one relaunches (it may adopt them)
-    write_epoch(run_dir, DeciderEpoch(epoch, 0, socket.gethostname(), time.time(), before.workers))
+    write_epoch(run_dir, DeciderEpoch(epoch, 0, socket.gethostname(), time.time(), before.workers, before.launch))
     return epoch
 
 
 def record_decider(run_dir: Path | str, epoch: int, pid: int) -> None:
     """Name the process that serves as the decider of ``epoch`` (for people and tests: who to blame or kill)."""
-    write_epoch(run_dir, DeciderEpoch(epoch, pid, socket.gethostname(), time.time(), read_epoch(run_dir).workers))
-
-
-def admit_workers(run_dir: Path | str, epoch: int) -> None:
-    """The decider of ``epoch`` is about to launch workers: from now on only workers of ``epoch`` (or
-    newer) commit. Called by that decider only after it has met the agents, long after the launcher's
-    last write of the file for this epoch (``record_decider``, right after the decider's start)."""
     current = read_epoch(run_dir)
-    if current.workers < epoch:
-        write_epoch(run_dir, dataclasses.replace(current, workers=epoch))
+    write_epoch(run_dir, DeciderEpoch(epoch, pid, socket.gethostname(), time.time(), current.workers, current.launch))
+
+
+def admit_workers(run_dir: Path | str, epoch: int, launch: str = "") -> None:
+    """The decider of ``epoch`` is about to start ``launch`` (its rendezvous run id): from now on only its
+    workers commit (``launch`` empty: any of ``epoch``, or newer). Called by that decider only after it has
+    met the agents, long after the launcher's last write of the file for this epoch (``record_decider``,
+    right after the decider's start)."""
+    current = read_epoch(run_dir)
+    if current.workers < epoch or current.launch != launch:
+        write_epoch(run_dir, dataclasses.replace(current, workers=max(current.workers, epoch), launch=launch))
+
+
+def close_commits(run_dir: Path | str) -> None:
+    """A node was declared lost: no worker commits until the decider starts the launch that replaces the
+    segment (``admit_workers``). The lost node's workers may still run (its agent was only stalled), and the
+    other nodes' are being torn down: none of them has a checkpoint left to give."""
+    current = read_epoch(run_dir)
+    if current.epoch and current.launch != NO_LAUNCH:
+        write_epoch(run_dir, dataclasses.replace(current, launch=NO_LAUNCH))

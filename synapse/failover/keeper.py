@@ -44,6 +44,7 @@ from synapse.failover.agent import run_agent
 from synapse.failover.decider import NodeDecider
 from synapse.failover.epoch import next_epoch, record_decider
 from synapse.failover.node_channel import BEAT_S, DECIDER_KEY, DeciderAnnouncement, NodeChannel
+from synapse.profiling import profiles_taken_by
 from synapse.rundir import LOG, EventLog, events_path, read_events
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -237,7 +238,7 @@ def serve_as_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Pa
         signal.signal(terminal_signal, signal.SIG_IGN)
     log = _child_log(run_dir)
     try:
-        run_agent(trainer, failover, run_dir, log)
+        run_agent(trainer, failover, run_dir, log, passes_interrupts=False)
     except Exception as exc:  # noqa: BLE001  (said; the launcher's decider owns the run's outcome)
         log(f"agent: node 0: {type(exc).__name__}: {exc}")
         sys.exit(1)
@@ -265,7 +266,9 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
         error: BaseException | None = None
         try:
             decider.meet_agents(resolve_devices(trainer))
-            summary = job(decider, restarted)
+            # A host of its own has no device of the run (or others): the nodes' agents profile for it
+            with profiles_taken_by(decider.take_profile if trainer.role == "decider" else None):
+                summary = job(decider, restarted)
         except BaseException as exc:
             error = exc
             raise

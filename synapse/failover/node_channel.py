@@ -13,6 +13,11 @@ same store, under a run id per segment). Every message is one typed record, JSON
   ``StopOrder``: tear your segment's workers down now; ``ExitOrder``: the run is over.
 * ``NodeReport`` agent -> decider: how its workers of segment n ended (finished, failed with the
   rank and cause, or an error).
+* ``ProfileOrder`` decider -> agent: profile these blocks on your devices (or find them in your cache);
+  answered by a ``ProfileAnswer`` with the profiles' text. A decider on a host of its own
+  (``trainer.role=decider``) plans with profiles taken where the devices are, never on its own host.
+* ``NodeInterrupt`` agent -> decider: a Ctrl-C, SIGTERM or hangup reached this node's launcher; the
+  decider stops the run as if it had reached its own (after the step in flight, with a checkpoint).
 * beats: each agent puts its beat count every ``BEAT_S``; the decider judges liveness by its own
   clock (no clock is compared across machines) and counts only a count that grew.
 
@@ -128,6 +133,27 @@ class ExitOrder:
 
 
 @dataclass(frozen=True)
+class ProfileOrder:
+    requests: list[dict[str, Any]]  # ProfileRequest fields, each measured on the node's devices or found in its cache
+    cache_dir: str  # the run's cache_dir, as the node resolves it
+    answer: str  # the key of the answer: fresh per order
+    refresh: bool = False
+    kind: str = "profile"
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class ProfileAnswer:
+    node_rank: int
+    answer: str
+    profiles: list[dict[str, str]] = field(default_factory=list)  # {"name": its cache file's name, "csv": its text}
+    error: str = ""  # the profile could not be taken there: why
+    host: str = ""
+    pid: int = 0
+    epoch: int = 0  # set by the channel
+
+
+@dataclass(frozen=True)
 class NodeReport:
     node_rank: int
     segment: int
@@ -144,6 +170,13 @@ class NodeReport:
 
 
 @dataclass(frozen=True)
+class NodeInterrupt:
+    node_rank: int
+    signal: str  # SIGINT | SIGTERM | SIGHUP
+    epoch: int = 0  # set by the channel
+
+
+@dataclass(frozen=True)
 class DeciderAnnouncement:
     """Put by node 0's launcher: which decider epoch speaks for the run, and in what state."""
 
@@ -154,7 +187,7 @@ class DeciderAnnouncement:
     pid: int = 0
 
 
-ORDERS = {"launch": LaunchOrder, "stop": StopOrder, "exit": ExitOrder}
+ORDERS = {"launch": LaunchOrder, "stop": StopOrder, "exit": ExitOrder, "profile": ProfileOrder}
 
 
 def _typed(cls, data: Any):
@@ -315,7 +348,7 @@ class NodeChannel:
         self.records.scope = instance
 
     # ------------------------------------------------------------------ orders
-    def order(self, node_rank: int, order: LaunchOrder | StopOrder | ExitOrder) -> None:
+    def order(self, node_rank: int, order: LaunchOrder | StopOrder | ExitOrder | ProfileOrder) -> None:
         seq = self._orders_sent.get(node_rank, 0)  # only the decider writes orders: its count is the truth
         self._orders_sent[node_rank] = seq + 1
         self.records.put(self._key("order", node_rank, seq), {**asdict(order), "epoch": self.epoch})
@@ -379,6 +412,20 @@ class NodeChannel:
 
     def report_of(self, segment: int, node_rank: int) -> NodeReport | None:
         return _typed(NodeReport, self.records.get(self._key("report", segment, node_rank)))
+
+    def answer_profile(self, answer: ProfileAnswer) -> None:
+        self.records.put(self._key("profile", answer.answer), {**asdict(answer), "epoch": self.epoch})
+
+    def profile_answer(self, answer: str) -> ProfileAnswer | None:
+        return _typed(ProfileAnswer, self.records.get(self._key("profile", answer)))
+
+    def interrupted(self, interrupt: NodeInterrupt) -> None:
+        self.records.put(self._key("interrupt", interrupt.node_rank), {**asdict(interrupt), "epoch": self.epoch})
+
+    def interrupt_of(self, node_rank: int) -> NodeInterrupt | None:
+        """The node's interrupt said to this decider (None: none, of another epoch, or one this run did not seal)."""
+        interrupt = _typed(NodeInterrupt, self.records.get(self._key("interrupt", node_rank)))
+        return interrupt if interrupt is not None and interrupt.epoch == self.epoch else None
 
     def beat(self, node_rank: int) -> int:
         self._beats_sent += 1

@@ -11,9 +11,11 @@ machine can profile.
 from synapse.profiling.cache import (
     PROFILES_SUBDIR,
     ProfilePaths,
+    ProfileTaker,
     cached_profile_path,
     get_or_profile,
     profile_for_config,
+    profiles_taken_by,
 )
 from synapse.profiling.context import ComputeSetup, MeasureContext, loss_gradient
 from synapse.profiling.measure import MarkTimer, SavedTensorBytes, storage_keys
@@ -32,7 +34,8 @@ from synapse.profiling.result import ProfileDetails, ProfileResult, details_path
 from synapse.profiling.sweeps import parameter_bytes, timed_sweep
 
 __all__ = ["ComputeSetup", "DTYPES", "MarkTimer", "MeasureContext", "PROFILES_SUBDIR", "ProfileDetails",
-           "ProfilePaths", "ProfileRequest", "ProfileResult", "ProfilerError", "ROLES", "SavedTensorBytes",
-           "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile", "load_result",
-           "loss_gradient", "measurement_count", "parameter_bytes", "profile_for_config", "profile_model",
-           "resolve_device", "resolve_precision", "run_profile", "save_result", "storage_keys", "timed_sweep"]
+           "ProfilePaths", "ProfileRequest", "ProfileResult", "ProfileTaker", "ProfilerError", "ROLES",
+           "SavedTensorBytes", "cache_key", "cached_profile_path", "details_path", "device_name", "get_or_profile",
+           "load_result", "loss_gradient", "measurement_count", "parameter_bytes", "profile_for_config",
+           "profile_model", "profiles_taken_by", "resolve_device", "resolve_precision", "run_profile", "save_result",
+           "storage_keys", "timed_sweep"]

@@ -6,6 +6,9 @@ role, micro-batch, dtype, hardware, image size, input channels and class count (
 """
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,23 @@ from synapse.rundir import cache_full_error, is_disk_full
 
 PROFILES_SUBDIR = "profiles"
 
+# Takes a profile where the run's devices are, for a process that has none of them (a decider on a host of
+# its own): (request, cache_dir, refresh) -> (the name of its cache file there, its CSV text).
+ProfileTaker = Callable[[ProfileRequest, str, bool], tuple[str, str]]
+_taker: ProfileTaker | None = None
+
+
+@contextlib.contextmanager
+def profiles_taken_by(taker: ProfileTaker | None) -> Iterator[None]:
+    """Within this block, every profile this process needs is taken by ``taker`` (None: here, as usual) and
+    cached here under the name it had there: a host without the run's devices measures nothing itself."""
+    global _taker
+    kept, _taker = _taker, taker
+    try:
+        yield
+    finally:
+        _taker = kept
+
 
 def cached_profile_path(request: ProfileRequest, cache_dir: str | Path) -> Path:
     """Where ``request``'s profile lives in the cache (resolving the device to name its hardware)."""
@@ -25,7 +45,10 @@ def cached_profile_path(request: ProfileRequest, cache_dir: str | Path) -> Path:
 
 def get_or_profile(request: ProfileRequest, cache_dir: str | Path, refresh: bool = False,
                    log: Log | None = None) -> tuple[ProfileResult, Path]:
-    """The cached profile for ``request`` if there is one (unless ``refresh``), else measure and cache it."""
+    """The cached profile for ``request`` if there is one (unless ``refresh``), else measure and cache it;
+    inside ``profiles_taken_by``, the taker's (which has its own cache), kept in this cache too."""
+    if _taker is not None:
+        return _taken_elsewhere(_taker, request, Path(cache_dir), refresh)
     path = cached_profile_path(request, cache_dir)
     if path.exists() and not refresh:
         if log:
@@ -41,6 +64,24 @@ def get_or_profile(request: ProfileRequest, cache_dir: str | Path, refresh: bool
     if log:
         log(f"{request.model_name} ({request.role}): profile written to {path}")
     return result, path
+
+
+def _taken_elsewhere(taker: ProfileTaker, request: ProfileRequest, cache_dir: Path, refresh: bool
+                     ) -> tuple[ProfileResult, Path]:
+    # not looked up here first: the cache key names the hardware, which only the host that has it can name
+    name, text = taker(request, str(cache_dir), refresh)
+    path = cache_dir / PROFILES_SUBDIR / Path(name).name
+    staged = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(text)
+        os.replace(staged, path)  # whole or not at all: another process may read the same name
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise cache_full_error(cache_dir, f"caching the profile {path}") from exc
+        raise
+    return load_result(path), path
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,10 @@ def commit_epochs(run_dir: Path) -> list[tuple[int, int]]:
     pytest.param("sigterm", id="sigterm"),
     # Ctrl-C at node 0's terminal: SIGINT to its whole process group, the launcher, the decider, node 0's agent
     # and its workers (issue #36); -m extended, one more two-node run (~1 min)
-    pytest.param("ctrl_c", id="ctrl_c", marks=pytest.mark.extended)])
+    pytest.param("ctrl_c", id="ctrl_c", marks=pytest.mark.extended),
+    # Ctrl-C at node 1's terminal: its agent says it to the decider, which stops the run as for its own (before:
+    # torch's agent in node 1's launcher aborted its launch and killed its workers); -m extended (~1.5 min)
+    pytest.param("ctrl_c_node_1", id="ctrl_c_node_1", marks=pytest.mark.extended)])
 def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_with_a_checkpoint(tmp_path,
                                                                                                 teacher_file,
                                                                                                 interrupt):
@@ -190,8 +193,8 @@ def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_wit
         wait_for(lambda: last_step(run_dir) >= 2, "step 2", nodes)
         if interrupt == "sigterm":
             nodes[0].send_signal(signal.SIGTERM)  # the launcher's pid alone, as a scheduler's preemption might
-        else:
-            os.killpg(nodes[0].pid, signal.SIGINT)  # what a terminal's Ctrl-C does to its foreground job
+        else:  # what a terminal's Ctrl-C does to its foreground job
+            os.killpg(nodes[1 if interrupt == "ctrl_c_node_1" else 0].pid, signal.SIGINT)
         outputs = [node.communicate(timeout=300)[0] for node in nodes]
     finally:
         for node in nodes:
@@ -200,6 +203,10 @@ def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_wit
     said = "SIGTERM" if interrupt == "sigterm" else "SIGINT"
     assert nodes[0].returncode == 1 and f"interrupted by {said}" in outputs[0], outputs[0][-3000:]
     assert "resume=auto" in outputs[0]
+    if interrupt == "ctrl_c_node_1":
+        assert "decider: node 1 got SIGINT" in outputs[0] and "agent: node 1: SIGINT: asking the decider" in \
+            outputs[1], outputs[1][-3000:]
+        assert read_events(run_dir / "failover_events.jsonl", "interrupt_from_node", node=1, signal="SIGINT")
     assert nodes[1].returncode != 0 and "the decider ended the run with an error: RunInterrupted" in outputs[1], \
         outputs[1][-3000:]
     from synapse import checkpoint as ckpt
@@ -294,3 +301,32 @@ def test_three_launchers_as_three_nodes_keep_their_workers_when_the_decider_is_k
     commits = commit_epochs(run_dir)
     assert (STEPS, 1) in commits and {epoch for _, epoch in commits} == {1}, commits
     assert_identical_states(final_student_state(run_dir), reference)
+
+
+def test_a_decider_on_a_host_of_its_own_plans_with_profiles_taken_by_node_0s_agent(tmp_path, teacher_file):
+    """Issue #36: a decider host has none of the run's devices (or other ones), so with partition=auto it must
+    not profile the models on its own host. Three launchers (role=decider and two agent nodes of one CPU slot
+    each) with an empty profile cache: every profile the decider plans with is measured by node 0's agent, in
+    its own process, and handed over the run's store; the decider's launcher measures nothing."""
+    run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    nodes = start_nodes(run_dir, teacher_file, endpoint, "partition=auto", launchers=APART, devices=1)
+    try:
+        outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    decider_host, node0, node1 = outputs
+    # the profiler's own lines: said by the process that measures (or finds in its cache) a profile
+    assert "profile written to" not in decider_host and "cached profile" not in decider_host, decider_host[-4000:]
+    assert "profile written to" in node0 and "profile written to" not in node1
+    taken = read_events(run_dir / "failover_events.jsonl", "profile_taken")
+    assert {(e["model"], e["role"]) for e in taken} >= {("resnet_micro", "teacher"), ("resnet_micro", "student")}
+    assert {(e["node"], e["pid"]) for e in taken} == {(0, nodes[1].pid)}, taken  # node 0's launcher runs its agent
+    assert "profiled by node 0's agent" in decider_host
+    plan = json.loads((run_dir / "plan.json").read_text())
+    for role in ("teacher", "student"):  # the planner read the profiles node 0 measured, kept in the cache
+        source = Path(plan["profiles"][role])
+        assert source.is_file() and source.name in {e["name"] for e in taken}, (source, taken)

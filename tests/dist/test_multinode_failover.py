@@ -7,6 +7,7 @@ one device learns; bad multi-node input fails fast with a message naming the fix
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -164,6 +165,17 @@ def test_a_frozen_agent_is_declared_lost_rejoins_as_a_spare_and_a_later_failure_
     ran = {step: [s for s in segments if s.start_step < step][-1].devices for step, _ in commits}
     assert all(devices == ran[step] for step, devices in commits), (commits, segments)
     assert (STEPS, segments[2].devices) in commits and len({step for step, _ in commits}) == len(commits), commits
+    # The commits' fences: each commit carries its writers' epoch and launch, the launch of the segment that ran
+    # its step; node 1's workers of segment 0 (judged lost with it) shared epoch 1 with segment 1's, and only the
+    # launch told them apart once the decider closed the commits at the loss
+    fences = {ckpt.read_manifest(path)["step"]: ckpt.read_manifest(path)["meta"]
+              for path in (run_dir / "checkpoints").glob("step_*")}
+    ran_in = {step: [s for s in segments if s.start_step < step][-1].index for step in fences}
+    assert all(meta["epoch"] == 1 and meta["launch"].endswith(f"-segment{ran_in[step]}")
+               for step, meta in fences.items()), (fences, ran_in)
+    assert {0, 2} <= {ran_in[step] for step in fences}, "commits of the first launch and of the last"
+    fence = json.loads((run_dir / "failover" / "decider_epoch.json").read_text())
+    assert fence["launch"].endswith("-segment2"), fence
 
 
 # -m extended: of 2 runs, one passed in ~75 s; in the other the first launch neither failed nor trained for

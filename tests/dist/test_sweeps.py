@@ -134,15 +134,12 @@ def test_the_slurm_launcher_asks_for_one_node_and_one_task_per_job(tmp_path, mon
         assert f"#SBATCH {flag}" in flags, sorted(flags)
 
 
-@pytest.mark.timeout(60)
-def test_the_slurm_nodes_launcher_keeps_the_job_when_a_node_fails_and_requeues_it(tmp_path, monkeypatch):
-    """Issue #36, item 4: by default Slurm ends the allocation when a node fails, so a lost node's
-    DEGRADE could never run. The sbatch file of conf/hydra/launcher/slurm_nodes.yaml asks for
-    --no-kill (the job) and exports SLURM_NO_KILL before srun (the step's --no-kill), and --requeue (a lost
-    node 0, the decider, puts the job back; resume=auto in its documented command continues it)."""
+def slurm_nodes_script(tmp_path: Path, monkeypatch, *overrides: str) -> list[str]:
+    """The batch script submitit would hand to sbatch for one sweep point of hydra/launcher=slurm_nodes:
+    written by the launcher and submitit for real; only sbatch itself is not called."""
     from submitit.slurm.slurm import SlurmExecutor
 
-    cfg = hydra_config(tmp_path, "hydra/launcher=slurm_nodes", "trainer.nodes=2", "resume=auto")
+    cfg = hydra_config(tmp_path, "hydra/launcher=slurm_nodes", "trainer.nodes=3")
     launcher = Plugins.instance().instantiate_launcher(hydra_context=None, task_function=print, config=cfg)
     files: list[str] = []
 
@@ -153,11 +150,50 @@ def test_the_slurm_nodes_launcher_keeps_the_job_when_a_node_fails_and_requeues_i
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))
     monkeypatch.setattr(SlurmExecutor, "_submit_command", capture)
     with pytest.raises(Submitted):
-        launcher.launch([["trainer.nodes=2"]], initial_job_idx=0)
-    lines = files[0].splitlines()
-    for flag in ("--no-kill", "--requeue", "--nodes=2", "--ntasks-per-node=1"):
+        launcher.launch([list(overrides)], initial_job_idx=0)
+    return files[0].splitlines()
+
+
+@pytest.mark.timeout(60)
+def test_the_slurm_nodes_job_runs_the_decider_on_the_batch_host_keeps_the_job_when_a_node_fails_and_requeues_it(
+        tmp_path, monkeypatch):
+    """Issue #36, item 4: by default Slurm ends the allocation when a node fails, so a lost node's DEGRADE
+    could never run. The batch script of hydra/launcher=slurm_nodes asks for --no-kill (the job), exports
+    SLURM_NO_KILL before srun (the step's --no-kill) and --requeue (a lost batch host, the decider's, puts
+    the job back), starts the decider on the batch host before the step and waits for it after; the job it
+    runs puts each process in its place (decider or agent, node rank, the store's address) with resume=auto."""
+    lines = slurm_nodes_script(tmp_path, monkeypatch, "trainer.devices=2")
+    for flag in ("--no-kill", "--requeue", "--nodes=3", "--ntasks-per-node=1"):  # nodes: trainer.nodes
         assert f"#SBATCH {flag}" in lines, [line for line in lines if line.startswith("#SBATCH")]
     srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
-    assert "export SLURM_NO_KILL=1" in lines[:srun]
-    documented = (CONF_DIR / "hydra" / "launcher" / "slurm_nodes.yaml").read_text()
-    assert "resume=auto" in documented.split("python train.py -m hydra/launcher=slurm_nodes")[1].splitlines()[0]
+    before, after = lines[:srun], lines[srun + 1:]
+    assert any(line.startswith("export SLURM_NO_KILL=1") for line in before)
+    assert any(line.startswith("export SYNAPSE_DECIDER_ENDPOINT=") for line in before)
+    decider = [line for line in before if " -m synapse.launch.slurm_nodes " in line]
+    assert len(decider) == 1 and decider[0].split("#")[0].rstrip().endswith("&"), decider  # beside the step
+    assert any(line.startswith("wait $SYNAPSE_DECIDER_PID") for line in after)
+    assert "SYNAPSE_NODE_ROLE" not in "\n".join(lines), "the step inherits the batch shell: agents must stay agents"
+
+    # the job submitit pickled: each process of it resolves its own role, node and the store's address
+    pickled = sorted((tmp_path / "sweep" / ".submitit").glob("*.pkl"))  # before sbatch gives it a job id
+    assert len(pickled) == 1, pickled
+    from submitit.core.utils import DelayedSubmission
+
+    overrides = DelayedSubmission.load(pickled[0]).args[0]
+    job = hydra_config(tmp_path, *overrides)
+    monkeypatch.setenv("SYNAPSE_DECIDER_ENDPOINT", "batch-host:29500")
+    monkeypatch.setenv("SLURM_NODEID", "2")
+    assert (job.trainer.role, job.trainer.node_rank, job.trainer.rdzv_endpoint, job.resume) == \
+        ("agent", 2, "batch-host:29500", "auto")
+    monkeypatch.setenv("SYNAPSE_NODE_ROLE", "decider")  # what synapse.launch.slurm_nodes sets in its own process
+    assert job.trainer.role == "decider"
+
+
+@pytest.mark.timeout(60)
+def test_the_slurm_nodes_launcher_refuses_a_setting_it_sets_itself(tmp_path, monkeypatch):
+    from synapse.launch.slurm_nodes import SlurmNodesSettingError, node_overrides
+
+    with pytest.raises(SlurmNodesSettingError, match="sets trainer.role itself.*Fix: leave trainer.role out"):
+        slurm_nodes_script(tmp_path, monkeypatch, "trainer.role=auto")
+    chosen = node_overrides(["resume=latest"])  # a point that chose how to resume keeps its choice
+    assert "resume=latest" in chosen and "resume=auto" not in chosen

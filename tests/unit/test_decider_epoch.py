@@ -17,7 +17,15 @@ from torch.distributed import TCPStore
 
 from synapse import checkpoint as ckpt
 from synapse.failover import ExitOrder, LaunchOrder, NodeChannel, NodeHello
-from synapse.failover.epoch import EpochFileError, admit_workers, next_epoch, read_epoch, record_decider
+from synapse.failover.epoch import (
+    NO_LAUNCH,
+    EpochFileError,
+    admit_workers,
+    close_commits,
+    next_epoch,
+    read_epoch,
+    record_decider,
+)
 from synapse.failover.node_channel import DECIDER_KEY, RUN_SCOPE, DeciderAnnouncement
 from synapse.launch import free_port
 
@@ -128,3 +136,30 @@ def test_an_announcement_the_launcher_did_not_seal_is_refused(tmp_path):
     assert launcher.decider() is None, "a forged 'lost' is no announcement"
     refused = [json.loads(line) for line in (tmp_path / "failover_events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "store_record_refused" and e["key"] == DECIDER_KEY for e in refused)
+
+
+def test_a_lost_nodes_workers_cannot_commit_once_it_is_judged_lost_and_the_launch_that_replaces_them_can(
+        tmp_path, monkeypatch):
+    """Issue #36: the workers of a node judged lost (its agent only stalled) share their epoch with the launch
+    that replaces them; the fence names the launch too (torch gives each worker its launch's rendezvous run id)."""
+    root = tmp_path / "checkpoints"
+    next_epoch(tmp_path)
+    admit_workers(tmp_path, 1, "run-segment0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-segment0")
+    first = write_checkpoint(root, 2, epoch=1)
+    assert ckpt.read_manifest(first)["meta"]["launch"] == "run-segment0", "a commit carries its writers' launch"
+    close_commits(tmp_path)  # node 1 declared lost: its workers of segment 0 may train on
+    assert read_epoch(tmp_path).launch == NO_LAUNCH
+    with pytest.raises(ckpt.StaleEpochCommitError, match="launch run-segment0, and the decider's fence .* admits none"):
+        write_checkpoint(root, 3, epoch=1)
+    admit_workers(tmp_path, 1, "run-segment1")  # the DEGRADE's launch, in the same epoch
+    assert (read_epoch(tmp_path).workers, read_epoch(tmp_path).launch) == (1, "run-segment1")
+    with pytest.raises(ckpt.StaleEpochCommitError, match="admits run-segment1"):
+        write_checkpoint(root, 3, epoch=1)
+    assert sorted(p.name for p in root.glob("*step*")) == [first.name], "nothing of a refused commit is left"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-segment1")
+    replaced = write_checkpoint(root, 3, epoch=1)
+    assert ckpt.read_manifest(replaced)["meta"]["launch"] == "run-segment1"
+    next_epoch(tmp_path)  # a restarted decider adopts the running launch: its workers go on committing
+    assert read_epoch(tmp_path).launch == "run-segment1"
+    assert ckpt.read_manifest(write_checkpoint(root, 4, epoch=1))["meta"]["epoch"] == 1

@@ -43,11 +43,12 @@ def probe(checkout: Path, cwd: Path) -> dict:
 
 
 def test_the_wheel_lists_every_package_of_synapse_and_maps_conf_into_it():
-    inits = (REPO_ROOT / "synapse").rglob("__init__.py")
+    # hydra_plugins/ is a namespace package (Hydra finds plugins only there): its own packages are listed
+    inits = [*(REPO_ROOT / "synapse").rglob("__init__.py"), *(REPO_ROOT / "hydra_plugins").rglob("__init__.py")]
     on_disk = {".".join(init.parent.relative_to(REPO_ROOT).parts) for init in inits}
     assert set(SETUPTOOLS["packages"]) == on_disk | {"synapse.conf"}, (
-        "pyproject.toml's [tool.setuptools] packages must name every package under synapse/ (a package "
-        "missing there is left out of the wheel)")
+        "pyproject.toml's [tool.setuptools] packages must name every package under synapse/ and hydra_plugins/ "
+        "(a package missing there is left out of the wheel)")
     assert SETUPTOOLS["package-dir"] == {"synapse.conf": "conf"}
     assert not (REPO_ROOT / "synapse" / "conf" / "__init__.py").exists(), "the config groups are the top-level conf/"
 

@@ -1,0 +1,1 @@
+"""Synapse's Hydra launcher plugins (Hydra finds plugins only under the ``hydra_plugins`` namespace)."""
