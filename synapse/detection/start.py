@@ -91,6 +91,18 @@ def replica_readings(steps: Sequence[Sequence[float]], same_work: Sequence[Seque
             for read in _against_witnesses(levels, spread, same_work, threshold, found)]
 
 
+def probe_readings(steps: Sequence[Sequence[float]], probe_s: Sequence[float], threshold: float,
+                   found: Collection[int] = ()) -> list[StartReading | None]:
+    """Per rank, its start probe (``probe_s``: each rank's seconds on the same fixed work, timed before
+    the launch's first step, `synapse.health.speed_probe`) over the median of its witnesses' (the
+    others within ``threshold`` of the fastest, not found slow before), with the compute it would have
+    at nominal speed: its median over ``steps`` over that ratio. None for a rank without witnesses."""
+    levels, _ = _levels(steps)
+    everyone = [range(len(probe_s))] * len(probe_s)
+    return [None if read is None else StartReading(read[0], levels[rank] / max(read[0], _TINY), 0.0, threshold)
+            for rank, read in enumerate(_against_witnesses(probe_s, [0.0] * len(probe_s), everyone, threshold, found))]
+
+
 def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float], threshold: float,
                    found: Collection[int] = ()) -> list[StartReading | None]:
     """Per rank, its reading over ``steps`` (per-step compute seconds of every rank, oldest first),
@@ -138,9 +150,13 @@ class StartCheck:
     """Judgements in a row per rank over one launch's first steps (`start_readings` each step)."""
 
     def __init__(self, prior_threshold: float | None, alone_threshold: float | None, sustain: int,
-                 noise_z: float = START_NOISE_Z, replica_threshold: float | None = None) -> None:
+                 noise_z: float = START_NOISE_Z, replica_threshold: float | None = None,
+                 probe_threshold: float | None = None) -> None:
         self.prior_threshold, self.alone_threshold = prior_threshold, alone_threshold
-        self.replica_threshold = replica_threshold
+        self.replica_threshold, self.probe_threshold = replica_threshold, probe_threshold
+        # Each rank's start probe of the running launch (`SlowdownDetector.update` takes it from the
+        # launch's records); None: no probe (trainer.start_probe=false, records of old)
+        self.probe_s: tuple[float, ...] | None = None
         self.sustain, self.noise_z = sustain, noise_z
         self.above: dict[int, int] = {}
         # Per rank, the ranks doing the same work (replicas; `SlowdownDetector.set_replicas`); None: R = 1
@@ -150,8 +166,9 @@ class StartCheck:
         return self.alone_threshold if num_ranks == 1 else self.prior_threshold
 
     def reset(self) -> None:
-        """A new launch's first steps: nothing judged yet."""
+        """A new launch's first steps: nothing judged yet, no probe read yet."""
         self.above = {}
+        self.probe_s = None
 
     def judge(self, steps: Sequence[Sequence[float]], expected_s: Sequence[float] | None, final: bool,
               found: Collection[int]) -> tuple[dict[int, StartReading], list[StartReading | None]]:
@@ -163,7 +180,8 @@ class StartCheck:
         planned = threshold is not None and expected_s is not None and len(expected_s) == num_ranks
         replicated = (self.replica_threshold is not None and self.same_work is not None
                       and len(self.same_work) == num_ranks)
-        if not (planned or replicated) or len(steps) < START_STEPS:
+        probed = self.probe_threshold is not None and self.probe_s is not None and len(self.probe_s) == num_ranks
+        if not (planned or replicated or probed) or len(steps) < START_STEPS:
             return {}, [None] * num_ranks
         readings: list[StartReading | None] = (start_readings(steps, expected_s, threshold, found)  # type: ignore[arg-type]
                                                if planned else [None] * num_ranks)
@@ -171,7 +189,17 @@ class StartCheck:
             by_peers = replica_readings(steps, self.same_work, self.replica_threshold, found)  # type: ignore[arg-type]
             readings = [peer if peer is not None else plan for peer, plan in zip(by_peers, readings)]
         newly: dict[int, StartReading] = {}
+        if probed:  # the same work on every device: slow there is slow, whatever the stage (no sustain:
+            # the probe is one reading, its fastest round; the steps only give the reference its level)
+            by_probe = probe_readings(steps, self.probe_s, self.probe_threshold, found)  # type: ignore[arg-type]
+            for rank, reading in enumerate(by_probe):
+                if reading is not None and reading.ratio >= self.probe_threshold:  # type: ignore[operator]
+                    readings[rank] = reading
+                    if rank not in found:
+                        newly[rank] = reading
         for rank, reading in enumerate(readings):
+            if rank in newly:
+                continue
             limit = reading.threshold if reading is not None and reading.threshold is not None else threshold
             slow = (reading is not None and limit is not None and reading.ratio >= limit
                     and reading.ratio - 1.0 >= self.noise_z * reading.noise)
