@@ -116,8 +116,8 @@ class DetectorConfig:
     replica_threshold: float | None = 2.0
     # A device whose start probe (the same fixed work on every rank before a launch's first step,
     # `synapse.health.speed_probe`) reads this many times its peers' is slow from the start, whatever
-    # its stage: no plan in between. Healthy CPU ranks on the loaded 2-core machine read up to 1.13x
-    # (80 probes, two busy-loops beside in half), one 1.5x slow 1.47x or more; synapse/detection/start.py.
+    # its stage: no plan in between. Healthy CPU ranks on the loaded 2-core machine read up to 1.14x
+    # (210 probes, two busy-loops beside in 150), ranks 1.5x slow 1.49x or more; synapse/detection/start.py.
     # None: the probe's readings are not judged.
     probe_threshold: float | None = 1.3
     window: int = 10

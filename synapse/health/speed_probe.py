@@ -11,7 +11,7 @@ the platform), ``PROBE_ROUNDS`` times after one untimed warm-up. A rank's readin
 round: what else runs on the machine only ever adds time to a round, while a slow device is slow
 in every round. Ranks that share hardware take turns (on CPU the host's cores; on CUDA, ranks on
 one GPU): while one times a round the others wait at a barrier, so they do not slow each other;
-ranks on devices of their own (one GPU each, another node) time their rounds at once.
+ranks on GPUs of their own time their rounds at once.
 
 What slows a device slows the probe: the injected compute slowdowns scale each round as they
 scale a training task (`synapse.injection.FaultInjector.slow_probe`: a ``factor`` f makes a round
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-PROBE_ROUNDS = 9
+PROBE_ROUNDS = 15
 # The work of one round: ``_CHAIN`` products of a ``side`` x ``side`` matrix. CPU: ~10 ms on one core of
 # the 2-core machine (fp32); CUDA: ~20 bf16 GEMMs of 4096 (~3 ms on an H200, long enough to leave the
 # launch-bound regime, short enough to cost well under a second in all)
@@ -92,12 +92,13 @@ def time_rounds(work: ProbeWork, rounds: int, slow_down: Callable[[float], None]
     return ProbeReading(tuple(readings))
 
 
-def turn_of(local_rank: int, node_devices: Sequence[int], device_type: str) -> tuple[int, int]:
-    """(this rank's turn, how many turns this node needs) among the ranks of one node (``node_devices``:
-    the physical device of each local rank): on CPU every local rank takes its own turn (they share the
-    cores); on CUDA the ranks of one GPU take turns and GPUs probe at once."""
+def turn_of(rank: int, world: int, local_rank: int, node_devices: Sequence[int], device_type: str) -> tuple[int, int]:
+    """(this rank's turn, how many turns its node needs; ``node_devices``: the physical device of each
+    local rank). CPU ranks take a turn each, all of the group in turn: they share cores, and nodes named
+    apart may be one host (two launchers on 127.0.0.1). On CUDA the ranks of one GPU take turns, and
+    GPUs (of every node) probe at once."""
     if device_type != "cuda":
-        return local_rank, len(node_devices)
+        return rank, world
     mine = node_devices[local_rank]
     sharing = [r for r, d in enumerate(node_devices) if d == mine]
     return sharing.index(local_rank), max(node_devices.count(d) for d in node_devices)
@@ -109,11 +110,10 @@ def probe_devices(device: torch.device, local_rank: int, node_devices: Sequence[
     """Every rank's probe reading (seconds, in rank order) and this rank's wall seconds for the whole
     probe. Collective: every rank of the process group calls it at the same point of its start-up."""
     started = time.perf_counter()
-    my_turn, node_turns = turn_of(local_rank, node_devices, device.type)
-    # Every rank passes the same barriers: as many turns as the node that needs the most (nodes may hold
-    # different numbers of ranks after a device was dropped); ranks of one turn on other nodes or GPUs
-    # time theirs at once
     world = dist.get_world_size(group)
+    my_turn, node_turns = turn_of(dist.get_rank(group), world, local_rank, node_devices, device.type)
+    # Every rank passes the same barriers: as many turns as the node that needs the most (nodes may hold
+    # different numbers of ranks after a device was dropped)
     counts: list[int] = [0] * world
     dist.all_gather_object(counts, node_turns, group=group)
     turns = max(counts)

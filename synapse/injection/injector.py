@@ -141,7 +141,8 @@ class FaultInjector:
             self._enter_step(step, PROBE_PHASE)
         extra = sum(span.spec.extra_seconds(step, work_s) for span in self.spans
                     if span.state == "active" and span.spec.kind == "slow_compute" and PROBE_PHASE in span.spec.phases)
-        self._delay(extra)
+        if extra > 0.0:
+            self._delay(extra)
         return extra
 
     def _fire_instant(self, phase: str, step: int) -> None:
