@@ -58,6 +58,10 @@ def test_a_device_1_5x_slow_from_step_1_is_found_within_10_steps_of_j_and_acted_
     assert probe_s is not None and probe_s[2] >= 1.3 * max(probe_s[:2]), probe_s
     acted = [d for d in summary["experiment"]["decisions"] if d["action"] != "keep"]
     assert acted and acted[0]["step"] - J <= 10, acted
+    # The decision priced device 2 slower than its peers (its alpha also holds its stage's plan error:
+    # a flagged device's blocks are not calibrated, docs/detection.md)
+    alphas = {int(device): alpha for device, alpha in acted[0]["alphas"].items()}
+    assert alphas[2] >= 1.3 * max(alphas[0], alphas[1]), alphas
     segments = read_segments(tmp_path)
     assert len(segments) >= 2 and summary["experiment"]["steps"] == STEPS
     before, after = segments[0], segments[1]
