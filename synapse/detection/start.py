@@ -44,11 +44,22 @@ between the ranks' clocks); one H200 against its graphed profile 1.00-1.10. Henc
 ``prior_threshold`` 4.0 by default (any platform); 2.5 for the CPU demo (``trainer=demo``), where
 2.0 flagged 5-7% of 300 synthetic fault-free launches shaped like the wandering host and 2.5 none;
 and ``alone_threshold`` 1.35 on a GPU (off on CPU, where a lone stage measured 1.58x its profile
-without a fault). A device 1.5x slow from the start is thus found where the plan is within ~10%
-(a lone GPU), not against a CPU or 2-GPU plan: there it reads like a stage the plan got wrong, and
-its level is learnt as its normal (a slowdown from then on is still found against it). The check
-is only as good as the plan: a profile taken on a machine loaded 3.5x over its cores (block sums
-2.6-6.9x the whole model's time) put a healthy rank at 3.6x its peers.
+without a fault). Against the plan alone a device 1.5x slow from the start is thus found only where
+the plan is within ~10% (a lone GPU), not against a CPU or 2-GPU plan: there it reads like a stage the
+plan got wrong. The check is only as good as the plan: a profile taken on a machine loaded 3.5x over
+its cores (block sums 2.6-6.9x the whole model's time) put a healthy rank at 3.6x its peers.
+
+The start probe removes the plan from the question (`probe_readings`): before the launch's first step
+every rank timed the *same* fixed work (`synapse.health.speed_probe`; the readings come with the
+launch's first record, ``StepTiming.probe_s``), so a rank whose probe reads ``probe_threshold`` times
+its witnesses' (the others within that threshold of the fastest probe: two of three slow leave the
+third as the reference) is slow whatever its stage. It is found at the first judgement (J + 4: the
+median of 5 steps gives its level), no ``sustain``: the probe is one reading, its fastest of 15
+rounds, which other load on the machine only ever slows. Its baseline (reference) is its level over
+its probe ratio. 1.3 by default: 210 healthy probes of 3 CPU ranks on the loaded 2-core machine read
+a rank at most 1.14x the fastest, ranks injected 1.5x slow 1.49x or more (tests/data/start_probe_cpu.json).
+A rank found by the probe is found whatever the plan says; one the probe clears is still judged
+against the plan (a slowdown that began after the probe).
 """
 from __future__ import annotations
 
