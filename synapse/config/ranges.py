@@ -67,6 +67,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "failover.detector.prior_threshold": Range(1, 1e3, low_open=True, example="4"),
     "failover.detector.alone_threshold": Range(1, 1e3, low_open=True, example="1.5"),
     "failover.detector.replica_threshold": Range(1, 1e3, low_open=True, example="2"),
+    "failover.detector.probe_threshold": Range(1, 1e3, low_open=True, example="1.3"),
     "failover.detector.threshold": Range(1, 1e3, low_open=True, example="1.25"),
     "failover.detector.peer_threshold": Range(1, 1e3, example="1.15"),
     "failover.detector.peer_wander_z": Range(0, 1e3, example="5"),

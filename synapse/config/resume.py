@@ -48,6 +48,7 @@ MAY_CHANGE: dict[str, str] = {
     "trainer.eval_every_epochs": "how often it is evaluated",
     "trainer.log_every": "logging",
     "trainer.progress": "the console",
+    "trainer.start_probe": "how a device slow from the start is found",
     "trainer.local_ranks_filter": "the console",
     "trainer.nonfinite": "what a non-finite step does (the remedy a stopped run's message suggests)",
     "trainer.nonfinite_check": "when the loss is checked",

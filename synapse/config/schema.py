@@ -264,6 +264,11 @@ class TrainerConfig:
     eval_every_epochs: int = 1
     log_every: int = 1
     progress: bool = True  # one bar (drawn by the supervisor from the records); off a terminal, a few lines
+    # Before a launch's first step every rank times the same small fixed workload, in turn where ranks
+    # share hardware (synapse/health/speed_probe.py, ~0.1-0.6 s in all on 3 CPU ranks): a device slow
+    # from the start reads slow there, which step times cannot tell from a heavy stage
+    # (failover.detector.probe_threshold). false: no probe.
+    start_probe: bool = True
     # Whose output reaches the console, as torchrun's --local-ranks-filter: local ranks (() none, None all).
     # Every rank's stdout/stderr is in <run dir>/logs/launch_<n>/; a failed rank's last lines are printed.
     local_ranks_filter: tuple[int, ...] | None = (0,)

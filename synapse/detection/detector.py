@@ -114,6 +114,12 @@ class DetectorConfig:
     # on as many images, is slow from the start; no plan in between, so far tighter than
     # prior_threshold (synapse/detection/start.py). None: no such check.
     replica_threshold: float | None = 2.0
+    # A device whose start probe (the same fixed work on every rank before a launch's first step,
+    # `synapse.health.speed_probe`) reads this many times its peers' is slow from the start, whatever
+    # its stage: no plan in between. Healthy CPU ranks on the loaded 2-core machine read up to 1.14x
+    # (210 probes, two busy-loops beside in 150), ranks 1.5x slow 1.49x or more; synapse/detection/start.py.
+    # None: the probe's readings are not judged.
+    probe_threshold: float | None = 1.3
     window: int = 10
     threshold: float = 1.25
     peer_threshold: float | None = 1.15
@@ -141,6 +147,9 @@ class DetectorConfig:
         if self.alone_threshold is not None:
             _check_number("alone_threshold", self.alone_threshold, 1.0, strict=True,
                           hint=" (e.g. 1.5: a lone device 1.5x the plan; None: no check)")
+        if self.probe_threshold is not None:
+            _check_number("probe_threshold", self.probe_threshold, 1.0, strict=True,
+                          hint=" (e.g. 1.3: 1.3x its peers on the start probe's work; None: no check)")
         if self.replica_threshold is not None:
             _check_number("replica_threshold", self.replica_threshold, 1.0, strict=True,
                           hint=" (e.g. 2.0: 2x the other replicas of its stage; None: no check)")
@@ -402,7 +411,7 @@ class SlowdownDetector:
         self._link = LinkBaseline(cfg.baseline_window, cfg.refine_window, cfg.min_comm_s, cfg.prior_threshold)
         self._wander = PeerWander(cfg.window, cfg.refine_window, cfg.peer_wander_z or 0.0)
         self._start = StartCheck(cfg.prior_threshold, cfg.alone_threshold, cfg.sustain,
-                                 replica_threshold=cfg.replica_threshold)
+                                 replica_threshold=cfg.replica_threshold, probe_threshold=cfg.probe_threshold)
         # Every rank's compute per step since J of a launch after a re-partition, while ranks re-learn
         # their baselines: the start check's steps for them (at a run's start: ``_learning``)
         self._launch_steps: list[tuple[float, ...]] = []
@@ -464,6 +473,8 @@ class SlowdownDetector:
     # ------------------------------------------------------------------ update
     def update(self, timing: StepTiming) -> list[Detection]:
         self._accept(timing)
+        if timing.probe_s is not None:  # a launch's first record carries its start probe
+            self._start.probe_s = timing.probe_s
         self._steps_since_start += 1
         if self._steps_since_start <= self.config.warmup_steps:
             return []
@@ -799,7 +810,11 @@ class SlowdownDetector:
             self._wander.carried(mapping, fresh)
         # a provisional baseline is carried as learnt: its healthy ranks re-learn anyway (relearn)
         self._compute.provisional = False
+        probe = self._start.probe_s
         self._start.reset()
+        # The probe measured the devices, not the stages: over a live re-partition (the same processes)
+        # it follows them; a launch brings its own in its first record anyway
+        self._start.probe_s = None if probe is None or fresh else tuple(probe[old] for old in mapping)
         self._launch_steps = []
         self._compute.expected = None  # the plan of the new partition comes with set_expected
         if comm_carried:  # so there is a comm baseline, and comm_scale is given

@@ -44,11 +44,22 @@ between the ranks' clocks); one H200 against its graphed profile 1.00-1.10. Henc
 ``prior_threshold`` 4.0 by default (any platform); 2.5 for the CPU demo (``trainer=demo``), where
 2.0 flagged 5-7% of 300 synthetic fault-free launches shaped like the wandering host and 2.5 none;
 and ``alone_threshold`` 1.35 on a GPU (off on CPU, where a lone stage measured 1.58x its profile
-without a fault). A device 1.5x slow from the start is thus found where the plan is within ~10%
-(a lone GPU), not against a CPU or 2-GPU plan: there it reads like a stage the plan got wrong, and
-its level is learnt as its normal (a slowdown from then on is still found against it). The check
-is only as good as the plan: a profile taken on a machine loaded 3.5x over its cores (block sums
-2.6-6.9x the whole model's time) put a healthy rank at 3.6x its peers.
+without a fault). Against the plan alone a device 1.5x slow from the start is thus found only where
+the plan is within ~10% (a lone GPU), not against a CPU or 2-GPU plan: there it reads like a stage the
+plan got wrong. The check is only as good as the plan: a profile taken on a machine loaded 3.5x over
+its cores (block sums 2.6-6.9x the whole model's time) put a healthy rank at 3.6x its peers.
+
+The start probe removes the plan from the question (`probe_readings`): before the launch's first step
+every rank timed the *same* fixed work (`synapse.health.speed_probe`; the readings come with the
+launch's first record, ``StepTiming.probe_s``), so a rank whose probe reads ``probe_threshold`` times
+its witnesses' (the others within that threshold of the fastest probe: two of three slow leave the
+third as the reference) is slow whatever its stage. It is found at the first judgement (J + 4: the
+median of 5 steps gives its level), no ``sustain``: the probe is one reading, its fastest of 15
+rounds, which other load on the machine only ever slows. Its baseline (reference) is its level over
+its probe ratio. 1.3 by default: 210 healthy probes of 3 CPU ranks on the loaded 2-core machine read
+a rank at most 1.14x the fastest, ranks injected 1.5x slow 1.49x or more (tests/data/start_probe_cpu.json).
+A rank found by the probe is found whatever the plan says; one the probe clears is still judged
+against the plan (a slowdown that began after the probe).
 """
 from __future__ import annotations
 
@@ -89,6 +100,18 @@ def replica_readings(steps: Sequence[Sequence[float]], same_work: Sequence[Seque
     levels, spread = _levels(steps)
     return [None if read is None else StartReading(read[0], read[1], read[2], threshold)
             for read in _against_witnesses(levels, spread, same_work, threshold, found)]
+
+
+def probe_readings(steps: Sequence[Sequence[float]], probe_s: Sequence[float], threshold: float,
+                   found: Collection[int] = ()) -> list[StartReading | None]:
+    """Per rank, its start probe (``probe_s``: each rank's seconds on the same fixed work, timed before
+    the launch's first step, `synapse.health.speed_probe`) over the median of its witnesses' (the
+    others within ``threshold`` of the fastest, not found slow before), with the compute it would have
+    at nominal speed: its median over ``steps`` over that ratio. None for a rank without witnesses."""
+    levels, _ = _levels(steps)
+    everyone = [range(len(probe_s))] * len(probe_s)
+    return [None if read is None else StartReading(read[0], levels[rank] / max(read[0], _TINY), 0.0, threshold)
+            for rank, read in enumerate(_against_witnesses(probe_s, [0.0] * len(probe_s), everyone, threshold, found))]
 
 
 def start_readings(steps: Sequence[Sequence[float]], expected_s: Sequence[float], threshold: float,
@@ -138,9 +161,13 @@ class StartCheck:
     """Judgements in a row per rank over one launch's first steps (`start_readings` each step)."""
 
     def __init__(self, prior_threshold: float | None, alone_threshold: float | None, sustain: int,
-                 noise_z: float = START_NOISE_Z, replica_threshold: float | None = None) -> None:
+                 noise_z: float = START_NOISE_Z, replica_threshold: float | None = None,
+                 probe_threshold: float | None = None) -> None:
         self.prior_threshold, self.alone_threshold = prior_threshold, alone_threshold
-        self.replica_threshold = replica_threshold
+        self.replica_threshold, self.probe_threshold = replica_threshold, probe_threshold
+        # Each rank's start probe of the running launch (`SlowdownDetector.update` takes it from the
+        # launch's records); None: no probe (trainer.start_probe=false, records of old)
+        self.probe_s: tuple[float, ...] | None = None
         self.sustain, self.noise_z = sustain, noise_z
         self.above: dict[int, int] = {}
         # Per rank, the ranks doing the same work (replicas; `SlowdownDetector.set_replicas`); None: R = 1
@@ -150,8 +177,9 @@ class StartCheck:
         return self.alone_threshold if num_ranks == 1 else self.prior_threshold
 
     def reset(self) -> None:
-        """A new launch's first steps: nothing judged yet."""
+        """A new launch's first steps: nothing judged yet, no probe read yet."""
         self.above = {}
+        self.probe_s = None
 
     def judge(self, steps: Sequence[Sequence[float]], expected_s: Sequence[float] | None, final: bool,
               found: Collection[int]) -> tuple[dict[int, StartReading], list[StartReading | None]]:
@@ -163,7 +191,8 @@ class StartCheck:
         planned = threshold is not None and expected_s is not None and len(expected_s) == num_ranks
         replicated = (self.replica_threshold is not None and self.same_work is not None
                       and len(self.same_work) == num_ranks)
-        if not (planned or replicated) or len(steps) < START_STEPS:
+        probed = self.probe_threshold is not None and self.probe_s is not None and len(self.probe_s) == num_ranks
+        if not (planned or replicated or probed) or len(steps) < START_STEPS:
             return {}, [None] * num_ranks
         readings: list[StartReading | None] = (start_readings(steps, expected_s, threshold, found)  # type: ignore[arg-type]
                                                if planned else [None] * num_ranks)
@@ -171,7 +200,17 @@ class StartCheck:
             by_peers = replica_readings(steps, self.same_work, self.replica_threshold, found)  # type: ignore[arg-type]
             readings = [peer if peer is not None else plan for peer, plan in zip(by_peers, readings)]
         newly: dict[int, StartReading] = {}
+        if probed:  # the same work on every device: slow there is slow, whatever the stage (no sustain:
+            # the probe is one reading, its fastest round; the steps only give the reference its level)
+            by_probe = probe_readings(steps, self.probe_s, self.probe_threshold, found)  # type: ignore[arg-type]
+            for rank, reading in enumerate(by_probe):
+                if reading is not None and reading.ratio >= self.probe_threshold:  # type: ignore[operator]
+                    readings[rank] = reading
+                    if rank not in found:
+                        newly[rank] = reading
         for rank, reading in enumerate(readings):
+            if rank in newly:
+                continue
             limit = reading.threshold if reading is not None and reading.threshold is not None else threshold
             slow = (reading is not None and limit is not None and reading.ratio >= limit
                     and reading.ratio - 1.0 >= self.noise_z * reading.noise)

@@ -19,6 +19,9 @@ What the fields mean (the detector's rules depend on it):
   waiting for a peer that is not ready yet. A slow stage therefore makes its
   neighbours' ``comm_s`` grow (see `synapse.detection.detector` for how that is
   told apart from a slow link).
+* ``probe_s[r]`` (optional; a launch's first record, where the start probe ran): rank r's seconds
+  on the start probe's fixed work, timed before the launch's first step (`synapse.health.speed_probe`):
+  the same work on every rank, so a device slow from the start reads slow there whatever its stage.
 * ``send_s[r]`` (optional; records before it lack it): the part of ``comm_s[r]`` that is rank
   r's *own* transfer work, handing its sends over (``synapse.pipeline.clock``). Waiting for a
   peer is not in it, so a link slowed on one rank raises that rank's ``send_s`` alone.
@@ -68,6 +71,7 @@ class StepTiming:
     compute_s: tuple[float, ...]
     comm_s: tuple[float, ...]
     send_s: tuple[float, ...] | None = None  # own transfer time per rank; None: not measured
+    probe_s: tuple[float, ...] | None = None  # the launch's start probe per rank; None: not in this record
 
     def __post_init__(self) -> None:
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
@@ -87,6 +91,11 @@ class StepTiming:
             if len(self.send_s) != len(self.comm_s):
                 raise TimingRecordError(f"step {self.step}: send_s has {len(self.send_s)} ranks but comm_s has "
                                         f"{len(self.comm_s)}; give one value per rank (or leave send_s out)")
+        if self.probe_s is not None:
+            object.__setattr__(self, "probe_s", _check_per_rank("probe_s", self.probe_s))
+            if len(self.probe_s) != len(self.compute_s) or min(self.probe_s) <= 0:
+                raise TimingRecordError(f"step {self.step}: probe_s={list(self.probe_s)} must give one number of "
+                                        f"seconds > 0 per rank ({len(self.compute_s)}), or be left out")
 
     @property
     def num_ranks(self) -> int:
@@ -107,6 +116,8 @@ class StepTiming:
         }
         if self.send_s is not None:
             data["send_s"] = list(self.send_s)
+        if self.probe_s is not None:
+            data["probe_s"] = list(self.probe_s)
         return data
 
     @classmethod
@@ -120,7 +131,7 @@ class StepTiming:
         missing = [key for key in _REQUIRED_KEYS if key not in data]
         if missing:
             raise TimingRecordError(f"step-timing record lacks {missing}; required keys: {list(_REQUIRED_KEYS)}")
-        return cls(**{key: data[key] for key in _REQUIRED_KEYS}, send_s=data.get("send_s"))
+        return cls(**{key: data[key] for key in _REQUIRED_KEYS}, send_s=data.get("send_s"), probe_s=data.get("probe_s"))
 
     def to_json_line(self) -> str:
         """One line of performance.jsonl (no trailing newline)."""

@@ -282,7 +282,7 @@ class FailoverController:
         reference = baseline[rank] / expected
         if self.estimator.assume_compute_reference(reference):
             self.log_event("estimator_reference", rank=rank, device=self.running_placement.devices[rank],
-                           reference=reference, reason="slow from the start (detector's plan check)")
+                           reference=reference, reason="slow from the start (the detector's start check)")
             # The steps taken for healthy so far were slow too (time lost, restart downtime): at nominal speed
             running = self.running_placement
             self._rescale_healthy(self.priced.layout_cost(running).step_time_s

@@ -12,6 +12,7 @@ from synapse.injection.injector import (
 from synapse.injection.slowdown import DeviceDelay, TaskBaseline, split_extra
 from synapse.injection.spec import (
     PHASES,
+    PROBE_PHASE,
     FaultSpec,
     InjectionError,
     faults_for_segment,
@@ -20,5 +21,6 @@ from synapse.injection.spec import (
 )
 
 __all__ = ["BackgroundLoad", "CUDA_ERROR_MESSAGE", "DeviceDelay", "FaultInjector", "FaultSpec", "InjectedFault",
-           "InjectionError", "LoadTarget", "PHASES", "TaskBaseline", "build_fault_injector", "cpu_core_for_rank",
-           "faults_for_segment", "fired_fault_indices", "instant_fault_steps", "parse_faults", "split_extra"]
+           "InjectionError", "LoadTarget", "PHASES", "PROBE_PHASE", "TaskBaseline", "build_fault_injector",
+           "cpu_core_for_rank", "faults_for_segment", "fired_fault_indices", "instant_fault_steps", "parse_faults",
+           "split_extra"]

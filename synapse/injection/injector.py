@@ -5,7 +5,9 @@ Each rank builds a ``FaultInjector`` holding the faults aimed at it
 (``build_fault_injector``); the training code calls ``on(phase, step)`` at fixed points of
 every step: ``step_start`` (before each step), ``forward`` and ``backward`` (once per
 micro-batch), ``send`` (each time the stage posts sends), ``optimizer``, and
-``checkpoint_write`` (a checkpoint's files written, not yet committed). The injector fires
+``checkpoint_write`` (a checkpoint's files written, not yet committed); and before a launch's first
+step each round of the start probe (``slow_probe``: ``slow_compute`` faults slow it as they slow a
+task, so a device injected slow from the start reads slow there too). The injector fires
 each instant fault exactly when and where it was configured, once per process, and runs each
 span fault over its steps; every fault records ``fault_injected`` when it starts acting and
 span faults ``fault_cleared`` when they stop (after their end step, or when the worker exits).
@@ -37,6 +39,7 @@ from synapse.injection.spec import (  # noqa: F401
     FAULT_KINDS,
     INSTANT_KINDS,
     PHASES,
+    PROBE_PHASE,
     SLOWDOWN_KINDS,
     SPAN_KINDS,
     FaultEntry,
@@ -125,6 +128,22 @@ class FaultInjector:
             self._slow_down(phase, step, nbytes)
         if self.pending:
             self._fire_instant(phase, step)
+
+    def slow_probe(self, step: int, work_s: float) -> float:
+        """The start probe (`synapse.health.speed_probe`) timed one round of its fixed work, ``work_s``
+        seconds, before ``step`` (the launch's first): the compute slowdowns acting then with the
+        ``probe`` phase (a ``slow_compute`` fault's default) slow the round as they slow a task: a
+        ``factor`` f adds (f - 1) x ``work_s``, ``seconds`` its seconds. Returns the seconds added."""
+        if step < 1 or self._closed or not self.spans:
+            return 0.0
+        if step != self._step:  # the faults of the launch's first step start acting now (events, loads)
+            self._step = step
+            self._enter_step(step, PROBE_PHASE)
+        extra = sum(span.spec.extra_seconds(step, work_s) for span in self.spans
+                    if span.state == "active" and span.spec.kind == "slow_compute" and PROBE_PHASE in span.spec.phases)
+        if extra > 0.0:
+            self._delay(extra)
+        return extra
 
     def _fire_instant(self, phase: str, step: int) -> None:
         due = [f for f in self.pending if f.phase == phase

@@ -58,8 +58,13 @@ SLOWDOWN_KINDS = ("slow_compute", "slow_comm")
 SPAN_KINDS = (*SLOWDOWN_KINDS, "background_load")
 FAULT_KINDS = (*INSTANT_KINDS, *SPAN_KINDS)
 
-# The phases each span kind may act in (the first tuple is the default).
-SPAN_PHASES = {"slow_compute": ("forward", "backward"), "slow_comm": ("send",), "background_load": ("step_start",)}
+# Not a step's phase: each round of a launch's start probe, before its first step
+# (`FaultInjector.slow_probe`). A compute slowdown slows it as it slows a task: a device slow from
+# the start is slow on the probe's fixed work too, which is how such a device is told from a heavy stage.
+PROBE_PHASE = "probe"
+# The phases each span kind may act in (all of them by default).
+SPAN_PHASES = {"slow_compute": ("forward", "backward", PROBE_PHASE), "slow_comm": ("send",),
+               "background_load": ("step_start",)}
 # Instant kinds that act in fewer phases than PHASES (nan_loss corrupts a forward's output).
 INSTANT_PHASES: dict[str, tuple[str, ...]] = {"nan_loss": ("forward",)}
 
@@ -256,9 +261,9 @@ class _SpecReader:
         if self.kind == "background_load":
             return dataclasses.replace(span, workers=self.integer("workers", 1, default=1),
                                        matrix_size=self.integer("matrix_size", 64, default=4096))
-        return dataclasses.replace(span, **self.slowdown(start))
+        return dataclasses.replace(span, **self.slowdown(start, span.phases))
 
-    def slowdown(self, start: int) -> dict[str, Any]:
+    def slowdown(self, start: int, phases: tuple[str, ...]) -> dict[str, Any]:
         given = [key for key in ("seconds", "factor", "bytes_per_s") if key in self.spec]
         if len(given) != 1:
             link = " or bytes_per_s (a link this fast)" if self.kind == "slow_comm" else ""
@@ -268,9 +273,11 @@ class _SpecReader:
         link_speed = self.number("bytes_per_s", exclusive_minimum=0.0) if "bytes_per_s" in self.spec else None
         factor = self.number("factor", exclusive_minimum=1.0) if "factor" in self.spec else None
         ramp = self.optional_integer("ramp_steps", 1)
-        if factor is not None and ramp is None and start < 2:
+        # From step 1: step 1's tasks have no measured time to scale (its first tasks run as measured: the
+        # warm-up, never judged), but the start probe before it is slowed, and every later step
+        if factor is not None and ramp is None and start < 2 and PROBE_PHASE not in phases:
             self.fail("a factor slowdown scales the task time measured in the step before, and step 1 has none",
-                      "start at step 2 or later (or use seconds, or ramp_steps)")
+                      f"start at step 2 or later (or use seconds, or ramp_steps, or add the {PROBE_PHASE} phase)")
         return {"seconds": seconds, "factor": factor, "bytes_per_s": link_speed, "ramp_steps": ramp}
 
     def phases(self, allowed: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:

@@ -24,11 +24,12 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from synapse.config import SynapseConfig, resolve_devices
+from synapse.config import SynapseConfig, cuda_index, resolve_devices
 from synapse.engine import build_compute_setup, with_host_data_path
+from synapse.health import probe_devices
 from synapse.partitioning import Placement
 from synapse.pipeline.trainer import build_pipeline_trainer
-from synapse.rundir import FAILURE_RECORD, hold_as_worker
+from synapse.rundir import FAILURE_RECORD, JsonlWriter, hold_as_worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +149,9 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
         if rank == 0:  # the supervisor splits a restart's cost into launch, load and warm-up with this
             trainer.events.append("launch_ready", segment=task.segment, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
+        if cfg.trainer.start_probe:
+            physical = [cuda_index(cfg.trainer, d) for d in resolve_devices(cfg.trainer)]  # ranks sharing a GPU
+            start_probe(trainer, setup.device, local_rank, physical, task.segment)
         summary = trainer.fit()
         trainer.runner.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
         return summary if trainer.writes_records else None
@@ -155,6 +159,33 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
         if trainer is not None:
             trainer.injector.close()  # stop background loads, record fault_cleared
         dist.destroy_process_group()
+
+
+def start_probe(trainer: Any, device: Any, local_rank: int, node_devices: list[int], segment: int) -> None:
+    """Every rank times the same fixed work before the launch's first step (`synapse.health.speed_probe`),
+    slowed as the injected compute slowdowns of that step slow a task; the readings reach the
+    supervisor's detector with the launch's first performance record (its start check)."""
+    step = trainer.step + 1
+    readings, cost_s = probe_devices(device, local_rank, node_devices,
+                                     lambda work_s: trainer.injector.slow_probe(step, work_s),
+                                     group=trainer.runner.control_group)
+    if trainer.runner.rank == 0:
+        trainer.events.append("start_probe", segment=segment, step=step, probe_s=readings, cost_s=cost_s)
+    trainer.runner.performance = FirstRecordWith(trainer.runner.performance, {"probe_s": readings})
+
+
+class FirstRecordWith(JsonlWriter):
+    """A launch's performance records, its first with ``fields`` added (the start probe's readings)."""
+
+    def __init__(self, records: JsonlWriter, fields: dict[str, Any]) -> None:  # opens no file of its own
+        self._records, self._fields = records, dict(fields)
+
+    def write(self, record: dict[str, Any]) -> None:
+        record, self._fields = {**record, **self._fields}, {}
+        self._records.write(record)
+
+    def close(self) -> None:
+        self._records.close()
 
 
 def listen_on_loopback_only() -> None:

@@ -57,7 +57,7 @@ def test_every_kind_parses_with_its_settings():
     assert [f.index for f in faults] == list(range(len(specs)))
     kill, hang, cuda, factor, fixed, ramp, comm, load = faults
     assert (kill.phase, hang.phase, cuda.phase) == ("backward", "send", "step_start")
-    assert (factor.start, factor.end, factor.factor, factor.phases) == (30, None, 2.5, ("forward", "backward"))
+    assert (factor.start, factor.end, factor.factor, factor.phases) == (30, None, 2.5, ("forward", "backward", "probe"))
     assert (fixed.seconds, fixed.end, fixed.phases, fixed.on_steps, fixed.off_steps) == (0.1, 9, ("forward",), 2, 1)
     assert (ramp.ramp_steps, ramp.start) == (10, 1)
     assert (comm.start, comm.end, comm.phases) == (4, 4, ("send",))  # step: a single-step span
@@ -95,7 +95,8 @@ BAD_SPECS = [
     ({"kind": "slow_compute", "rank": 0, "start": 5, "factor": 1.0}, "factor=1.0 must be > 1.0", "twice as slow"),
     ({"kind": "slow_compute", "rank": 0, "start": 5, "seconds": 0}, "seconds=0 must be > 0.0", "seconds > 0.0"),
     ({"kind": "slow_compute", "rank": 0, "start": 5, "seconds": float("nan")}, "not a finite number", "seconds: X"),
-    ({"kind": "slow_compute", "rank": 0, "start": 1, "factor": 2.0}, "step 1 has none", "start at step 2"),
+    ({"kind": "slow_compute", "rank": 0, "start": 1, "factor": 2.0, "phase": ["forward", "backward"]},
+     "step 1 has none", "start at step 2"),
     ({"kind": "slow_compute", "rank": 0, "start": 2, "seconds": 1, "on_steps": 3}, "go together", "give both"),
     ({"kind": "slow_compute", "rank": 0, "start": 2, "seconds": 1, "phase": "send"}, "phase ['send']",
      "use one of forward, backward"),
@@ -263,7 +264,7 @@ def test_fixed_slow_compute_delays_every_task_of_its_steps_inside_the_clock():
     assert recorder.delays == [("student_fwd", 0.25, False)] * 2 + [("student_bwd", 0.25, False)] * 2 + \
         [("student_fwd", 0.25, False)] * 2 + [("student_bwd", 0.25, False)] * 2
     assert [(e["event"], e["step"]) for e in events] == [("fault_injected", 2), ("fault_cleared", 4)]
-    assert events[1]["reason"] == "end_step" and events[0]["phases"] == ["forward", "backward"]
+    assert events[1]["reason"] == "end_step" and events[0]["phases"] == ["forward", "backward", "probe"]
 
 
 def test_a_phase_restricted_slowdown_only_delays_that_phase():
@@ -621,3 +622,35 @@ def test_hang_blocks_the_worker_alive_in_its_phase(tmp_path):
         worker.kill()
     assert worker.stdout.read() == ""  # never got past step 2's backward
     assert worker.wait() == -signal.SIGKILL
+
+
+# ------------------------------------------------------------------ the start probe
+def test_a_factor_slowdown_from_step_1_slows_the_start_probe_s_rounds_and_the_steps_after():
+    """The probe (before the launch's first step) times its fixed work; a device f times slow takes f
+    times as long on it: (f - 1) x the round's work added. Step 1's tasks have nothing measured before
+    them (the warm-up); from step 2 the tasks are scaled as always."""
+    (spec,) = parse_faults([{"kind": "slow_compute", "rank": 0, "start": 1, "factor": 1.5}], world_size=3)
+    assert spec.phases == ("forward", "backward", "probe")
+    injector, events, recorder = make_injector([{"kind": "slow_compute", "rank": 0, "start": 1, "factor": 1.5}],
+                                               timing={"step": 1, "teacher_fwd": 0.0, "student_fwd": 0.2,
+                                                       "loss": 0.0, "student_bwd": 0.4})
+    assert [injector.slow_probe(1, 0.002) for _ in range(3)] == [pytest.approx(0.001)] * 3
+    assert recorder.delays == [(None, pytest.approx(0.001), False)] * 3  # outside the stage clock
+    assert [(e["event"], e["step"], e["phase"]) for e in events] == [("fault_injected", 1, "probe")]
+    run_step(injector, 1, microbatches=1)
+    run_step(injector, 2, microbatches=1)  # step 1 measured (the clock's timing above): step 2 is scaled
+    assert [part for part, seconds, _ in recorder.delays[-2:] if seconds > 0] == ["student_fwd", "student_bwd"]
+    assert len(events) == 1  # one fault, injected once
+
+
+def test_only_the_compute_slowdowns_acting_at_the_launch_s_first_step_slow_the_probe():
+    specs = [{"kind": "slow_compute", "rank": 0, "start": 5, "factor": 2.0},  # not yet
+             {"kind": "slow_compute", "rank": 0, "start": 1, "seconds": 0.3, "phase": "forward"},  # not the probe
+             {"kind": "slow_comm", "rank": 0, "start": 1, "seconds": 0.5},  # a link
+             {"kind": "slow_compute", "rank": 1, "start": 1, "factor": 2.0}]  # another rank
+    injector, _, recorder = make_injector(specs)
+    assert injector.slow_probe(1, 0.01) == 0.0 and recorder.delays == []
+    later, _, recorder = make_injector([specs[0]])
+    assert later.slow_probe(6, 0.01) == pytest.approx(0.01)  # a relaunch at step 6: the device is slow now
+    fixed, _, recorder = make_injector([{"kind": "slow_compute", "rank": 0, "start": 1, "seconds": 0.05}])
+    assert fixed.slow_probe(1, 0.01) == pytest.approx(0.05)  # seconds: per task, each round one
