@@ -306,6 +306,10 @@ class PartitionConfig:
     mode: PartitionMode = PartitionMode.even
     teacher: tuple[int, ...] | None = None  # blocks per stage, for mode=manual
     student: tuple[int, ...] | None = None
+    # Replicas cut differently (trainer.replicas > 1, mode even or manual): each replica's stage count, e.g.
+    # [2, 1] on 3 devices (replica 0 a pipeline of 2, replica 1 one device); partition.teacher/student then
+    # list every replica's stages, replica after replica. None: every replica cut alike (devices / replicas).
+    replica_stages: tuple[int, ...] | None = None
     # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
     # link bandwidth between neighbours (None: communication not modelled), profiling effort.
     alphas: tuple[float, ...] | None = None

@@ -205,3 +205,19 @@ def test_the_planner_chooses_the_layout_and_the_run_takes_it(tmp_path, teacher_f
     placement = read_segments(tmp_path)[0].placement
     assert (placement.replicas, placement.num_stages) == (chosen["replicas"], chosen["stages"])
     assert list(placement.student_counts) == chosen["student"]
+
+
+def test_replicas_cut_differently_learn_what_one_device_learns(tmp_path, teacher_file, reference_vit):
+    """Replica 0 a pipeline of 2, replica 1 one device (partition.replica_stages=[2,1]): no two ranks hold
+    the same stage, so the student's gradients are summed per set of a block's owners (blocks of replica
+    0's stage 0 between ranks 0 and 2, those of its stage 1 between ranks 1 and 2), each replica's
+    weighted by its share; unequal shares (24 / 8) on top."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "trainer.devices=3",
+                                  "trainer.replicas=2", "partition.replica_stages=[2,1]",
+                                  "trainer.replica_shares=[24,8]", "pipeline.microbatches=2"]), log=lambda m: None)
+    reference_dir, reference = reference_vit
+    assert_close_states(final_student_state(tmp_path), reference)
+    assert losses(tmp_path) == pytest.approx(losses(reference_dir), rel=1e-5)
+    assert evaluations(tmp_path) == evaluations(reference_dir) and evaluations(tmp_path)
+    placement = read_segments(tmp_path)[0].placement
+    assert placement.replica_stages == (2, 1) and placement.shares == (24, 8)

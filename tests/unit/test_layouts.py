@@ -227,3 +227,76 @@ def test_replicas_are_priced_as_they_run_eagerly_on_a_gpu():
     assert profile_launch(gpu, graphs) == "graphed"
     assert profile_launch(gpu, graphs, replicas=2) == "eager"
     assert profile_launch(TrainerConfig(accelerator="cpu"), graphs) == "eager"
+
+
+# ---------------------------------------------------------------- replicas cut differently
+SHRUNK = Placement.of_pipelines([Placement((0, 1), (4, 4), (5, 3)), Placement((2,), (8,), (8,))], (40, 24))
+
+
+def test_replicas_cut_differently_answer_by_rank():
+    p = SHRUNK
+    assert (p.world_size, p.replicas, p.replica_stages) == (3, 2, (2, 1)) and not p.cut_alike
+    assert [(p.replica_of(r), p.stage_of(r), p.stages_of_rank(r)) for r in range(3)] == [(0, 0, 2), (0, 1, 2),
+                                                                                         (1, 0, 1)]
+    assert [p.student_range(r) for r in range(3)] == [range(0, 5), range(5, 8), range(0, 8)]
+    assert [p.teacher_range(r) for r in range(3)] == [range(0, 4), range(4, 8), range(0, 8)]
+    assert p.pipeline(1) == Placement((2,), (8,), (8,)) and p.replica_devices(0) == (0, 1)
+    assert p.stage_peers() == [[0], [1], [2]]  # no rank runs the blocks another runs
+    with pytest.raises(PartitionError, match=r"replicas of \[2, 1\] stages have no one stage count"):
+        _ = p.num_stages
+    with pytest.raises(PartitionError, match="rank 3 is not one of this layout's 3 ranks"):
+        p.replica_of(3)
+
+
+def test_gradient_groups_are_the_owners_of_each_run_of_blocks():
+    """2 x 2 with replica 1 shrunk to one stage: blocks of stage 0 between ranks {0, 2}, of stage 1 between
+    {1, 2}; cut alike, a stage's ranks across replicas; cuts that do not line up split the groups further."""
+    assert SHRUNK.student_groups() == [((0, 2), range(0, 5)), ((1, 2), range(5, 8))]
+    assert Placement((0, 1, 2, 3), (4, 4), (6, 2), 2).student_groups() == [((0, 2), range(0, 6)),
+                                                                           ((1, 3), range(6, 8))]
+    odd = Placement.of_pipelines([Placement((0, 1), (4, 4), (5, 3)), Placement((2, 3), (4, 4), (2, 6))])
+    assert odd.student_groups() == [((0, 2), range(0, 2)), ((0, 3), range(2, 5)), ((1, 3), range(5, 8))]
+
+
+@given(st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=4), min_size=2, max_size=4))
+def test_every_block_has_one_owner_per_replica_and_each_rank_meets_its_groups_in_block_order(cuts):
+    blocks = 16
+    pipelines = []
+    start = 0
+    for stages in cuts:
+        counts = list(stages[:-1]) + [blocks - sum(stages[:-1])] if sum(stages[:-1]) < blocks else [blocks]
+        pipelines.append(Placement(tuple(range(start, start + len(counts))), tuple(counts), tuple(counts)))
+        start += len(counts)
+    layout = Placement.of_pipelines(pipelines)
+    groups = layout.student_groups()
+    assert [b for _, blocks_of in groups for b in blocks_of] == list(range(blocks))  # every block once, in order
+    for owners, blocks_of in groups:
+        assert [layout.replica_of(r) for r in owners] == list(range(layout.replicas))
+        assert all(set(blocks_of) <= set(layout.student_range(r)) for r in owners)
+
+
+def test_cuts_alike_are_written_one_way_and_records_round_trip():
+    alike = Placement.of_pipelines([Placement((0, 1), (4, 4), (4, 4)), Placement((2, 3), (4, 4), (4, 4))])
+    assert alike == Placement((0, 1, 2, 3), (4, 4), (4, 4), 2) and alike.cut_alike
+    assert SHRUNK.to_dict()["replica_stages"] == [2, 1] and Placement.from_dict(SHRUNK.to_dict()) == SHRUNK
+    with pytest.raises(PartitionError, match="need 3 devices and 3 block counts"):
+        Placement((0, 1), (4, 4, 8), (5, 3, 8), 2, replica_stages=(2, 1))
+    with pytest.raises(PartitionError, match="one stage count"):
+        Placement((0, 1, 2), (4, 4, 8), (5, 3, 8), 2, replica_stages=(3,))
+    with pytest.raises(PartitionError, match=r"partition.student=\[8, 1\] \(replica 1\) covers 9 blocks"):
+        Placement((0, 1, 2, 3), (4, 4, 4, 4), (5, 3, 8, 1), 2, replica_stages=(2, 2)).check_block_counts(8, 8)
+    assert SHRUNK.without_replica(0, 64, 4) == Placement((2,), (8,), (8,))
+    assert SHRUNK.on((5, 6, 7)).replica_devices(1) == (7,)
+
+
+def test_replicas_cut_differently_are_priced_pipeline_by_pipeline():
+    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
+    plan = planner(2, 2, facts)
+    cost = plan.layout_cost(SHRUNK.with_shares((32, 32)), {0: 1.0, 1: 1.0, 2: 2.0})
+    assert cost.replica_step_s[0] == pytest.approx(plan.predict((0, 1), (4, 4), (5, 3)).step_time_s)
+    assert cost.replica_step_s[1] == pytest.approx(plan.predict((2,), (8,), (8,), {2: 2.0}).step_time_s)
+    assert len(cost.compute_s) == 3
+    # rank 2 owns both groups' blocks and reduces them one after the other: 5 + 3 blocks' gradients
+    both = ring_allreduce_s(5 * 1000 * 1024, 2, 1e9, 1e-5) + ring_allreduce_s(3 * 1000 * 1024, 2, 1e9, 1e-5)
+    assert cost.allreduce_s == pytest.approx(both)
+    assert cost.step_time_s == pytest.approx(max(cost.replica_step_s) + both)
