@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from synapse.decision.eta import DeviceId, Option, OptionKind
+from synapse.decision.eta import WITHOUT_A_DEVICE, DeviceId, Option, OptionKind
 
 
 class PolicyError(ValueError):
@@ -217,14 +217,11 @@ class Policy(ABC):
 
     @staticmethod
     def _survivors(ctx: DecisionContext) -> list[Option]:
-        """After a hard failure, the only choices: DEGRADE / REPLACE options without the failed device."""
-        survivors = [
-            o for o in ctx.options
-            if o.kind in (OptionKind.DEGRADE, OptionKind.REPLACE) and ctx.failed_device not in o.devices
-        ]
+        """After a hard failure, the only choices: DEGRADE / REPLACE / SHRINK options without the failed device."""
+        survivors = [o for o in ctx.options if o.kind in WITHOUT_A_DEVICE and ctx.failed_device not in o.devices]
         if not survivors:
             raise NoViableOptionError(
-                f"device {ctx.failed_device} failed and no DEGRADE/REPLACE option avoids it "
+                f"device {ctx.failed_device} failed and no DEGRADE/REPLACE/SHRINK option avoids it "
                 f"(options: {[(o.kind.value, o.devices) for o in ctx.options]}); build the options with "
                 "bad_device=<the failed device>, and with K = 1 configure a spare device"
             )
@@ -318,7 +315,7 @@ class SkiRentalPolicy(Policy):
 
 # Among options with equal ETA, prefer the least disruptive.
 _DISRUPTION_ORDER = (OptionKind.KEEP, OptionKind.REBALANCE, OptionKind.REPLAN, OptionKind.REPLACE,
-                     OptionKind.DEGRADE)
+                     OptionKind.SHRINK, OptionKind.DEGRADE)
 
 
 def _by_eta(ctx: DecisionContext, options: Sequence[Option]) -> Option:

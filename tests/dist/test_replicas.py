@@ -25,6 +25,7 @@ import torch
 from synapse.app import run
 from synapse.engine import distil_on_one_device
 from synapse.failover import read_segments
+from synapse.rundir import events_path
 
 from .helpers import SHARED_GPU, compose_config, final_student_state
 
@@ -129,13 +130,38 @@ def test_a_checkpoint_of_replicas_resumes_on_a_pipeline(tmp_path, teacher_file, 
     assert_close_states(final_student_state(tmp_path), reference_vit[1])
 
 
+KILL_RANK_3 = ["trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
+               "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]"]
+
+
+def test_a_rank_killed_in_one_replica_shrinks_that_replica_and_loses_nothing(tmp_path, teacher_file, reference_vit):
+    """R = 2 x K = 2; rank 3 (replica 1's last stage) is killed at step 5: policy=eta prices SHRINK beside
+    dropping the replica, re-cuts replica 1 on its survivor (one stage) with the share at which both
+    replicas finish a step together, and the run resumes from its step-4 checkpoint on three devices,
+    ending where one device ends."""
+    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *KILL_RANK_3]),
+                  log=lambda m: None)
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    shrunk = segments[1].placement
+    assert shrunk.devices == (0, 1, 2) and shrunk.replica_stages == (2, 1) and shrunk.pipeline(0) == \
+        segments[0].placement.pipeline(0)
+    assert sum(shrunk.shares) == BATCH and all(share % 2 == 0 for share in shrunk.shares)
+    assert segments[1].start_step == 4
+    restart = summary["experiment"]["restarts"][0]
+    assert restart["action"] == "shrink", restart
+    records = [json.loads(line) for line in events_path(tmp_path).read_text().splitlines()]
+    decision = next(r for r in records if r.get("event") == "decision" and r.get("action") == "shrink")
+    assert {o["kind"] for o in decision["options"]} >= {"shrink", "degrade"}
+    assert_close_states(final_student_state(tmp_path), reference_vit[1])
+
+
 def test_a_rank_killed_in_one_replica_drops_that_replica_and_loses_nothing(tmp_path, teacher_file, reference_vit):
-    """R = 2 x K = 2; rank 3 (replica 1's last stage) is killed at step 5: the run resumes from its
-    step-4 checkpoint on replica 0 alone, which now trains on the whole batch, and ends where one
-    device ends."""
-    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT,
-                                            "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
-                                            "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]"]),
+    """The same kill under policy=degrade, whose rule on a lost device is to drop its replica: the run
+    resumes from its step-4 checkpoint on replica 0 alone, which now trains on the whole batch, and ends
+    where one device ends."""
+    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *KILL_RANK_3,
+                                            "policy=degrade"]),
                   log=lambda m: None)
     segments = read_segments(tmp_path)
     assert [s.outcome for s in segments] == ["failed", "finished"]

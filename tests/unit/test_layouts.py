@@ -185,8 +185,9 @@ def test_a_slow_device_gets_a_smaller_share():
 
 
 # ---------------------------------------------------------------- failover options
-def options_for(running: Placement, bad: int, alphas: dict[int, float], spares=(), lost=()):
-    plan = planner(running.replicas, 1)
+def options_for(running: Placement, bad: int, alphas: dict[int, float], spares=(), lost=(),
+                plan: StagePlanner | None = None):
+    plan = plan or planner(running.replicas, 1)
     predicted = plan.layout_cost(running, alphas).step_time_s
     return {o.kind: o for o in replica_options(RunningPartition(running, predicted, predicted), alphas, None, bad,
                                                 plan, COSTS, spares, lost)}
@@ -300,3 +301,56 @@ def test_replicas_cut_differently_are_priced_pipeline_by_pipeline():
     both = ring_allreduce_s(5 * 1000 * 1024, 2, 1e9, 1e-5) + ring_allreduce_s(3 * 1000 * 1024, 2, 1e9, 1e-5)
     assert cost.allreduce_s == pytest.approx(both)
     assert cost.step_time_s == pytest.approx(max(cost.replica_step_s) + both)
+
+
+def test_a_lost_device_shrinks_its_replica_over_the_survivors_with_the_share_that_finishes_together():
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    alphas = dict.fromkeys(range(4), 1.0)
+    plan = planner(2, 4)  # 4 micro-batches: a pipeline of 2 is faster than one device
+    options = options_for(running, 3, alphas, plan=plan)
+    shrink = options[OptionKind.SHRINK]
+    assert shrink.placement.replica_stages == (2, 1) and shrink.placement.devices == (0, 1, 2)
+    assert shrink.placement.pipeline(0) == running.pipeline(0)  # the other replica keeps its cut
+    teacher, student, _ = plan.plan((2,), (1.0,))
+    assert shrink.placement.replica_cut(1) == (teacher, student)
+    # the shares: the best of every split of the batch between the two (the replicas finish together)
+    splits = [shrink.placement.with_shares((a, BATCH - a)) for a in range(4, BATCH, 4)]
+    best = min(plan.layout_cost(p, alphas).step_time_s for p in splits)
+    assert shrink.predicted_step_s == pytest.approx(best)
+    assert shrink.placement.shares[1] < shrink.placement.shares[0]  # one device gets fewer images
+    assert shrink.inputs["shrunk_replicas"] == [1] and shrink.inputs["dropped_devices"] == [3]
+    # beside it, the other options stay priced: the whole replica dropped is slower than shrinking it
+    assert shrink.predicted_step_s < options[OptionKind.DEGRADE].predicted_step_s
+
+
+def test_a_replica_of_one_device_cannot_shrink_and_a_lost_node_shrinks_each_replica_it_touched():
+    assert OptionKind.SHRINK not in options_for(Placement((0, 1), (8,), (8,), 2, (32, 32)), 1, {0: 1.0, 1: 1.0})
+    options = options_for(SHRUNK.with_shares((32, 32)), 2, {0: 1.0, 1: 1.0, 2: 1.0})
+    assert OptionKind.SHRINK not in options and options[OptionKind.DEGRADE].placement.devices == (0, 1)
+    running = Placement((0, 1, 2, 3, 4, 5), (3, 3, 2), (3, 3, 2), 2, (32, 32))
+    lost = options_for(running, 2, dict.fromkeys(range(6), 1.0), lost=(3,))  # replica 0's last, replica 1's first
+    both = lost[OptionKind.SHRINK].placement  # both re-cut alike on two devices: a 2 x 2 mesh again
+    assert both.devices == (0, 1, 4, 5) and (both.replicas, both.num_stages) == (2, 2)
+    everything = options_for(running, 0, dict.fromkeys(range(6), 1.0), lost=(1, 2, 3, 4, 5))
+    assert OptionKind.SHRINK not in everything and OptionKind.DEGRADE not in everything
+
+
+def test_a_shrunk_layout_is_replanned_replica_by_replica_and_shrinks_again():
+    alphas = {0: 1.0, 1: 3.0, 2: 1.0}
+    options = options_for(SHRUNK.with_shares((32, 32)), 1, alphas)
+    plan = planner(2, 1)
+    replan = options[OptionKind.REPLAN].placement
+    assert replan.replica_cut(0) == plan.plan((0, 1), (1.0, 3.0))[:2] and replan.replica_stages == (2, 1)
+    again = options[OptionKind.SHRINK].placement  # replica 0 loses device 1: both replicas are one device
+    assert again == Placement((0, 2), (8,), (8,), 2, again.shares) and sum(again.shares) == BATCH
+
+
+def test_on_a_hard_failure_eta_shrinks_and_the_baselines_drop_the_replica():
+    from synapse.decision import DecisionContext, make_policy
+
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    options = tuple(options_for(running, 3, dict.fromkeys(range(4), 1.0)).values())
+    ctx = DecisionContext(step=5, remaining_steps=100, options=options, hard_failure=True, failed_device=3)
+    assert make_policy("eta").decide(ctx).action is OptionKind.SHRINK
+    assert make_policy("degrade").decide(ctx).action is OptionKind.DEGRADE
+    assert make_policy("keep").decide(ctx).action is OptionKind.DEGRADE
