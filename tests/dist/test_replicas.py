@@ -1,8 +1,8 @@
 """R replicas x K stages learn what one device learns on the same global batch, grouped the same way.
 
 The reference is the single-device loop over R x M micro-batches (replica after replica); the
-layout runs R pipelines of K CPU ranks (gloo) on their shares, DDP averages the student's
-gradients and the replicas merge their BatchNorm statistics after each step. DDP's all-reduce
+layout runs R pipelines of K CPU ranks (gloo) on their shares, the owners of each block sum the
+student's weighted gradients and the replicas merge their BatchNorm statistics after each step. The all-reduce
 sums in another order than the reference's accumulation, so the states agree to rounding, not
 bit for bit. How far rounding carries depends on the student (docs/layouts.md):
 
@@ -109,8 +109,8 @@ def test_replicas_merge_batchnorm_statistics_into_one_device_s(tmp_path, teacher
 
 
 def test_unequal_shares_still_average_over_the_global_batch(tmp_path, teacher_file, reference_vit):
-    """Shares of 24 and 8 images: each replica's loss is weighted by its share, so DDP's equal-weight
-    average is still the mean over all 32."""
+    """Shares of 24 and 8 images: each replica's gradient is weighted by its share, so the sum
+    is still the mean over all 32."""
     run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "trainer.devices=2",
                                   "trainer.replicas=2", "trainer.replica_shares=[24,8]", "pipeline.microbatches=2"]),
         log=lambda m: None)

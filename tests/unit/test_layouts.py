@@ -219,8 +219,8 @@ def test_a_lost_node_drops_every_replica_it_held():
 
 
 def test_replicas_are_priced_as_they_run_eagerly_on_a_gpu():
-    """A replayed CUDA-graph backward bypasses the hooks DDP averages with, so replicas run eagerly and
-    their blocks are profiled eagerly; one pipeline with pipeline.cuda_graphs, graphed."""
+    """Replicas run eagerly (graphs with replicas were not tried), so their blocks are profiled eagerly;
+    one pipeline with pipeline.cuda_graphs, graphed."""
     from synapse.config import PipelineConfig, TrainerConfig
     from synapse.planning import profile_launch
 
