@@ -156,6 +156,7 @@ class PolicyName(Choice):
     replan = "replan"
     degrade = "degrade"
     rebalance = "rebalance"
+    shrink = "shrink"
     ski_rental = "ski_rental"
 
 

@@ -251,7 +251,7 @@ def validate_failover(cfg: DictConfig) -> None:
         make_policy(str(cfg.policy.name), **_plain(cfg.policy.params))
     except PolicyConfigError as exc:
         fail("policy", str(exc),
-             "choose policy=eta|keep|replan|degrade|rebalance|ski_rental with its documented params")
+             "choose policy=eta|keep|replan|degrade|rebalance|shrink|ski_rental with its documented params")
     for i, drill in enumerate(failover.drills):
         for key in ("step", "action"):
             if OmegaConf.is_missing(drill, key):

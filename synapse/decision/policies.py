@@ -265,6 +265,17 @@ class RebalancePolicy(Policy):
         return self._act_once(ctx, OptionKind.REBALANCE)
 
 
+class ShrinkPolicy(Policy):
+    """Baseline for replicas: re-cut the slow device's replica without it, on its other devices with a
+    share that finishes with the others, as soon as a slowdown is detected (once per slowdown); KEEP
+    where no replica can shrink (one pipeline, or replicas of one device)."""
+
+    name = "shrink"
+
+    def _on_running(self, ctx: DecisionContext) -> Decision:
+        return self._act_once(ctx, OptionKind.SHRINK)
+
+
 @dataclass(frozen=True)
 class SkiRentalConfig:
     ladder: tuple[str, ...] = (OptionKind.REPLAN.value, OptionKind.DEGRADE.value)
@@ -422,6 +433,7 @@ _POLICIES: dict[str, tuple[Callable[..., Policy], type | None]] = {
     ReplanPolicy.name: (ReplanPolicy, None),
     DegradePolicy.name: (DegradePolicy, None),
     RebalancePolicy.name: (RebalancePolicy, None),
+    ShrinkPolicy.name: (ShrinkPolicy, None),
     SkiRentalPolicy.name: (SkiRentalPolicy, SkiRentalConfig),
 }
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

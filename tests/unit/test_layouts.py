@@ -354,3 +354,17 @@ def test_on_a_hard_failure_eta_shrinks_and_the_baselines_drop_the_replica():
     assert make_policy("eta").decide(ctx).action is OptionKind.SHRINK
     assert make_policy("degrade").decide(ctx).action is OptionKind.DEGRADE
     assert make_policy("keep").decide(ctx).action is OptionKind.DEGRADE
+
+
+def test_policy_shrink_shrinks_the_slow_replica_once_per_slowdown():
+    from synapse.decision import DecisionContext, make_policy
+
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    options = tuple(options_for(running, 3, {0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}, plan=planner(2, 4)).values())
+    ctx = DecisionContext(step=50, remaining_steps=100, options=options, slowdown_detected=True,
+                          consecutive_detections=1)
+    decision = make_policy("shrink").decide(ctx)
+    assert decision.action is OptionKind.SHRINK and 3 not in decision.chosen.placement.devices
+    again = DecisionContext(step=60, remaining_steps=90, options=options, slowdown_detected=True,
+                            consecutive_detections=2, actions_in_episode=1)
+    assert make_policy("shrink").decide(again).action is OptionKind.KEEP
