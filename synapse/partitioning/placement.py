@@ -15,6 +15,8 @@ pure data parallelism. Pure: plain integers, no torch.
 """
 from __future__ import annotations
 
+import functools
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -119,15 +121,20 @@ class Placement:
 
     def first_rank(self, replica: int) -> int:
         """The global rank of ``replica``'s first stage."""
-        return sum(self.stages_in(r) for r in range(replica))
+        if not self.replica_stages:
+            return replica * len(self.teacher_counts)
+        return self._first_ranks[replica]
+
+    @functools.cached_property
+    def _first_ranks(self) -> tuple[int, ...]:  # replicas cut differently: each one's first rank
+        return (0, *accumulate(self.replica_stages))[:-1]
 
     def replica_of(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise PartitionError(f"rank {rank} is not one of this layout's {self.world_size} ranks")
-        replica = 0
-        while rank >= self.first_rank(replica) + self.stages_in(replica):
-            replica += 1
-        return replica
+        if not self.replica_stages:
+            return rank // len(self.teacher_counts)
+        return bisect_right(self._first_ranks, rank) - 1
 
     def stage_of(self, rank: int) -> int:
         return rank - self.first_rank(self.replica_of(rank))
@@ -192,9 +199,10 @@ class Placement:
         where a replica is cut differently); None for one pipeline."""
         if self.replicas == 1:
             return None
-        ranks = range(self.world_size)
-        work = [(self.teacher_range(rank), self.student_range(rank)) for rank in ranks]
-        return [[peer for peer in ranks if work[peer] == work[rank]] for rank in ranks]
+        by_work: dict[tuple[range, range], list[int]] = {}
+        for rank in range(self.world_size):  # ranks in order: each list in replica order
+            by_work.setdefault((self.teacher_range(rank), self.student_range(rank)), []).append(rank)
+        return [by_work[(self.teacher_range(rank), self.student_range(rank))] for rank in range(self.world_size)]
 
     def student_groups(self) -> list[tuple[tuple[int, ...], range]]:
         """The student's blocks by the ranks that own them: (owners, blocks) for each run of blocks that
