@@ -1,12 +1,14 @@
 # python experiments/bench_policies.py [--policies eta,keep,replan,degrade,ski_rental] [--factor 4] [--start 50] [--repeats 3]  # noqa: E501 (a command to copy)
 # Replicas (issue #34): python experiments/bench_policies.py --replicas 4 --slow-rank 3 --policies eta,keep,degrade,rebalance --repeats 3 --out experiments/results/bench_policies_replicas_cpu.json  # noqa: E501
+# A replica that can shrink: python experiments/bench_policies.py --replicas 2 --devices 4 --microbatches 2 --slow-rank 3 --policies eta,keep,degrade,rebalance,shrink --repeats 3 --out experiments/results/bench_policies_shrink_cpu.json  # noqa: E501
 """Which policy finishes first? One fixed CPU scenario, full runs per policy, side by side.
 
 Scenario: the default demo's models and data on 3 CPU ranks (partition=auto), and a strong,
 long slowdown: rank 1's compute becomes ``--factor`` times slower from step ``--start`` to the
 end. ``--replicas R``: R replicas of the demo's pipeline instead (``--devices`` in all, default R,
-so R x 1 is data parallel; even cuts, one micro-batch each), the slowdown on ``--slow-rank``; there
-``degrade`` drops the slow rank's replica and ``rebalance`` gives it a smaller share. Every policy
+so R x 1 is data parallel; even cuts, ``--microbatches`` each, default 1), the slowdown on
+``--slow-rank``; there ``degrade`` drops the slow rank's replica, ``rebalance`` gives it a smaller share
+and ``shrink`` re-cuts its replica without it (K > 1). Every policy
 sees exactly the same fault; total wall time is the supervisor's (first
 launch to the end, restarts included). Targets (issue #6): eta within 5% of the best other
 policy, and at least 20% faster than keep. Also reported: the decisions, and per restart the
@@ -59,12 +61,13 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1, help="R replicas of the pipeline (1: the demo's one)")
     parser.add_argument("--devices", type=int, default=None, help="CPU ranks in all (default: 3, or R)")
     parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--microbatches", type=int, default=1, help="with --replicas: micro-batches per step")
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "bench_policies_cpu.json")
     args = parser.parse_args()
     policies = args.policies.split(",")
     devices = args.devices or (args.replicas if args.replicas > 1 else 3)
     layout = (f"trainer.devices={devices}", f"trainer.replicas={args.replicas}", "partition=even",
-              "pipeline.microbatches=1") if args.replicas > 1 else ()
+              f"pipeline.microbatches={args.microbatches}") if args.replicas > 1 else ()
     load_before = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

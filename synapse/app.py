@@ -182,14 +182,15 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
     plan, planner = plan_run(cfg, info, stage_devices(cfg), run_dir, log)  # fails before any process starts
     partition, microbatches = plan.placement, plan.microbatches
-    k, failover = partition.num_stages, cfg.failover.enabled
+    k, failover = partition.stages_in(0), cfg.failover.enabled
     weights = teacher_weights(cfg, run_dir, log)
     resume_checkpoint = resolve_resume(cfg.resume, run_dir, log)
     PARTITION.path(run_dir).write_text(json.dumps(partition.to_dict(), indent=1))
     replicated = f"{partition.replicas} replicas x " if partition.replicas > 1 else ""
+    if partition.replica_stages:  # replicas cut differently: the counts list every replica's stages
+        replicated = f"{partition.replicas} replicas of {list(partition.replica_stages)} stages; replica 0: "
     if partition.replicas > 1 and cfg.pipeline.cuda_graphs and resolve_accelerator(cfg.trainer) == "cuda":
-        log("pipeline.cuda_graphs: the stages run eagerly with replicas (a replayed backward bypasses the "
-            "hooks DDP averages gradients with)")
+        log("pipeline.cuda_graphs: the stages run eagerly with replicas (not measured with graphs yet)")
     log(f"pipeline: {replicated}{k} stage{'' if k == 1 else 's'}, teacher blocks per stage "
         f"{list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "

@@ -191,7 +191,9 @@ def plan_run(cfg: SynapseConfig, info, devices: list[int], run_dir: Path, log: C
     replicas = fixed_replicas(cfg.trainer)
     if replicas is None:  # trainer.replicas=auto (validation: only with partition=auto)
         return choose_layout_for(cfg, info, devices, run_dir, log)
-    pipeline_devices = devices[:len(devices) // replicas]  # replica 0's; every replica is cut the same way
+    # replica 0's devices; every replica is cut the same way unless partition.replica_stages says otherwise
+    pipeline_devices = devices[:cfg.partition.replica_stages[0] if cfg.partition.replica_stages
+                               else len(devices) // replicas]
     microbatches = (choose_microbatches_for(cfg, info, pipeline_devices, run_dir, log, replicas)
                     if cfg.pipeline.microbatches == "auto" else int(cfg.pipeline.microbatches))
     planner = (build_stage_planner(cfg, info, microbatches, log, replicas)
@@ -201,10 +203,28 @@ def plan_run(cfg: SynapseConfig, info, devices: list[int], run_dir: Path, log: C
                                      replicas)
         pipeline.check_block_counts(count_blocks(cfg.teacher.name, info.num_classes, info.in_chans, info.image_size),
                                     count_blocks(cfg.student.name, info.num_classes, info.in_chans, info.image_size))
+    elif cfg.partition.replica_stages:
+        return RunPlan(replicas_cut_apart(cfg, info, devices, microbatches), microbatches), planner
     else:
         pipeline = placement_for_config(cfg.partition, cfg.teacher, cfg.student, pipeline_devices, info)
     return RunPlan(replicated(pipeline, devices, replicas, cfg.trainer.replica_shares, cfg.data.batch_size,
                               microbatches), microbatches), planner
+
+
+def replicas_cut_apart(cfg: SynapseConfig, info, devices: Sequence[int], microbatches: int) -> Placement:
+    """partition.replica_stages: each replica's pipeline on its next K_r devices, cut as the config says
+    (even, or its slice of partition.teacher/student), with its share of the batch."""
+    stages = list(cfg.partition.replica_stages or ())
+    pipelines, start = [], 0
+    for k in stages:
+        part = cfg.partition
+        if part.mode == "manual":
+            part = dataclasses.replace(part, teacher=tuple(part.teacher or ())[start:start + k],
+                                       student=tuple(part.student or ())[start:start + k])
+        pipelines.append(placement_for_config(part, cfg.teacher, cfg.student, devices[start:start + k], info))
+        start += k
+    layout = Placement.of_pipelines(pipelines, tuple(cfg.trainer.replica_shares or ()))
+    return layout.with_shares(layout.share_sizes(cfg.data.batch_size, microbatches)) if len(stages) > 1 else layout
 
 
 def choose_layout_for(cfg: SynapseConfig, info, devices: list[int], run_dir: Path,

@@ -335,7 +335,7 @@ class OnlineCalibration:
     def begin(self, placement: Placement, slowdowns: Sequence[float]) -> None:
         """A new placement runs; ``slowdowns``: each stage's device alpha as known now (divided out)."""
         # Replicas repeat replica 0's blocks: its pipeline is the one measured (``observe`` gets its ranks).
-        k = placement.num_stages
+        k = placement.stages_in(0)
         predicted = self.planner.layout_cost(placement).compute_s[:k]
         self._window = CalibrationWindow(placement.pipeline(0), predicted, list(slowdowns)[:k], *self.window_steps)
 

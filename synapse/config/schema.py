@@ -156,6 +156,7 @@ class PolicyName(Choice):
     replan = "replan"
     degrade = "degrade"
     rebalance = "rebalance"
+    shrink = "shrink"
     ski_rental = "ski_rental"
 
 
@@ -229,7 +230,7 @@ class TrainerConfig:
     nodes: int = 1  # machines taking part; each runs train.py with the same config
     # Data-parallel replicas of the pipeline: the run's devices (all nodes, in order) form an R x K mesh,
     # replica r's stage s on device r*K + s; each replica trains on its share of the global batch and
-    # the student's gradients are averaged across replicas (DDP). 1: one pipeline over every device.
+    # the student's gradients are averaged across replicas (synapse.pipeline.replicas). 1: one pipeline.
     # auto: partition=auto chooses R with the cuts and micro-batches (synapse.partitioning.layout).
     replicas: int | str = 1
     # Images of each step's global batch per replica (a multiple of the micro-batch count each, summing
@@ -311,6 +312,10 @@ class PartitionConfig:
     mode: PartitionMode = PartitionMode.even
     teacher: tuple[int, ...] | None = None  # blocks per stage, for mode=manual
     student: tuple[int, ...] | None = None
+    # Replicas cut differently (trainer.replicas > 1, mode even or manual): each replica's stage count, e.g.
+    # [2, 1] on 3 devices (replica 0 a pipeline of 2, replica 1 one device); partition.teacher/student then
+    # list every replica's stages, replica after replica. None: every replica cut alike (devices / replicas).
+    replica_stages: tuple[int, ...] | None = None
     # mode=auto: relative device speeds (1.0 = as profiled; e.g. [1, 1, 3] for a slowed device),
     # link bandwidth between neighbours (None: communication not modelled), profiling effort.
     alphas: tuple[float, ...] | None = None

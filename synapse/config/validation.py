@@ -95,19 +95,35 @@ def validate_block_counts(cfg: DictConfig) -> None:
     from synapse.partitioning import even_counts
 
     info = dataset_info(cfg.data.name, **data_kwargs(cfg.data, cfg.seed))
-    k = num_stages(cfg.trainer)
-    if k is None:
+    stages = replica_stage_counts(cfg)
+    if stages is None:
         return  # trainer.replicas=auto: the planner considers only stage counts the models allow
     for role in ("teacher", "student"):
         name = cfg[role].name
         blocks = count_blocks(name, info.num_classes, info.in_chans, info.image_size)
+        k = max(stages)
         if k > blocks:
             fail("trainer.devices", f"{k} pipeline stages but the {role} {name} has only {blocks} blocks "
                   f"(every stage holds at least one)", f"use at most {blocks} devices, or a deeper {role}")
-        counts = cfg.partition[role]
-        if cfg.partition.mode == "manual" and sum(counts) != blocks:
-            fail(f"partition.{role}", f"{list(counts)} covers {sum(counts)} blocks but the {role} {name} has "
-                  f"{blocks}", f"make the counts sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
+        if cfg.partition.mode != "manual":
+            continue
+        counts = list(cfg.partition[role])
+        start = 0
+        for k in stages if cfg.partition.replica_stages else stages[:1]:  # alike: one replica's counts
+            cut = counts[start:start + k]
+            start += k
+            if sum(cut) != blocks:
+                fail(f"partition.{role}", f"{cut} covers {sum(cut)} blocks but the {role} {name} has {blocks}",
+                     f"make each replica's counts sum to {blocks}, e.g. {list(even_counts(blocks, k))}")
+
+
+def replica_stage_counts(cfg: DictConfig) -> list[int] | None:
+    """Each replica's stage count (partition.replica_stages, or devices / replicas for all); None while
+    trainer.replicas=auto."""
+    if cfg.partition.replica_stages:
+        return [int(k) for k in cfg.partition.replica_stages]
+    k = num_stages(cfg.trainer)
+    return None if k is None else [k] * int(cfg.trainer.replicas)
 
 
 def validate_single_sample_batch_norm(cfg: DictConfig) -> None:
@@ -235,7 +251,7 @@ def validate_failover(cfg: DictConfig) -> None:
         make_policy(str(cfg.policy.name), **_plain(cfg.policy.params))
     except PolicyConfigError as exc:
         fail("policy", str(exc),
-             "choose policy=eta|keep|replan|degrade|rebalance|ski_rental with its documented params")
+             "choose policy=eta|keep|replan|degrade|rebalance|shrink|ski_rental with its documented params")
     for i, drill in enumerate(failover.drills):
         for key in ("step", "action"):
             if OmegaConf.is_missing(drill, key):
@@ -530,7 +546,15 @@ def _validate_replicas(cfg: DictConfig, ranks: int | None = None) -> None:
         fail("trainer.replicas", f"{replicas!r} is neither a count nor 'auto'",
              "give a count of replicas (1: one pipeline) or auto with partition=auto")
     positive("trainer.replicas", replicas)
-    if ranks % replicas:
+    stages = cfg.partition.replica_stages
+    if stages is not None:
+        if cfg.partition.mode == "auto":
+            fail("partition.replica_stages", "replicas cut differently are given, not planned",
+                 "use partition=even or partition=manual with partition.replica_stages, or leave it unset")
+        if len(stages) != replicas or min(stages) < 1 or sum(stages) != ranks:
+            fail("partition.replica_stages", f"{list(stages)} must give each of {replicas} replicas at least one "
+                 f"stage, the run's {ranks} devices in all", f"list {replicas} stage counts summing to {ranks}")
+    elif ranks % replicas:
         divisors = [r for r in range(1, ranks + 1) if ranks % r == 0]
         fail("trainer.replicas", f"{replicas} replicas do not divide the run's {ranks} devices into equal pipelines "
               f"(a mesh of replicas x stages)", f"use one of {divisors}, or {replicas * -(-ranks // replicas)} devices")
@@ -582,8 +606,11 @@ def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
         if counts is None:
             fail(f"partition.{key}", "partition.mode=manual needs blocks per stage",
                   f"set partition.{key}=[n_0,...,n_{k - 1}] or use partition=even")
+        if part.replica_stages:
+            k = ranks  # every replica's stages, replica after replica
         if len(counts) != k:
-            per = "" if fixed_replicas(cfg.trainer) == 1 else f" per replica ({cfg.trainer.replicas} replicas)"
+            per = "" if fixed_replicas(cfg.trainer) == 1 or part.replica_stages else \
+                f" per replica ({cfg.trainer.replicas} replicas)"
             fail(f"partition.{key}", f"{len(counts)} stages given for {k} devices{per}",
                  f"give exactly {k} block counts")
         if min(counts) < 1:

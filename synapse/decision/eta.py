@@ -25,6 +25,9 @@ With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and
             (the global batch unchanged): shares by speed, then moved a micro-batch's worth at a time
             while the planner, pricing each share at its own micro-batch, says the step gets shorter.
 * REPLACE   the bad device swapped for a spare.
+* SHRINK    the replica that holds the bad device re-cut over its survivors (K - 1 stages there), with the
+            share at which the replicas finish a step together (the REBALANCE search); the others keep
+            their cuts. Replicas then differ in stage count (``Placement.replica_stages``).
 
 Calibration: the planner's cost model is never exact. Its compute per block is
 corrected where it matters for the cuts, per block, by the measured stages
@@ -68,6 +71,7 @@ class OptionKind(str, Enum):
     DEGRADE = "degrade"
     REPLACE = "replace"
     REBALANCE = "rebalance"  # replicas: the same devices and cuts, the batch shared out by speed
+    SHRINK = "shrink"  # replicas: the bad device's replica re-cut over its survivors, its share rebalanced
 
     @classmethod
     def parse(cls, value: OptionKind | str) -> OptionKind:
@@ -78,7 +82,10 @@ class OptionKind(str, Enum):
             raise EtaModelError(f"unknown option kind {value!r}; valid kinds: {valid}") from None
 
 
-RESTARTING_KINDS = (OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE, OptionKind.REBALANCE)
+RESTARTING_KINDS = (OptionKind.REPLAN, OptionKind.DEGRADE, OptionKind.REPLACE, OptionKind.REBALANCE,
+                    OptionKind.SHRINK)
+# Options that leave a device out, so that they survive its loss.
+WITHOUT_A_DEVICE = (OptionKind.DEGRADE, OptionKind.REPLACE, OptionKind.SHRINK)
 
 
 def check_seconds(name: str, value: float) -> float:
@@ -177,6 +184,7 @@ class Option:
             "devices": list(self.devices),
             "teacher_counts": list(self.teacher_counts),
             "student_counts": list(self.student_counts),
+            **({"replica_stages": list(self.placement.replica_stages)} if self.placement.replica_stages else {}),
             "predicted_step_s": self.predicted_step_s,
             "restart_cost_s": self.restart_cost_s,
             "inputs": dict(self.inputs),
@@ -248,9 +256,10 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
                     bad_device: DeviceId | None, pricer: LayoutPricer, restart_costs: Mapping[OptionKind, float],
                     spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = (),
                     excluded: Collection[OptionKind] = ()) -> list[Option]:
-    """The options of an R x K layout (R > 1): KEEP, REPLAN, DEGRADE (drop a replica), REBALANCE and
-    REPLACE, each priced by the planner's ``layout_cost`` at the current alphas (x the calibration).
-    ``excluded``: kinds not to offer (one that fell short of its prediction in this slowdown)."""
+    """The options of a layout of R > 1 replicas: KEEP, REPLAN, DEGRADE (drop a replica), SHRINK (re-cut
+    a replica over its survivors), REBALANCE and REPLACE, each priced by the planner's ``layout_cost`` at
+    the current alphas (x the calibration). ``excluded``: kinds not to offer (one that fell short of its
+    prediction in this slowdown)."""
     running = current.placement
     running_alphas = {d: _alpha_of(alphas, d, required=True) for d in running.devices}
     bad = _resolve_bad_device(running.devices, running_alphas, bad_device)
@@ -258,12 +267,7 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
     batch = sum(running.shares) if running.shares else None
     microbatches = int(pricer.step.microbatches)
     candidates: list[tuple[OptionKind, Placement, dict[str, Any]]] = []
-    k = running.num_stages
-    worst = [max(running_alphas[running.replica_devices(r)[stage]] for r in range(running.replicas))
-             for stage in range(k)]
-    teacher, student, _ = pricer.plan(running.replica_devices(0), tuple(worst), betas)
-    candidates.append((OptionKind.REPLAN, Placement(running.devices, tuple(teacher), tuple(student),
-                                                    running.replicas, running.shares), {}))
+    candidates.append((OptionKind.REPLAN, _replanned(running, running_alphas, pricer, betas), {}))
     gone = {running.replica_of(running.devices.index(d)) for d in (bad, *lost_devices) if d in running.devices}
     if batch is not None and len(gone) < running.replicas:
         survivors = running
@@ -272,9 +276,15 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
         candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, "dropped_replicas": sorted(gone),
                                                            "dropped_devices": [d for d in running.devices
                                                                                if d not in survivors.devices]}))
+    if batch is not None:  # every replica that lost a device keeps its survivors (None if one has none)
+        shrunk = _shrunk(running, gone, {bad, *lost_devices}, pricer, alphas, betas, batch, microbatches)
+        if shrunk is not None:
+            candidates.append((OptionKind.SHRINK, shrunk, {
+                "dropped_device": bad, "shrunk_replicas": sorted(gone), "shares": list(shrunk.shares),
+                "dropped_devices": [d for d in running.devices if d not in shrunk.devices]}))
     if batch is not None and not lost_devices and OptionKind.REBALANCE not in excluded:
-        rebalanced = _rebalanced(running, pricer, alphas, betas, batch, microbatches)
-        if rebalanced is not None:
+        rebalanced = _finish_together(running, pricer, alphas, betas, batch, microbatches)
+        if rebalanced.shares != running.shares:
             candidates.append((OptionKind.REBALANCE, rebalanced, {"shares": list(rebalanced.shares)}))
     if spares and not lost_devices:
         spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
@@ -293,9 +303,38 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
     return options
 
 
-def _rebalanced(running: Placement, pricer: LayoutPricer, alphas: Mapping[DeviceId, float], betas: Any,
-                batch: int, microbatches: int) -> Placement | None:
-    """The shares that finish a step soonest on the same devices; None when that changes nothing.
+def _replanned(running: Placement, alphas: Mapping[DeviceId, float], pricer: LayoutPricer, betas: Any) -> Placement:
+    """REPLAN: replicas cut alike are re-cut alike, for the slowest device of each stage across replicas
+    (they finish a step together); replicas cut differently are each re-cut on their own devices."""
+    if not running.cut_alike:
+        pipelines = [Placement(p.devices, *pricer.plan(p.devices, tuple(alphas[d] for d in p.devices), betas)[:2])
+                     for p in running.pipelines()]
+        return Placement.of_pipelines(pipelines, running.shares)
+    k = running.num_stages
+    worst = [max(alphas[running.replica_devices(r)[stage]] for r in range(running.replicas)) for stage in range(k)]
+    teacher, student, _ = pricer.plan(running.replica_devices(0), tuple(worst), betas)
+    return Placement(running.devices, tuple(teacher), tuple(student), running.replicas, running.shares)
+
+
+def _shrunk(running: Placement, replicas: Collection[int], lost: Collection[DeviceId], pricer: LayoutPricer,
+            alphas: Mapping[DeviceId, float], betas: Any, batch: int, microbatches: int) -> Placement | None:
+    """SHRINK: each of ``replicas`` re-cut over its devices not in ``lost`` (the planner's best cut of
+    them at their alphas), then the shares at which all replicas finish a step together; None when one of
+    them has no device left (DEGRADE drops it) or a pipeline of the survivors cannot be planned."""
+    shrunk = running
+    for replica in sorted(replicas):
+        survivors = tuple(d for d in running.replica_devices(replica) if d not in lost)
+        if not survivors:
+            return None
+        teacher, student, _ = pricer.plan(survivors, tuple(_alpha_of(alphas, d, required=True) for d in survivors),
+                                          betas)
+        shrunk = shrunk.with_replica(replica, Placement(survivors, tuple(teacher), tuple(student)))
+    return _finish_together(shrunk, pricer, alphas, betas, batch, microbatches)
+
+
+def _finish_together(running: Placement, pricer: LayoutPricer, alphas: Mapping[DeviceId, float], betas: Any,
+                     batch: int, microbatches: int) -> Placement:
+    """The shares that finish a step soonest on the same devices and cuts.
 
     First each replica's share in proportion to its speed now (images per second at its current share).
     That assumes a replica's time follows its share, which per-call costs do not (the planner prices a
@@ -322,7 +361,7 @@ def _rebalanced(running: Placement, pricer: LayoutPricer, alphas: Mapping[Device
         if trial_step.step_time_s >= best_step.step_time_s:
             break
         best, best_step = trial, trial_step
-    return None if best.shares == running.shares else best
+    return best
 
 
 def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:

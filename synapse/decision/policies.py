@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from synapse.decision.eta import DeviceId, Option, OptionKind
+from synapse.decision.eta import WITHOUT_A_DEVICE, DeviceId, Option, OptionKind
 
 
 class PolicyError(ValueError):
@@ -217,14 +217,11 @@ class Policy(ABC):
 
     @staticmethod
     def _survivors(ctx: DecisionContext) -> list[Option]:
-        """After a hard failure, the only choices: DEGRADE / REPLACE options without the failed device."""
-        survivors = [
-            o for o in ctx.options
-            if o.kind in (OptionKind.DEGRADE, OptionKind.REPLACE) and ctx.failed_device not in o.devices
-        ]
+        """After a hard failure, the only choices: DEGRADE / REPLACE / SHRINK options without the failed device."""
+        survivors = [o for o in ctx.options if o.kind in WITHOUT_A_DEVICE and ctx.failed_device not in o.devices]
         if not survivors:
             raise NoViableOptionError(
-                f"device {ctx.failed_device} failed and no DEGRADE/REPLACE option avoids it "
+                f"device {ctx.failed_device} failed and no DEGRADE/REPLACE/SHRINK option avoids it "
                 f"(options: {[(o.kind.value, o.devices) for o in ctx.options]}); build the options with "
                 "bad_device=<the failed device>, and with K = 1 configure a spare device"
             )
@@ -266,6 +263,17 @@ class RebalancePolicy(Policy):
 
     def _on_running(self, ctx: DecisionContext) -> Decision:
         return self._act_once(ctx, OptionKind.REBALANCE)
+
+
+class ShrinkPolicy(Policy):
+    """Baseline for replicas: re-cut the slow device's replica without it, on its other devices with a
+    share that finishes with the others, as soon as a slowdown is detected (once per slowdown); KEEP
+    where no replica can shrink (one pipeline, or replicas of one device)."""
+
+    name = "shrink"
+
+    def _on_running(self, ctx: DecisionContext) -> Decision:
+        return self._act_once(ctx, OptionKind.SHRINK)
 
 
 @dataclass(frozen=True)
@@ -318,7 +326,7 @@ class SkiRentalPolicy(Policy):
 
 # Among options with equal ETA, prefer the least disruptive.
 _DISRUPTION_ORDER = (OptionKind.KEEP, OptionKind.REBALANCE, OptionKind.REPLAN, OptionKind.REPLACE,
-                     OptionKind.DEGRADE)
+                     OptionKind.SHRINK, OptionKind.DEGRADE)
 
 
 def _by_eta(ctx: DecisionContext, options: Sequence[Option]) -> Option:
@@ -425,6 +433,7 @@ _POLICIES: dict[str, tuple[Callable[..., Policy], type | None]] = {
     ReplanPolicy.name: (ReplanPolicy, None),
     DegradePolicy.name: (DegradePolicy, None),
     RebalancePolicy.name: (RebalancePolicy, None),
+    ShrinkPolicy.name: (ShrinkPolicy, None),
     SkiRentalPolicy.name: (SkiRentalPolicy, SkiRentalConfig),
 }
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

@@ -152,7 +152,7 @@ class FailoverController:
         follow, and the estimator's ratios are re-expressed against them (its alphas measure the
         device, not the profile: one error, counted once)."""
         flagged = {d.rank for d in self.detector.active if d.kind == COMPUTE}
-        k = self.running_placement.num_stages  # replica 0's pipeline teaches the blocks (the others repeat it)
+        k = self.running_placement.stages_in(0)  # replica 0's pipeline teaches the blocks (the others repeat it)
         measured = self.calibration.observe(timing.compute_s[:k], [r in flagged for r in range(k)])
         if not measured:
             return
@@ -485,4 +485,4 @@ class FailoverController:
             saved = state["placement"]  # vars() of a Placement; states saved before layouts lack replicas
             self.begin_segment(Placement(tuple(saved["devices"]), tuple(saved["teacher_counts"]),
                                          tuple(saved["student_counts"]), int(saved.get("replicas", 1)),
-                                         tuple(saved.get("shares", ()))))
+                                         tuple(saved.get("shares", ())), tuple(saved.get("replica_stages", ()))))

@@ -140,6 +140,8 @@ class Segment:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
         layout = {"replicas": self.placement.replicas, "shares": list(self.placement.shares)} \
             if self.placement.replicas > 1 else {}
+        if self.placement.replica_stages:  # replicas cut differently: the counts list every replica's stages
+            layout["replica_stages"] = list(self.placement.replica_stages)
         return {**record, "devices": self.devices, "teacher_counts": self.teacher_counts,
                 "student_counts": self.student_counts, **layout}
 
@@ -148,7 +150,7 @@ class Segment:
         data = dict(data)
         placement = Placement(tuple(data.pop("devices")), tuple(data.pop("teacher_counts")),
                               tuple(data.pop("student_counts")), int(data.pop("replicas", 1)),
-                              tuple(data.pop("shares", ())))
+                              tuple(data.pop("shares", ())), tuple(data.pop("replica_stages", ())))
         return cls(placement=placement, **data)
 
 
@@ -238,6 +240,7 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
     return {**settings, **segment_node_settings(topology, spec.devices, cfg.trainer.rdzv_endpoint),
             "partition.mode": "manual", "partition.teacher": spec.teacher_counts,
             "partition.student": spec.student_counts, "partition.alphas": None,
+            "partition.replica_stages": list(spec.placement.replica_stages) or None,
             "trainer.replicas": spec.placement.replicas,
             "trainer.replica_shares": list(spec.placement.shares) if spec.placement.replicas > 1 else None,
             "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),

@@ -15,8 +15,10 @@ pure data parallelism. Pure: plain integers, no torch.
 """
 from __future__ import annotations
 
+import functools
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Any
 
@@ -31,13 +33,16 @@ class PartitionError(ValueError):
 @dataclass(frozen=True)
 class Placement:
     devices: tuple[int, ...]  # one per rank, replica-major
-    teacher_counts: tuple[int, ...]  # blocks per stage
+    # Blocks per stage: one replica's K stages when every replica is cut alike; every replica's stages,
+    # replica after replica, when ``replica_stages`` says how many each has (replicas cut differently).
+    teacher_counts: tuple[int, ...]
     student_counts: tuple[int, ...]
     replicas: int = 1
     shares: tuple[int, ...] = ()  # images of each step's global batch per replica; () = equal shares
+    replica_stages: tuple[int, ...] = ()  # K_r per replica when the replicas' cuts differ; () = all alike
 
     def __post_init__(self) -> None:
-        for name in ("devices", "teacher_counts", "student_counts", "shares"):
+        for name in ("devices", "teacher_counts", "student_counts", "shares", "replica_stages"):
             object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
         object.__setattr__(self, "replicas", int(self.replicas))
         if len(self.teacher_counts) != len(self.student_counts):
@@ -49,7 +54,9 @@ class Placement:
                                      f"make every count >= 1 (or use fewer devices)")
         if self.replicas < 1:
             raise PartitionError(f"trainer.replicas={self.replicas}: a run needs at least one replica")
-        if len(self.devices) != self.replicas * len(self.teacher_counts):
+        if self.replica_stages:
+            self._check_replica_stages()
+        elif len(self.devices) != self.replicas * len(self.teacher_counts):
             if self.replicas == 1:
                 raise PartitionError(f"the partition has {len(self.teacher_counts)} stages for {len(self.devices)} "
                                      f"devices {list(self.devices)}; give one block count per device")
@@ -61,29 +68,103 @@ class Placement:
             raise PartitionError(f"shares {list(self.shares)}: give one positive image count per replica "
                                  f"({self.replicas})")
 
+    def _check_replica_stages(self) -> None:
+        """Cuts per replica: one stage count per replica, every stage a device and a count; the same cut
+        on every replica is written the one way (``replica_stages`` empty), so equal layouts compare equal."""
+        stages = self.replica_stages
+        if len(stages) != self.replicas or min(stages) < 1:
+            raise PartitionError(f"partition.replica_stages={list(stages)}: give one stage count (>= 1) per replica "
+                                 f"({self.replicas})")
+        if len(self.teacher_counts) != sum(stages) or len(self.devices) != sum(stages):
+            raise PartitionError(f"replicas of {list(stages)} stages need {sum(stages)} devices and {sum(stages)} "
+                                 f"block counts for each model (replica after replica), got {len(self.devices)} "
+                                 f"devices and {len(self.teacher_counts)} counts")
+        cuts = {self.replica_cut(r) for r in range(self.replicas)}
+        if len(cuts) == 1:
+            teacher, student = cuts.pop()
+            object.__setattr__(self, "teacher_counts", teacher)
+            object.__setattr__(self, "student_counts", student)
+            object.__setattr__(self, "replica_stages", ())
+
+    @classmethod
+    def of_pipelines(cls, pipelines: Sequence[Placement], shares: Sequence[int] = ()) -> Placement:
+        """Replicas, each one pipeline (its devices and cut) in order: a layout whose replicas may be cut
+        differently."""
+        if len(pipelines) == 1:
+            return pipelines[0]
+        return cls(tuple(d for p in pipelines for d in p.devices),
+                   tuple(c for p in pipelines for c in p.teacher_counts),
+                   tuple(c for p in pipelines for c in p.student_counts), len(pipelines), tuple(shares),
+                   tuple(len(p.devices) for p in pipelines))
+
+    @property
+    def cut_alike(self) -> bool:
+        """Whether every replica is cut the same way (a R x K mesh)."""
+        return not self.replica_stages
+
     @property
     def num_stages(self) -> int:
+        """K of an R x K mesh; replicas cut differently have no one K (ask ``stages_in`` or by rank)."""
+        if self.replica_stages:
+            raise PartitionError(f"replicas of {list(self.replica_stages)} stages have no one stage count; "
+                                 f"ask stages_in(replica) or by rank")
         return len(self.teacher_counts)
 
     @property
     def world_size(self) -> int:
-        """Ranks in a launch of this placement: R x K."""
+        """Ranks in a launch of this placement: the sum of every replica's stages."""
         return len(self.devices)
 
-    def stage_of(self, rank: int) -> int:
-        return rank % self.num_stages
+    def stages_in(self, replica: int) -> int:
+        """K_r: the stages of ``replica``'s pipeline."""
+        return self.replica_stages[replica] if self.replica_stages else len(self.teacher_counts)
+
+    def first_rank(self, replica: int) -> int:
+        """The global rank of ``replica``'s first stage."""
+        if not self.replica_stages:
+            return replica * len(self.teacher_counts)
+        return self._first_ranks[replica]
+
+    @functools.cached_property
+    def _first_ranks(self) -> tuple[int, ...]:  # replicas cut differently: each one's first rank
+        return (0, *accumulate(self.replica_stages))[:-1]
 
     def replica_of(self, rank: int) -> int:
-        return rank // self.num_stages
+        if not 0 <= rank < self.world_size:
+            raise PartitionError(f"rank {rank} is not one of this layout's {self.world_size} ranks")
+        if not self.replica_stages:
+            return rank // len(self.teacher_counts)
+        return bisect_right(self._first_ranks, rank) - 1
+
+    def stage_of(self, rank: int) -> int:
+        return rank - self.first_rank(self.replica_of(rank))
+
+    def stages_of_rank(self, rank: int) -> int:
+        """K of the pipeline ``rank`` belongs to."""
+        return self.stages_in(self.replica_of(rank))
+
+    def replica_ranks(self, replica: int) -> range:
+        first = self.first_rank(replica)
+        return range(first, first + self.stages_in(replica))
 
     def replica_devices(self, replica: int) -> tuple[int, ...]:
-        """The K devices of one replica's pipeline, stage by stage."""
-        k = self.num_stages
-        return self.devices[replica * k:(replica + 1) * k]
+        """The devices of one replica's pipeline, stage by stage."""
+        ranks = self.replica_ranks(replica)
+        return self.devices[ranks.start:ranks.stop]
+
+    def replica_cut(self, replica: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(teacher, student) block counts per stage of ``replica``'s pipeline."""
+        if not self.replica_stages:
+            return self.teacher_counts, self.student_counts
+        ranks = self.replica_ranks(replica)
+        return self.teacher_counts[ranks.start:ranks.stop], self.student_counts[ranks.start:ranks.stop]
 
     def pipeline(self, replica: int = 0) -> Placement:
         """One replica's pipeline as a placement of its own (R = 1)."""
-        return Placement(self.replica_devices(replica), self.teacher_counts, self.student_counts)
+        return Placement(self.replica_devices(replica), *self.replica_cut(replica))
+
+    def pipelines(self) -> list[Placement]:
+        return [self.pipeline(r) for r in range(self.replicas)]
 
     def share_sizes(self, batch: int, microbatches: int) -> tuple[int, ...]:
         """Images of each replica per step; raises when ``batch`` cannot be shared out so that every
@@ -104,59 +185,90 @@ class Placement:
         bounds = [0, *accumulate(self.share_sizes(batch, microbatches))]
         return range(bounds[replica], bounds[replica + 1])
 
+    def with_shares(self, shares: Sequence[int]) -> Placement:
+        return replace(self, shares=tuple(shares))
+
     def shared_by_speed(self, replica_step_s: Sequence[float], batch: int, microbatches: int) -> Placement:
         """The same layout with shares in proportion to each replica's speed (its share over its step
         time, ``replica_step_s``), so that the replicas finish a step together."""
         speeds = [share / step for share, step in zip(self.share_sizes(batch, microbatches), replica_step_s)]
-        return Placement(self.devices, self.teacher_counts, self.student_counts, self.replicas,
-                         shares_for_speeds(speeds, batch, microbatches))
+        return self.with_shares(shares_for_speeds(speeds, batch, microbatches))
 
     def stage_peers(self) -> list[list[int]] | None:
-        """Per rank, the ranks that run its stage (one per replica, itself included); None for one pipeline."""
+        """Per rank, the ranks that run the same blocks (itself included: one per replica cut alike, fewer
+        where a replica is cut differently); None for one pipeline."""
         if self.replicas == 1:
             return None
-        k = self.num_stages
-        return [[r * k + self.stage_of(rank) for r in range(self.replicas)] for rank in range(self.world_size)]
+        by_work: dict[tuple[range, range], list[int]] = {}
+        for rank in range(self.world_size):  # ranks in order: each list in replica order
+            by_work.setdefault((self.teacher_range(rank), self.student_range(rank)), []).append(rank)
+        return [by_work[(self.teacher_range(rank), self.student_range(rank))] for rank in range(self.world_size)]
+
+    def student_groups(self) -> list[tuple[tuple[int, ...], range]]:
+        """The student's blocks by the ranks that own them: (owners, blocks) for each run of blocks that
+        the same ranks (one per replica) hold, in block order. Every rank meets its groups in this order,
+        so collectives over them never wait on each other crosswise."""
+        blocks = sum(self.replica_cut(0)[1])
+        owners = [tuple(self.first_rank(r) + _stage_holding(self.replica_cut(r)[1], b) for r in range(self.replicas))
+                  for b in range(blocks)]
+        groups: list[tuple[tuple[int, ...], range]] = []
+        for block, ranks in enumerate(owners):
+            if groups and groups[-1][0] == ranks:
+                groups[-1] = (ranks, range(groups[-1][1].start, block + 1))
+            else:
+                groups.append((ranks, range(block, block + 1)))
+        return groups
 
     def without_replica(self, replica: int, batch: int, microbatches: int) -> Placement:
         """The layout after dropping one replica: the others share its images (global batch unchanged)."""
         if self.replicas == 1:
             raise PartitionError("a single pipeline has no replica to drop")
-        keep = [r for r in range(self.replicas) if r != replica]
-        devices = tuple(d for r in keep for d in self.replica_devices(r))
+        kept = [p for r, p in enumerate(self.pipelines()) if r != replica]
         left = self.replicas - 1
-        return Placement(devices, self.teacher_counts, self.student_counts, left,
-                         equal_shares(batch, left, microbatches) if left > 1 else ())
+        return Placement.of_pipelines(kept, equal_shares(batch, left, microbatches) if left > 1 else ())
 
-    def teacher_range(self, stage: int) -> range:
-        return _range(self.teacher_counts, stage)
+    def with_replica(self, replica: int, pipeline: Placement) -> Placement:
+        """The layout with ``replica``'s pipeline replaced (its devices and cut; e.g. re-cut on fewer devices)."""
+        pipelines = self.pipelines()
+        pipelines[replica] = pipeline
+        return Placement.of_pipelines(pipelines, self.shares)
 
-    def student_range(self, stage: int) -> range:
-        return _range(self.student_counts, stage)
+    def teacher_range(self, rank: int) -> range:
+        """The teacher blocks global rank ``rank`` runs (for one pipeline, rank = stage)."""
+        return _range(self.replica_cut(self.replica_of(rank))[0], self.stage_of(rank))
+
+    def student_range(self, rank: int) -> range:
+        return _range(self.replica_cut(self.replica_of(rank))[1], self.stage_of(rank))
 
     def same_split(self, other: Placement) -> bool:
         """Whether both cut the models the same way (devices aside)."""
-        return (self.teacher_counts, self.student_counts) == (other.teacher_counts, other.student_counts)
+        return (self.teacher_counts, self.student_counts, self.replica_stages) == (
+            other.teacher_counts, other.student_counts, other.replica_stages)
 
     def on(self, devices: Sequence[int]) -> Placement:
         """The same layout and split on other devices (one per rank)."""
-        return Placement(tuple(devices), self.teacher_counts, self.student_counts, self.replicas, self.shares)
+        return replace(self, devices=tuple(devices))
 
     def check_block_counts(self, teacher_blocks: int, student_blocks: int) -> None:
-        for name, counts, total in (("teacher", self.teacher_counts, teacher_blocks),
-                                    ("student", self.student_counts, student_blocks)):
-            if sum(counts) != total:
-                raise PartitionError(f"partition.{name}={list(counts)} covers {sum(counts)} blocks but the {name} "
-                                     f"model has {total}; make the counts sum to {total}")
+        for replica in range(self.replicas):
+            for name, counts, total in zip(("teacher", "student"), self.replica_cut(replica),
+                                           (teacher_blocks, student_blocks)):
+                if sum(counts) != total:
+                    which = f" (replica {replica})" if self.replica_stages else ""
+                    raise PartitionError(f"partition.{name}={list(counts)}{which} covers {sum(counts)} blocks but "
+                                         f"the {name} model has {total}; make the counts sum to {total}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Records keep today's three keys for one pipeline; a layout adds its replicas (and shares)."""
+        """Records keep today's three keys for one pipeline; a layout adds its replicas (and shares, and
+        the stages of each replica when their cuts differ)."""
         data: dict[str, Any] = {"devices": list(self.devices), "teacher": list(self.teacher_counts),
                                 "student": list(self.student_counts)}
         if self.replicas > 1:
             data["replicas"] = self.replicas
         if self.shares:
             data["shares"] = list(self.shares)
+        if self.replica_stages:
+            data["replica_stages"] = list(self.replica_stages)
         return data
 
     @classmethod
@@ -170,7 +282,12 @@ class Placement:
             raise PartitionError(f"a placement record lacks {exc}; it needs devices, teacher and student "
                                  f"block counts, got {dict(data)!r}") from None
         return cls(tuple(devices), tuple(teacher), tuple(student), int(data.get("replicas", 1)),
-                   tuple(data.get("shares", ())))
+                   tuple(data.get("shares", ())), tuple(data.get("replica_stages") or ()))
+
+
+def _stage_holding(counts: Sequence[int], block: int) -> int:
+    """Which stage of a cut holds ``block``."""
+    return next(stage for stage, end in enumerate(accumulate(counts)) if block < end)
 
 
 def _range(counts: tuple[int, ...], stage: int) -> range:

@@ -14,7 +14,6 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
@@ -166,8 +165,8 @@ class StagePlanner:
         ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's). All replicas are
         priced at once from terms kept per devices and cut (``partitioning.pipelines``), with the same
         numbers as ``layout_cost_by_replica``; factors the cost model refuses take that path, for its error."""
-        grids = self._factor_grids(placement, alphas, betas)
-        if grids is None:
+        grids = self._factor_grids(placement, alphas, betas) if placement.cut_alike else None
+        if grids is None:  # replicas cut differently are priced pipeline by pipeline
             return self.layout_cost_by_replica(placement, alphas, betas)
         alpha_grid, beta_grid = grids
         key = (placement.devices, placement.teacher_counts, placement.student_counts, placement.replicas)
@@ -194,13 +193,13 @@ class StagePlanner:
         bytes_only = self._bytes_only
         m = self.step.microbatches
         for replica, scale in enumerate(self.share_scales(placement)):
-            devices = placement.replica_devices(replica)
-            k = len(devices)
+            pipeline, ranks = placement.pipeline(replica), placement.replica_ranks(replica)
+            devices = pipeline.devices
             mine: Alphas = (alphas if alphas is None or isinstance(alphas, Mapping)
-                            else alphas[replica * k:(replica + 1) * k])
-            cost = self.predict(devices, placement.teacher_counts, placement.student_counts, mine, betas)
-            own = bytes_only.predict(devices, placement.teacher_counts, placement.student_counts, mine, betas)
-            compute_scales, comm_scales, step_scale = self.share_response(placement, devices, mine, betas, scale)
+                            else alphas[ranks.start:ranks.stop])
+            cost = self.predict(devices, pipeline.teacher_counts, pipeline.student_counts, mine, betas)
+            own = bytes_only.predict(devices, pipeline.teacher_counts, pipeline.student_counts, mine, betas)
+            compute_scales, comm_scales, step_scale = self.share_response(pipeline, devices, mine, betas, scale)
             compute += [f * m * c for f, c in zip(compute_scales, cost.stage_compute_s)]
             comm += [f * m * c for f, c in zip(comm_scales, cost.stage_comm_s)]
             transfer += [scale * m * c for c in own.stage_comm_s]  # bytes: exactly in proportion to the images
@@ -295,29 +294,31 @@ class StagePlanner:
         return [self.replicas / placement.replicas] * placement.replicas
 
     def allreduce_s(self, placement: Placement) -> float:
-        """The student gradients' all-reduce across replicas: each stage's group reduces its own
-        blocks' gradients at the same time, so the step waits for the largest (over the slowest link
-        of the group: between nodes when its replicas are on different nodes)."""
-        return self._allreduce_s(placement.devices, placement.student_counts, placement.replicas)
+        """The student gradients' all-reduce across replicas, one per set of ranks that own the same
+        blocks (``Placement.student_groups``; with every replica cut alike, a stage's ranks): the groups
+        reduce at the same time, a rank in several (a replica cut into fewer stages) one after another,
+        so the step waits for the rank with the most (each over the slowest link of its group: between
+        nodes when its owners are on different nodes)."""
+        if placement.replicas == 1:
+            return 0.0
+        groups = tuple((tuple(placement.devices[r] for r in owners), (blocks.start, blocks.stop))
+                       for owners, blocks in placement.student_groups())
+        return self._allreduce_s(groups)
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
-    def _allreduce_s(self, devices: tuple[int, ...], student_counts: tuple[int, ...], replicas: int) -> float:
-        if replicas == 1:
-            return 0.0
+    def _allreduce_s(self, groups: tuple[tuple[tuple[int, ...], tuple[int, int]], ...]) -> float:
         grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
-        bounds = [0, *accumulate(student_counts)]
-        slowest = 0.0
-        k = len(student_counts)
-        for stage in range(k):
-            group = devices[stage::k]  # the stage's device in every replica (ranks are replica-major)
-            crosses = len({self.facts.node_of(d) for d in group}) > 1
+        by_device: dict[int, float] = {}
+        for devices, (start, stop) in groups:
+            crosses = len({self.facts.node_of(d) for d in devices}) > 1
             bandwidth = (min(self.facts.link_bandwidth_bytes_per_s, self.facts.cross_node_bandwidth_bytes_per_s)
                          if crosses else self.facts.link_bandwidth_bytes_per_s)
             latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
                 else self.facts.link_latency_s
-            nbytes = float(grad_bytes[bounds[stage]:bounds[stage + 1]].sum())
-            slowest = max(slowest, ring_allreduce_s(nbytes, replicas, bandwidth, latency))
-        return slowest
+            seconds = ring_allreduce_s(float(grad_bytes[start:stop].sum()), len(devices), bandwidth, latency)
+            for device in devices:
+                by_device[device] = by_device.get(device, 0.0) + seconds
+        return max(by_device.values(), default=0.0)
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:

@@ -30,7 +30,7 @@ class AllBlocks:
         """This rank's FusedStage and the original names of the student tensors it owns."""
         student_range = partition.student_range(rank)
         module = FusedStage([self.teacher[i] for i in partition.teacher_range(rank)],
-                            [self.student[i] for i in student_range], is_first=rank == 0,
+                            [self.student[i] for i in student_range], is_first=partition.stage_of(rank) == 0,
                             channels_last_wire=setup.channels_last)
         module = setup.prepare_model(module)
         # Look the tensors up after the move to the device: those are the ones training updates.

@@ -64,7 +64,6 @@ class StageClock:
         self.read_late = self.cuda if read_late is None else read_late
         self._current: _StepMarks | None = None
         self._unread: _StepMarks | None = None  # read_late: the finished step not reported yet
-        self._ready: Any = None  # when the current interval's last gradient bucket was ready
 
     def begin_step(self, step: int = 0) -> None:
         self._current = _StepMarks(step, time.perf_counter())
@@ -72,30 +71,21 @@ class StageClock:
             self._current.start_event = self._event()
 
     @contextmanager
-    def interval(self, name: str, until_gradients_ready: bool = False) -> Iterator[None]:
-        """Time ``name``. ``until_gradients_ready``: a backward whose gradients replicas average: it ends
-        where this rank's last gradient bucket was ready (``gradients_ready``), so that the time it then
-        waits inside the backward for the other replicas' gradients is waiting, not compute (a slow
-        replica would otherwise make every replica's backward look as slow as its own)."""
+    def interval(self, name: str) -> Iterator[None]:
+        """Time ``name``. (With replicas the gradients are summed after the step's last backward, outside
+        every interval: waiting for the other replicas is waiting, not this rank's compute.)"""
         marks = self._current
         if marks is None:  # outside a step (e.g. a forward for evaluation): nothing to time
             yield
             return
-        self._ready = None
         if self.cuda and name not in SEND_PARTS:
             start = self._event()
             yield
-            ready = self._ready if until_gradients_ready else None
-            marks.events.append((name, start, ready if ready is not None else self._event()))
+            marks.events.append((name, start, self._event()))
         else:
             t0 = time.perf_counter()
             yield
-            ready = self._ready if until_gradients_ready else None
-            marks.totals[name] += (ready if ready is not None else time.perf_counter()) - t0
-
-    def gradients_ready(self) -> None:
-        """A gradient bucket is complete on this rank and its all-reduce starts (DDP's comm hook)."""
-        self._ready = self._event() if self.cuda else time.perf_counter()
+            marks.totals[name] += time.perf_counter() - t0
 
     def end_step(self) -> dict[str, Any] | None:
         """The timing of the step this clock reports now: this step's, or with ``read_late`` the

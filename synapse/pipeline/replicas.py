@@ -1,141 +1,152 @@
-"""Replicas of the pipeline: a launch's R x K ranks as a 2-D ``DeviceMesh`` (dp x pp).
+"""Replicas of the pipeline: a launch's ranks as R pipelines, replica after replica, each replica cut its
+own way or all alike (``Placement``: replica r's ranks follow replica r - 1's).
 
-Global rank ``r * K + s`` runs stage s of replica r. The pp dimension is one replica's pipeline
-(point-to-point, the schedule); the dp dimension holds the R copies of one stage, whose student
-gradients DDP averages (``torch.nn.parallel.DistributedDataParallel`` on the stage module, which
-``torch.distributed.pipelining`` drives itself: no gradient sync until a step's last backward).
+Each replica's pipeline runs on a process group of its ranks (point-to-point, the schedule). The student's
+gradients are summed, after the step's last backward, over the ranks that own the same blocks: one
+process group per set of owners (``Placement.student_groups``: with every replica cut alike, a stage's
+ranks across replicas; with replica 1 of 2 x 2 shrunk to one stage, blocks of stage 0 between ranks
+{0, 2} and those of stage 1 between {1, 2}). Each rank all-reduces its blocks' gradients flattened per
+group, in block order, which is the same on every rank, so no two ranks wait on two groups in opposite
+orders. Each replica's gradient is weighted by its share of the global batch (share / batch) before the
+sum, so the step sees the global batch's mean gradient whatever the shares.
 
-Each replica trains on its own share of every step's global batch (``Placement.share_range``).
-DDP averages over replicas with equal weight; when shares differ (a replica dropped and its images
-shared out unevenly), each replica's loss is scaled by share x R / batch so that the average is
-still the mean over the global batch. After every step the replicas merge the student's BatchNorm
-running statistics into those one device would hold after running all the step's micro-batches
-replica after replica (``merge_statistics``): every replica then holds the same model (one
-checkpoint, one evaluation, any layout resumes it), for one small all-reduce per step.
+Why not DDP on the stage module: DDP averages over a group whose members all hold the same parameters;
+once a replica is cut differently no such group of whole stage modules exists. One run path serves
+both (docs/layouts.md measures it against DDP on R = 2 x K = 2).
+
+After every step the replicas merge the student's BatchNorm running statistics, through the same
+groups, into those one device would hold after running all the step's micro-batches replica after
+replica (``merge_statistics``): every replica then holds the same model (one checkpoint, one
+evaluation, any layout resumes it). The loss and the evaluation counts add up over the replicas' last
+ranks.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.nn.parallel import DistributedDataParallel
 
 from synapse.partitioning import Placement
 
 
+@dataclass(frozen=True)
+class GradientGroup:
+    """Student blocks this rank shares with the same ranks of the other replicas, and their group."""
+
+    group: dist.ProcessGroup
+    blocks: range  # local indices into the stage's student blocks
+
+
 @dataclass
 class ReplicaMesh:
-    """Where this rank sits in the run's R x K mesh, and the groups of its two dimensions."""
+    """Where this rank sits among the run's replicas, and the groups it reduces and talks over."""
 
-    mesh: DeviceMesh
     replica: int
+    size: int  # R: the replicas of the run
     share: range  # which images of each step's global batch this replica trains on
     batch: int  # the global batch (data.batch_size)
+    pipeline_group: dist.ProcessGroup  # this replica's pipeline
+    last_ranks_group: dist.ProcessGroup | None  # every replica's last rank (None: this rank is not a last one)
+    gradient_groups: tuple[GradientGroup, ...]  # this rank's student blocks by owners, in block order
     _before: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # buffers at the step's start
 
     @property
-    def size(self) -> int:
-        """R: the replicas of the run."""
-        return self.mesh.size(0)
-
-    @property
-    def loss_weight(self) -> float:
-        """share x R / batch: what DDP's equal-weight average needs to make the global batch's mean
-        (1.0 with equal shares)."""
-        return len(self.share) * self.size / self.batch
+    def weight(self) -> float:
+        """share / batch: this replica's part of the global batch's mean."""
+        return len(self.share) / self.batch
 
     @classmethod
-    def build(cls, placement: Placement, rank: int, device_type: str, batch: int, microbatches: int) -> ReplicaMesh:
-        """Every rank of the launch calls this (the groups are made collectively)."""
-        mesh = init_device_mesh(device_type, (placement.replicas, placement.num_stages), mesh_dim_names=("dp", "pp"))
+    def build(cls, placement: Placement, rank: int, batch: int, microbatches: int) -> ReplicaMesh:
+        """Every rank of the launch calls this, and makes every group in the same order (``new_group`` is
+        collective over the whole launch, member or not)."""
         replica = placement.replica_of(rank)
-        share = placement.share_range(replica, batch, microbatches)
-        return cls(mesh, replica, share, batch)
+        pipelines = [dist.new_group(list(placement.replica_ranks(r))) for r in range(placement.replicas)]
+        last_ranks = [placement.replica_ranks(r)[-1] for r in range(placement.replicas)]
+        last_group = dist.new_group(last_ranks)
+        first_block = placement.student_range(rank).start
+        mine = []
+        for owners, blocks in placement.student_groups():
+            group = dist.new_group(list(owners))
+            if rank in owners:
+                mine.append(GradientGroup(group, range(blocks.start - first_block, blocks.stop - first_block)))
+        return cls(replica, placement.replicas, placement.share_range(replica, batch, microbatches), batch,
+                   pipelines[replica], last_group if rank in last_ranks else None, tuple(mine))
 
-    @property
-    def pipeline_group(self) -> dist.ProcessGroup:
-        return self.mesh.get_group("pp")
-
-    @property
-    def replica_group(self) -> dist.ProcessGroup:
-        return self.mesh.get_group("dp")
-
-    def wrap(self, stage: torch.nn.Module, device: torch.device,
-             on_bucket_ready: Callable[[], None] | None = None) -> DistributedDataParallel:
-        """The stage as DDP over its replicas. Every replica builds the same weights (from the seed or
-        the same checkpoint), so no initial broadcast; buffers are merged after each step instead of
-        broadcast at every micro-batch's forward (``merge_statistics``). ``find_unused_parameters``
-        keeps DDP from re-bucketing its gradients after the first step: that bookkeeping counts the
-        gradients of every backward it sees, and a pipeline runs several per step (torch 2.14 fails
-        an internal assert at M = 2: "rebuilt parameter indices size is not same as original model
-        parameters size"). Its cost is one walk of the stage's graph per step. ``on_bucket_ready``: told
-        as each gradient bucket is complete, before DDP's own all-reduce of it starts (the stage's
-        clock: time spent waiting for the other replicas is then not this rank's compute)."""
-        ddp = DistributedDataParallel(stage, device_ids=[device] if device.type == "cuda" else None,
-                                      process_group=self.replica_group, broadcast_buffers=False, init_sync=False,
-                                      find_unused_parameters=True)
-        if on_bucket_ready is not None:
-            ddp.register_comm_hook(self.replica_group, _told(on_bucket_ready))
-        return ddp
+    def reduce_gradients(self, student: torch.nn.ModuleList) -> None:
+        """The global batch's gradient on every owner of a block: each replica's gradient (the mean over
+        its share) times share / batch, summed over the block's owners, group after group in block order."""
+        for part in self.gradient_groups:
+            params = [p for i in part.blocks for p in student[i].parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:  # a parameter this step did not reach: its gradient is 0 on every owner
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in params]) * self.weight
+            dist.all_reduce(flat, group=part.group)
+            offset = 0
+            with torch.no_grad():
+                for p in params:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 
     def remember_statistics(self, student: torch.nn.Module) -> None:
         """The student's BatchNorm running statistics before a step (``merge_statistics`` needs them)."""
         self._before = {name: b.detach().clone() for name, b in student.named_buffers()}
 
-    def merge_statistics(self, student: torch.nn.Module, microbatches: int) -> None:
+    def merge_statistics(self, student: torch.nn.ModuleList, microbatches: int) -> None:
         """Every replica's running statistics -> those of one device that ran all the step's micro-batches,
-        replica after replica (the grouping of the single-device reference).
+        replica after replica (the grouping of the single-device reference); one all-reduce per group.
 
         A BatchNorm running mean or variance is an exponential average: after n micro-batches,
         m = a^n m0 + (what those n added), with a = 1 - momentum. Replica r's addition is m_r - a^n m0;
         run in replica order, replica r's comes a^(n (R - 1 - r)) before the end. So
         m = a^(n R) m0 + sum_r a^(n (R - 1 - r)) (m_r - a^n m0): one all-reduce of the weighted
         additions, exact up to rounding. ``num_batches_tracked`` adds up the same way; other
-        floating-point buffers are averaged.
+        floating-point buffers are averaged. Every group holds one rank per replica, in replica order.
         """
+        for part in self.gradient_groups:
+            self._merge(student, part, microbatches)
+
+    def _merge(self, student: torch.nn.ModuleList, part: GradientGroup, microbatches: int) -> None:
         replicas = self.size
         parts: list[torch.Tensor] = []  # what this replica adds to the all-reduce, buffer by buffer
         offsets: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # buffer, what is added back after it
-        for prefix, module in student.named_modules():
-            for name, buffer in module.named_buffers(recurse=False):
-                before = self._before[f"{prefix}.{name}" if prefix else name].double()
-                momentum = getattr(module, "momentum", None)
-                if name == "num_batches_tracked":
-                    parts.append(buffer.detach().double() - before)
-                    offsets.append((buffer, before))
-                elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and momentum is not None:
-                    keep = (1.0 - momentum) ** microbatches
-                    parts.append((buffer.detach().double() - keep * before) * keep ** (replicas - 1 - self.replica))
-                    offsets.append((buffer, keep ** replicas * before))
-                elif buffer.is_floating_point():
-                    parts.append(buffer.detach().double() / replicas)
-                    offsets.append((buffer, None))
+        for index in part.blocks:
+            for prefix, module in student[index].named_modules(prefix=str(index)):
+                for name, buffer in module.named_buffers(recurse=False):
+                    before = self._before[f"{prefix}.{name}"].double()
+                    momentum = getattr(module, "momentum", None)
+                    if name == "num_batches_tracked":
+                        parts.append(buffer.detach().double() - before)
+                        offsets.append((buffer, before))
+                    elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and momentum is not None:
+                        keep = (1.0 - momentum) ** microbatches
+                        parts.append((buffer.detach().double() - keep * before) * keep ** (replicas - 1 - self.replica))
+                        offsets.append((buffer, keep ** replicas * before))
+                    elif buffer.is_floating_point():
+                        parts.append(buffer.detach().double() / replicas)
+                        offsets.append((buffer, None))
         if not parts:
             return
         flat = torch.cat([t.reshape(-1) for t in parts])
-        dist.all_reduce(flat, group=self.replica_group)
+        dist.all_reduce(flat, group=part.group)
         offset = 0
         with torch.no_grad():
-            for (buffer, base), part in zip(offsets, parts):
-                total = flat[offset:offset + part.numel()].view_as(part)
+            for (buffer, base), value in zip(offsets, parts):
+                total = flat[offset:offset + value.numel()].view_as(value)
                 buffer.copy_((total if base is None else total + base).to(buffer.dtype))
-                offset += part.numel()
+                offset += value.numel()
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """A replica's (weighted) loss -> the mean over the global batch, on every replica's last stage:
-        the weighted losses' mean, as DDP averages their gradients."""
-        total = loss.detach().float()
-        dist.all_reduce(total, group=self.replica_group)
-        return total / self.size
+        """A replica's loss (the mean over its share) -> the mean over the global batch, on every
+        replica's last rank."""
+        total = loss.detach().float() * self.weight
+        dist.all_reduce(total, group=self.last_ranks_group)
+        return total
 
-
-def _told(on_bucket_ready: Callable[[], None]):
-    """DDP's default all-reduce hook, telling ``on_bucket_ready`` first."""
-    def hook(group, bucket):  # no annotations: DDP checks them as objects, and this module's are strings
-        on_bucket_ready()
-        return allreduce_hook(group, bucket)
-    return hook
+    def add_up(self, counts: Sequence[float], device: torch.device) -> list[float]:
+        """Counts of every replica's last rank, added up (evaluation)."""
+        total = torch.tensor(list(counts), dtype=torch.float64, device=device)
+        dist.all_reduce(total, group=self.last_ranks_group)
+        return total.tolist()

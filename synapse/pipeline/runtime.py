@@ -31,7 +31,6 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.nn.parallel import DistributedDataParallel
 
 from synapse.engine import ComputeSetup, NonFiniteGuard, ensure_training
 from synapse.injection import PHASES, FaultInjector
@@ -146,8 +145,7 @@ class TimedPipelineStage(PipelineStage):
                     buffer.copy_(value)
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
-        stage = self.submod.module if isinstance(self.submod, DistributedDataParallel) else self.submod
-        graphs = getattr(stage, "graphs", None)
+        graphs = getattr(self.submod, "graphs", None)
         if graphs is not None:
             graphs.select(fwd_chunk_id)  # this micro-batch's captures (see pipeline.graphs)
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
@@ -156,8 +154,7 @@ class TimedPipelineStage(PipelineStage):
         self._hook("backward")
         if self.clock is None:
             return super().backward_one_chunk(*args, **kwargs)
-        replicated = isinstance(self.submod, DistributedDataParallel)
-        with self.clock.interval("student_bwd", until_gradients_ready=replicated):
+        with self.clock.interval("student_bwd"):
             return super().backward_one_chunk(*args, **kwargs)
 
 
@@ -167,8 +164,8 @@ class PipelineRuntime:
                  injector: FaultInjector | None = None, replicas: ReplicaMesh | None = None,
                  nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
                  check_late: bool = False, read_timing_late: bool | None = None, compiler: str = "none"):
-        """Stage ``stage`` of a ``num_stages``-stage pipeline. ``replicas``: this rank's place in an
-        R x K mesh (None: the launch is one pipeline on the default group).
+        """Stage ``stage`` of a ``num_stages``-stage pipeline. ``replicas``: this rank's place among the
+        run's replicas (None: the launch is one pipeline on the default group).
         ``check_late``: the last rank does not read the loss in the step (no host sync there);
         the trainer's reading of it a step later checks it (`NonFiniteGuard`'s ``late``).
         ``read_timing_late``: the clock reports each step at the end of the next (default: on CUDA).
@@ -185,8 +182,6 @@ class PipelineRuntime:
         # What pipelining drives: the stage itself, or (ranks sharing a GPU) the stage behind a host boundary
         staged: torch.nn.Module = (module if setup.wire == setup.device
                                    else ThroughHost(module, setup.device, stage < num_stages - 1))
-        if replicas is not None:  # student gradients averaged across replicas by DDP (pipelining drives it)
-            staged = replicas.wrap(staged, setup.device, on_bucket_ready=self.clock.gradients_ready)
         self.stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
         self.stage.clock = self.clock
         self.injector = injector or FaultInjector([], stage)
@@ -194,8 +189,6 @@ class PipelineRuntime:
         module.phase_hook = self.stage.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
         module.register_forward_hook(self._computed)
-        # A replayed backward adds into .grad without autograd's accumulation hooks, which DDP listens
-        # to: with replicas the stages run eagerly (their gradients would never be averaged).
         if compiler != "none":  # before any forward: pipelining's shape inference runs the compiled blocks
             module.compile_blocks(compiler)
         # Compiled blocks are not captured: graph replays of their kernels were not measured to pay, and a
@@ -257,10 +250,7 @@ class PipelineRuntime:
         self.mark("loss")  # the last rank's own work again, after its chunk's send_wait mark
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
-            loss = self.loss_fn(student_logits, teacher_logits, target)
-            if self.replicas is not None and self.replicas.loss_weight != 1.0:
-                loss = loss * self.replicas.loss_weight  # unequal shares: DDP's average is then the batch mean
-            return loss
+            return self.loss_fn(student_logits, teacher_logits, target)
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
@@ -291,8 +281,11 @@ class PipelineRuntime:
         with self.setup.autocast(cache=self.module.graphs is None):
             self.schedule.step(*args, **kwargs)
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
-        if loss is not None and self.replicas is not None:
-            loss = self.replicas.global_loss(loss)  # the global batch's loss
+        if self.replicas is not None:
+            self.mark("sync")  # every owner of a block waits for the others' gradients
+            self.replicas.reduce_gradients(self.module.student)
+            if loss is not None:
+                loss = self.replicas.global_loss(loss)  # the global batch's loss
         if self.guard.late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):

@@ -373,10 +373,8 @@ class PipelineEvaluation:
             seen += real
         if replicas is not None and self.runner.runtime.is_last:
             counts = [hits["student"][1], hits["student"][5], hits["teacher"][1], hits["teacher"][5], seen]
-            total = torch.tensor(counts, dtype=torch.float64, device=self.runner.setup.wire)
-            dist.all_reduce(total, group=replicas.replica_group)
             (hits["student"][1], hits["student"][5], hits["teacher"][1], hits["teacher"][5],
-             seen) = (int(v) for v in total.tolist())
+             seen) = (int(v) for v in replicas.add_up(counts, self.runner.setup.wire))
         if not self.runner.writes_records:
             return None
         result = {f"top{k}": 100.0 * hits["student"][k] / seen for k in (1, 5)}
@@ -394,20 +392,20 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
         raise ValueError(f"pipeline.microbatches={count!r}: build_pipeline_trainer needs the planned count "
                          f"(microbatches=)")
     if world_size != partition.world_size:
+        stages = [partition.stages_in(r) for r in range(partition.replicas)]
         raise ValueError(f"{world_size} ranks for a placement of {partition.world_size} "
-                         f"({partition.replicas} replicas x {partition.num_stages} stages)")
+                         f"({partition.replicas} replicas of {stages} stages)")
     stage = partition.stage_of(rank)
-    replicas = (ReplicaMesh.build(partition, rank, setup.wire.type, cfg.data.batch_size, count)
-                if partition.replicas > 1 else None)
+    replicas = (ReplicaMesh.build(partition, rank, cfg.data.batch_size, count) if partition.replicas > 1 else None)
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
-    module, owned = blocks.stage(stage, partition, setup)
+    module, owned = blocks.stage(rank, partition, setup)
     optimizer = build_optimizer(module.student.parameters(), cfg.optim, fused=setup.device.type == "cuda")
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
-    runtime = PipelineRuntime(module, stage, partition.num_stages, setup, count,
+    runtime = PipelineRuntime(module, stage, partition.stages_of_rank(rank), setup, count,
                               cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
                               replicas=replicas,

@@ -1,8 +1,8 @@
 """R replicas x K stages learn what one device learns on the same global batch, grouped the same way.
 
 The reference is the single-device loop over R x M micro-batches (replica after replica); the
-layout runs R pipelines of K CPU ranks (gloo) on their shares, DDP averages the student's
-gradients and the replicas merge their BatchNorm statistics after each step. DDP's all-reduce
+layout runs R pipelines of K CPU ranks (gloo) on their shares, the owners of each block sum the
+student's weighted gradients and the replicas merge their BatchNorm statistics after each step. The all-reduce
 sums in another order than the reference's accumulation, so the states agree to rounding, not
 bit for bit. How far rounding carries depends on the student (docs/layouts.md):
 
@@ -25,6 +25,7 @@ import torch
 from synapse.app import run
 from synapse.engine import distil_on_one_device
 from synapse.failover import read_segments
+from synapse.rundir import events_path
 
 from .helpers import SHARED_GPU, compose_config, final_student_state
 
@@ -96,20 +97,23 @@ def test_replicas_learn_what_one_device_learns(tmp_path, teacher_file, reference
     assert segment.placement.shares == (BATCH // replicas,) * replicas
 
 
-def test_replicas_merge_batchnorm_statistics_into_one_device_s(tmp_path, teacher_file):
-    """A BatchNorm student on R = 2 x K = 2: after each step the replicas' running statistics become those
-    of one device that ran all 4 micro-batches (replica 0's, then replica 1's), not their mean."""
+@pytest.mark.parametrize("layout", [["trainer.devices=4"], ["trainer.devices=3", "partition.replica_stages=[2,1]"]],
+                         ids=["2x2", "2+1"])
+def test_replicas_merge_batchnorm_statistics_into_one_device_s(tmp_path, teacher_file, layout):
+    """A BatchNorm student on R = 2 x K = 2, and on replicas of 2 and 1 stages (merged per group of a block's
+    owners): after each step the replicas' running statistics become those of one device that ran all 4
+    micro-batches (replica 0's, then replica 1's), not their mean."""
     steps = [f"trainer.max_steps={BATCHNORM_STEPS}"]
     reference = reference_run(tmp_path / "reference", teacher_file, 4, steps)
     run(compose_config(tmp_path / "replicas", [f"teacher.checkpoint={teacher_file}", *COMMON, *steps,
-                                               "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2"]),
+                                               *layout, "trainer.replicas=2", "pipeline.microbatches=2"]),
         log=lambda m: None)
     assert_close_states(final_student_state(tmp_path / "replicas"), reference, BATCHNORM_TOLERANCE)
 
 
 def test_unequal_shares_still_average_over_the_global_batch(tmp_path, teacher_file, reference_vit):
-    """Shares of 24 and 8 images: each replica's loss is weighted by its share, so DDP's equal-weight
-    average is still the mean over all 32."""
+    """Shares of 24 and 8 images: each replica's gradient is weighted by its share, so the sum
+    is still the mean over all 32."""
     run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "trainer.devices=2",
                                   "trainer.replicas=2", "trainer.replica_shares=[24,8]", "pipeline.microbatches=2"]),
         log=lambda m: None)
@@ -129,13 +133,39 @@ def test_a_checkpoint_of_replicas_resumes_on_a_pipeline(tmp_path, teacher_file, 
     assert_close_states(final_student_state(tmp_path), reference_vit[1])
 
 
+KILL_RANK_3 = ["trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
+               "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]"]
+
+
+def test_a_rank_killed_in_one_replica_shrinks_that_replica_and_loses_nothing(tmp_path, teacher_file, reference_vit):
+    """R = 2 x K = 2; rank 3 (replica 1's last stage) is killed at step 5: policy=eta prices SHRINK beside
+    dropping the replica, re-cuts replica 1 on its survivor (one stage) with the share at which both
+    replicas finish a step together, and the run resumes from its step-4 checkpoint on three devices,
+    ending where one device ends."""
+    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *KILL_RANK_3]),
+                  log=lambda m: None)
+    segments = read_segments(tmp_path)
+    assert [s.outcome for s in segments] == ["failed", "finished"]
+    shrunk = segments[1].placement
+    assert shrunk.devices == (0, 1, 2) and shrunk.replica_stages == (2, 1) and shrunk.pipeline(0) == \
+        segments[0].placement.pipeline(0)
+    assert sum(shrunk.shares) == BATCH and all(share % 2 == 0 for share in shrunk.shares)
+    print(f"shares after SHRINK: {list(shrunk.shares)}")
+    assert segments[1].start_step == 4
+    restart = summary["experiment"]["restarts"][0]
+    assert restart["action"] == "shrink", restart
+    records = [json.loads(line) for line in events_path(tmp_path).read_text().splitlines()]
+    decision = next(r for r in records if r.get("event") == "decision" and r.get("action") == "shrink")
+    assert {o["kind"] for o in decision["options"]} >= {"shrink", "degrade"}
+    assert_close_states(final_student_state(tmp_path), reference_vit[1])
+
+
 def test_a_rank_killed_in_one_replica_drops_that_replica_and_loses_nothing(tmp_path, teacher_file, reference_vit):
-    """R = 2 x K = 2; rank 3 (replica 1's last stage) is killed at step 5: the run resumes from its
-    step-4 checkpoint on replica 0 alone, which now trains on the whole batch, and ends where one
-    device ends."""
-    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT,
-                                            "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
-                                            "injection.faults=[{kind:kill,rank:3,step:5,phase:backward}]"]),
+    """The same kill under policy=degrade, whose rule on a lost device is to drop its replica: the run
+    resumes from its step-4 checkpoint on replica 0 alone, which now trains on the whole batch, and ends
+    where one device ends."""
+    summary = run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *KILL_RANK_3,
+                                            "policy=degrade"]),
                   log=lambda m: None)
     segments = read_segments(tmp_path)
     assert [s.outcome for s in segments] == ["failed", "finished"]
@@ -205,3 +235,19 @@ def test_the_planner_chooses_the_layout_and_the_run_takes_it(tmp_path, teacher_f
     placement = read_segments(tmp_path)[0].placement
     assert (placement.replicas, placement.num_stages) == (chosen["replicas"], chosen["stages"])
     assert list(placement.student_counts) == chosen["student"]
+
+
+def test_replicas_cut_differently_learn_what_one_device_learns(tmp_path, teacher_file, reference_vit):
+    """Replica 0 a pipeline of 2, replica 1 one device (partition.replica_stages=[2,1]): no two ranks hold
+    the same stage, so the student's gradients are summed per set of a block's owners (blocks of replica
+    0's stage 0 between ranks 0 and 2, those of its stage 1 between ranks 1 and 2), each replica's
+    weighted by its share; unequal shares (24 / 8) on top."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "trainer.devices=3",
+                                  "trainer.replicas=2", "partition.replica_stages=[2,1]",
+                                  "trainer.replica_shares=[24,8]", "pipeline.microbatches=2"]), log=lambda m: None)
+    reference_dir, reference = reference_vit
+    assert_close_states(final_student_state(tmp_path), reference)
+    assert losses(tmp_path) == pytest.approx(losses(reference_dir), rel=1e-5)
+    assert evaluations(tmp_path) == evaluations(reference_dir) and evaluations(tmp_path)
+    placement = read_segments(tmp_path)[0].placement
+    assert placement.replica_stages == (2, 1) and placement.shares == (24, 8)

@@ -613,3 +613,13 @@ def test_a_manual_partition_is_one_replica_s_stages(make_config, tiny_run, tmp_p
                                     error=ConfigError)
     assert_names(message, "partition.teacher: 4 stages given for 2 devices per replica (2 replicas)",
                  "Fix: give exactly 2 block counts")
+
+
+def test_replicas_cut_differently_must_cover_the_replicas_and_the_devices(make_config, tiny_run, tmp_path):
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=3", "trainer.replicas=2",
+                                    "partition.replica_stages=[2,2]", error=ConfigError)
+    assert_names(message, "partition.replica_stages: [2, 2] must give each of 2 replicas at least one stage, the "
+                 "run's 3 devices in all", "Fix: list 2 stage counts summing to 3")
+    message = refused_before_launch(make_config, tiny_run, tmp_path, "trainer.devices=3", "trainer.replicas=2",
+                                    "partition=auto", "partition.replica_stages=[2,1]", error=ConfigError)
+    assert_names(message, "partition.replica_stages: replicas cut differently are given, not planned")

@@ -218,7 +218,7 @@ def test_bad_failover_settings_are_refused(make_config, override, key):
     ("failover.replan_mode=teleport", "Invalid value 'teleport', expected one of [live, restart]"),
     ("trainer.nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),
     ("policy.name=oracle",
-     "Invalid value 'oracle', expected one of [eta, keep, replan, degrade, rebalance, ski_rental]"),
+     "Invalid value 'oracle', expected one of [eta, keep, replan, degrade, rebalance, shrink, ski_rental]"),
 ])
 def test_wrong_type_is_refused_while_composing(make_config, override, cause):
     with pytest.raises(ConfigCompositionException, match=f"Error merging override {override}") as error:

@@ -185,8 +185,9 @@ def test_a_slow_device_gets_a_smaller_share():
 
 
 # ---------------------------------------------------------------- failover options
-def options_for(running: Placement, bad: int, alphas: dict[int, float], spares=(), lost=()):
-    plan = planner(running.replicas, 1)
+def options_for(running: Placement, bad: int, alphas: dict[int, float], spares=(), lost=(),
+                plan: StagePlanner | None = None):
+    plan = plan or planner(running.replicas, 1)
     predicted = plan.layout_cost(running, alphas).step_time_s
     return {o.kind: o for o in replica_options(RunningPartition(running, predicted, predicted), alphas, None, bad,
                                                 plan, COSTS, spares, lost)}
@@ -218,8 +219,8 @@ def test_a_lost_node_drops_every_replica_it_held():
 
 
 def test_replicas_are_priced_as_they_run_eagerly_on_a_gpu():
-    """A replayed CUDA-graph backward bypasses the hooks DDP averages with, so replicas run eagerly and
-    their blocks are profiled eagerly; one pipeline with pipeline.cuda_graphs, graphed."""
+    """Replicas run eagerly (graphs with replicas were not tried), so their blocks are profiled eagerly;
+    one pipeline with pipeline.cuda_graphs, graphed."""
     from synapse.config import PipelineConfig, TrainerConfig
     from synapse.planning import profile_launch
 
@@ -227,3 +228,143 @@ def test_replicas_are_priced_as_they_run_eagerly_on_a_gpu():
     assert profile_launch(gpu, graphs) == "graphed"
     assert profile_launch(gpu, graphs, replicas=2) == "eager"
     assert profile_launch(TrainerConfig(accelerator="cpu"), graphs) == "eager"
+
+
+# ---------------------------------------------------------------- replicas cut differently
+SHRUNK = Placement.of_pipelines([Placement((0, 1), (4, 4), (5, 3)), Placement((2,), (8,), (8,))], (40, 24))
+
+
+def test_replicas_cut_differently_answer_by_rank():
+    p = SHRUNK
+    assert (p.world_size, p.replicas, p.replica_stages) == (3, 2, (2, 1)) and not p.cut_alike
+    assert [(p.replica_of(r), p.stage_of(r), p.stages_of_rank(r)) for r in range(3)] == [(0, 0, 2), (0, 1, 2),
+                                                                                         (1, 0, 1)]
+    assert [p.student_range(r) for r in range(3)] == [range(0, 5), range(5, 8), range(0, 8)]
+    assert [p.teacher_range(r) for r in range(3)] == [range(0, 4), range(4, 8), range(0, 8)]
+    assert p.pipeline(1) == Placement((2,), (8,), (8,)) and p.replica_devices(0) == (0, 1)
+    assert p.stage_peers() == [[0], [1], [2]]  # no rank runs the blocks another runs
+    with pytest.raises(PartitionError, match=r"replicas of \[2, 1\] stages have no one stage count"):
+        _ = p.num_stages
+    with pytest.raises(PartitionError, match="rank 3 is not one of this layout's 3 ranks"):
+        p.replica_of(3)
+
+
+def test_gradient_groups_are_the_owners_of_each_run_of_blocks():
+    """2 x 2 with replica 1 shrunk to one stage: blocks of stage 0 between ranks {0, 2}, of stage 1 between
+    {1, 2}; cut alike, a stage's ranks across replicas; cuts that do not line up split the groups further."""
+    assert SHRUNK.student_groups() == [((0, 2), range(0, 5)), ((1, 2), range(5, 8))]
+    assert Placement((0, 1, 2, 3), (4, 4), (6, 2), 2).student_groups() == [((0, 2), range(0, 6)),
+                                                                           ((1, 3), range(6, 8))]
+    odd = Placement.of_pipelines([Placement((0, 1), (4, 4), (5, 3)), Placement((2, 3), (4, 4), (2, 6))])
+    assert odd.student_groups() == [((0, 2), range(0, 2)), ((0, 3), range(2, 5)), ((1, 3), range(5, 8))]
+
+
+@given(st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=4), min_size=2, max_size=4))
+def test_every_block_has_one_owner_per_replica_and_each_rank_meets_its_groups_in_block_order(cuts):
+    blocks = 16
+    pipelines = []
+    start = 0
+    for stages in cuts:
+        counts = list(stages[:-1]) + [blocks - sum(stages[:-1])] if sum(stages[:-1]) < blocks else [blocks]
+        pipelines.append(Placement(tuple(range(start, start + len(counts))), tuple(counts), tuple(counts)))
+        start += len(counts)
+    layout = Placement.of_pipelines(pipelines)
+    groups = layout.student_groups()
+    assert [b for _, blocks_of in groups for b in blocks_of] == list(range(blocks))  # every block once, in order
+    for owners, blocks_of in groups:
+        assert [layout.replica_of(r) for r in owners] == list(range(layout.replicas))
+        assert all(set(blocks_of) <= set(layout.student_range(r)) for r in owners)
+
+
+def test_cuts_alike_are_written_one_way_and_records_round_trip():
+    alike = Placement.of_pipelines([Placement((0, 1), (4, 4), (4, 4)), Placement((2, 3), (4, 4), (4, 4))])
+    assert alike == Placement((0, 1, 2, 3), (4, 4), (4, 4), 2) and alike.cut_alike
+    assert SHRUNK.to_dict()["replica_stages"] == [2, 1] and Placement.from_dict(SHRUNK.to_dict()) == SHRUNK
+    with pytest.raises(PartitionError, match="need 3 devices and 3 block counts"):
+        Placement((0, 1), (4, 4, 8), (5, 3, 8), 2, replica_stages=(2, 1))
+    with pytest.raises(PartitionError, match="one stage count"):
+        Placement((0, 1, 2), (4, 4, 8), (5, 3, 8), 2, replica_stages=(3,))
+    with pytest.raises(PartitionError, match=r"partition.student=\[8, 1\] \(replica 1\) covers 9 blocks"):
+        Placement((0, 1, 2, 3), (4, 4, 4, 4), (5, 3, 8, 1), 2, replica_stages=(2, 2)).check_block_counts(8, 8)
+    assert SHRUNK.without_replica(0, 64, 4) == Placement((2,), (8,), (8,))
+    assert SHRUNK.on((5, 6, 7)).replica_devices(1) == (7,)
+
+
+def test_replicas_cut_differently_are_priced_pipeline_by_pipeline():
+    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
+    plan = planner(2, 2, facts)
+    cost = plan.layout_cost(SHRUNK.with_shares((32, 32)), {0: 1.0, 1: 1.0, 2: 2.0})
+    assert cost.replica_step_s[0] == pytest.approx(plan.predict((0, 1), (4, 4), (5, 3)).step_time_s)
+    assert cost.replica_step_s[1] == pytest.approx(plan.predict((2,), (8,), (8,), {2: 2.0}).step_time_s)
+    assert len(cost.compute_s) == 3
+    # rank 2 owns both groups' blocks and reduces them one after the other: 5 + 3 blocks' gradients
+    both = ring_allreduce_s(5 * 1000 * 1024, 2, 1e9, 1e-5) + ring_allreduce_s(3 * 1000 * 1024, 2, 1e9, 1e-5)
+    assert cost.allreduce_s == pytest.approx(both)
+    assert cost.step_time_s == pytest.approx(max(cost.replica_step_s) + both)
+
+
+def test_a_lost_device_shrinks_its_replica_over_the_survivors_with_the_share_that_finishes_together():
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    alphas = dict.fromkeys(range(4), 1.0)
+    plan = planner(2, 4)  # 4 micro-batches: a pipeline of 2 is faster than one device
+    options = options_for(running, 3, alphas, plan=plan)
+    shrink = options[OptionKind.SHRINK]
+    assert shrink.placement.replica_stages == (2, 1) and shrink.placement.devices == (0, 1, 2)
+    assert shrink.placement.pipeline(0) == running.pipeline(0)  # the other replica keeps its cut
+    teacher, student, _ = plan.plan((2,), (1.0,))
+    assert shrink.placement.replica_cut(1) == (teacher, student)
+    # the shares: the best of every split of the batch between the two (the replicas finish together)
+    splits = [shrink.placement.with_shares((a, BATCH - a)) for a in range(4, BATCH, 4)]
+    best = min(plan.layout_cost(p, alphas).step_time_s for p in splits)
+    assert shrink.predicted_step_s == pytest.approx(best)
+    assert shrink.placement.shares[1] < shrink.placement.shares[0]  # one device gets fewer images
+    assert shrink.inputs["shrunk_replicas"] == [1] and shrink.inputs["dropped_devices"] == [3]
+    # beside it, the other options stay priced: the whole replica dropped is slower than shrinking it
+    assert shrink.predicted_step_s < options[OptionKind.DEGRADE].predicted_step_s
+
+
+def test_a_replica_of_one_device_cannot_shrink_and_a_lost_node_shrinks_each_replica_it_touched():
+    assert OptionKind.SHRINK not in options_for(Placement((0, 1), (8,), (8,), 2, (32, 32)), 1, {0: 1.0, 1: 1.0})
+    options = options_for(SHRUNK.with_shares((32, 32)), 2, {0: 1.0, 1: 1.0, 2: 1.0})
+    assert OptionKind.SHRINK not in options and options[OptionKind.DEGRADE].placement.devices == (0, 1)
+    running = Placement((0, 1, 2, 3, 4, 5), (3, 3, 2), (3, 3, 2), 2, (32, 32))
+    lost = options_for(running, 2, dict.fromkeys(range(6), 1.0), lost=(3,))  # replica 0's last, replica 1's first
+    both = lost[OptionKind.SHRINK].placement  # both re-cut alike on two devices: a 2 x 2 mesh again
+    assert both.devices == (0, 1, 4, 5) and (both.replicas, both.num_stages) == (2, 2)
+    everything = options_for(running, 0, dict.fromkeys(range(6), 1.0), lost=(1, 2, 3, 4, 5))
+    assert OptionKind.SHRINK not in everything and OptionKind.DEGRADE not in everything
+
+
+def test_a_shrunk_layout_is_replanned_replica_by_replica_and_shrinks_again():
+    alphas = {0: 1.0, 1: 3.0, 2: 1.0}
+    options = options_for(SHRUNK.with_shares((32, 32)), 1, alphas)
+    plan = planner(2, 1)
+    replan = options[OptionKind.REPLAN].placement
+    assert replan.replica_cut(0) == plan.plan((0, 1), (1.0, 3.0))[:2] and replan.replica_stages == (2, 1)
+    again = options[OptionKind.SHRINK].placement  # replica 0 loses device 1: both replicas are one device
+    assert again == Placement((0, 2), (8,), (8,), 2, again.shares) and sum(again.shares) == BATCH
+
+
+def test_on_a_hard_failure_eta_shrinks_and_the_baselines_drop_the_replica():
+    from synapse.decision import DecisionContext, make_policy
+
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    options = tuple(options_for(running, 3, dict.fromkeys(range(4), 1.0)).values())
+    ctx = DecisionContext(step=5, remaining_steps=100, options=options, hard_failure=True, failed_device=3)
+    assert make_policy("eta").decide(ctx).action is OptionKind.SHRINK
+    assert make_policy("degrade").decide(ctx).action is OptionKind.DEGRADE
+    assert make_policy("keep").decide(ctx).action is OptionKind.DEGRADE
+
+
+def test_policy_shrink_shrinks_the_slow_replica_once_per_slowdown():
+    from synapse.decision import DecisionContext, make_policy
+
+    running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
+    options = tuple(options_for(running, 3, {0: 1.0, 1: 1.0, 2: 1.0, 3: 3.0}, plan=planner(2, 4)).values())
+    ctx = DecisionContext(step=50, remaining_steps=100, options=options, slowdown_detected=True,
+                          consecutive_detections=1)
+    decision = make_policy("shrink").decide(ctx)
+    assert decision.action is OptionKind.SHRINK and 3 not in decision.chosen.placement.devices
+    again = DecisionContext(step=60, remaining_steps=90, options=options, slowdown_detected=True,
+                            consecutive_detections=2, actions_in_episode=1)
+    assert make_policy("shrink").decide(again).action is OptionKind.KEEP

@@ -266,7 +266,7 @@ def test_make_policy_builds_each_policy(name, cls):
 
 
 def test_make_policy_errors_teach():
-    with pytest.raises(PolicyConfigError, match="'etaa'.*eta, keep, replan, degrade, rebalance, ski_rental"):
+    with pytest.raises(PolicyConfigError, match="'etaa'.*eta, keep, replan, degrade, rebalance, shrink, ski_rental"):
         make_policy("etaa")
     with pytest.raises(PolicyConfigError, match=r"\['sustained'\].*sustain"):
         make_policy("eta", sustained=3)

@@ -268,3 +268,22 @@ def test_a_replicated_run_under_failover_is_profiled_at_the_share_sizes(make_con
     assert [t.micro_batch for t, _ in replicated.size_profiles] == [2, 4, 8, 16]
     assert replicated.student.micro_batch == 8
     assert planner_of(4, False).size_profiles == () and planner_of(1, True).size_profiles == ()
+
+
+@given(st.floats(1.0, 4.0), st.floats(0.0, 8.0), st.sampled_from([2, 4]))
+def test_a_shrunk_replica_gets_the_best_split_of_all_priced_at_each_share_s_micro_batch(slowdown, fixed_ms,
+                                                                                      microbatches):
+    """Replica 1 of 2 x 2 loses a device: SHRINK re-cuts it on the survivor and shares the batch out as the
+    REBALANCE search does, each share priced on the profiles at its own micro-batch: the best of every split."""
+    plan = sized_planner(2, microbatches, fixed_ms, sizes=(1, 2, 4, 8, 16, 32, 64))
+    running = Placement((0, 1, 2, 3), (2, 2), (2, 2), 2, (32, 32))
+    alphas = {0: 1.0, 1: 1.0, 2: slowdown, 3: 1.0}
+    predicted = plan.layout_cost(running, alphas).step_time_s
+    options = {o.kind: o for o in replica_options(RunningPartition(running, predicted, predicted), alphas, None, 3,
+                                                   plan, COSTS)}
+    shrunk = options[OptionKind.SHRINK].placement
+    assert shrunk.replica_stages == (2, 1) and shrunk.replica_devices(1) == (2,)
+    splits = [shrunk.with_shares((a, BATCH - a)) for a in range(microbatches, BATCH, microbatches)]
+    best = min(plan.layout_cost(p, alphas).step_time_s for p in splits)
+    assert options[OptionKind.SHRINK].predicted_step_s == pytest.approx(best)
+    assert sum(shrunk.shares) == BATCH and all(s % microbatches == 0 for s in shrunk.shares)
