@@ -449,14 +449,21 @@ class SlowdownDetector:
             return None if self._compute.values is None else tuple(self._compute.values)
         return None if self._comm_baseline is None else tuple(self._comm_baseline.comm_s)
 
-    def set_replicas(self, same_work: Sequence[Sequence[int]] | None) -> None:
+    def set_replicas(self, same_work: Sequence[Sequence[int]] | None,
+                     pipelines: Sequence[Sequence[int]] | None = None) -> None:
         """Per rank, the ranks that do the same work (its stage in every replica, itself included), for
         the launch to come; None: one pipeline. A rank ``replica_threshold`` times the others of its
-        group is slow from the start (`synapse.detection.start`)."""
+        group is slow from the start (`synapse.detection.start`). ``pipelines``: the ranks of each
+        replica's pipeline; None: read from ``same_work``, which only replicas cut alike allow (a replica
+        cut differently shares no stage with the others, so its ranks' places in their groups say nothing
+        of which pipeline they are in)."""
         groups = None if same_work is None else [tuple(int(r) for r in g) for g in same_work]
         self._start.same_work = groups
         # compute moves between the clocks of one pipeline's ranks only (`net_compute_ratios`)
-        self._pipelines = None if groups is None else pipelines_of(groups)
+        if pipelines is not None:
+            self._pipelines = [[int(r) for r in pipeline] for pipeline in pipelines]
+        else:
+            self._pipelines = None if groups is None else pipelines_of(groups)
 
     def set_expected(self, compute_s: Sequence[float]) -> None:
         """The plan's per-step compute seconds of each rank at nominal speed (the cost model's

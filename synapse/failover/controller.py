@@ -174,7 +174,8 @@ class FailoverController:
         self._recent.clear()
         planner = self.priced
         self._nominal = self._nominal_of(placement)
-        self.detector.set_replicas(placement.stage_peers())
+        self.detector.set_replicas(placement.stage_peers(),
+                                   placement.pipeline_ranks() if placement.replicas > 1 else None)
         if previous is None or self.detector.num_ranks is None:
             self.detector.set_expected(self._nominal[0])
             self.calibration.begin(placement, [self.alphas()[d] for d in placement.devices])

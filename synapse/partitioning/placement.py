@@ -147,6 +147,10 @@ class Placement:
         first = self.first_rank(replica)
         return range(first, first + self.stages_in(replica))
 
+    def pipeline_ranks(self) -> list[list[int]]:
+        """The ranks of each replica's pipeline, in replica order."""
+        return [list(self.replica_ranks(replica)) for replica in range(self.replicas)]
+
     def replica_devices(self, replica: int) -> tuple[int, ...]:
         """The devices of one replica's pipeline, stage by stage."""
         ranks = self.replica_ranks(replica)

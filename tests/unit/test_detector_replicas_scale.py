@@ -9,6 +9,7 @@ from test_detector import feed, summary
 
 from synapse.detection import COMPUTE, SLOWDOWN, SlowdownDetector, StepTiming
 from synapse.detection.baseline import net_compute_ratios, pipelines_of
+from synapse.partitioning import Placement
 
 STEP_S, DIP, DIP_CHANCE = 0.45, 0.7, 0.05  # as the recorded H200 noise: now and then a step's compute reads 0.7x
 
@@ -68,3 +69,26 @@ def test_compute_moving_inside_one_replica_s_pipeline_is_still_no_slowdown():
     detector = SlowdownDetector()
     detector.set_replicas(stage_peers(16, 2))
     assert feed(detector, records) == []
+
+
+def test_a_shrunk_replica_is_a_pipeline_of_its_own():
+    """Replicas of [2, 1] stages (a SHRINK): no stage is shared, so the ranks' places in their stage
+    groups say nothing of their pipelines (they would read as one pipeline of all three ranks, and the
+    shrunk replica's dips would be netted against rank 1). The placement names them."""
+    shrunk = Placement.of_pipelines([Placement((0, 1), (4, 4), (5, 3)), Placement((2,), (8,), (8,))], (40, 24))
+    assert shrunk.pipeline_ranks() == [[0, 1], [2]]
+    assert pipelines_of(shrunk.stage_peers()) == [[0, 1, 2]]  # why the placement must say it
+    ratios, baseline = [1.0, 2.0, 0.4], [0.1, 0.1, 0.3]  # rank 1 2x; rank 2 (alone) at 0.4x
+    assert net_compute_ratios(ratios, baseline, 0.25, shrunk.pipeline_ranks())[1] == 2.0
+    assert net_compute_ratios(ratios, baseline, 0.25, pipelines_of(shrunk.stage_peers()))[1] < 0.3
+    rng, records, clock = random.Random(3), [], 0.0
+    for step in range(1, 121):  # the same from step 60, with noise
+        late = step >= 60
+        compute = (0.1 * rng.gauss(1.0, 0.01), 0.1 * rng.gauss(1.0, 0.01) * (2.0 if late else 1.0),
+                   0.3 * rng.gauss(1.0, 0.01) * (0.4 if late else 1.0))
+        step_s = max(compute) + 0.05
+        records.append(StepTiming(step, clock, step_s, compute, tuple(step_s - c for c in compute)))
+        clock += step_s
+    detector = SlowdownDetector()
+    detector.set_replicas(shrunk.stage_peers(), shrunk.pipeline_ranks())
+    assert summary(feed(detector, records)) == [(1, COMPUTE, SLOWDOWN)]
