@@ -52,7 +52,7 @@ def robust_sd(values: Collection[float]) -> float:
     """1.4826 x the median absolute deviation of ``values`` (a `SortedWindow` reads its sorted copy)."""
     if isinstance(values, SortedWindow):
         return values.robust_sd()
-    return sorted_robust_sd(sorted(values))
+    return sorted_robust_sd(sorted(values))[0]
 
 
 def medians_without_each(values: Sequence[float]) -> list[float | None]:
@@ -81,20 +81,58 @@ def medians_without_each(values: Sequence[float]) -> list[float | None]:
 
 
 def _medians_without_each_at_once(values: Sequence[float]) -> list[float | None]:
-    """`medians_without_each` of two or more values in one numpy pass: the same sort (stable, as
-    ``sorted``), the same values picked and the same (a + b) / 2, so the same answers bit for bit."""
-    ranked_values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(ranked_values, kind="stable")
-    ranked = ranked_values[order]
-    position = np.empty(len(order), dtype=np.intp)
-    position[order] = np.arange(len(order))
-    half = (len(order) - 1) // 2
+    """`medians_without_each` of two or more values in one numpy pass (`medians_without_each_rows`)."""
+    row = np.asarray(values, dtype=np.float64)[None, :]
+    return cast(list[float | None], medians_without_each_rows(row)[0].tolist())
 
-    def kept(j: int) -> np.ndarray:  # per index: the j-th smallest once its own value is removed
-        return np.where(j < position, ranked[j], ranked[j + 1])
 
-    middle = kept(half) if (len(order) - 1) % 2 else (kept(half - 1) + kept(half)) / 2
-    return cast(list[float | None], middle.tolist())
+def medians_without_each_rows(values: np.ndarray) -> np.ndarray:
+    """`medians_without_each` of every row of ``values`` (rows of two or more values) in one numpy
+    pass: per row the same stable sort, the same values picked and the same (a + b) / 2."""
+    order = np.argsort(values, axis=1, kind="stable")
+    ranked = np.take_along_axis(values, order, axis=1)
+    rows, n = values.shape
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.broadcast_to(np.arange(n), (rows, n)), axis=1)
+    half = (n - 1) // 2
+
+    def kept(j: int) -> np.ndarray:  # per entry: its row's j-th smallest once its own value is removed
+        return np.where(j < position, ranked[:, j:j + 1], ranked[:, j + 1:j + 2])
+
+    middle: np.ndarray = kept(half) if (n - 1) % 2 else (kept(half - 1) + kept(half)) / 2
+    return middle
+
+
+def peer_ratio_rows(ratios: np.ndarray) -> np.ndarray:
+    """`synapse.detection.waiting.peer_ratios` of every row of ``ratios`` (one row per step, one column
+    per rank) at once: each ratio over the median of its row's others (floored at 1e-9), the same
+    division; without others (one rank), over itself."""
+    if ratios.shape[1] < 2:
+        others = ratios
+    else:
+        others = medians_without_each_rows(ratios)
+    peers: np.ndarray = ratios / np.maximum(others, _TINY_S)
+    return peers
+
+
+def net_compute_ratio_rows(ratios: np.ndarray, baseline_s: Sequence[float], margin: float,
+                           pipelines: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+    """`net_compute_ratios` of every row of ``ratios`` (one row per step) at once, with the same
+    answers bit for bit: the same products and quotients elementwise, each pipeline's shortfall summed
+    in its rank order from 0.0 as ``sum`` does (``np.cumsum`` adds one term after another, it does
+    not pair them), and ``max(0.0, x)`` as ``x if x > 0.0 else 0.0``."""
+    baseline = np.asarray(baseline_s, dtype=np.float64)
+    shortfall = np.where(ratios < 1.0 - margin, (ratios - 1.0) * baseline, 0.0)
+    groups = [list(range(ratios.shape[1]))] if pipelines is None else [list(p) for p in pipelines]
+    net = np.zeros_like(ratios)
+    for width in sorted({len(g) for g in groups}):  # pipelines of one length at once (all of them in a mesh)
+        ranks = np.array([g for g in groups if len(g) == width], dtype=np.intp)  # (pipelines, width)
+        terms = shortfall[:, ranks]  # (rows, pipelines, width)
+        running = np.cumsum(np.concatenate([np.zeros(terms.shape[:2] + (1,)), terms], axis=2), axis=2)
+        total = running[:, :, -1:]
+        value = ratios[:, ranks] + (total - terms) / np.maximum(baseline[ranks], _TINY_S)
+        net[:, ranks] = np.where(value > 0.0, value, 0.0)
+    return net
 
 
 def peer_scale(measured_s: Sequence[float], expected_s: Sequence[float], rank: int) -> float | None:

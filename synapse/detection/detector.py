@@ -62,14 +62,23 @@ from itertools import islice
 from statistics import median
 from typing import Any, cast
 
-from synapse.detection.baseline import ComputeBaseline, net_compute_ratios, pipelines_of, robust_sd
+import numpy as np
+
+from synapse.detection.baseline import (
+    ComputeBaseline,
+    net_compute_ratio_rows,
+    net_compute_ratios,
+    peer_ratio_rows,
+    pipelines_of,
+    robust_sd,
+)
 from synapse.detection.link import LinkBaseline
 from synapse.detection.rolling import SortedWindow
 from synapse.detection.start import StartCheck, StartReading
 from synapse.detection.timing import StepTiming
 from synapse.detection.waiting import COMM_BASELINE_FIELDS, CommBaseline, peer_ratios
 from synapse.detection.wander import PeerWander
-from synapse.detection.window import column_medians, current_levels, onset_index
+from synapse.detection.window import VECTOR_FROM_RANKS, column_medians, current_levels, onset_index
 
 COMPUTE, COMM = "compute", "comm"
 KINDS = (COMPUTE, COMM)
@@ -404,6 +413,7 @@ class SlowdownDetector:
         self._comm_baseline: CommBaseline | None = None
         self._learning: list[tuple[tuple[float, ...], tuple[float, ...]]] = []  # (compute, comm) per step
         self._comm_own: list[SortedWindow] = []  # per rank: own comm excess of quiet steps (its spread)
+        self._comm_spread_due = False  # _comm_own took steps since the comm baseline's spread_s was set
         self._history: deque[HistoryEntry] = deque(maxlen=self.config.history_len)
         self._trackers: dict[tuple[str, int], Tracker] = {}
         self._latest_ratios: dict[str, tuple[float, ...]] = {}
@@ -602,12 +612,36 @@ class SlowdownDetector:
                            comm_ratio=ratios, comm_peer=peer_ratios(ratios))
         return signals[name]
 
+    def _fill_signals(self, entries: Sequence[HistoryEntry], name: str) -> None:
+        """``_signal`` of the compute and link signals for every entry lacking them, all at once
+        (a baseline refined by a quiet step drops them from every entry of the window, so each step
+        computed them again entry by entry). The same answers: `net_compute_ratio_rows` and
+        `peer_ratio_rows` are `net_compute_ratios` and `peer_ratios` row by row, bit for bit."""
+        kind = "link" if name.startswith("link") else COMPUTE if name.startswith(COMPUTE) else None
+        missing = [e for e in entries if name not in e.signals]
+        if kind is None or len(missing) < 2 or cast(int, self._num_ranks) < VECTOR_FROM_RANKS:
+            return  # one entry, or a few ranks: `_signal` entry by entry is as quick
+        if kind == "link":
+            excess = [self._link.excess(cast(tuple[float, ...], e.send_s)) for e in missing]
+            ratios = [self._link.ratios(x) for x in excess]
+            peers = peer_ratio_rows(np.array(ratios)).tolist()
+            for entry, x, r, p in zip(missing, excess, ratios, peers):
+                entry.signals.update(link_excess=x, link_ratio=r, link_peer=p)
+            return
+        baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
+        raw = np.array([e.compute_s for e in missing], dtype=np.float64) / np.maximum(baseline, _TINY_S)
+        raw[:, list(self._compute.pending)] = 1.0  # a rank still re-learning its baseline is not judged
+        net = net_compute_ratio_rows(raw, baseline, self._margin, self._pipelines)
+        for entry, r, n, p in zip(missing, raw.tolist(), net.tolist(), peer_ratio_rows(net).tolist()):
+            entry.signals.update(compute_raw=r, compute_ratio=n, compute_peer=p)
+
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
 
         def window_median(name: str, reading: Callable[[Sequence[Sequence[float]]], list[float]] = column_medians
                           ) -> list[float]:
             """Each rank's ``reading`` of a signal over the window (all ranks at once: one row per step)."""
+            self._fill_signals(recent, name)
             return reading([self._signal(e, name) for e in recent])
 
         ratios = window_median("compute_ratio")
@@ -628,12 +662,16 @@ class SlowdownDetector:
         self._refine(ratios)
         if self._link_mode:
             own = window_median("link_excess")
-            above_floor = [x >= self._link.floor(r, self.config.window, NOISE_Z) for r, x in enumerate(own)]
+            # the floor is never below min_comm_s: an excess under it is below the floor without its sd
+            least = max(self._link.min_comm_s, _TINY_S)
+            above_floor = [x >= least and x >= self._link.floor(r, self.config.window, NOISE_Z)
+                           for r, x in enumerate(own)]
             return events + self._judge(COMM, self._link.ratios(own), window_median("link_peer"), above_floor, timing)
         if self._comm_baseline is None:
             return events
         slow = [(ratio - 1.0) * self._denominator(COMPUTE, r) for r, ratio in enumerate(ratios)
                 if ratio >= self.config.threshold]
+        self._comm_spread_set()
         comm_ratios, above_floor = self._comm_baseline.own_ratios(
             window_median("comm_beyond_comm"), window_median("comm_beyond_step"),
             cfg.wait_explain_factor * max(slow, default=0.0), cfg.window, cfg.min_comm_s, NOISE_Z)
@@ -667,12 +705,21 @@ class SlowdownDetector:
             own = self._signal(latest, "comm_beyond_comm")
             for rank, samples in enumerate(self._comm_own):
                 samples.append(own[rank])
-                self._comm_baseline.spread_s[rank] = robust_sd(samples)
+            self._comm_spread_due = True  # set when read (`_comm_spread_set`): judged on own sends, it is not
         quiet = [rank for rank in range(len(self._compute.samples)) if rank not in self._compute.pending
                  and not (step_ratios[rank] >= self.config.threshold or net_ratios[rank] >= self.config.recover_below)]
         if self._compute.refine(latest.compute_s, quiet):
             # cached per-step compute signals were relative to the old baseline
             self._forget_compute_signals()
+
+    def _comm_spread_set(self) -> None:
+        """The comm baseline's spread_s from its samples as they stand, before anything reads it: each
+        rank's robust sd, as a quiet step used to set it at once (a detector judging comm on own send
+        time never reads it but in its state, and 64 ranks' sds were a tenth of a simulated step)."""
+        if self._comm_spread_due and self._comm_baseline is not None:
+            for rank, samples in enumerate(self._comm_own):
+                self._comm_baseline.spread_s[rank] = robust_sd(samples)
+        self._comm_spread_due = False
 
     def _forget_compute_signals(self) -> None:
         for entry in self._history:
@@ -754,6 +801,7 @@ class SlowdownDetector:
     # -------------------------------------------------------- restart support
     def state_dict(self) -> dict[str, Any]:
         """JSON-friendly: baselines, partial baseline samples, history, counters."""
+        self._comm_spread_set()
         return encode_state(num_ranks=self._num_ranks, last_step=self._last_step,
                             compute_baseline=self._compute.values, comm_baseline=self._comm_baseline,
                             learning=self._learning, compute_samples=self._compute.samples,
@@ -774,6 +822,7 @@ class SlowdownDetector:
         (self._num_ranks, self._last_step, self._compute.values, self._comm_baseline, self._learning,
          self._history, self._trackers) = restored
         self._compute.samples, self._compute.pending, self._comm_own, wander = samples
+        self._comm_spread_due = False
         # a state saved before the flag existed was never provisional
         self._compute.provisional = self._compute.values is not None and bool(state.get("compute_provisional", False))
         self._wander.load_state_dict(wander)
@@ -805,6 +854,7 @@ class SlowdownDetector:
             raise DetectorInputError("rebase() before any update(): there is no baseline to carry over yet")
         mapping, compute_scale, comm_scale, relearn, fresh = check_rebase(
             self._num_ranks, previous_rank, compute_scale, comm_scale, relearn, fresh)
+        self._comm_spread_set()
         carried = {COMPUTE: self._compute.values is not None}
         comm_carried = carried[COMPUTE] and self._comm_baseline is not None and comm_scale is not None
         # A device keeps its link over a re-partition: own send baselines carry over unscaled, and

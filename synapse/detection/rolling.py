@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from statistics import median
 
+import numpy as np
+
 MAD_TO_SD = 1.4826  # robust sd = 1.4826 * MAD (the sd of normal data)
 
 
@@ -32,33 +34,72 @@ def sorted_median(ordered: list[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def _kth_deviation(ordered: list[float], center: float, split: int, k: int) -> float:
+def _kth_deviation(ordered: list[float], center: float, split: int, k: int, hint: int | None = None
+                   ) -> tuple[float, int]:
     """The k-th smallest (from 0) of the distances of ``ordered`` from ``center``, in O(log n): the
     distances of the ``split`` values below it ascend leftwards from ``split - 1``, the others'
-    rightwards from ``split``; binary search for how many of the k + 1 smallest lie below."""
+    rightwards from ``split``; search for how many of the k + 1 smallest lie below (returned too).
+
+    That count is the first ``taken`` whose test fails (the test holds up to it, then never again),
+    so every search finds the same one; ``hint`` (the count of the window one step before) starts a
+    galloping search there, which takes a few tests where a window moved little instead of log2 n."""
     n_above = len(ordered) - split
     lo, hi = max(0, k + 1 - n_above), min(k + 1, split)
+
+    def below_is_nearer(taken: int) -> bool:  # the (taken + 1)-th value below is nearer than the rest above
+        return center - ordered[split - 1 - taken] < ordered[split + k - taken] - center
+
+    if hint is not None and lo < hi:
+        guess, step = min(max(hint, lo), hi), 1
+        if guess < hi and below_is_nearer(guess):  # the count is above the guess
+            lo = guess + 1
+            while lo < hi:
+                probe = min(lo + step - 1, hi - 1)
+                if not below_is_nearer(probe):
+                    hi = probe
+                    break
+                lo, step = probe + 1, 2 * step
+        else:  # the count is at most the guess
+            hi = guess
+            while lo < hi:
+                probe = max(hi - step, lo)
+                if below_is_nearer(probe):
+                    lo = probe + 1
+                    break
+                hi, step = probe, 2 * step
     while lo < hi:
         taken = (lo + hi) // 2
-        if center - ordered[split - 1 - taken] < ordered[split + k - taken] - center:
+        if below_is_nearer(taken):
             lo = taken + 1
         else:
             hi = taken
     rest = k + 1 - lo
     last_below = center - ordered[split - lo] if lo > 0 else -math.inf
-    return max(last_below, ordered[split + rest - 1] - center if rest > 0 else -math.inf)
+    return max(last_below, ordered[split + rest - 1] - center if rest > 0 else -math.inf), lo
 
 
-def sorted_robust_sd(ordered: list[float]) -> float:
-    """1.4826 x the median absolute deviation of values already sorted, as sorting the deviations gives."""
+def sorted_robust_sd(ordered: list[float], hints: tuple[int, int] | None = None) -> tuple[float, tuple[int, int]]:
+    """1.4826 x the median absolute deviation of values already sorted, as sorting the deviations gives,
+    and the counts below the median of its two searches (``hints`` for the next window's)."""
     n = len(ordered)
     center = sorted_median(ordered)
     split, half = bisect_left(ordered, center), n // 2
-    middle = _kth_deviation(ordered, center, split, half)
+    middle, upper = _kth_deviation(ordered, center, split, half, hints[1] if hints else None)
+    lower = upper
     if n % 2 == 0:
-        middle = (_kth_deviation(ordered, center, split, half - 1) + middle) / 2
+        below, lower = _kth_deviation(ordered, center, split, half - 1, hints[0] if hints else None)
+        middle = (below + middle) / 2
     # abs: a -0.0 distance (a -0.0 value at a 0.0 median) reads 0.0, as abs(v - center) gives
-    return MAD_TO_SD * abs(middle)
+    return MAD_TO_SD * abs(middle), (lower, upper)
+
+
+def robust_sd_rows(values: np.ndarray) -> np.ndarray:
+    """`sorted_robust_sd` of every row of ``values`` (unsorted) at once. The same answers bit for bit:
+    numpy's median picks the same middle value, or averages the same two by (a + b) / 2, and
+    ``abs(v - c)`` is the distance `_kth_deviation` compares (``c - v`` below the median)."""
+    centers = np.median(values, axis=1, keepdims=True)
+    spread: np.ndarray = MAD_TO_SD * np.median(np.abs(values - centers), axis=1)
+    return spread
 
 
 class SortedWindow:
@@ -67,12 +108,13 @@ class SortedWindow:
     Iterates, measures and appends as a ``deque(maxlen=...)`` does (oldest first; a full window
     drops its oldest), so it stands where one stood; `median` and `robust_sd` read the sorted copy."""
 
-    __slots__ = ("_arrived", "_ordered", "_sd")
+    __slots__ = ("_arrived", "_hints", "_ordered", "_sd")
 
     def __init__(self, values: Iterable[float] = (), maxlen: int | None = None) -> None:
         self._arrived: deque[float] = deque(values, maxlen=maxlen)
         self._ordered = sorted(self._arrived)  # stable: equal values in arrival order, as insort keeps them
         self._sd: float | None = None  # robust_sd, until the next append
+        self._hints: tuple[int, int] | None = None  # where the last robust_sd's searches ended
 
     @property
     def maxlen(self) -> int | None:
@@ -96,7 +138,7 @@ class SortedWindow:
     def robust_sd(self) -> float:
         """1.4826 x the window's median absolute deviation (StatisticsError when empty)."""
         if self._sd is None:
-            self._sd = sorted_robust_sd(self._ordered)
+            self._sd, self._hints = sorted_robust_sd(self._ordered, self._hints)
         return self._sd
 
     def __len__(self) -> int:

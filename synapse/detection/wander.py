@@ -27,8 +27,13 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 from statistics import median
+from typing import cast
+
+import numpy as np
 
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
+from synapse.detection.rolling import robust_sd_rows
+from synapse.detection.window import VECTOR_FROM_RANKS
 
 MIN_BLOCKS = 4  # blocks of window steps before their spread is trusted over the prior
 PRIOR_FACTOR = 2.0  # until then: this times the independent-steps sd of a window median
@@ -80,6 +85,15 @@ class PeerWander:
 
     def spread(self, rank: int) -> float | None:
         """The sd of a window median of this rank's peer ratio when nothing is wrong (None: no steps yet)."""
+        blocks = self._blocks(rank)
+        if blocks is None:
+            return None
+        if len(blocks) >= MIN_BLOCKS:
+            return robust_sd(blocks)
+        return self._prior(rank)
+
+    def _blocks(self, rank: int) -> list[float] | None:
+        """The medians of the rank's consecutive ``window``-step blocks of its history (None: < 4 steps)."""
         history = self.history[rank]
         if len(history) < 4:
             return None
@@ -87,20 +101,49 @@ class PeerWander:
         cached = self._block_medians[rank]
         if len(cached) > 2 * len(history):  # blocks that began before the history's first step are gone
             cached = self._block_medians[rank] = {start: m for start, m in cached.items() if start >= first}
-        blocks = []
-        for i in range(0, len(history) - self.window + 1, self.window):
-            block = cached.get(first + i)
-            if block is None:
-                block = cached[first + i] = median(islice(history, i, i + self.window))
-            blocks.append(block)
-        if len(blocks) >= MIN_BLOCKS:
-            return robust_sd(blocks)
-        return PRIOR_FACTOR * MEDIAN_SD_FACTOR * robust_sd(history) / math.sqrt(self.window)
+        starts = range(first, first + len(history) - self.window + 1, self.window)
+        blocks = list(map(cached.get, starts))
+        if None in blocks:  # mostly the newest block alone: read from the end of the deque, not walked to
+            missing = range(len(blocks)) if None in blocks[:-1] else (len(blocks) - 1,)
+            for index in missing:
+                if blocks[index] is None:
+                    start = starts[index]
+                    i = start - first
+                    from_end = len(history) - i - self.window
+                    steps = (islice(history, i, i + self.window) if i <= from_end
+                             else islice(reversed(history), from_end, from_end + self.window))
+                    blocks[index] = cached[start] = median(steps)
+        return cast(list[float], blocks)
+
+    def _prior(self, rank: int) -> float:
+        """Too few blocks yet: the spread independent steps would give a window median, times PRIOR_FACTOR."""
+        return PRIOR_FACTOR * MEDIAN_SD_FACTOR * robust_sd(self.history[rank]) / math.sqrt(self.window)
 
     def floors(self, least: float) -> list[float]:
         """Per rank, the smallest window median over its peers that is beyond its wander (>= ``least``)."""
-        spreads = [self.spread(rank) for rank in range(len(self.history))]
-        return [least if sd is None else max(least, min(FLOOR_CAP, 1.0 + self.z * sd)) for sd in spreads]
+        return [least if sd is None else max(least, min(FLOOR_CAP, 1.0 + self.z * sd)) for sd in self._spreads()]
+
+    def _spreads(self) -> list[float | None]:
+        """`spread` of every rank; the ranks with as many blocks as each other (every rank, once their
+        histories are full) in one numpy pass (`robust_sd_rows`: the same answers bit for bit)."""
+        spreads: list[float | None] = [None] * len(self.history)
+        by_count: dict[int, list[tuple[int, list[float]]]] = {}
+        for rank in range(len(self.history)):
+            blocks = self._blocks(rank)
+            if blocks is None:
+                continue
+            if len(blocks) < MIN_BLOCKS:
+                spreads[rank] = self._prior(rank)
+            else:
+                by_count.setdefault(len(blocks), []).append((rank, blocks))
+        for group in by_count.values():
+            if len(group) < VECTOR_FROM_RANKS:
+                sds = [robust_sd(blocks) for _, blocks in group]
+            else:
+                sds = robust_sd_rows(np.array([blocks for _, blocks in group], dtype=np.float64)).tolist()
+            for (rank, _), sd in zip(group, sds):
+                spreads[rank] = sd
+        return spreads
 
     def carried(self, mapping: Sequence[int], fresh: Sequence[int]) -> None:
         """Over a re-partition: new rank i keeps old rank ``mapping[i]``'s steps, unless it is ``fresh``."""

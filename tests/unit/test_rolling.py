@@ -6,6 +6,7 @@ Regenerate the recorded digests only for a change meant to alter detections:
 ``python tests/unit/test_rolling.py --regenerate`` (and say why in the commit)."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -14,17 +15,28 @@ from collections import deque
 from pathlib import Path
 from statistics import median
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synapse.detection import DetectorConfig, PeerWander, SlowdownDetector, StepTiming, current_level
-from synapse.detection.baseline import medians_without_each, robust_sd
-from synapse.detection.rolling import SortedWindow
+from synapse.detection.baseline import (
+    medians_without_each,
+    net_compute_ratio_rows,
+    net_compute_ratios,
+    peer_ratio_rows,
+    robust_sd,
+)
+from synapse.detection.rolling import SortedWindow, _kth_deviation, robust_sd_rows
+from synapse.detection.waiting import peer_ratios
 from synapse.detection.window import VECTOR_FROM_RANKS, column_medians, current_levels
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DIGESTS = DATA / "detector_replay_digests.json"
+# Every call a simulated run of 16 ranks made on its detector (4 x 4 and 16 x 1, 450 steps, rank 5
+# 3x slower at steps 150-250, the decision carried out): enough ranks for its all-ranks-at-once paths
+SIMULATED = DATA / "simulated_detector_calls"
 STREAM_FOLDERS = ("fault_free_streams", "fault_streams", "wandering_host_streams")
 # repeated values and both zeros, where ties and signs could tell two computations apart
 values = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 1.25, 2.0]), st.floats(-1e6, 1e6, allow_nan=False))
@@ -133,6 +145,92 @@ def test_the_recorded_streams_give_the_same_detections_ratios_and_state_as_befor
     assert sorted(got) == sorted(expected), "a recorded stream was added or removed: regenerate (see module doc)"
     changed = [name for name in expected if got[name] != expected[name]]
     assert not changed, f"these replays changed: {changed}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(values, min_size=1, max_size=250), st.integers(0, 300), st.integers(0, 300))
+def test_a_hinted_deviation_search_finds_what_the_plain_one_finds(stream, k_seed, hint):
+    ordered = sorted(stream)
+    center = median(ordered)
+    split = sum(1 for v in ordered if v < center)
+    k = k_seed % len(ordered)
+    assert _kth_deviation(ordered, center, split, k, hint) == _kth_deviation(ordered, center, split, k)
+    assert _kth_deviation(ordered, center, split, k)[0] == sorted(abs(v - center) for v in ordered)[k]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 30), st.data())
+def test_the_all_rows_readings_are_the_per_row_ones(rows, width, data):
+    table = [data.draw(st.lists(values, min_size=width, max_size=width)) for _ in range(rows)]
+    array = np.array(table, dtype=np.float64)
+    sds = robust_sd_rows(array).tolist()
+    assert all(same(got, plain_robust_sd(row)) for got, row in zip(sds, table))
+    peers = peer_ratio_rows(array).tolist()
+    assert all(same(g, e) for got, row in zip(peers, table) for g, e in zip(got, peer_ratios(row)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 5), st.sampled_from([(1, 12), (12, 1), (3, 4), (2, 5), None]), st.floats(0.0, 0.9),
+       st.data())
+def test_net_compute_ratios_of_all_rows_are_the_per_row_ones(rows, mesh, margin, data):
+    n = 12 if mesh is None else mesh[0] * mesh[1]
+    ratios = st.one_of(st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.25]), st.floats(0.0, 5.0))
+    table = [data.draw(st.lists(ratios, min_size=n, max_size=n)) for _ in range(rows)]
+    baseline = data.draw(st.lists(st.one_of(st.just(0.0), st.floats(1e-12, 10.0)), min_size=n, max_size=n))
+    pipelines = None if mesh is None else [list(range(r * mesh[1], (r + 1) * mesh[1])) for r in range(mesh[0])]
+    if mesh == (3, 4):  # pipelines of unequal length, ranks out of order
+        pipelines = [[0, 5, 2], [1, 3, 4, 6, 7, 8], [11, 10, 9]]
+    got = net_compute_ratio_rows(np.array(table, dtype=np.float64), baseline, margin, pipelines).tolist()
+    for got_row, row in zip(got, table):
+        assert all(same(g, e) for g, e in zip(got_row, net_compute_ratios(row, baseline, margin, pipelines)))
+
+
+def test_net_compute_ratios_of_64_ranks_sum_their_pipelines_shortfalls_in_rank_order():
+    """Half the peers far below their baselines, half far above (so that the net ratios stay above 0): a
+    sum of many rounded terms, whose order shows in the last bits."""
+    rng = np.random.default_rng(7)
+    table = np.where(rng.random((50, 64)) < 0.5, rng.uniform(0.0, 0.7, (50, 64)), rng.uniform(20.0, 100.0, (50, 64)))
+    baseline = rng.uniform(0.5, 1.0, 64).tolist()
+    for pipelines in (None, [list(range(r * 8, r * 8 + 8)) for r in range(8)]):
+        got = net_compute_ratio_rows(table, baseline, 0.25, pipelines).tolist()
+        for got_row, row in zip(got, table.tolist()):
+            assert all(same(g, e) for g, e in zip(got_row, net_compute_ratios(row, baseline, 0.25, pipelines)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.floats(0.5, 2.0), min_size=12, max_size=12), st.sets(st.integers(0, 11))),
+                min_size=1, max_size=120))
+def test_the_wander_floors_of_many_ranks_at_once_are_the_per_rank_ones(steps):
+    wander = PeerWander(window=5, keep=40, z=5.0)
+    wander.reset(12)
+    for ratios, calm in steps:
+        wander.observe(ratios, sorted(calm))
+        spreads = [plain_spread(wander, rank) for rank in range(12)]
+        expected = [1.15 if sd is None else max(1.15, min(1.6, 1.0 + 5.0 * sd)) for sd in spreads]
+        assert all(same(g, e) for g, e in zip(wander.floors(1.15), expected))
+
+
+def simulated_replay_digests() -> dict[str, str]:
+    """Per recorded simulated run: a digest of every call's events, the ratios and active slowdowns
+    after it, and the final state."""
+    digests = {}
+    for path in sorted(SIMULATED.glob("*.json.gz")):
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        detector, digest = SlowdownDetector(DetectorConfig(**data["config"])), hashlib.sha256()
+        for call in data["calls"]:
+            args = [StepTiming(**call["args"][0])] if call["call"] == "update" else call["args"]
+            out = getattr(detector, call["call"])(*args, **call["kwargs"])
+            digest.update(repr([e.to_dict() for e in out or []]).encode())
+            digest.update(repr((detector.latest_ratios, detector.active)).encode())
+        digest.update(json.dumps(detector.state_dict(), sort_keys=True).encode())
+        digests[path.name.removesuffix(".json.gz")] = digest.hexdigest()
+    return digests
+
+
+def test_simulated_runs_of_16_ranks_give_the_same_detections_ratios_and_state_as_before():
+    """Digests taken with the detector on main at 96e4bbc, before its all-ranks-at-once signals,
+    wander floors, hinted deviation searches and deferred comm spreads."""
+    assert simulated_replay_digests() == json.loads((SIMULATED / "digests.json").read_text())
 
 
 if __name__ == "__main__" and "--regenerate" in sys.argv:
