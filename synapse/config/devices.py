@@ -119,6 +119,11 @@ class NodeDevices:
     names: list[str]  # of each of those devices
     memory_bytes: list[float]  # of each of those devices; inf for a CPU slot (the planner bounds no memory there)
 
+    def describe(self) -> str:
+        """E.g. ``devices [0, 1]: gpu-a 8.0 GB, gpu-a 8.0 GB`` (as the decider's log names a node's devices)."""
+        sizes = ["" if m == float("inf") else f" {m / 1e9:.1f} GB" for m in self.memory_bytes]
+        return f"devices {self.devices}: " + ", ".join(f"{n}{size}" for n, size in zip(self.names, sizes))
+
     def memory_of(self, device_id: int) -> float:
         return self.memory_bytes[self.devices.index(device_id)]
 

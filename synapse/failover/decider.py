@@ -170,6 +170,8 @@ class NodeDecider:
                                  f"or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})"
                  f"{f' under epoch {self.epoch}' if self.epoch else ''}")
+        for node, facts in sorted(self.host_devices.items()) if self.elsewhere else ():
+            self.log(f"decider: node {node}'s agent says its host has {facts.describe()}")
         self.joined = set(hellos)
 
     def take_back(self, node: int) -> bool:

@@ -108,7 +108,8 @@ with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
 GB = 1e9
 told = {0: NodeDevices("cuda", 2, [0, 1], ["gpu-a", "gpu-a"], [8 * GB, 8 * GB]),
         1: NodeDevices("cuda", 4, [0, 1], ["gpu-b", "gpu-b"], [24 * GB, 24 * GB])}
-decider = NodeDecider(cfg.trainer, cfg.failover, run_dir, log=lambda m: None)
+said = []
+decider = NodeDecider(cfg.trainer, cfg.failover, run_dir, log=said.append)
 
 def agent(node):
     channel = NodeChannel.connect(endpoint, node, 30, run_dir)
@@ -125,7 +126,8 @@ for thread in agents:
 with device_memory_told_by(decider.device_memory):
     facts = device_facts(cfg.trainer, cfg.partition)
     specs = facts.specs(decider.topology.devices)
-print(json.dumps({"devices": decider.topology.devices, "memory_gb": [s.memory_bytes / GB for s in specs]}))
+print(json.dumps({"devices": decider.topology.devices, "memory_gb": [s.memory_bytes / GB for s in specs],
+                  "said": [line for line in said if "agent says" in line]}))
 '''
 
 
@@ -141,5 +143,7 @@ def test_a_decider_on_a_host_of_its_own_sizes_each_gpu_as_its_nodes_agent_said(t
     done = subprocess.run([sys.executable, "-c", DECIDER_MEETS, str(tmp_path / "run"), f"127.0.0.1:{free_port()}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
-    assert said == {"devices": [0, 1, 2, 3], "memory_gb": [8.0, 8.0, 24.0, 24.0]}, said
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["devices"] == [0, 1, 2, 3] and facts["memory_gb"] == [8.0, 8.0, 24.0, 24.0], facts
+    assert facts["said"] == ["decider: node 0's agent says its host has devices [0, 1]: gpu-a 8.0 GB, gpu-a 8.0 GB",
+                             "decider: node 1's agent says its host has devices [0, 1]: gpu-b 24.0 GB, gpu-b 24.0 GB"]
