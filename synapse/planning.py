@@ -13,11 +13,12 @@ takes the config groups it reads.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +31,7 @@ from synapse.config import (
     TeacherConfig,
     TrainerConfig,
     cuda_index,
+    decides_elsewhere,
     fixed_replicas,
     resolve_accelerator,
     resolve_devices,
@@ -109,6 +111,35 @@ def profile_launch(trainer: TrainerConfig, pipeline: PipelineConfig, replicas: i
 GLOO_LOOPBACK_LATENCY_S, GLOO_LOOPBACK_BYTES_PER_S = 56e-6, 4.44e9
 
 
+# A decider on a host of its own (trainer.role=decider): the memory of each run-wide device, as its node's
+# agent said it (failover.decider.NodeDecider.device_memory); None outside such a decider's process.
+_told_memory: Callable[[int], float] | None = None
+
+
+@contextlib.contextmanager
+def device_memory_told_by(memory_of: Callable[[int], float] | None) -> Iterator[None]:
+    """While active, the planner sizes each GPU by ``memory_of(run-wide device id)`` (the nodes' agents' word)
+    instead of asking CUDA on this host, which has none of the run's devices. None: no change."""
+    global _told_memory
+    earlier, _told_memory = _told_memory, memory_of or _told_memory
+    try:
+        yield
+    finally:
+        _told_memory = earlier
+
+
+def _memory_lookup(trainer: TrainerConfig, local_id: Callable[[int], int], share: int = 1) -> Callable[[int], float]:
+    """Each run-wide device's memory: told by its node's agent (a decider on a host of its own), or this
+    host's CUDA device of that local id (its ``share`` when ranks share one GPU)."""
+    told = _told_memory
+    if told is not None:
+        return told  # the agent already divided a shared GPU's memory among its ranks (NodeDevices)
+    if decides_elsewhere(trainer):
+        raise PartitionError("trainer.role=decider plans only with the devices the nodes' agents described at the "
+                             "meeting, and none were told here (a bug: planning outside the decider's job)")
+    return lambda d: _gpu_memory(local_id(d)) / share
+
+
 def device_facts(trainer: TrainerConfig, partition: PartitionConfig) -> DeviceFacts:
     """What the planner knows of each device id: name, memory, link bandwidth, core sharing."""
     gbps = partition.link_bandwidth_gbps
@@ -119,13 +150,13 @@ def device_facts(trainer: TrainerConfig, partition: PartitionConfig) -> DeviceFa
         # host copies and gloo (the plan is this run's, not that of K separate GPUs).
         gpu, ranks = cuda_index(trainer, 0), len(resolve_devices(trainer))
         bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S
-        return DeviceFacts(lambda d: f"cuda:{gpu}", lambda d: _gpu_memory(gpu) / ranks, bandwidth, 1,
+        return DeviceFacts(lambda d: f"cuda:{gpu}", _memory_lookup(trainer, lambda d: gpu, ranks), bandwidth, 1,
                            GLOO_LOOPBACK_LATENCY_S, node_of=topology.node_of,
                            cross_node_bandwidth_bytes_per_s=node_gbps * 1e9 if node_gbps else bandwidth)
     if resolve_accelerator(trainer) == "cuda":
         bandwidth = gbps * 1e9 if gbps else math.inf
         # Run-wide device ids (partitioning/topology.py): a device is named and sized by its node's local id.
-        return DeviceFacts(lambda d: f"cuda:{topology.local_id(d)}", lambda d: _gpu_memory(topology.local_id(d)),
+        return DeviceFacts(lambda d: f"cuda:{topology.local_id(d)}", _memory_lookup(trainer, topology.local_id),
                            bandwidth, node_of=topology.node_of,
                            cross_node_bandwidth_bytes_per_s=node_gbps * 1e9 if node_gbps else bandwidth)
     bandwidth = gbps * 1e9 if gbps else GLOO_LOOPBACK_BYTES_PER_S

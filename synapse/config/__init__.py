@@ -8,8 +8,11 @@ composed config into the frozen ``SynapseConfig`` once, at the root; each compon
 own slice of it, and nothing changes it after validation.
 """
 from synapse.config.devices import (
+    NodeDevices,
     cuda_index,
+    decides_elsewhere,
     fixed_replicas,
+    local_devices,
     num_ranks,
     num_stages,
     resolve_accelerator,
@@ -81,12 +84,14 @@ from synapse.config.validation import validate
 __all__ = ["Accelerator", "CheckpointConfig", "Choice", "ConfigError", "DataConfig", "DataName", "Decode",
            "DrillAction", "DrillConfig", "ExperimentConfig", "FailoverConfig", "FaultSettings", "HostRead",
            "InjectionConfig", "KDConfig", "KDMode", "LRSchedule", "LoggerConfig", "MAY_CHANGE", "MODES", "Mode",
-           "MonitorConfig", "NONFINITE_POLICIES", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED", "OptimConfig",
+           "MonitorConfig", "NONFINITE_POLICIES", "NodeDevices", "NoParams", "NonFinitePolicy", "OLDEST_SUPPORTED",
+           "OptimConfig",
            "OptimizerName", "PartitionConfig", "PartitionMode", "PipelineConfig", "PipelineSchedule", "PolicyConfig",
            "PolicyName", "Precision", "ReplanMode", "SimulateConfig", "StageCompiler", "StudentConfig",
            "SynapseConfig", "TeacherConfig",
            "TrackerName", "TrainerConfig", "UnsupportedTorchError", "as_node", "check_resume_settings", "config_dict",
-           "config_from_yaml", "config_yaml", "cuda_index", "default_cache_dir", "fixed_replicas", "hydra_node",
-           "num_ranks", "num_stages", "register_configs", "require_supported_torch", "resolve_accelerator",
+           "config_from_yaml", "config_yaml", "cuda_index", "decides_elsewhere", "default_cache_dir", "fixed_replicas",
+           "hydra_node", "local_devices", "num_ranks", "num_stages", "register_configs", "require_supported_torch",
+           "resolve_accelerator",
            "resolve_devices", "run_topology", "shares_a_gpu", "torch_version", "typed_config", "validate",
            "with_settings"]

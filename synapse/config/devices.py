@@ -1,7 +1,8 @@
 """Which accelerator and which device ids a run uses, checked against the machine."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
 
 from omegaconf import DictConfig, ListConfig
 
@@ -15,9 +16,20 @@ if TYPE_CHECKING:
 TrainerSettings = Union["TrainerConfig", DictConfig]
 
 
+def decides_elsewhere(trainer: TrainerSettings) -> bool:
+    """trainer.role=decider: this host runs none of the run's workers (a login or service node, the Slurm
+    batch host, a CPU component of a heterogeneous job). It never looks at its own accelerator; the
+    facts of the run's devices come from the nodes' agents (``NodeDevices``)."""
+    return getattr(trainer, "role", "auto") == "decider"
+
+
 def resolve_accelerator(trainer: TrainerSettings) -> str:
     if trainer.accelerator != "auto":
         return str(trainer.accelerator)
+    if decides_elsewhere(trainer):
+        fail("trainer.accelerator", "auto looks for a CUDA device on this host, and trainer.role=decider runs on a "
+             "host without the run's devices", "set trainer.accelerator=cuda or trainer.accelerator=cpu, as the "
+             "nodes run")
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,7 +55,8 @@ def resolve_devices(trainer: TrainerSettings) -> list[int]:
     if min(ids) < 0:
         fail("trainer.devices", f"negative device id in {ids}", "device ids start at 0")
     if accelerator == "cuda" and trainer.shared_gpu is None:
-        check_gpu_ids(ids)
+        if not decides_elsewhere(trainer):  # the decider's host: each node's agent says what it has (NodeDevices)
+            check_gpu_ids(ids)
     elif max(ids) >= 64:  # CPU slots, or ranks sharing one GPU
         fail("trainer.devices", f"{len(ids)} {'ranks on one GPU' if accelerator == 'cuda' else 'CPU slots'} "
              f"requested", "use at most 64 worker processes")
@@ -93,3 +106,62 @@ def check_gpu_ids(ids: list[int]) -> None:
     if missing:
         fail("trainer.devices", f"GPU ids {missing} do not exist (this machine has {count}: 0..{count - 1})",
               f"choose ids below {count}")
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What a node's agent says of the devices on its host, in its hello: a decider on a host of its own
+    (``decides_elsewhere``) checks the node's trainer.devices against them and plans with their memory."""
+
+    accelerator: str  # the node's resolved trainer.accelerator
+    visible_gpus: int  # CUDA devices the node sees (0: none)
+    devices: list[int]  # the node's trainer.devices, in order
+    names: list[str]  # of each of those devices
+    memory_bytes: list[float]  # of each of those devices; inf for a CPU slot (the planner bounds no memory there)
+
+    def describe(self) -> str:
+        """E.g. ``devices [0, 1]: gpu-a 8.0 GB, gpu-a 8.0 GB`` (as the decider's log names a node's devices)."""
+        sizes = ["" if m == float("inf") else f" {m / 1e9:.1f} GB" for m in self.memory_bytes]
+        return f"devices {self.devices}: " + ", ".join(f"{n}{size}" for n, size in zip(self.names, sizes))
+
+    def memory_of(self, device_id: int) -> float:
+        return self.memory_bytes[self.devices.index(device_id)]
+
+    def unfit(self, accelerator: str) -> str | None:
+        """Why these devices cannot run a decider's ``accelerator`` run (None: they can)."""
+        if accelerator == "cuda" and self.devices and self.visible_gpus <= max(self.devices):
+            needed = max(self.devices) + 1
+            fix = (f"give trainer.devices ids below {self.visible_gpus} (the same on every node), or "
+                   if self.visible_gpus else "")
+            return (f"its host sees {self.visible_gpus} CUDA device(s), and trainer.devices={self.devices} needs "
+                    f"{needed} (GPU ids up to {needed - 1}). Fix: {fix}start that node on a host with at least "
+                    f"{needed} GPU(s)")
+        if self.accelerator != accelerator:
+            return (f"it runs trainer.accelerator={self.accelerator}, the decider plans for {accelerator}. Fix: the "
+                    f"same trainer.accelerator on every node and the decider (cuda or cpu)")
+        return None
+
+    @classmethod
+    def of(cls, data: Any) -> NodeDevices | None:
+        """From a hello's record (None: the hello said nothing of its devices)."""
+        try:
+            return cls(**data) if isinstance(data, dict) and data else None
+        except TypeError:
+            return None
+
+
+def local_devices(trainer: TrainerSettings) -> NodeDevices:
+    """This host's facts of the run's devices: what a node's agent tells the decider. Only the agent calls it:
+    it looks at CUDA, which the decider's host never does."""
+    import torch
+
+    accelerator, ids = resolve_accelerator(trainer), resolve_devices(trainer)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator != "cuda":
+        return NodeDevices(accelerator, visible, ids, [f"cpu:{i}" for i in ids], [float("inf")] * len(ids))
+    gpus = [cuda_index(trainer, i) for i in ids]
+    properties = [torch.cuda.get_device_properties(g) for g in gpus]
+    # ranks sharing one GPU (trainer.shared_gpu) each get their share of its memory
+    share = len(ids) if trainer.shared_gpu is not None else 1
+    return NodeDevices(accelerator, visible, ids, [p.name for p in properties],
+                       [float(p.total_memory) / share for p in properties])

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from synapse.config import FailoverConfig, TrainerConfig, config_from_yaml, resolve_devices
+from synapse.config import FailoverConfig, TrainerConfig, config_from_yaml, local_devices, resolve_devices
 from synapse.failover.node_channel import (
     BEAT_S,
     MEETING,
@@ -74,7 +74,8 @@ def run_agent(trainer: TrainerConfig, failover: FailoverConfig, run_dir: Path, l
     # decider of a later epoch does not welcome, and the meeting times out naming the fix)
     announced = channel.wait_decider(min(float(trainer.rdzv_timeout_s), 10.0))
     hello = NodeHello(node, int(trainer.nodes), resolve_devices(trainer), socket.getfqdn(), os.getpid(), nonce,
-                      epoch=announced.epoch if announced else 0, incarnation=secrets.token_hex(8))
+                      epoch=announced.epoch if announced else 0, incarnation=secrets.token_hex(8),
+                      host_devices=dataclasses.asdict(local_devices(trainer)))
     channel.say_hello(hello)
     another_key = channel.holds_another_run_key()  # read now: when that fails the meeting, node 0's store goes
     try:

@@ -33,7 +33,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, config_yaml, run_topology, with_settings
+from synapse.config import (
+    FailoverConfig,
+    NodeDevices,
+    SynapseConfig,
+    TrainerConfig,
+    config_yaml,
+    decides_elsewhere,
+    resolve_accelerator,
+    run_topology,
+    with_settings,
+)
 from synapse.failover.epoch import admit_workers, close_commits
 from synapse.failover.node_channel import (
     BEAT_S,
@@ -108,6 +118,10 @@ class NodeDecider:
         self.incarnations: dict[int, str] = {}  # node -> the incarnation welcomed last
         self.interrupts_seen: dict[int, int] = {}  # node -> the epoch of the interrupt it said, once acted on
         self.local_devices: list[int] = []  # trainer.devices of every node (set by the meeting)
+        # trainer.role=decider: this host has none of the run's devices; each node's agent says what its host
+        # has (in its hello), which is checked against the config and is what the planner knows of the devices
+        self.elsewhere, self.accelerator = decides_elsewhere(trainer), resolve_accelerator(trainer)
+        self.host_devices: dict[int, NodeDevices] = {}
         # told the devices of a node that came back after it was declared lost: spares for the controller
         self.on_spares: Callable[[list[int]], None] | None = None
         self.events = EventLog(events_path(self.run_dir), source="decider")
@@ -127,6 +141,8 @@ class NodeDecider:
                 break
             time.sleep(POLL_S * 4)
         for node, hello in hellos.items():
+            if (facts := NodeDevices.of(hello.host_devices)) is not None:
+                self.host_devices[node] = facts
             self.channel.continue_orders(node, hello.orders_seen)
             if hello.running_segment >= 0:
                 self.adoptable[node] = hello.running_segment
@@ -154,6 +170,8 @@ class NodeDecider:
                                  f"or raise trainer.rdzv_timeout_s")
         self.log(f"decider: nodes {sorted(hellos)} joined ({', '.join(h.host for h in hellos.values())})"
                  f"{f' under epoch {self.epoch}' if self.epoch else ''}")
+        for node, facts in sorted(self.host_devices.items()) if self.elsewhere else ():
+            self.log(f"decider: node {node}'s agent says its host has {facts.describe()}")
         self.joined = set(hellos)
 
     def take_back(self, node: int) -> bool:
@@ -164,6 +182,8 @@ class NodeDecider:
                 or hello.incarnation == self.incarnations.get(node):
             return False
         problem = self._mismatch(hello, self.local_devices)
+        if not problem and (facts := NodeDevices.of(hello.host_devices)) is not None:
+            self.host_devices[node] = facts
         self.channel.continue_orders(node, hello.orders_seen)
         self.channel.welcome_back(node, Welcome(problem, hello_nonce=hello.nonce, instance=RUN_SCOPE, epoch=self.epoch))
         self.incarnations[node] = hello.incarnation
@@ -185,7 +205,24 @@ class NodeDecider:
         if list(hello.devices) != list(local_devices):
             return (f"it has trainer.devices={hello.devices}, the decider has {list(local_devices)}. Fix: the same "
                     f"trainer.devices on every node")
+        if self.elsewhere:  # this host has none of the run's devices: the node's own facts decide
+            facts = NodeDevices.of(hello.host_devices)
+            if facts is None:
+                return ("its agent said nothing of its host's devices, which a decider on a host of its own "
+                        "(trainer.role=decider) plans with. Fix: the same Synapse version on every node and on the "
+                        "decider's host")
+            return facts.unfit(self.accelerator)
         return None
+
+    def device_memory(self, device: int) -> float:
+        """The memory of run-wide device ``device`` as its node's agent said it (``NodeDevices``): what a decider
+        on a host of its own plans with (``planning.device_facts``), never its own host's."""
+        node = self.topology.node_of(device)
+        facts = self.host_devices.get(node)
+        if facts is None:
+            raise NodeSetupError(f"node {node}'s agent said nothing of its devices, and device {device} is one of "
+                                 f"them. Fix: the same Synapse version on every node and the decider")
+        return facts.memory_of(self.topology.local_id(device))
 
     def interrupted(self, interrupt: NodeInterrupt) -> None:
         """A node's launcher got a Ctrl-C, SIGTERM or hangup: the decider stops the run exactly as if that signal

@@ -44,6 +44,7 @@ from synapse.failover.agent import run_agent
 from synapse.failover.decider import NodeDecider
 from synapse.failover.epoch import next_epoch, record_decider
 from synapse.failover.node_channel import BEAT_S, DECIDER_KEY, DeciderAnnouncement, NodeChannel
+from synapse.planning import device_memory_told_by
 from synapse.profiling import profiles_taken_by
 from synapse.rundir import LOG, EventLog, events_path, read_events
 
@@ -266,8 +267,11 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
         error: BaseException | None = None
         try:
             decider.meet_agents(resolve_devices(trainer))
-            # A host of its own has no device of the run (or others): the nodes' agents profile for it
-            with profiles_taken_by(decider.take_profile if trainer.role == "decider" else None):
+            # A host of its own has no device of the run (or others): the nodes' agents profile for it, and the
+            # planner sizes the devices as their agents described them at the meeting
+            elsewhere = trainer.role == "decider"
+            with profiles_taken_by(decider.take_profile if elsewhere else None), \
+                    device_memory_told_by(decider.device_memory if elsewhere else None):
                 summary = job(decider, restarted)
         except BaseException as exc:
             error = exc

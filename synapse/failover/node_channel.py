@@ -6,9 +6,10 @@ same store, under a run id per segment). Every message is one typed record, JSON
 
 * the decider's announcement, put by node 0's launcher (``DeciderAnnouncement``): the epoch of the
   decider that speaks for the run now (``epoch.py``), and whether it runs, was lost, or is gone.
-* ``NodeHello``  agent -> decider, once per epoch: who I am (node_rank, nodes, devices, a fresh
-  nonce, the epoch it attaches to and how many orders it has read); answered by a ``Welcome`` (ok,
-  or the mismatch that stops both sides) that echoes the nonce and carries the epoch.
+* ``NodeHello``  agent -> decider, once per epoch: who I am (node_rank, nodes, devices and what
+  its host has of them: GPU count, names, memory; a fresh nonce, the epoch it attaches to and how
+  many orders it has read); answered by a ``Welcome`` (ok, or the mismatch that stops both sides)
+  that echoes the nonce and carries the epoch.
 * ``LaunchOrder`` decider -> agent: start your workers of segment n with this config;
   ``StopOrder``: tear your segment's workers down now; ``ExitOrder``: the run is over.
 * ``NodeReport`` agent -> decider: how its workers of segment n ended (finished, failed with the
@@ -93,6 +94,9 @@ class NodeHello:
     running_segment: int = -1
     # fresh each time the agent (re)joins: a node declared lost comes back as a new incarnation, a spare
     incarnation: str = ""
+    # what this node's host has (synapse.config.NodeDevices' fields): its GPU count, each device's name and
+    # memory. A decider on a host of its own checks the node's devices and plans with them, never with its own
+    host_devices: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
