@@ -21,6 +21,7 @@ from synapse.config import (
     SynapseConfig,
     TeacherConfig,
     config_dict,
+    decides_elsewhere,
     resolve_accelerator,
     resolve_devices,
     with_settings,
@@ -69,6 +70,12 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
     if cached.is_file():
         check_cached_teacher(cfg.teacher, cfg.data, cfg.seed, cached)
         log(f"teacher: reusing the cached {cfg.teacher.name} trained on {cfg.data.name} ({cached})")
+    elif decides_elsewhere(cfg.trainer):  # its host has none of the run's devices to train one on
+        raise ConfigError(
+            f"teacher.checkpoint: no teacher weights given and none cached ({cached}), and trainer.role=decider "
+            f"trains no teacher on its own host, which has none of the run's devices. Fix: train it where the "
+            f"devices are first (python train.py mode=teacher teacher={cfg.teacher.name} data={cfg.data.name} "
+            f"on a node, then teacher.checkpoint=<its run dir>/model.pt), or set teacher.checkpoint")
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
             f"for {cfg.teacher.auto_train_epochs} epochs first (cached at {cached})")

@@ -42,3 +42,19 @@ def test_a_decider_on_a_host_of_its_own_neither_resolves_auto_nor_checks_gpu_ids
                                     "trainer.devices=[0,1]", "trainer.accelerator=cuda"))
     with pytest.raises(ConfigError, match="cuda requested but no CUDA device is visible"):
         resolve_devices(node.trainer)
+
+
+def test_a_decider_on_a_host_of_its_own_trains_no_teacher_there(make_config, tiny_run, tmp_path):
+    """With no teacher weights given or cached, a decider elsewhere refuses, naming the fix, before any
+    work (it would train the teacher on a host without the run's devices)."""
+    from synapse.engine.teacher import teacher_weights
+
+    decider = typed_config(make_config(*tiny_run, "trainer.role=decider", "trainer.nodes=2",
+                                       "trainer.rdzv_endpoint=127.0.0.1:29999", "trainer.accelerator=cpu",
+                                       f"cache_dir={tmp_path / 'cache'}", "teacher.checkpoint=null",
+                                       "teacher.auto_train=true"))
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="trainer.role=decider trains no teacher on its own host.*Fix: train it "
+                                          "where the devices are first"):
+        teacher_weights(decider, tmp_path / "run", lines.append)
+    assert lines == [] and not (tmp_path / "run").exists()
