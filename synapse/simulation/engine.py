@@ -13,7 +13,14 @@ already computes):
    live re-plan's measured cost, any other action stops with a checkpoint and restarts after the
    restart path's measured cost (the controller's restart-cost model, i.e. the shipped priors);
    a device that dies goes to ``on_hard_failure`` and the run resumes from its last checkpoint,
-   redoing the steps since.
+   redoing the steps since;
+5. what a real run does between steps is held on the clock after the step's record: a checkpoint
+   save (every ``checkpoint.every`` steps, at epoch ends, at the last step) holds the loop for
+   ``checkpoint_hold_s``, an evaluation (every ``trainer.eval_every_epochs`` epochs and at the last
+   step) for a forward-only pass of the validation split through the running placement. As in a real
+   run (the trainer restarts its step timer after them) they are in no record's ``step_seconds``, so
+   the detector does not read them as a slowdown; the next step's ``time`` is late by them, and the
+   wall time has them.
 
 Time is simulated: every record's ``time`` is the simulated clock (starting at ``START_TIME``), so
 the same seed writes the same records, and the report reads them as it reads a real run's.
@@ -21,6 +28,7 @@ the same seed writes the same records, and the report reads them as it reads a r
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +61,11 @@ class SimulationSetup:
     noise: StepNoise = field(default_factory=StepNoise)
     seed: int = 0
     checkpoint_every: int = 0  # checkpoint.every (0: only at epoch ends)
-    steps_per_epoch: int | None = None  # epoch-end checkpoints (None: none)
+    steps_per_epoch: int | None = None  # the data set's epoch in steps (None: unknown, so no epoch ends)
+    checkpoint_at_epoch_end: bool = True  # checkpoint.at_epoch_end
+    checkpoint_hold_s: float = 0.0  # the loop held per checkpoint save (async: its stall; sync: the save)
+    eval_every_epochs: int = 1  # trainer.eval_every_epochs
+    eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
     live_replan: bool = True  # failover.replan_mode=live
     max_restarts: int = 3
     failure_detect_s: float = 5.0
@@ -100,6 +112,7 @@ class SimulatedRun:
         self.restarts: list[Restart] = []
         self._pending: Restart | None = None  # restarted, its first step not run yet
         self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
+        self._eval_cache: dict[tuple[Any, ...], float] = {}
         self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
         self._width = len(setup.placement.devices) + len(controller.spare_devices)
         self._step_faults = sorted((f for f in setup.faults if not f.in_seconds), key=lambda f: f.start)
@@ -132,6 +145,7 @@ class SimulatedRun:
                     continue
                 record = self._step_record(step, active)
                 performance.write(record)
+                self._between_steps(step, active)
                 self._first_step_after_restart(record)
                 decision = self.controller.observe(record)
                 if decision is None:
@@ -228,6 +242,50 @@ class SimulatedRun:
                 "comm_s": comm.tolist(), "send_s": np.minimum(transfer * step_ratio, comm).tolist(),
                 "images_per_s": self.setup.batch_size / step_s, "time": self.clock}
 
+    # ---------------------------------------------------------------- between steps
+    def _between_steps(self, step: int, active: list[DeviceFault]) -> None:
+        """A checkpoint save and an evaluation due after ``step`` (the trainer's rule): the clock is
+        held by them, no step's time includes them."""
+        setup = self.setup
+        per_epoch, last = setup.steps_per_epoch, step == setup.total_steps
+        epoch_end = bool(per_epoch) and step % per_epoch == 0  # type: ignore[operator]
+        save = (setup.checkpoint_every and step % setup.checkpoint_every == 0) or \
+            (epoch_end and setup.checkpoint_at_epoch_end) or last
+        evaluate = setup.eval_images > 0 and (
+            last or (epoch_end and (step // per_epoch) % setup.eval_every_epochs == 0))  # type: ignore[operator]
+        if save:
+            self.clock += setup.checkpoint_hold_s
+            self._last_checkpoint = step
+            self._events.write({"event": "checkpoint_saved", "time": self.clock, "source": "simulation", "step": step,
+                                "stall_s": setup.checkpoint_hold_s})
+        if evaluate:
+            seconds = self._evaluation_s(*self._factors(active, step))
+            self.clock += seconds
+            self._events.write({"event": "evaluation", "time": self.clock, "source": "simulation", "step": step,
+                                "seconds": seconds, "images": setup.eval_images})
+
+    def _evaluation_s(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> float:
+        """A forward-only pass of ``eval_images`` through the running placement, as
+        ``PipelineEvaluation`` runs it: each replica forwards every R-th batch of the training batch's
+        size, pipelined (GPipe) over its stages in micro-batches of the planner's profiles (teacher and
+        student forward times, each stage's times its rank's compute factor); the slowest replica ends
+        the pass. Link time is left out (forward activations only, small beside the compute)."""
+        key = (self.placement, alphas)
+        if key not in self._eval_cache:
+            placement, planner, batch = self.placement, self.setup.planner, self.setup.batch_size
+            teacher = [b.forward_time_ms / 1000.0 for b in planner.teacher.blocks]
+            student = [b.forward_time_ms / 1000.0 for b in planner.student.blocks]
+            passes = math.ceil(math.ceil(self.setup.eval_images / batch) / placement.replicas)
+            micro = max(1, batch // (placement.replicas * self.setup.microbatches))  # the profiles' micro-batch
+            per_pass = math.ceil(batch / micro)
+            slowest = 0.0
+            for ranks in placement.pipeline_ranks():
+                stage_s = [alphas[r] * (sum(teacher[i] for i in placement.teacher_range(r)) +
+                                        sum(student[i] for i in placement.student_range(r))) for r in ranks]
+                slowest = max(slowest, passes * (sum(stage_s) + (per_pass - 1) * max(stage_s)))
+            self._eval_cache[key] = slowest
+        return self._eval_cache[key]
+
     # ---------------------------------------------------------------- segments and restarts
     def _start_segment(self, index: int, placement: Placement, reason: str, start_step: int) -> None:
         segment = Segment(index, placement, self.setup.microbatches, reason=reason, start_step=start_step,
@@ -248,7 +306,7 @@ class SimulatedRun:
         """The newest checkpoint at or before ``step``: periodic, epoch ends, or a stop's."""
         every, per_epoch = self.setup.checkpoint_every, self.setup.steps_per_epoch
         periodic = step - step % every if every else 0
-        epoch_end = step - step % per_epoch if per_epoch else 0
+        epoch_end = step - step % per_epoch if per_epoch and self.setup.checkpoint_at_epoch_end else 0
         return max(periodic, epoch_end, self._last_checkpoint if self._last_checkpoint <= step else 0)
 
     def _act(self, decision: Decision, step: int) -> int:

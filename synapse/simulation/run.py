@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from synapse.config import ConfigError, SynapseConfig, fixed_replicas
-from synapse.data import data_kwargs, dataset_info, train_samples
+from synapse.data import data_kwargs, dataset_info, digits_split_indices, train_samples
 from synapse.failover import build_controller
 from synapse.partitioning import (
     DeviceFacts,
@@ -34,6 +34,13 @@ from synapse.rundir import PARTITION, PLAN
 from synapse.simulation.engine import SimulatedRun, SimulationResult, SimulationSetup
 from synapse.simulation.faults import FaultRates, injected_faults, random_faults, trace_faults
 from synapse.simulation.noise import load_noise
+
+# An async save holds the loop for this share of a synchronous save of the same state (the restart priors'
+# ``checkpoint_save_s`` is a save committed before the stop): measured by bench_checkpoint_stall on CPU
+# (experiments/results/checkpoint_stall_cpu: stall 0.057 s plus the 0.791 s the write takes from the next
+# steps, against 5.055 s synchronous, medians after the first save) and by the DCP micro-benchmark on an
+# H200 (experiments/results/h200/dcp_async_stall_micro.md: 0.12 s stall against 1.49 s synchronous).
+ASYNC_SAVE_SHARE = {"cpu": (0.057 + 0.791) / 5.055, "cuda": 0.12 / 1.49}
 
 # Random faults are drawn up to this many times the fault-free run's predicted length (restarts and slow
 # steps lengthen a run; events after its end never act).
@@ -155,6 +162,15 @@ def total_steps_of(cfg: SynapseConfig) -> tuple[int, int | None]:
     return cfg.trainer.epochs * per_epoch, per_epoch
 
 
+def validation_images(data: Any) -> int:
+    """Images of the validation split an evaluation forwards; 0 where only its files would tell."""
+    if data.name == "digits":
+        return len(digits_split_indices("val"))
+    if data.name == "synthetic":
+        return int(data.synthetic_val_size)
+    return 0
+
+
 def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Simulate the configured run in ``run_dir``; every input is checked before the first step."""
     accelerator = accelerator_of(cfg)
@@ -178,10 +194,18 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed, nodes=list(by_node.values()))
     controller = build_controller(cfg, planner, run_dir, log, first=placement)
     restart = controller.restart_costs.estimate("restart")
+    eval_images = validation_images(cfg.data)
+    if not eval_images:
+        log(f"simulate: data={cfg.data.name} tells its validation split's size only from its files: evaluations "
+            f"are not priced (the simulated wall time leaves them out)")
     setup = SimulationSetup(
         planner=planner, placement=placement, microbatches=microbatches, total_steps=total,
         batch_size=cfg.data.batch_size, faults=faults, noise=noise, seed=cfg.seed,
-        checkpoint_every=cfg.checkpoint.every, steps_per_epoch=per_epoch if cfg.checkpoint.at_epoch_end else None,
+        checkpoint_every=cfg.checkpoint.every, steps_per_epoch=per_epoch,
+        checkpoint_at_epoch_end=cfg.checkpoint.at_epoch_end,
+        checkpoint_hold_s=restart.checkpoint_save_s * (ASYNC_SAVE_SHARE[accelerator] if cfg.checkpoint.async_save
+                                                       else 1.0),
+        eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
         live_replan=str(cfg.failover.replan_mode) == "live", max_restarts=cfg.failover.max_restarts,
         failure_detect_s=sim.failure_detect_s, first_launch_s=restart.launch_s + restart.warmup_s,
         policy=str(cfg.policy.name), injection=cfg.injection.name)
