@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -63,3 +65,14 @@ def plant_heartbeat(run_dir: Path, rank: int, pid: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"rank": rank, "pid": pid, "device": "cpu:9", "step": 0, "phase": "training",
                                 "time": time.time() + 3600}))
+
+
+def outputs_of(launchers: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each launcher's output once it ended; any still running after ``timeout`` (or when waiting fails)
+    is killed with its whole process group, so no node outlives its test."""
+    try:
+        return [launcher.communicate(timeout=timeout)[0] for launcher in launchers]
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from synapse.launch import free_port
 
-from .helpers import BASE_OVERRIDES
+from .helpers import BASE_OVERRIDES, outputs_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -68,12 +67,7 @@ def test_a_cuda_decider_on_a_host_without_gpus_asks_the_agents_and_refuses_a_nod
                                                                            os.environ.get("PYTHONPATH")])))
     launchers = [launch(run_dir, endpoint, "trainer.role=decider", "trainer.accelerator=cuda", env=decider_env),
                  *(launch(run_dir, endpoint, "trainer.role=agent", f"trainer.node_rank={n}") for n in (0, 1))]
-    try:
-        outputs = [launcher.communicate(timeout=240)[0] for launcher in launchers]
-    finally:
-        for launcher in launchers:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
+    outputs = outputs_of(launchers, timeout=240)
     decider, node0, node1 = outputs
     assert "called on the decider's host" not in decider, decider[-4000:]
     assert launchers[0].returncode != 0, decider[-4000:]

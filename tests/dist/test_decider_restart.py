@@ -30,7 +30,7 @@ from synapse.failover import ExitOrder, NodeChannel, read_segments
 from synapse.launch import free_port
 from synapse.rundir import read_events, read_jsonl
 
-from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
+from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state, outputs_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -310,12 +310,7 @@ def test_a_decider_on_a_host_of_its_own_plans_with_profiles_taken_by_node_0s_age
     its own process, and handed over the run's store; the decider's launcher measures nothing."""
     run_dir, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     nodes = start_nodes(run_dir, teacher_file, endpoint, "partition=auto", launchers=APART, devices=1)
-    try:
-        outputs = [node.communicate(timeout=400)[0] for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
+    outputs = outputs_of(nodes, timeout=400)
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-4000:]
     decider_host, node0, node1 = outputs
