@@ -113,8 +113,9 @@ def validate_block_counts(cfg: DictConfig) -> None:
             cut = counts[start:start + k]
             start += k
             if sum(cut) != blocks:
+                whose = "each replica's counts" if cfg.partition.replica_stages else "the counts"
                 fail(f"partition.{role}", f"{cut} covers {sum(cut)} blocks but the {role} {name} has {blocks}",
-                     f"make each replica's counts sum to {blocks}, e.g. {list(even_counts(blocks, k))}")
+                     f"make {whose} sum to {blocks}, e.g. partition.{role}={list(even_counts(blocks, k))}")
 
 
 def replica_stage_counts(cfg: DictConfig) -> list[int] | None:
