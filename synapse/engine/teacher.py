@@ -75,7 +75,7 @@ def teacher_weights(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None
             f"teacher.checkpoint: no teacher weights given and none cached ({cached}), and trainer.role=decider "
             f"trains no teacher on its own host, which has none of the run's devices. Fix: train it where the "
             f"devices are first (python train.py mode=teacher teacher={cfg.teacher.name} data={cfg.data.name} "
-            f"on a node, then teacher.checkpoint=<its run dir>/model.pt), or set teacher.checkpoint")
+            f"on a node, then teacher.checkpoint=<its run dir>/{MODEL.shown}), or set teacher.checkpoint")
     else:
         log(f"teacher: no teacher.checkpoint given; training {cfg.teacher.name} on {cfg.data.name} with labels "
             f"for {cfg.teacher.auto_train_epochs} epochs first (cached at {cached})")
