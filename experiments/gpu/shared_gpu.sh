@@ -121,4 +121,34 @@ for line in open('$dir/performance.jsonl').readlines()[::5]:
     "injection.faults=[{kind:slow_compute,rank:1,start:2,factor:3.0}]"
 }
 
+host_copies() {  # what leaving the GPU costs: pageable against pinned host memory (synapse/pipeline/wire.py)
+  python3 experiments/gpu/probe_host_copies.py "$OUT" 2>&1 | tail -n 12 | tee "$OUT/host_copies.txt"
+}
+
+probe() {
+  # The start probe (issue #33) on GPU ranks: its tests with every rank on GPU 0, then its cost in a
+  # real launch: one GPU (ViT-L/16 -> ResNet-152 @128, the user's command) and K = 3 ranks sharing it.
+  SYNAPSE_TEST_SHARED_GPU=0 SYNAPSE_CACHE=/tmp/cache_probe timeout "${1:-300}" python3 -m pytest -p no:cacheprovider \
+    -n 0 -v -rfE -p no:benchmark tests/dist/test_start_probe.py > /tmp/probe.txt 2>&1
+  grep -E "PASSED|FAILED|SKIPPED|^E |passed|failed" /tmp/probe.txt | tee "$OUT/pytest_start_probe_shared_gpu.txt"
+  export SYNAPSE_CACHE=/tmp/cache_story
+  mkdir -p $SYNAPSE_CACHE/profiles && cp experiments/results/profiles_h200/profiles/* $SYNAPSE_CACHE/profiles/ 2>/dev/null
+  python3 -c "
+import os, torch; from synapse.models import build_model
+for name, path in (('vit_base', '/tmp/teacher_vitb.pt'), ('vit_large', '/tmp/teacher_vitl.pt')):
+    if not os.path.exists(path):
+        torch.manual_seed(0); torch.save(build_model(name, 100, 3, 224).state_dict(), path)"
+  cost() {  # name, overrides...: the start_probe event of a 20-step launch
+    local name=$1; shift; local dir=/tmp/probe_$name; rm -rf "$dir"
+    timeout 240 python3 train.py hydra.run.dir="$dir" data=synthetic trainer.max_steps=20 trainer.progress=false \
+      trainer.eval_every_epochs=100 report=false injection=none "$@" > "$OUT/probe_$name.log" 2>&1
+    echo "== $name rc=$?" | tee -a "$OUT/probe_cost.txt"
+    grep -h '"start_probe"' "$dir/failover_events.jsonl" | tee -a "$OUT/probe_cost.txt"
+  }
+  cost one_gpu_vitl_r152 trainer=gpu teacher=vit_large student=resnet152 data.batch_size=128 data.image_size=224 \
+    teacher.checkpoint=/tmp/teacher_vitl.pt
+  cost shared_gpu_k3 trainer=shared_gpu trainer.devices=3 teacher=vit_base student=resnet50 data.batch_size=96 \
+    data.image_size=224 pipeline.microbatches=6 partition=even teacher.checkpoint=/tmp/teacher_vitb.pt
+}
+
 for part in ${1:-tests}; do "$part"; done  # e.g. "tests story"; a scenario alone: SCENARIOS=slowdown,replace

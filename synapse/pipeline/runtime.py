@@ -192,8 +192,10 @@ class PipelineRuntime:
         if compiler != "none":  # before any forward: pipelining's shape inference runs the compiled blocks
             module.compile_blocks(compiler)
         # Compiled blocks are not captured: graph replays of their kernels were not measured to pay, and a
-        # capture would compile the backward inside the capture.
-        if cuda_graphs and setup.device.type == "cuda" and replicas is None and compiler == "none":
+        # capture would compile the backward inside the capture. Replicas are: their gradients are
+        # reduced from .grad after the schedule's last backward, which a replayed backward fills as an
+        # eager one does (DDP's per-parameter hooks, which a replay bypasses, are not used).
+        if cuda_graphs and setup.device.type == "cuda" and compiler == "none":
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every

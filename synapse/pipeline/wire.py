@@ -22,7 +22,14 @@ send, so the zeros are only produced where they are needed.
 
 Ranks that share one GPU (``trainer.shared_gpu``) exchange through host memory: NCCL refuses two
 ranks on one GPU and gloo cannot send CUDA tensors. ``ThroughHost`` keeps the stage on its GPU
-and puts its boundary on the host; pipelining's buffers, sends and receives are then gloo's.
+and puts its boundary on the host; pipelining's buffers, sends and receives are then gloo's. What
+leaves the GPU (a stage's outputs forward, its inputs' gradients backward) lands in pinned host
+memory, copied synchronously: the DMA engine writes it directly, with no staging through a pageable
+bounce buffer, and the copy is complete before gloo reads it (an asynchronous copy would let gloo
+send a buffer still being written). Pinned blocks come from torch's caching host allocator, so a
+step reuses the last step's. What arrives (pipelining's receive buffers, pageable, reused from
+micro-batch to micro-batch) is copied to the GPU synchronously too, so the next receive cannot
+overwrite a buffer a copy still reads.
 """
 from __future__ import annotations
 
@@ -77,13 +84,46 @@ def attach_zero_grad(output: torch.Tensor, companion: torch.Tensor) -> torch.Ten
     return _AttachZeroGrad.apply(output, companion)
 
 
+def _to_pinned_host(t: torch.Tensor) -> torch.Tensor:
+    """A synchronous copy of a CUDA tensor into pinned host memory, strides kept (a channels_last
+    activation's NHWC view stays dense)."""
+    host = torch.empty_like(t, device="cpu", pin_memory=True)
+    host.copy_(t)  # blocking: complete before gloo reads it
+    return host
+
+
+class _HostToDevice(torch.autograd.Function):
+    """A received input onto the stage's GPU; its gradient back to pinned host memory for the send upstream."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return x.to(device)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _to_pinned_host(grad), None
+
+
+class _DeviceToHost(torch.autograd.Function):
+    """A stage's output into pinned host memory for the send downstream; its gradient back onto the GPU."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        ctx.device = y.device
+        return _to_pinned_host(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.device)
+
+
 class ThroughHost(nn.Module):
     """A stage computed on its GPU whose received inputs and sent outputs live in host memory.
 
     torch.distributed.pipelining allocates receive buffers on its stage's device and moves its
-    module there; here that device is the host, so ``to`` leaves the stage where it is. The
-    copies are autograd's own: gradients come back through them to the host tensors that
-    pipelining sends upstream. The last stage's outputs stay on the GPU, where the loss is.
+    module there; here that device is the host, so ``to`` leaves the stage where it is. Gradients
+    come back through the two copies' backwards to the host tensors that pipelining sends
+    upstream. The last stage's outputs stay on the GPU, where the loss is.
     """
 
     def __init__(self, stage: nn.Module, device: torch.device, outputs_to_host: bool):
@@ -98,7 +138,8 @@ class ThroughHost(nn.Module):
         return self  # pipelining's move to the wire device: the stage computes on its GPU
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.stage(*(x.to(self.device) for x in inputs))
+        on_device = tuple(_HostToDevice.apply(x, self.device) if x.device.type == "cpu" else x for x in inputs)
+        outputs = self.stage(*on_device)
         if not self.outputs_to_host:
             return outputs
-        return tuple(y.to("cpu") for y in outputs)
+        return tuple(_DeviceToHost.apply(y) for y in outputs)
