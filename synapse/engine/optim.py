@@ -16,12 +16,18 @@ from torch.optim.lr_scheduler import LambdaLR
 from synapse.config import OptimConfig
 
 
-def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig, fused: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable[nn.Parameter], cfg: OptimConfig,
+                    fused: bool | None = None) -> torch.optim.Optimizer:
     """``fused``: AdamW's single-kernel CUDA update (on an H200 the unfused multi-tensor one cost
-    ViT-L/16 -> ResNet-152 a fifth of its step: docs/gpu.md); the same arithmetic up to rounding."""
+    ViT-L/16 -> ResNet-152 a fifth of its step: docs/gpu.md); the same arithmetic up to rounding.
+    None: fused where the parameters are on a GPU. One rule for every loop: a pipeline's stages and
+    the single-device loop that is its reference must update with the same kernel, or a GPU run
+    cannot match its reference bit for bit (it did not, while only the stages were fused)."""
     # A stage may own only parameter-free blocks (activation, pooling): it still gets a real
     # optimizer and schedule, with one empty group, so every rank runs the same code.
     params = [{"params": list(params)}]
+    if fused is None:
+        fused = any(p.is_cuda for p in params[0]["params"])
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adamw":
@@ -79,15 +85,20 @@ def load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, named_params:
     for name, param in named_params.items():
         if name not in saved:
             continue
-        optimizer.state[param] = {k: _state_value(k, v, param.device, on_device_step) for k, v in saved[name].items()}
+        optimizer.state[param] = {k: _state_value(k, v, param, on_device_step) for k, v in saved[name].items()}
 
 
-def _state_value(key: str, value: Any, device: torch.device, on_device_step: bool) -> Any:
+def _state_value(key: str, value: Any, param: nn.Parameter, on_device_step: bool) -> Any:
     if not torch.is_tensor(value):
         return value
-    if key != "step":
-        return value.to(device)
-    return value.to(device, torch.float32) if on_device_step else value.cpu()
+    if key == "step":
+        return value.to(param.device, torch.float32) if on_device_step else value.cpu()
+    if value.shape == param.shape:
+        # A moment takes its parameter's memory layout: a checkpoint holds it dense (NCHW), a conv weight
+        # runs channels_last on CUDA, and the fused AdamW kernel refuses moments strided unlike their
+        # parameter ("must have same dtype, device, and layout"). The copy is exact.
+        return torch.empty_like(param, dtype=value.dtype).copy_(value)
+    return value.to(param.device)
 
 
 def scale_gradients(params: Iterable[nn.Parameter], divisor: int) -> None:

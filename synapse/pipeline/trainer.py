@@ -333,7 +333,7 @@ class PipelineRunner:
                 for name, tensor in payload["tensors"].items():
                     owned[name].copy_(tensor)
                 optim_state.update(payload["optim"])
-        optimizer = build_optimizer(module.student.parameters(), self.optim, fused=self.setup.device.type == "cuda")
+        optimizer = build_optimizer(module.student.parameters(), self.optim)
         params = {n: t for n, t in owned.items() if isinstance(t, torch.nn.Parameter)}
         load_optimizer_state_by_name(optimizer, params, optim_state)
         scheduler = build_scheduler(optimizer, self.optim, self.total_steps)
@@ -400,7 +400,7 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
-    optimizer = build_optimizer(module.student.parameters(), cfg.optim, fused=setup.device.type == "cuda")
+    optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

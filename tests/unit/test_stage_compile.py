@@ -76,6 +76,23 @@ def test_adamw_resumes_from_a_saved_state_fused_or_not(fused):
     assert float(fresh.state[named["weight"]]["step"]) == 2.0
 
 
+def test_a_resumed_moment_takes_its_parameters_memory_layout():
+    """A checkpoint holds Adam's moments dense (NCHW); a conv weight runs channels_last on CUDA. Loaded
+    with the checkpoint's strides, the fused kernel refused them on the H200 ("params, grads, exp_avgs,
+    and exp_avg_sqs must have same dtype, device, and layout") at the first step after every restart."""
+    conv = torch.nn.Conv2d(4, 8, 3).to(memory_format=torch.channels_last)
+    named = dict(conv.named_parameters())
+    assert not named["weight"].is_contiguous()  # channels_last: strides unlike a dense tensor's
+    dense = {"exp_avg": torch.randn(8, 4, 3, 3), "exp_avg_sq": torch.rand(8, 4, 3, 3)}
+    saved = {"weight": {"step": torch.tensor(3.0), **dense}}
+    optimizer = build_optimizer(conv.parameters(), OptimConfig(name="adamw", lr=0.01), fused=False)
+    load_optimizer_state_by_name(optimizer, named, saved)
+    state = optimizer.state[named["weight"]]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert state[key].stride() == named["weight"].stride(), key
+        assert torch.equal(state[key], saved["weight"][key]), key  # the same values, only laid out anew
+
+
 # The fused update's stated tolerance against torch's default AdamW (docs/gpu.md): the same arithmetic,
 # rounded in another order. Fed the same gradients for 30 steps, the weights agree to this fraction of
 # their scale. (Trained, the two drift further apart, as any two roundings of a training run do: 3.7e-4
