@@ -318,17 +318,25 @@ def _replanned(running: Placement, alphas: Mapping[DeviceId, float], pricer: Lay
 
 def _shrunk(running: Placement, replicas: Collection[int], lost: Collection[DeviceId], pricer: LayoutPricer,
             alphas: Mapping[DeviceId, float], betas: Any, batch: int, microbatches: int) -> Placement | None:
-    """SHRINK: each of ``replicas`` re-cut over its devices not in ``lost`` (the planner's best cut of
-    them at their alphas), then the shares at which all replicas finish a step together; None when one of
-    them has no device left (DEGRADE drops it) or a pipeline of the survivors cannot be planned."""
-    shrunk = running
+    """SHRINK: each of ``replicas`` that keeps a device re-cut over its devices not in ``lost`` (the
+    planner's best cut of them at their alphas), those with none left dropped (a lost node may take one
+    replica whole and part of another), then the shares at which all replicas finish a step together.
+    None when no replica keeps a device (that is DEGRADE) or a pipeline of the survivors cannot be planned."""
+    shrunk, emptied = running, []
     for replica in sorted(replicas):
         survivors = tuple(d for d in running.replica_devices(replica) if d not in lost)
         if not survivors:
-            return None
+            emptied.append(replica)
+            continue
         teacher, student, _ = pricer.plan(survivors, tuple(_alpha_of(alphas, d, required=True) for d in survivors),
                                           betas)
         shrunk = shrunk.with_replica(replica, Placement(survivors, tuple(teacher), tuple(student)))
+    if len(emptied) == len(replicas):
+        return None
+    for replica in sorted(emptied, reverse=True):  # from the last, so the indices still to drop stay valid
+        shrunk = shrunk.without_replica(replica, batch, microbatches)
+    if shrunk.replicas == 1:
+        return shrunk  # one pipeline left: the whole batch is its share
     return _finish_together(shrunk, pricer, alphas, betas, batch, microbatches)
 
 

@@ -23,9 +23,7 @@ How a segment across nodes ends:
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +58,7 @@ from synapse.failover.node_channel import (
     Welcome,
 )
 from synapse.launch import WorkerFailure
+from synapse.launch.interrupt import relay
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
 from synapse.profiling import PROFILES_SUBDIR, ProfileRequest
@@ -225,15 +224,18 @@ class NodeDecider:
         return facts.memory_of(self.topology.local_id(device))
 
     def interrupted(self, interrupt: NodeInterrupt) -> None:
-        """A node's launcher got a Ctrl-C, SIGTERM or hangup: the decider stops the run exactly as if that signal
-        had reached its own launcher (its supervisor's handler, in this process's main thread: after the step in
-        flight, with a checkpoint; a second one aborts). Each node's interrupt is acted on once."""
+        """A node's launcher got a Ctrl-C, SIGTERM or hangup: the decider stops the run as for an interrupt of its
+        own (its supervisor's handler, in this process's main thread: after the step in flight, with a
+        checkpoint), told as the node's (``relay``), which never counts toward the abort of a second interrupt:
+        a ``scancel`` signals every node, each reporting it, and the decider's own host, and must still stop
+        with the checkpoint (passed on as the node's own signal, the second node's report aborted the run).
+        Each node's interrupt is acted on once."""
         if self.interrupts_seen.get(interrupt.node_rank) == interrupt.epoch:
             return
         self.interrupts_seen[interrupt.node_rank] = interrupt.epoch
         self.log(f"decider: node {interrupt.node_rank} got {interrupt.signal}: stopping the run as for this host's own")
         self.events.append("interrupt_from_node", node=interrupt.node_rank, signal=interrupt.signal, epoch=self.epoch)
-        os.kill(os.getpid(), getattr(signal, interrupt.signal, signal.SIGINT))
+        relay(f"{interrupt.signal} on node {interrupt.node_rank}")
 
     # ------------------------------------------------------------------ profiles, taken where the devices are
     def take_profile(self, request: ProfileRequest, cache_dir: str, refresh: bool) -> tuple[str, str]:

@@ -8,9 +8,11 @@ agent tears the workers down (the checkpoint of the step before is what remains)
 
 SIGHUP is a closed terminal (or a lost ssh connection): the shell forwards it to every process of
 the job and the kernel sends it again to the foreground group when the shell exits, so one closed
-terminal is often two SIGHUPs. It is a SIGTERM that never counts as the second interrupt: a hangup
-repeated by the terminal's machinery must not abort the checkpoint the first one asked for. The
-workers ignore it like SIGINT.
+terminal is often two SIGHUPs. It is a SIGTERM that never counts toward an abort: a hangup repeated
+by the terminal's machinery must not abort the checkpoint the first one asked for, and only a
+second SIGINT/SIGTERM aborts (a SIGTERM after a hangup is the first of those). The workers ignore
+it like SIGINT. The decider passes on other nodes' interrupts the same way (``relay``): a
+``scancel`` signals every node at once, and their reports must not add up to an abort.
 
 torch's elastic agent installs its own SIGINT/SIGTERM/SIGHUP handlers whenever it starts workers
 (they abort the launch); ``elastic.launch_config`` leaves those signals to this module while it
@@ -18,6 +20,7 @@ is active (``active()``), and to torch otherwise.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -38,12 +41,13 @@ class RunInterrupted(RuntimeError):
 
 class InterruptToStop:
     """While active (a ``with`` block in the main thread), the first SIGINT/SIGTERM/SIGHUP calls
-    ``on_first(signal_name)``; the next SIGINT or SIGTERM raises torch's ``SignalException`` (abort);
-    a further SIGHUP changes nothing."""
+    ``on_first(signal_name)``; the second SIGINT or SIGTERM raises torch's ``SignalException`` (abort);
+    a SIGHUP never counts toward that."""
 
     def __init__(self, on_first: Callable[[str], None]):
         self.on_first = on_first
         self.signal_name: str | None = None  # set by the first signal
+        self._aborting_signals = 0  # SIGINT/SIGTERM received: the second aborts
         self._previous: dict[int, SignalHandler] = {}  # restored on exit
 
     @property
@@ -52,12 +56,15 @@ class InterruptToStop:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self.signal_name is not None:
-            if signum in REPEATS_HARMLESSLY:
-                return
-            raise SignalException(f"second interrupt ({name}): aborting without a further checkpoint", signum)
-        self.signal_name = name
-        self.on_first(name)
+        if signum == signal.SIGHUP and _relayed:
+            name = _relayed.pop(0)  # another process's interrupt, passed on by ``relay``
+        if signum not in REPEATS_HARMLESSLY:
+            self._aborting_signals += 1
+            if self._aborting_signals > 1:
+                raise SignalException(f"second interrupt ({name}): aborting without a further checkpoint", signum)
+        if self.signal_name is None:
+            self.signal_name = name
+            self.on_first(name)
 
     def __enter__(self) -> InterruptToStop:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
@@ -69,6 +76,17 @@ class InterruptToStop:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+_relayed: list[str] = []  # names of interrupts ``relay`` passed on, told as the SIGHUPs that carry them arrive
+
+
+def relay(name: str) -> None:
+    """Stop this process's run as for an interrupt another process got (``name``, e.g. "SIGINT on node 1"): a
+    SIGHUP to this process, so the handler runs in its main thread and it never counts toward an abort. A
+    ``scancel`` signals every node at once; their reports, each passed on, must not add up to one."""
+    _relayed.append(name)
+    os.kill(os.getpid(), signal.SIGHUP)
 
 
 def active() -> bool:

@@ -79,6 +79,8 @@ class ReplicaMesh:
         its share) times share / batch, summed over the block's owners, group after group in block order."""
         for part in self.gradient_groups:
             params = [p for i in part.blocks for p in student[i].parameters() if p.requires_grad]
+            if not params:
+                continue  # parameter-free blocks (an activation, a pooling): every owner sees the same, and skips
             for p in params:
                 if p.grad is None:  # a parameter this step did not reach: its gradient is 0 on every owner
                     p.grad = torch.zeros_like(p)

@@ -200,7 +200,7 @@ def test_sigterm_to_node_0s_launcher_reaches_the_decider_which_stops_the_run_wit
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
-    said = "SIGTERM" if interrupt == "sigterm" else "SIGINT"
+    said = {"sigterm": "SIGTERM", "ctrl_c": "SIGINT", "ctrl_c_node_1": "SIGINT on node 1"}[interrupt]
     assert nodes[0].returncode == 1 and f"interrupted by {said}" in outputs[0], outputs[0][-3000:]
     assert "resume=auto" in outputs[0]
     if interrupt == "ctrl_c_node_1":

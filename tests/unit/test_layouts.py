@@ -333,6 +333,14 @@ def test_a_replica_of_one_device_cannot_shrink_and_a_lost_node_shrinks_each_repl
     assert both.devices == (0, 1, 4, 5) and (both.replicas, both.num_stages) == (2, 2)
     everything = options_for(running, 0, dict.fromkeys(range(6), 1.0), lost=(1, 2, 3, 4, 5))
     assert OptionKind.SHRINK not in everything and OptionKind.DEGRADE not in everything
+    # a node of devices 0-2 lost under 3 x 2: replica 0 goes whole, replica 1 keeps device 3. The shrunk layout
+    # drops the one and shrinks the other (it was not offered: DEGRADE onto (4, 5) left device 3 idle)
+    three = Placement(tuple(range(6)), (4, 4), (4, 4), 3, (22, 22, 20))
+    node = options_for(three, 0, dict.fromkeys(range(6), 1.0), lost=(1, 2))
+    assert node[OptionKind.DEGRADE].placement.devices == (4, 5)
+    shrunk = node[OptionKind.SHRINK].placement
+    assert shrunk.devices == (3, 4, 5) and shrunk.replica_stages == (1, 2) and sum(shrunk.shares) == BATCH
+    assert node[OptionKind.SHRINK].inputs["dropped_devices"] == [0, 1, 2]
 
 
 def test_a_shrunk_layout_is_replanned_replica_by_replica_and_shrinks_again():
