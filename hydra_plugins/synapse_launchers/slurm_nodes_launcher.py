@@ -17,12 +17,14 @@ class SlurmNodesLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
         from synapse.launch.slurm_nodes import batch_script_lines, node_overrides
 
-        setup, teardown = batch_script_lines(sys.executable, str(self.params["submitit_folder"]))
+        # Built from the user's parameters as first given: a sweeper calls launch once per batch of jobs, and
+        # building on the last call's params added a second decider's lines to every later job.
+        users = self.__dict__.setdefault("_users_params", dict(self.params))
+        setup, teardown = batch_script_lines(sys.executable, str(users["submitit_folder"]))
         self.params = {
-            **self.params,
-            "additional_parameters": {**(self.params.get("additional_parameters") or {}),
-                                      "no_kill": True, "requeue": True},
-            "setup": [*(self.params.get("setup") or []), *setup],
-            "teardown": [*(self.params.get("teardown") or []), *teardown],
+            **users,
+            "additional_parameters": {**(users.get("additional_parameters") or {}), "no_kill": True, "requeue": True},
+            "setup": [*(users.get("setup") or []), *setup],
+            "teardown": [*(users.get("teardown") or []), *teardown],
         }
         return super().launch([node_overrides(overrides) for overrides in job_overrides], initial_job_idx)

@@ -118,6 +118,8 @@ class NodeDevices:
     devices: list[int]  # the node's trainer.devices, in order
     names: list[str]  # of each of those devices
     memory_bytes: list[float]  # of each of those devices; inf for a CPU slot (the planner bounds no memory there)
+    # the CUDA device each of those runs on: itself, or the one GPU all share (trainer.shared_gpu); None: as devices
+    gpus: list[int] | None = None
 
     def describe(self) -> str:
         """E.g. ``devices [0, 1]: gpu-a 8.0 GB, gpu-a 8.0 GB`` (as the decider's log names a node's devices)."""
@@ -129,8 +131,9 @@ class NodeDevices:
 
     def unfit(self, accelerator: str) -> str | None:
         """Why these devices cannot run a decider's ``accelerator`` run (None: they can)."""
-        if accelerator == "cuda" and self.devices and self.visible_gpus <= max(self.devices):
-            needed = max(self.devices) + 1
+        gpus = self.devices if self.gpus is None else self.gpus  # trainer.shared_gpu: rank slots on one GPU
+        if accelerator == "cuda" and gpus and self.visible_gpus <= max(gpus):
+            needed = max(gpus) + 1
             fix = (f"give trainer.devices ids below {self.visible_gpus} (the same on every node), or "
                    if self.visible_gpus else "")
             return (f"its host sees {self.visible_gpus} CUDA device(s), and trainer.devices={self.devices} needs "
@@ -164,4 +167,4 @@ def local_devices(trainer: TrainerSettings) -> NodeDevices:
     # ranks sharing one GPU (trainer.shared_gpu) each get their share of its memory
     share = len(ids) if trainer.shared_gpu is not None else 1
     return NodeDevices(accelerator, visible, ids, [p.name for p in properties],
-                       [float(p.total_memory) / share for p in properties])
+                       [float(p.total_memory) / share for p in properties], gpus)

@@ -185,7 +185,8 @@ class Policy(ABC):
         """Decide when every device is alive."""
 
     def _on_hard_failure(self, ctx: DecisionContext) -> Decision:
-        """Baselines: DEGRADE (REPLACE only if DEGRADE is impossible)."""
+        """Baselines: DEGRADE; where DEGRADE is impossible (every replica lost a device), the first option
+        without the failed device in option order (SHRINK before REPLACE)."""
         survivors = self._survivors(ctx)
         chosen = min(survivors, key=lambda o: o.kind is not OptionKind.DEGRADE)
         return self._decision(ctx, chosen, f"hard failure of device {ctx.failed_device}: {chosen.kind.value}")

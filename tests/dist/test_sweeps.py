@@ -134,9 +134,10 @@ def test_the_slurm_launcher_asks_for_one_node_and_one_task_per_job(tmp_path, mon
         assert f"#SBATCH {flag}" in flags, sorted(flags)
 
 
-def slurm_nodes_script(tmp_path: Path, monkeypatch, *overrides: str) -> list[str]:
-    """The batch script submitit would hand to sbatch for one sweep point of hydra/launcher=slurm_nodes:
-    written by the launcher and submitit for real; only sbatch itself is not called."""
+def slurm_nodes_scripts(tmp_path: Path, monkeypatch, *overrides: str, launches: int = 1) -> list[list[str]]:
+    """The batch scripts submitit would hand to sbatch for one sweep point of hydra/launcher=slurm_nodes, per
+    call of the launcher's ``launch`` (a sweeper calls it once per batch of jobs): written by the launcher and
+    submitit for real; only sbatch itself is not called."""
     from submitit.slurm.slurm import SlurmExecutor
 
     cfg = hydra_config(tmp_path, "hydra/launcher=slurm_nodes", "trainer.nodes=3")
@@ -149,9 +150,14 @@ def slurm_nodes_script(tmp_path: Path, monkeypatch, *overrides: str) -> list[str
 
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 1))
     monkeypatch.setattr(SlurmExecutor, "_submit_command", capture)
-    with pytest.raises(Submitted):
-        launcher.launch([list(overrides)], initial_job_idx=0)
-    return files[0].splitlines()
+    for call in range(launches):
+        with pytest.raises(Submitted):
+            launcher.launch([list(overrides)], initial_job_idx=call)
+    return [file.splitlines() for file in files]
+
+
+def slurm_nodes_script(tmp_path: Path, monkeypatch, *overrides: str) -> list[str]:
+    return slurm_nodes_scripts(tmp_path, monkeypatch, *overrides)[0]
 
 
 @pytest.mark.timeout(60)
@@ -187,6 +193,15 @@ def test_the_slurm_nodes_job_runs_the_decider_on_the_batch_host_keeps_the_job_wh
         ("agent", 2, "batch-host:29500", "auto")
     monkeypatch.setenv("SYNAPSE_NODE_ROLE", "decider")  # what synapse.launch.slurm_nodes sets in its own process
     assert job.trainer.role == "decider"
+
+
+@pytest.mark.timeout(60)
+def test_every_batch_of_a_sweep_gets_one_decider_per_job(tmp_path, monkeypatch):
+    """A sweeper calls the launcher once per batch: each call's job starts one decider and waits for one (the
+    second call's job once started two deciders for one store port and run directory)."""
+    for lines in slurm_nodes_scripts(tmp_path, monkeypatch, "trainer.devices=2", launches=3):
+        assert sum(" -m synapse.launch.slurm_nodes " in line for line in lines) == 1
+        assert sum(line.startswith("wait $SYNAPSE_DECIDER_PID") for line in lines) == 1
 
 
 @pytest.mark.timeout(60)

@@ -25,6 +25,17 @@ def test_a_node_whose_host_lacks_the_gpus_or_runs_another_accelerator_is_unfit_w
     assert NodeDevices.of({}) is None and NodeDevices.of({"unknown": 1}) is None
 
 
+def test_ranks_sharing_one_gpu_need_that_gpu_not_one_per_rank():
+    """trainer.shared_gpu: trainer.devices are rank slots on one GPU, so a host with that GPU fits (it was
+    refused: 'sees 1 CUDA device(s) ... needs 4'); a hello from before the field still reads."""
+    shared = NodeDevices("cuda", 1, [0, 1, 2, 3], ["gpu-a"] * 4, [2 * GB] * 4, gpus=[0, 0, 0, 0])
+    assert shared.unfit("cuda") is None
+    assert "needs 2" in str(NodeDevices("cuda", 1, [0, 1], ["gpu-a"] * 2, [2 * GB] * 2, gpus=[1, 1]).unfit("cuda"))
+    older = NodeDevices.of({"accelerator": "cuda", "visible_gpus": 2, "devices": [0, 1], "names": ["gpu-a"] * 2,
+                            "memory_bytes": [8 * GB] * 2})
+    assert older is not None and older.unfit("cuda") is None
+
+
 def test_a_decider_on_a_host_of_its_own_neither_resolves_auto_nor_checks_gpu_ids_here(make_config, tiny_run):
     """This machine has no GPU: a decider elsewhere does not look (auto is refused naming the fix, and GPU ids
     are left to the nodes' agents); under role=auto the same config is checked against this host, as before."""

@@ -341,8 +341,14 @@ def test_the_probe_follows_its_devices_over_a_live_re_partition_and_a_new_launch
     detector.set_expected(expected)
     assert [e.rank for e in feed(detector, with_probe(records[:100], probe))] == [1]
     detector.rebase([1.0] * 3, relearn=[0, 2])  # a live re-partition: the same processes, no new probe
+    assert detector._start.probe_s == tuple(probe)  # kept: the probe measured the devices, not the stages
     detector.set_expected(expected)
     assert feed(detector, records[100:]) == [] and [d.rank for d in detector.active] == [1]
+    dropped = SlowdownDetector(CPU_DEMO)  # device 1 dropped: new ranks 0 and 1 are old ranks 0 and 2
+    dropped.set_expected(expected)
+    feed(dropped, with_probe(records[:100], probe))
+    dropped.rebase([1.0] * 2, previous_rank=[0, 2])
+    assert dropped._start.probe_s == (probe[0], probe[2])
     state = detector.state_dict()
     again = SlowdownDetector(CPU_DEMO)
     again.load_state_dict(state)
