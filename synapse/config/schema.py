@@ -228,9 +228,10 @@ class TrainerConfig:
     # carries over, throughput does not. None: each device id is its own GPU.
     shared_gpu: int | None = None
     nodes: int = 1  # machines taking part; each runs train.py with the same config
-    # Data-parallel replicas of the pipeline: the run's devices (all nodes, in order) form an R x K mesh,
-    # replica r's stage s on device r*K + s; each replica trains on its share of the global batch and
-    # the student's gradients are averaged across replicas (synapse.pipeline.replicas). 1: one pipeline.
+    # Data-parallel replicas of the pipeline: the run's devices (all nodes, in order) hold replica after
+    # replica (R x K when cut alike: replica r's stage s on device r*K + s; partition.replica_stages cuts
+    # them apart); each replica trains on its share of the global batch and the student's gradients are
+    # summed, weighted by share, over the owners of each block (synapse.pipeline.replicas). 1: one pipeline.
     # auto: partition=auto chooses R with the cuts and micro-batches (synapse.partitioning.layout).
     replicas: int | str = 1
     # Images of each step's global batch per replica (a multiple of the micro-batch count each, summing

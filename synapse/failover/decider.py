@@ -458,7 +458,7 @@ class RemoteNodesWatch:
                 self.lost.add(node)
                 self.decider.lost.add(node)
                 # first: its workers may train on (a stalled agent), and must not commit from now on
-                close_commits(self.decider.run_dir)
+                close_commits(self.decider.run_dir, self.decider.epoch)
                 self.decider.events.append("node_lost", hard=True, node=node, segment=self.segment,
                                            silent_s=round(now - since, 2))
                 self.decider.log(f"decider: node {node} lost (no beat for {now - since:.1f} s)")

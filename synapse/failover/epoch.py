@@ -112,10 +112,12 @@ def admit_workers(run_dir: Path | str, epoch: int, launch: str = "") -> None:
         write_epoch(run_dir, dataclasses.replace(current, workers=max(current.workers, epoch), launch=launch))
 
 
-def close_commits(run_dir: Path | str) -> None:
-    """A node was declared lost: no worker commits until the decider starts the launch that replaces the
-    segment (``admit_workers``). The lost node's workers may still run (its agent was only stalled), and the
-    other nodes' are being torn down: none of them has a checkpoint left to give."""
+def close_commits(run_dir: Path | str, epoch: int) -> None:
+    """A node was declared lost by the decider of ``epoch``: no worker commits until that decider starts the
+    launch that replaces the segment (``admit_workers``). The lost node's workers may still run (its agent was
+    only stalled), and the other nodes' are being torn down: none of them has a checkpoint left to give. A
+    decider already replaced (one that stalled, then woke) closes nothing: the workers its successor adopted
+    keep committing."""
     current = read_epoch(run_dir)
-    if current.epoch and current.launch != NO_LAUNCH:
+    if current.epoch == epoch and current.launch != NO_LAUNCH:
         write_epoch(run_dir, dataclasses.replace(current, launch=NO_LAUNCH))

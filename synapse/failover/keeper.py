@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from synapse.config import FailoverConfig, TrainerConfig, resolve_devices
+from synapse.config import FailoverConfig, TrainerConfig, decides_elsewhere, resolve_devices
 from synapse.failover.agent import run_agent
 from synapse.failover.decider import NodeDecider
 from synapse.failover.epoch import next_epoch, record_decider
@@ -269,7 +269,7 @@ def serve_as_decider(job: DeciderJob, trainer: TrainerConfig, failover: Failover
             decider.meet_agents(resolve_devices(trainer))
             # A host of its own has no device of the run (or others): the nodes' agents profile for it, and the
             # planner sizes the devices as their agents described them at the meeting
-            elsewhere = trainer.role == "decider"
+            elsewhere = decides_elsewhere(trainer)
             with profiles_taken_by(decider.take_profile if elsewhere else None), \
                     device_memory_told_by(decider.device_memory if elsewhere else None):
                 summary = job(decider, restarted)

@@ -148,7 +148,7 @@ def test_a_lost_nodes_workers_cannot_commit_once_it_is_judged_lost_and_the_launc
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-segment0")
     first = write_checkpoint(root, 2, epoch=1)
     assert ckpt.read_manifest(first)["meta"]["launch"] == "run-segment0", "a commit carries its writers' launch"
-    close_commits(tmp_path)  # node 1 declared lost: its workers of segment 0 may train on
+    close_commits(tmp_path, 1)  # node 1 declared lost: its workers of segment 0 may train on
     assert read_epoch(tmp_path).launch == NO_LAUNCH
     with pytest.raises(ckpt.StaleEpochCommitError, match="launch run-segment0, and the decider's fence .* admits none"):
         write_checkpoint(root, 3, epoch=1)
@@ -163,3 +163,6 @@ def test_a_lost_nodes_workers_cannot_commit_once_it_is_judged_lost_and_the_launc
     next_epoch(tmp_path)  # a restarted decider adopts the running launch: its workers go on committing
     assert read_epoch(tmp_path).launch == "run-segment1"
     assert ckpt.read_manifest(write_checkpoint(root, 4, epoch=1))["meta"]["epoch"] == 1
+    close_commits(tmp_path, 1)  # the replaced decider, stalled, wakes and declares a node lost: nothing closes
+    assert read_epoch(tmp_path).launch == "run-segment1"
+    assert ckpt.read_manifest(write_checkpoint(root, 5, epoch=1))["meta"]["epoch"] == 1
