@@ -34,8 +34,8 @@ import torch.distributed as dist
 PROBE_ROUNDS = 15
 # The work of one round: ``_CHAIN`` products of a ``side`` x ``side`` matrix. CPU: ~2 ms on one core of the
 # 2-core machine (fp32; short rounds: more of them get through between other processes' time slices);
-# CUDA: 10 bf16 GEMMs of 4096 (~1.4 TFLOP, ~3 ms at an H200's rate, unmeasured: past the launch-bound
-# regime, and 15 rounds cost well under a second)
+# CUDA: 10 bf16 GEMMs of 4096 (~1.4 TFLOP: past the launch-bound regime; on an H200 a round read 1.80 ms and
+# the whole probe of one GPU cost 0.136 s in a real launch, docs/gpu.md)
 _CPU_SIDE, _CUDA_SIDE, _CHAIN = 256, 4096, 10
 
 
