@@ -16,7 +16,8 @@ CPU scenarios use the block profiles measured on this machine when it was quiet
 by up to 80x here. Wall time is compared as a run's ``wall_time_s`` (the supervisor's, first launch to
 the end); the simulation counts the first launch (the restart prior's launch and warm-up), steps,
 restarts and detection, and between steps the checkpoint saves and evaluations the config schedules
-(priced: see synapse/simulation/engine.py), but not the host's time between two steps' records.
+(priced: see synapse/simulation/engine.py), and before every step the host's time between two
+steps' records, drawn from the recorded fault-free streams (synapse/simulation/noise.py).
 """
 from __future__ import annotations
 

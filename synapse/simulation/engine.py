@@ -102,6 +102,7 @@ class SimulatedRun:
         self.setup, self.controller, self.run_dir, self.log = setup, controller, Path(run_dir), log
         self.clock = START_TIME
         self.rng = np.random.default_rng(setup.seed)
+        self._gap_rng = np.random.default_rng((setup.seed, 1))  # its own stream: the ratios stay the seed's
         self._events = EventLog(events_path(run_dir), source="supervisor")
         controller_log = EventLog(events_path(run_dir), source="controller")
         # the controller stamps its records with the real time; the simulated clock replaces it
@@ -114,6 +115,7 @@ class SimulatedRun:
         self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
         self._eval_cache: dict[tuple[Any, ...], float] = {}
         self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
+        self._gap_at, self._gaps = 0, np.zeros(0)
         self._width = len(setup.placement.devices) + len(controller.spare_devices)
         self._step_faults = sorted((f for f in setup.faults if not f.in_seconds), key=lambda f: f.start)
         self._time_faults = sorted((f for f in setup.faults if f.in_seconds), key=lambda f: f.start)
@@ -230,13 +232,20 @@ class SimulatedRun:
         self._noise_at += 1
         return float(self._noise_step[i]), self._noise_compute[i, :ranks]
 
+    def _host_gap(self) -> float:
+        if self._gap_at >= len(self._gaps):
+            self._gaps, self._gap_at = self.setup.noise.draw_gaps(self._gap_rng, NOISE_CHUNK), 0
+        self._gap_at += 1
+        return float(self._gaps[self._gap_at - 1])
+
     def _step_record(self, step: int, active: list[DeviceFault]) -> dict[str, Any]:
         compute_nominal, transfer, step_nominal = self._cost(*self._factors(active, step))
         step_ratio, rank_ratios = self._noise(len(compute_nominal))
         compute = compute_nominal * rank_ratios
         step_s = max(step_nominal * step_ratio, float(compute.max()))
         comm = step_s - compute  # as measured: a rank's time not computing is communication, waiting included
-        self.clock += step_s
+        # the host's time before the step (records, loader, the supervisor's reads): in no step's time
+        self.clock += self._host_gap() + step_s
         return {"step": step, "segment": self.segments[-1].index, "devices": list(self.placement.devices),
                 "total_steps": self.setup.total_steps, "step_seconds": step_s, "compute_s": compute.tolist(),
                 "comm_s": comm.tolist(), "send_s": np.minimum(transfer * step_ratio, comm).tolist(),
