@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from synapse.engine.device import available_cores
 from synapse.rundir import PERFORMANCE, read_jsonl
 from synapse.simulation.noise import PAUSE_FACTOR, host_gaps, load_noise, noise_from_stream
 from tests.unit.test_simulate import simulate
@@ -67,3 +68,24 @@ def test_each_step_waits_for_a_drawn_host_gap_and_the_steps_are_the_same_as_with
     assert [h - s for h, s in zip(held, saved_or_evaluated)] == pytest.approx([0.05] * len(held), abs=1e-6)
     assert gapped["wall_time_s"] - plain["wall_time_s"] == pytest.approx(60 * 0.05, abs=1e-5)  # on a clock of 1.8e9 s
     assert gapped["decisions"] == plain["decisions"]
+
+
+CPU_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "results" / "simulate_profiles_cpu"
+
+
+def test_a_cpu_rank_slowed_by_a_sleep_frees_its_core_for_the_others(tmp_path):
+    """3 CPU ranks of as many threads as the cores: each runs 3x slower than alone (the fair share).
+    Rank 1 slowed x4 by the injector's sleep is off the CPU 3/4 of its compute, so the ranks on the CPU
+    are 1 + 1/4 + 1 on average: every rank's work runs at a share of 2.25, not 3."""
+    simulate(tmp_path, "trainer.accelerator=cpu", "trainer.devices=3", f"trainer.threads={available_cores()}",
+             "teacher=resnet_mini", "student=resnet_micro", "data=digits", "partition=even", "policy=keep",
+             "trainer.max_steps=60", "simulate.step_noise=none",
+             f"simulate.teacher_profile={CPU_PROFILES / 'resnet_mini_teacher_mb16_fp32_amd-epyc_32px_1ch_10cls.csv'}",
+             f"simulate.student_profile={CPU_PROFILES / 'resnet_micro_student_mb16_fp32_amd-epyc_32px_1ch_10cls.csv'}",
+             "injection.faults=[{kind:slow_compute,rank:1,start:30,factor:4.0}]")
+    records = read_jsonl(PERFORMANCE.path(tmp_path))
+    before, after = records[20]["compute_s"], records[40]["compute_s"]
+    shared = (1 + 1 / 4 + 1) / 3  # the share the ranks get, over the fair share of 3 ranks always on the CPU
+    assert after[0] / before[0] == pytest.approx(shared, rel=1e-9)
+    assert after[2] / before[2] == pytest.approx(shared, rel=1e-9)
+    assert after[1] / before[1] == pytest.approx(4 * shared, rel=1e-9)
