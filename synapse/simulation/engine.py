@@ -6,7 +6,9 @@ already computes):
 1. the faults in force give every device its alpha (compute) and beta (link);
 2. ``StagePlanner.layout_cost`` of the running placement at those factors gives every rank's
    compute and link time and the step time (GPipe or 1F1B, R replicas and their all-reduce: the
-   planner's schedule); the step's and each rank's noise multiply them;
+   planner's schedule; CPU ranks at the cores' share a sleeping slowed rank leaves them); the step's
+   and each rank's noise multiply them, and the step starts after the host's gap between two
+   records, drawn from the recorded streams with the noise;
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
    watcher thread feeds a real run's records;
 4. a decision is carried out as the supervisor does: a live REPLAN continues in place after the
