@@ -8,6 +8,7 @@ Scenarios (each reproduces a benchmark's command in the simulator):
   policies (experiments/results/bench_policies_cpu.json, 3 measured runs per policy);
 * ``bench_policies_replicas_cpu``: 4 CPU ranks as 4 replicas x 1 stage, rank 3 x4 from step 50
   (bench_policies_replicas_cpu.json, 3 runs per policy);
+* the recovery runs (``RECOVERY``, below), compared on failure -> first step;
 * ``h200x2_kill``: ViT-L -> ResNet-152 on 2 H200, rank 1 killed at step 40, checkpoint every 16,
   80 steps (h200x2/kill.json, 1 run), on the H200 block profiles of experiments/results/profiles_h200.
 
@@ -16,7 +17,8 @@ CPU scenarios use the block profiles measured on this machine when it was quiet
 by up to 80x here. Wall time is compared as a run's ``wall_time_s`` (the supervisor's, first launch to
 the end); the simulation counts the first launch (the restart prior's launch and warm-up), steps,
 restarts and detection, and between steps the checkpoint saves and evaluations the config schedules
-(priced: see synapse/simulation/engine.py), but not the host's time between two steps' records.
+(priced: see synapse/simulation/engine.py), and before every step the host's time between two
+steps' records, drawn from the recorded fault-free streams (synapse/simulation/noise.py).
 """
 from __future__ import annotations
 
@@ -64,6 +66,108 @@ SCENARIOS = {
                       f"simulate.student_profile={H200_PROFILES / 'resnet152_student_mb16_bf16_nvidia-h200_224px_3ch_100cls.csv'}"],  # noqa: E501
     },
 }
+
+# experiments/results/recovery_nodes_cpu.json (bench_recovery_nodes.py): 4 CPU ranks of the micro models, a
+# kill of rank 2 in step 8 on one node or across two, or node 1 lost after step 6 (failover.node_timeout_s=3,
+# the time to notice it, given as simulate.failure_detect_s). Compared: failure -> the first step after it,
+# the action and the step resumed from (the table above compares whole runs; these runs were timed this way).
+RECOVERY_COMMON = ["partition=even", "trainer.accelerator=cpu", "trainer.threads=1", "trainer.max_steps=16",
+                   "data.batch_size=16", "pipeline.microbatches=4", "teacher=resnet_micro", "student=resnet_micro",
+                   "checkpoint.every=4", "injection.name=recovery_nodes", "policy=eta"]
+RECOVERY_KILL = "injection.faults=[{kind:kill,rank:2,step:8,phase:backward}]"
+RECOVERY = {
+    "one_node": [RECOVERY_KILL, "trainer.devices=4"],
+    "two_nodes": [RECOVERY_KILL, "trainer.devices=4", "trainer.nodes=2"],
+    "node_lost": ["injection=none", "trainer.devices=4", "trainer.nodes=2", "simulate.trace={trace}",
+                  "simulate.failure_detect_s=3"],
+}
+
+
+def simulate_recovery(case: str, seed: int, run_dir: Path) -> dict:
+    """One recovery case simulated: failure (the first ``rank_dead``) -> the first step after the restart."""
+    trace = run_dir.parent / "node1_lost_after_step_6.csv"  # node 1 = devices 2, 3: its first device names it
+    trace.write_text("device,kind,start_step,end_step,factor\n2,node_loss,7,,\n")
+    overrides = [o.replace("{trace}", str(trace)) for o in RECOVERY[case]]
+    simulate_once([*RECOVERY_COMMON, *overrides, f"seed={seed}"], run_dir)
+    events = [json.loads(line) for line in (run_dir / "failover_events.jsonl").read_text().splitlines()]
+    dead = next(e for e in events if e["event"] == "rank_dead")
+    first = next(e for e in events if e["event"] == "first_step_after_restart")
+    return {"failure_to_step_s": first["time"] - dead["time"], "action": first["action"],
+            "resume_step": first["step"] - 1, "components": first["components"]}
+
+# The one-H200 runs with a failover decision and a config (h200/early_faults/run2_lone_check.tgz: ViT-B ->
+# ResNet-50 as a K = 1 pipeline, `trainer=gpu`, 300 and 150 steps, batch 256 in 2 micro-batches): fault-free, and
+# rank 0's compute x2 from step 5. They ran no supervisor's summary (no wall_time_s), so they are compared on
+# the median step, the record span (first record to last), the first detection and the decisions.
+EARLY_FAULTS = RESULTS / "h200" / "early_faults" / "run2_lone_check.tgz"
+ONE_H200_COMMON = ["trainer=gpu", "teacher=vit_base", "student=resnet50", "data=synthetic", "data.batch_size=256",
+                   "data.synthetic_train_size=8192", "data.synthetic_val_size=512", "trainer.devices=1",
+                   "trainer.epochs=6", "trainer.eval_every_epochs=100",
+                   "pipeline.microbatches=2", "checkpoint.every=0", "policy=eta",
+                   f"simulate.teacher_profile={H200_PROFILES / 'vit_base_teacher_mb32_bf16_nvidia-h200_224px_3ch_100cls.csv'}",  # noqa: E501
+                   f"simulate.student_profile={H200_PROFILES / 'resnet50_student_mb32_bf16_nvidia-h200_224px_3ch_100cls.csv'}"]  # noqa: E501
+ONE_H200 = {
+    "none": ["injection=none", "injection.name=none", "trainer.max_steps=300"],
+    "compute5": ["trainer.max_steps=150", "injection.name=compute5",
+                 "injection.faults=[{kind:slow_compute,rank:0,start:5,factor:2.0}]"],
+}
+
+
+def one_h200_reading(records: list[dict], events: list[dict]) -> dict:
+    detected = [e["detected_step"] for e in events if e.get("event") == "slowdown_detected"]
+    return {"median_step_s": statistics.median(r["step_seconds"] for r in records),
+            "span_s": records[-1]["time"] - records[0]["time"], "first_detection": detected[0] if detected else None,
+            "actions": sorted({e["action"] for e in events if e.get("event") == "decision"})}
+
+
+def one_h200_rows(seeds: int, tmp: Path) -> tuple[list[str], dict]:
+    import tarfile
+    rows, result = [], {}
+    with tarfile.open(EARLY_FAULTS) as archive:
+        def read(case: str, name: str) -> list[dict]:
+            member = archive.extractfile(f"early/{case}/{name}")
+            return [json.loads(line) for line in member.read().decode().splitlines() if line.strip()] if member else []
+        measured = {case: one_h200_reading(read(case, "performance.jsonl"), read(case, "failover_events.jsonl"))
+                    for case in ONE_H200}
+    for case, overrides in ONE_H200.items():
+        sims = []
+        for seed in range(seeds):
+            run_dir = tmp / f"one_h200_{case}_{seed}"
+            simulate_once([*ONE_H200_COMMON, *overrides, f"seed={seed}"], run_dir)
+            events = [json.loads(line) for line in (run_dir / "failover_events.jsonl").read_text().splitlines()]
+            sims.append(one_h200_reading([json.loads(line) for line in
+                                          (run_dir / "performance.jsonl").read_text().splitlines()], events))
+        real = measured[case]
+        result[case] = {"measured": real, "simulated": sims}
+        span = [s["span_s"] for s in sims]
+        simulated_actions = ", ".join(sorted({a for s in sims for a in s["actions"]})) or "-"
+        rows.append(f"| {case} | {1e3 * real['median_step_s']:.1f} ms | "
+                    f"{1e3 * statistics.median(s['median_step_s'] for s in sims):.1f} ms | {real['span_s']:.1f} s | "
+                    f"{spread(span)} | {statistics.median(span) / real['span_s'] - 1:+.0%} | "
+                    f"{real['first_detection'] or '-'} | {', '.join(str(s['first_detection'] or '-') for s in sims)} | "
+                    f"{', '.join(real['actions']) or '-'} | {simulated_actions} |")
+        print(rows[-1], flush=True)
+    return rows, result
+
+
+def outcomes(runs: list[dict]) -> str:
+    return "; ".join(sorted({f"{r['action']}, resumed from {r['resume_step']}" for r in runs}))
+
+
+def recovery_rows(seeds: int, tmp: Path) -> tuple[list[str], dict]:
+    measured = json.loads((RESULTS / "recovery_nodes_cpu.json").read_text())["runs"]
+    rows, result = [], {}
+    for case in RECOVERY:
+        sims = [simulate_recovery(case, seed, tmp / f"recovery_{case}_{seed}") for seed in range(seeds)]
+        real = measured[case]
+        sim_s, real_s = [s["failure_to_step_s"] for s in sims], [r["failure_to_step_s"] for r in real]
+        error = statistics.median(sim_s) / statistics.median(real_s) - 1
+        launch = statistics.median(r["components"]["launch_s"] for r in real)
+        result[case] = {"simulated": sims, "measured": real, "error": error}
+        rows.append(f"| {case} | {spread(real_s)} | {spread(sim_s)} | {error:+.0%} | {outcomes(real)} | "
+                    f"{outcomes(sims)} | {launch:.1f} s / {sims[0]['components']['launch_s']:.2f} s |")
+        print(rows[-1], flush=True)
+    return rows, result
 
 
 def measured_runs(scenario: dict) -> dict[str, list[dict]]:
@@ -121,9 +225,18 @@ def main() -> None:
                             f"{'; '.join(decisions_text(r.get('decisions', [])) for r in real) or '-'} | "
                             f"{'; '.join(decisions_text(s['decisions']) for s in sims)} |")
                 print(rows[-1], flush=True)
+        recovery, result["recovery_nodes_cpu"] = recovery_rows(args.seeds, Path(tmp))
+        one_h200, result["one_h200_early_faults"] = one_h200_rows(args.seeds, Path(tmp))
     table = ("| scenario | policy | measured wall time: median (min-max, n) | simulated: median (min-max, n) | "
              "error | measured decisions (per run) | simulated decisions (per seed) |\n"
-             "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+             "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+             "Recovery runs (recovery_nodes_cpu): failure -> first step after it\n\n"
+             "| case | measured: median (min-max, n) | simulated | error | measured action | simulated action | "
+             "launch measured / prior |\n| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(recovery) + "\n\n"
+             "One H200 (h200/early_faults, run 2): steps, detection and decisions\n\n"
+             "| case | measured median step | simulated | measured span | simulated span | error | measured first "
+             "detection | simulated | measured actions | simulated |\n"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(one_h200) + "\n")
     args.out.write_text(json.dumps(result, indent=1, default=str))
     args.out.with_suffix(".md").write_text(f"# mode=simulate against measured runs\n\n`{result['command']}`\n\n"
                                            f"{table}")

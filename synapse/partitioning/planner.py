@@ -127,14 +127,23 @@ class StagePlanner:
     def predict(self, devices: Sequence[int], teacher_counts: Sequence[int], student_counts: Sequence[int],
                 alphas: Alphas = None, betas: Betas = None) -> PlanCost:
         """Per micro-batch stage times and the step time of a given partition."""
-        return self._evaluate(tuple(self.specs(devices, alphas, betas)), tuple(teacher_counts), tuple(student_counts))
+        devices = tuple(devices)
+        if alphas is None or isinstance(alphas, Mapping):
+            by_stage = tuple(float((alphas or {}).get(d, 1.0)) for d in devices)
+        else:  # aligned with the stages, read as ``specs`` reads them
+            by_stage = tuple(float(a) for a in alphas)
+        betas_by_stage = tuple(float((betas or {}).get(d, 1.0)) for d in devices)
+        return self._evaluate(devices, by_stage, betas_by_stage, tuple(teacher_counts), tuple(student_counts))
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - per planner; a prediction is a pure function of its inputs
-    def _evaluate(self, specs: tuple[DeviceSpec, ...], teacher_counts: tuple[int, ...],
-                  student_counts: tuple[int, ...]) -> PlanCost:
+    def _evaluate(self, devices: tuple[int, ...], alphas: tuple[float, ...], betas: tuple[float, ...],
+                  teacher_counts: tuple[int, ...], student_counts: tuple[int, ...]) -> PlanCost:
         """The cost model's prediction, kept: the controller prices every replica of every option each
         step of a slowdown, mostly on factors it priced the step before (64 replicas: 128 cost models a
-        layout, most of a simulated step's time before this cache)."""
+        layout, most of a simulated step's time before this cache). Keyed by the devices and their
+        factors, which give the specs (the facts are the planner's): building the specs only to look the
+        prediction up took more time than the hits saved."""
+        specs = self.specs(devices, alphas, dict(zip(devices, betas)))
         return CostModel(self.teacher, self.student, specs, self.step).evaluate(teacher_counts, student_counts)
 
     @functools.cached_property
@@ -301,6 +310,15 @@ class StagePlanner:
         nodes when its owners are on different nodes)."""
         if placement.replicas == 1:
             return 0.0
+        return self._allreduce_of_cut(placement.devices, placement.teacher_counts, placement.student_counts,
+                                      placement.replicas, placement.replica_stages)
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a REBALANCE's trials and a decision's
+    def _allreduce_of_cut(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...],  # options repeat cuts
+                          student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...]) -> float:
+        """``allreduce_s`` of a placement's devices and cut (shares do not enter): the student groups of a
+        64-rank layout take thousands of Python steps to find, and the controller asks every option every step."""
+        placement = Placement(devices, teacher_counts, student_counts, replicas, (), replica_stages)
         groups = tuple((tuple(placement.devices[r] for r in owners), (blocks.start, blocks.stop))
                        for owners, blocks in placement.student_groups())
         return self._allreduce_s(groups)

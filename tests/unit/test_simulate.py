@@ -216,3 +216,16 @@ def test_a_node_loss_from_a_trace_takes_all_its_devices_at_once(tmp_path):
     assert len(restarts) == 1 and restarts[0]["resume_step"] == 100 and restarts[0]["action"] == "degrade"
     assert "node" in restarts[0]["cause"]
     assert read_jsonl(PERFORMANCE.path(tmp_path / "run"))[-1]["devices"] == [0, 1, 2, 3]
+
+
+def test_a_shrink_re_cuts_the_slow_replica_over_its_other_devices_and_the_run_goes_on(tmp_path):
+    """Replicas cut differently, simulated as a real run applies a SHRINK: a restart on the decision's
+    placement (the slow device's replica re-cut over its other device, shares so both finish together)."""
+    result = simulate(tmp_path, "trainer.devices=4", "trainer.replicas=2", "policy=shrink", "data.batch_size=64",
+                      "injection.faults=[{kind:slow_compute,rank:1,start:100,factor:4}]")
+    assert [d["action"] for d in result["decisions"]] == ["shrink"] and result["completed"]
+    segment = json.loads((tmp_path / "segments" / "1" / "segment.json").read_text())
+    assert segment["devices"] == [0, 2, 3] and segment["replica_stages"] == [1, 2]
+    assert sum(segment["shares"]) == 64 and segment["shares"][0] < segment["shares"][1]  # one device: fewer images
+    after = [r for r in read_jsonl(PERFORMANCE.path(tmp_path)) if r["step"] > segment["start_step"]]
+    assert after and all(r["devices"] == [0, 2, 3] and len(r["compute_s"]) == 3 for r in after)

@@ -43,7 +43,9 @@ def held_after_each_step(run_dir: Path) -> dict[int, float]:
 
 
 def test_checkpoints_and_evaluations_hold_the_clock_after_the_steps_the_config_puts_them_at(tmp_path):
-    result = simulate(tmp_path, *SMALL_RUN)
+    # no noise, so no host gaps between steps (test_simulate_noise.py): the clock between two steps
+    # is then the checkpoint saves and evaluations alone
+    result = simulate(tmp_path, *SMALL_RUN, "simulate.step_noise=none")
     epoch_ends = set(range(PER_EPOCH, STEPS + 1, PER_EPOCH))
     saves = epoch_ends | set(range(EVERY, STEPS + 1, EVERY)) | {STEPS}
     evaluations = epoch_ends | {STEPS}
