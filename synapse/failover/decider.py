@@ -57,8 +57,7 @@ from synapse.failover.node_channel import (
     StopOrder,
     Welcome,
 )
-from synapse.launch import WorkerFailure
-from synapse.launch.interrupt import relay
+from synapse.launch import WorkerFailure, relay
 from synapse.partitioning import NodeTopology
 from synapse.pipeline import LaunchTask
 from synapse.profiling import PROFILES_SUBDIR, ProfileRequest

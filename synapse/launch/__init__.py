@@ -2,11 +2,11 @@
 rendezvous, the fork server, interrupts, worker logs, and which rank failed first and why.
 """
 from synapse.launch.elastic import RendezvousSetupError, free_port, launch_pipeline
-from synapse.launch.interrupt import InterruptToStop, RunInterrupted
+from synapse.launch.interrupt import InterruptToStop, RunInterrupted, relay
 from synapse.launch.rendezvous import NODE_RANK_KEY, node_ordered_rank, rendezvous_bind_address, store_on
 from synapse.launch.root_cause import DISK_FULL, WorkerFailure, newest_checkpoint
 from synapse.launch.worker_logs import failed_rank_tail, last_lines, rank_log_files
 
-__all__ = ["DISK_FULL", "InterruptToStop", "NODE_RANK_KEY", "RendezvousSetupError", "RunInterrupted",
+__all__ = ["DISK_FULL", "InterruptToStop", "NODE_RANK_KEY", "RendezvousSetupError", "RunInterrupted", "relay",
            "WorkerFailure", "failed_rank_tail", "free_port", "last_lines", "launch_pipeline", "newest_checkpoint",
            "node_ordered_rank", "rank_log_files", "rendezvous_bind_address", "store_on"]
