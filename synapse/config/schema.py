@@ -133,6 +133,11 @@ class ReplanMode(Choice):
     restart = "restart"  # checkpoint, tear down, relaunch
 
 
+class ReplicaEngine(Choice):
+    restart = "restart"  # a lost replica ends the launch; every rank relaunches from the newest checkpoint
+    torchft = "torchft"  # replica groups with a quorum (torchft): the survivors go on, a returning replica heals
+
+
 class DrillAction(Choice):
     replan = "replan"
     degrade = "degrade"
@@ -419,6 +424,11 @@ class FailoverConfig:
     max_restarts: int = 3  # planned (REPLAN/DEGRADE/REPLACE) and failure restarts together; live REPLANs are free
     decide_every: int = 1  # steps between two decisions while a slowdown is detected
     replan_mode: ReplanMode = ReplanMode.live
+    # What carries the replica level (trainer.replicas > 1, replicas cut alike): restart, or torchft (one elastic
+    # launch per replica under a lighthouse; docs/layouts.md "torchft")
+    replica_engine: ReplicaEngine = ReplicaEngine.restart
+    replica_respawns: int = 3  # torchft: how often each replica's elastic agent respawns its dead workers
+    replica_heartbeat_timeout_s: float = 1.0  # torchft: how long the survivors wait for a silent replica
     restart_cost_file: str | None = None  # JSON of experiments/bench_restart_cost.py (None: the repo's)
     # The slowdown detector's and the alpha/beta estimator's own settings (failover.detector.window=5)
     detector: DetectorConfig = field(default_factory=DetectorConfig)

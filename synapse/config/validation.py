@@ -266,6 +266,40 @@ def validate_failover(cfg: DictConfig) -> None:
               "give the JSON written by experiments/bench_restart_cost.py, or null for the repository's default")
     if cfg.mode != "simulate":  # simulated spares are ids after the simulated devices (validate_simulation)
         _validate_spare_devices(cfg)
+    if failover.replica_engine == "torchft":
+        _validate_torchft(cfg)
+
+
+def _validate_torchft(cfg: DictConfig) -> None:
+    """failover.replica_engine=torchft: R > 1 replicas cut alike on one node, under the supervisor, with
+    torchft installed (each replica is a launch of its own under torchft's lighthouse)."""
+    import importlib.util
+
+    failover, trainer = cfg.failover, cfg.trainer
+    positive("failover.replica_respawns", failover.replica_respawns, allow_zero=True)
+    positive("failover.replica_heartbeat_timeout_s", failover.replica_heartbeat_timeout_s)
+    if importlib.util.find_spec("torchft") is None:
+        fail("failover.replica_engine", "torchft is not installed in this environment",
+             "pip install torchft (0.2.0 is the version tested), or use failover.replica_engine=restart")
+    if not cfg.failover.enabled or cfg.mode != "kd":
+        fail("failover.replica_engine", f"torchft carries the replicas of a supervised KD run, not mode={cfg.mode} "
+             f"with failover.enabled={cfg.failover.enabled}",
+             "use mode=kd with failover.enabled=true, or failover.replica_engine=restart")
+    if trainer.replicas == "auto" or not isinstance(trainer.replicas, int) or trainer.replicas < 2:
+        fail("failover.replica_engine", f"torchft carries a run of several replicas, but trainer.replicas="
+             f"{trainer.replicas}", "give trainer.replicas a count of at least 2, or use failover.replica_engine="
+             "restart")
+    if cfg.partition.get("replica_stages"):
+        fail("failover.replica_engine", f"torchft needs replicas cut alike (one stage per rank of each replica "
+             f"group), but partition.replica_stages={list(cfg.partition.replica_stages)}",
+             "leave partition.replica_stages unset, or use failover.replica_engine=restart")
+    if trainer.replica_shares is not None:
+        fail("failover.replica_engine", "torchft shares each step's batch among the replicas in its quorum, so "
+             f"trainer.replica_shares={list(trainer.replica_shares)} cannot be kept",
+             "leave trainer.replica_shares unset, or use failover.replica_engine=restart")
+    if trainer.nodes > 1:
+        fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes})",
+             "use failover.replica_engine=restart across nodes")
 
 
 def _validate_spare_devices(cfg: DictConfig) -> None:

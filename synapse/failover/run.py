@@ -15,7 +15,7 @@ from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.supervisor import Supervisor, first_segment
-from synapse.launch import launch_pipeline
+from synapse.launch import launch_pipeline, launch_replica_groups
 from synapse.partitioning import Placement, StagePlanner
 from synapse.planning import RunPlan, configured_alphas
 from synapse.rundir import CONTROLLER_STATE, EXPERIMENT_SUMMARY, EventLog, events_path
@@ -81,6 +81,8 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
                       ) -> dict[str, Any]:
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
+    if str(cfg.failover.replica_engine) == "torchft":  # validated: one node, replicas cut alike
+        launch = launch_replica_groups
     controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
     if hasattr(launch, "on_spares"):  # across nodes: a node declared lost that comes back is a spare
         def add_spares(devices: list[int]) -> None:

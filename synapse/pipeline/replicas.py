@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -111,34 +112,28 @@ class ReplicaMesh:
             self._merge(student, part, microbatches)
 
     def _merge(self, student: torch.nn.ModuleList, part: GradientGroup, microbatches: int) -> None:
-        replicas = self.size
-        parts: list[torch.Tensor] = []  # what this replica adds to the all-reduce, buffer by buffer
-        offsets: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # buffer, what is added back after it
-        for index in part.blocks:
-            for prefix, module in student[index].named_modules(prefix=str(index)):
-                for name, buffer in module.named_buffers(recurse=False):
-                    before = self._before[f"{prefix}.{name}"].double()
-                    momentum = getattr(module, "momentum", None)
-                    if name == "num_batches_tracked":
-                        parts.append(buffer.detach().double() - before)
-                        offsets.append((buffer, before))
-                    elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and momentum is not None:
-                        keep = (1.0 - momentum) ** microbatches
-                        parts.append((buffer.detach().double() - keep * before) * keep ** (replicas - 1 - self.replica))
-                        offsets.append((buffer, keep ** replicas * before))
-                    elif buffer.is_floating_point():
-                        parts.append(buffer.detach().double() / replicas)
-                        offsets.append((buffer, None))
+        parts, offsets = statistics_additions(student, part.blocks, self._before, microbatches, self.replica,
+                                              self.size)
         if not parts:
             return
         flat = torch.cat([t.reshape(-1) for t in parts])
         dist.all_reduce(flat, group=part.group)
-        offset = 0
-        with torch.no_grad():
-            for (buffer, base), value in zip(offsets, parts):
-                total = flat[offset:offset + value.numel()].view_as(value)
-                buffer.copy_((total if base is None else total + base).to(buffer.dtype))
-                offset += value.numel()
+        apply_statistics(flat, parts, offsets)
+
+    def reduce_step(self, student: torch.nn.ModuleList, loss: torch.Tensor | None,
+                    microbatches: int) -> torch.Tensor | None:
+        """After the step's last backward: the global batch's gradient, and on the last ranks its loss."""
+        self.reduce_gradients(student)
+        return None if loss is None else self.global_loss(loss)
+
+    def after_update(self, student: torch.nn.ModuleList, microbatches: int) -> None:
+        """After the optimizer step: the replicas' BatchNorm statistics merged."""
+        self.merge_statistics(student, microbatches)
+
+    @property
+    def evaluation_shard(self) -> tuple[int, int]:
+        """Each replica evaluates every R-th validation batch (``add_up`` adds the counts)."""
+        return self.replica, self.size
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """A replica's loss (the mean over its share) -> the mean over the global batch, on every
@@ -152,3 +147,69 @@ class ReplicaMesh:
         total = torch.tensor(list(counts), dtype=torch.float64, device=device)
         dist.all_reduce(total, group=self.last_ranks_group)
         return total.tolist()
+
+
+class ReplicaReduction(Protocol):
+    """What the runtime asks of a rank's place among the replicas: ``ReplicaMesh`` (the run's groups, one
+    launch) or ``synapse.pipeline.quorum.QuorumReplicas`` (torchft, a launch per replica)."""
+
+    @property
+    def replica(self) -> int:
+        """This rank's replica within its launch."""
+
+    @property
+    def share(self) -> range | None:
+        """The images of each step's batch loaded here (None: the whole batch, cut per step)."""
+
+    @property
+    def pipeline_group(self) -> Any:
+        """The replica's pipeline (None: the launch's default group)."""
+
+    @property
+    def evaluation_shard(self) -> tuple[int, int]: ...
+
+    def remember_statistics(self, student: torch.nn.Module) -> None: ...
+
+    def reduce_step(self, student: torch.nn.ModuleList, loss: torch.Tensor | None,
+                    microbatches: int) -> torch.Tensor | None: ...
+
+    def after_update(self, student: torch.nn.ModuleList, microbatches: int) -> None: ...
+
+    def add_up(self, counts: Sequence[float], device: torch.device) -> list[float]: ...
+
+
+def statistics_additions(student: torch.nn.ModuleList, blocks: range, before: dict[str, torch.Tensor],
+                         microbatches: int, replica: int, replicas: int
+                         ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor | None]]]:
+    """What replica ``replica`` of ``replicas`` adds to the sum that merges the running statistics of
+    ``blocks`` (``ReplicaMesh.merge_statistics`` says how), buffer by buffer, and what is added back to
+    each buffer after the sum (None: nothing)."""
+    parts: list[torch.Tensor] = []
+    offsets: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    for index in blocks:
+        for prefix, module in student[index].named_modules(prefix=str(index)):
+            for name, buffer in module.named_buffers(recurse=False):
+                previous = before[f"{prefix}.{name}"].double()
+                momentum = getattr(module, "momentum", None)
+                if name == "num_batches_tracked":
+                    parts.append(buffer.detach().double() - previous)
+                    offsets.append((buffer, previous))
+                elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and momentum is not None:
+                    keep = (1.0 - momentum) ** microbatches
+                    parts.append((buffer.detach().double() - keep * previous) * keep ** (replicas - 1 - replica))
+                    offsets.append((buffer, keep ** replicas * previous))
+                elif buffer.is_floating_point():
+                    parts.append(buffer.detach().double() / replicas)
+                    offsets.append((buffer, None))
+    return parts, offsets
+
+
+def apply_statistics(flat: torch.Tensor, parts: list[torch.Tensor],
+                     offsets: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    """The summed additions (``flat``, in the order of ``parts``) into the buffers."""
+    offset = 0
+    with torch.no_grad():
+        for (buffer, base), value in zip(offsets, parts):
+            total = flat[offset:offset + value.numel()].view_as(value)
+            buffer.copy_((total if base is None else total + base).to(buffer.dtype))
+            offset += value.numel()

@@ -36,7 +36,7 @@ from synapse.engine import ComputeSetup, NonFiniteGuard, ensure_training
 from synapse.injection import PHASES, FaultInjector
 from synapse.pipeline.clock import StageClock
 from synapse.pipeline.graphs import StageGraphs, slots_for
-from synapse.pipeline.replicas import ReplicaMesh
+from synapse.pipeline.replicas import ReplicaReduction
 from synapse.pipeline.stage import FusedStage
 from synapse.pipeline.wire import ThroughHost
 from synapse.rundir import PROGRESS_BOARD
@@ -161,7 +161,7 @@ class TimedPipelineStage(PipelineStage):
 class PipelineRuntime:
     def __init__(self, module: FusedStage, stage: int, num_stages: int, setup: ComputeSetup, microbatches: int,
                  schedule: str, loss_fn: Callable, optimizer: torch.optim.Optimizer, scheduler: Any,
-                 injector: FaultInjector | None = None, replicas: ReplicaMesh | None = None,
+                 injector: FaultInjector | None = None, replicas: ReplicaReduction | None = None,
                  nonfinite: str = "stop", board: ProgressBoard | None = None, cuda_graphs: bool = False,
                  check_late: bool = False, read_timing_late: bool | None = None, compiler: str = "none"):
         """Stage ``stage`` of a ``num_stages``-stage pipeline. ``replicas``: this rank's place among the
@@ -285,9 +285,7 @@ class PipelineRuntime:
         loss = torch.stack([loss.detach() for loss in losses]).mean() if self.is_last else None
         if self.replicas is not None:
             self.mark("sync")  # every owner of a block waits for the others' gradients
-            self.replicas.reduce_gradients(self.module.student)
-            if loss is not None:
-                loss = self.replicas.global_loss(loss)  # the global batch's loss
+            loss = self.replicas.reduce_step(self.module.student, loss, self.microbatches)  # the global batch's loss
         if self.guard.late or self.guard.apply_update(step, self._decisive_loss(loss)):
             self._phase("optimizer")
             with self.clock.interval("optimizer"):
@@ -295,7 +293,7 @@ class PipelineRuntime:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.replicas is not None:
-                    self.replicas.merge_statistics(self.module.student, self.microbatches)
+                    self.replicas.after_update(self.module.student, self.microbatches)
         else:
             self.guard.skip(self.optimizer, self.scheduler)
         self.last_timing = self.clock.end_step()

@@ -20,8 +20,9 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -51,8 +52,9 @@ from synapse.injection import FaultInjector, build_fault_injector
 from synapse.partitioning import Placement
 from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
+from synapse.pipeline.quorum import FirstParticipantCheckpointer, QuorumReplicas, ReplicaGroupSpec
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
-from synapse.pipeline.replicas import ReplicaMesh
+from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
 from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, Refusals, events_path
 
@@ -110,10 +112,14 @@ class PipelineRunner:
     # The per-step exchange's group: gloo, so that gathering a few Python objects neither
     # synchronises with nor waits behind the GPU's queue (None: the default group, already gloo).
     control_group: Any = None
+    # failover.replica_engine=torchft: this replica's place in the quorum of replicas (each replica a launch)
+    quorum: QuorumReplicas | None = None
+    _stop_seen: StopRequest | None = None  # under torchft: a stop request this replica saw, not yet agreed
 
     @property
     def writes_records(self) -> bool:
-        return self.rank == self.world_size - 1
+        """The last rank (under torchft, replica 0's: every replica reduces the same global loss)."""
+        return self.rank == self.world_size - 1 and (self.quorum is None or self.quorum.spec.replica == 0)
 
     @property
     def needs_data(self) -> bool:
@@ -146,7 +152,13 @@ class PipelineRunner:
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor | None:
         self.step = step
-        loss = self.runtime.train_step(images, labels, step)
+        if self.quorum is None:
+            loss = self.runtime.train_step(images, labels, step)
+        else:  # the whole batch was loaded: the quorum says which images are this replica's, attempt by attempt
+            loss = self.quorum.run_step(step, lambda share: self.runtime.train_step(
+                None if images is None else images[share.start:share.stop],
+                None if labels is None else labels[share.start:share.stop], step),
+                undo=lambda: self.optimizer.zero_grad(set_to_none=True))
         self.heartbeat.beat(step)
         return loss
 
@@ -200,11 +212,26 @@ class PipelineRunner:
         dist.all_gather_object(gathered, mine, group=self.control_group)
         taken = gathered[0]["request"]
         request = StopRequest.from_dict(taken) if taken is not None else None
-        self.live_request = request if request is not None and request.live else None
-        self.stop_requested = request is not None and not request.live
-        if request is not None and self.rank == 0:
-            self.control.acknowledge(StopAck(request.id, step))
+        if self.quorum is not None:
+            self._agree_on_stop(request, step)
+        else:
+            self.live_request = request if request is not None and request.live else None
+            self.stop_requested = request is not None and not request.live
+            if request is not None and self.rank == 0:
+                self.control.acknowledge(StopAck(request.id, step))
         return [g["timing"] for g in gathered]
+
+    def _agree_on_stop(self, request: StopRequest | None, step: int) -> None:
+        """Under torchft every replica polls the control channel on its own: a request one saw rides on the
+        next step's reduction, and every replica stops after that same step (a live re-partition too: the
+        layout of a replicated run changes by restart)."""
+        if request is not None and self._stop_seen is None:
+            self._stop_seen = request
+            cast(QuorumReplicas, self.quorum).stop_seen = True
+        self.live_request = None
+        self.stop_requested = cast(QuorumReplicas, self.quorum).stop_agreed
+        if self.stop_requested and self._stop_seen is not None and self.rank == 0:
+            self.control.acknowledge(StopAck(self._stop_seen.id, step))
 
     def write_performance_record(self, step: int, timings: list[dict[str, float]]) -> None:
         timings = [{part: seconds for part, seconds in t.items() if part != "step"} for t in timings]
@@ -215,6 +242,9 @@ class PipelineRunner:
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
             "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings,
             "images_per_s": self.images_per_step / wall,
+            # under torchft: replica 0's pipeline, and how many replicas the step's quorum had
+            **({"replica": self.quorum.spec.replica, "replicas_alive": self.quorum.participants}
+               if self.quorum else {}),
         })
 
     def apply_control(self, step: int) -> None:
@@ -358,7 +388,7 @@ class PipelineEvaluation:
         seen = 0
         load = "images" if self.runner.needs_images else "labels"  # images enter at rank 0 only
         replicas = self.runner.runtime.replicas
-        shard = (0, 1) if replicas is None else (replicas.replica, replicas.size)
+        shard = (0, 1) if replicas is None else replicas.evaluation_shard
         for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load, shard):
             real = labels.shape[0]
             if real < batch and images is not None:  # the schedule's buffers have the training micro-batch shape
@@ -384,9 +414,11 @@ class PipelineEvaluation:
 
 def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_size: int, partition: Placement,
                            teacher_weights: str, setup: ComputeSetup, log: Callable[[str], None] = print,
-                           segment: int = 0, microbatches: int | None = None) -> Trainer[PipelineRunner]:
+                           segment: int = 0, microbatches: int | None = None,
+                           replica_group: ReplicaGroupSpec | None = None) -> Trainer[PipelineRunner]:
     """The shared training loop composed for pipeline rank ``rank`` of ``world_size``; ``microbatches``:
-    the run's plan (None: pipeline.microbatches, which must then be a count)."""
+    the run's plan (None: pipeline.microbatches, which must then be a count). ``replica_group``: this launch
+    is one replica of several under torchft (``partition`` is its pipeline)."""
     count = microbatches or cfg.pipeline.microbatches
     if isinstance(count, str):  # validation leaves a count or "auto", and an auto run's plan holds the count
         raise ValueError(f"pipeline.microbatches={count!r}: build_pipeline_trainer needs the planned count "
@@ -396,7 +428,15 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
         raise ValueError(f"{world_size} ranks for a placement of {partition.world_size} "
                          f"({partition.replicas} replicas of {stages} stages)")
     stage = partition.stage_of(rank)
-    replicas = (ReplicaMesh.build(partition, rank, cfg.data.batch_size, count) if partition.replicas > 1 else None)
+    # Under torchft a rank's files, faults and events go by its rank in the run (replica after replica)
+    run_rank, run_world = rank, world_size
+    if replica_group is not None:
+        run_rank, run_world = replica_group.replica * world_size + rank, replica_group.replicas * world_size
+    events = EventLog(events_path(run_dir), source="worker", rank=run_rank)
+    quorum = None if replica_group is None else QuorumReplicas(replica_group, stage, world_size, cfg.data.batch_size,
+                                                               count, events.append, log)
+    replicas: ReplicaReduction | None = quorum or (
+        ReplicaMesh.build(partition, rank, cfg.data.batch_size, count) if partition.replicas > 1 else None)
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
@@ -404,38 +444,57 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    injector = build_fault_injector(cfg.injection.faults, rank, world_size, run_dir, setup.device, local_rank)
+    injector = build_fault_injector(cfg.injection.faults, run_rank, run_world, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, stage, partition.stages_of_rank(rank), setup, count,
                               cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,
                               replicas=replicas,
-                              nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, rank)),
+                              nonfinite=cfg.trainer.nonfinite, board=ProgressBoard(progress_path(run_dir, run_rank)),
                               cuda_graphs=cfg.pipeline.cuda_graphs,
                               check_late=checks_loss_late(cfg.trainer.nonfinite_check, cfg.trainer.nonfinite,
                                                           setup.device),
                               read_timing_late=reads_timing_late(cfg.pipeline.timing_read, setup.device),
                               compiler=cfg.pipeline.compiler)
     injector.attach_clock(runtime.clock, lambda: runtime.last_timing)
-    last = rank == world_size - 1
-    events = EventLog(events_path(run_dir), source="worker", rank=rank)
+    last = rank == world_size - 1 and (replica_group is None or replica_group.replica == 0)
     control = open_channel(run_dir, control_endpoint(cfg.trainer, cfg.failover), cfg.trainer.rdzv_timeout_s,
                            launch=segment, refused=Refusals(run_dir, source=f"rank {rank}", log=log))
     runner = PipelineRunner(cfg.pipeline, cfg.optim, cfg.trainer, cfg.data.batch_size, run_dir, setup, runtime, rank,
-                            world_size, owned, partition, blocks, injector, Heartbeat(run_dir, rank, str(setup.device)),
-                            events, control,
+                            world_size, owned, partition, blocks, injector,
+                            Heartbeat(run_dir, run_rank, str(setup.device)), events, control,
                             JsonlWriter(PERFORMANCE.path(run_dir)) if last else NullWriter(), parts.total_steps,
                             segment=segment, log=log,
-                            control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+                            control_group=None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"),
+                            quorum=quorum)
+    if quorum is not None:
+        quorum.register_state(lambda: replica_state(runner), lambda state: load_replica_state(runner, state))
 
     def saved(step: int, path: Path, seconds: float, stall: float, context: dict) -> None:
         events.append("checkpoint_saved", step=step, path=str(path), seconds=seconds, stall_s=stall, **context)
 
-    checkpointer = Checkpointer(CHECKPOINTS.path(run_dir), cfg.checkpoint.keep, cfg.student.name,
-                                ProcessGroupShards(runner), injector, on_saved=saved,
-                                mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
-                                device=setup.device,
-                                save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
+    checkpointer = (Checkpointer if quorum is None else partial(FirstParticipantCheckpointer, quorum))(
+        CHECKPOINTS.path(run_dir), cfg.checkpoint.keep, cfg.student.name, ProcessGroupShards(runner), injector,
+        on_saved=saved, mark=lambda phase: runner.runtime.mark(phase), asynchronous=cfg.checkpoint.async_save,
+        device=setup.device, save_context=lambda: {"segment": runner.segment, "for_stop": runner.stop_requested})
     evaluation = PipelineEvaluation(runner, parts.val_ds, cfg.data.batch_size, loader_workers(cfg.data))
-    return Trainer(loop_settings(cfg, world_size), run_dir, runner, checkpointer, evaluation, parts.train_ds,
+    return Trainer(loop_settings(cfg, run_world), run_dir, runner, checkpointer, evaluation, parts.train_ds,
                    parts.val_ds, parts.sampler, parts.total_steps, parts.num_epochs, injector, events, log=log,
                    mark=lambda phase: runner.runtime.mark(phase))
+
+
+def replica_state(runner: PipelineRunner) -> dict[str, Any]:
+    """What a returning replica's rank receives from the same stage of a peer (torchft's heal): the stage's
+    tensors and optimizer state by name, and the schedule; copies, so the peer's next update cannot reach them."""
+    params = {n: t for n, t in runner.owned.items() if isinstance(t, torch.nn.Parameter)}
+    return {"tensors": {n: t.detach().clone() for n, t in runner.owned.items()},
+            "optimizer": optimizer_state_by_name(runner.optimizer, params),
+            "scheduler": runner.scheduler.state_dict()}
+
+
+def load_replica_state(runner: PipelineRunner, state: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for name, tensor in state["tensors"].items():
+            runner.owned[name].copy_(tensor)
+    params = {n: t for n, t in runner.owned.items() if isinstance(t, torch.nn.Parameter)}
+    load_optimizer_state_by_name(runner.optimizer, params, state["optimizer"])
+    runner.scheduler.load_state_dict(state["scheduler"])

@@ -28,6 +28,7 @@ from synapse.config import SynapseConfig, cuda_index, resolve_devices
 from synapse.engine import build_compute_setup, with_host_data_path
 from synapse.health import probe_devices
 from synapse.partitioning import Placement
+from synapse.pipeline.quorum import ReplicaGroupSpec, sampler_state_at
 from synapse.pipeline.trainer import build_pipeline_trainer
 from synapse.rundir import FAILURE_RECORD, JsonlWriter, hold_as_worker
 
@@ -44,6 +45,8 @@ class LaunchTask:
     segment: int
     teacher_weights: str
     resume: str | None = None
+    # failover.replica_engine=torchft: this launch is one replica of the run (``placement`` is its pipeline)
+    replica_group: ReplicaGroupSpec | None = None
 
 
 @record
@@ -141,24 +144,43 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
     trainer = None
     try:
         trainer = build_pipeline_trainer(cfg, run_dir, rank, world, task.placement, task.teacher_weights, setup, log,
-                                         segment=task.segment, microbatches=task.microbatches)
+                                         segment=task.segment, microbatches=task.microbatches,
+                                         replica_group=task.replica_group)
         built = time.time()
         if task.resume:
             trainer.load_checkpoint(Path(task.resume))
+        quorum = trainer.runner.quorum
+        if quorum is not None:
+            quorum.align_step(trainer.step)
         dist.barrier()  # "ready" means every rank is ready
-        if rank == 0:  # the supervisor splits a restart's cost into launch, load and warm-up with this
+        # the supervisor splits a restart's cost into launch, load and warm-up with this (a replica's respawn
+        # under torchft is no restart of the run)
+        if rank == 0 and (task.replica_group is None or (task.replica_group.replica == 0 and not respawned())):
             trainer.events.append("launch_ready", segment=task.segment, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
         if cfg.trainer.start_probe:
             physical = [cuda_index(cfg.trainer, d) for d in resolve_devices(cfg.trainer)]  # ranks sharing a GPU
             start_probe(trainer, setup.device, local_rank, physical, task.segment)
+        if quorum is not None:  # the first step's quorum: a replica behind the others heals from a peer
+            healed = quorum.join(trainer.step, started)
+            if healed != trainer.step:
+                trainer.step = healed
+                trainer.sampler.load_state_dict(sampler_state_at(trainer.sampler, healed))
         summary = trainer.fit()
         trainer.runner.heartbeat.beat(trainer.step, phase="finished")  # a normal exit is not a death
         return summary if trainer.writes_records else None
     finally:
         if trainer is not None:
             trainer.injector.close()  # stop background loads, record fault_cleared
+            if trainer.runner.quorum is not None:
+                trainer.runner.quorum.shutdown()
         dist.destroy_process_group()
+
+
+def respawned() -> bool:
+    """Whether torch's elastic agent started this worker again after its first one died (under torchft a
+    replica's agent respawns its workers; Synapse's own restarts are new launches)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def start_probe(trainer: Any, device: Any, local_rank: int, node_devices: list[int], segment: int) -> None:

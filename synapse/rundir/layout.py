@@ -46,15 +46,17 @@ FIELDS = {
     "rank": Field(r"\d+", "a global pipeline rank (0 .. K-1)"),
     "segment": Field(r"\d+", "a segment's index: 0 for the first placement, +1 at every restart and live re-partition"),
     "node": Field(r"[1-9]\d*", "a node's rank (node 0's locks carry no number)"),
-    "attempt": Field(r"\d+(?:_node\d+)?", "a launch's name: the segment it runs, or <segment>_node<n> for the agent "
-                                          "of node n"),
+    "attempt": Field(r"\d+(?:_node\d+|_replica\d+)?", "a launch's name: the segment it runs, <segment>_node<n> for "
+                                                      "the agent of node n, or <segment>_replica<r> for replica r's "
+                                                      "launch under failover.replica_engine=torchft"),
     "step": Field(r"\d{8}", "an optimizer step, zero-padded to 8 digits"),
     "nonce": Field(r"[^/]+", "random letters shared by the ranks of one checkpoint save"),
     "token": Field(r"[^/]+", "the writer's pid (or random letters): two writers never share a temporary"),
     "role": Field(r"[a-z_]+", "who writes a tracker's files: train, supervisor"),
     "kind": Field(r"[a-z_]+", "a record kind: train, eval, markers"),
     "agent": Field(r"[^/]+_[a-z0-9_]{8}", "torch elastic's folder of one agent: <rendezvous run id>_<8 random>"),
-    "restart": Field(r"\d+", "torch elastic's restart count (always 0: Synapse restarts, not the agent)"),
+    "restart": Field(r"\d+", "torch elastic's restart count (0, but for a replica's respawned workers under "
+                               "failover.replica_engine=torchft)"),
     "local_rank": Field(r"\d+", "a rank's number on its node"),
     "figure": Field(r"[a-z_]+", "a figure's name"),
     "ext": Field(r"[a-z]+", "a figure format (png, svg)"),

@@ -1,0 +1,257 @@
+"""torchft carries the replica level (``failover.replica_engine=torchft``): inside a worker.
+
+Each replica of the run is an elastic launch of its own (``synapse.launch.replica_groups``); its K stage
+ranks form a torchft replica group (group rank = stage), and the supervisor runs torchft's lighthouse.
+Every step starts with a quorum of the replicas alive (``Manager.start_quorum``, synchronous, so a
+returning replica heals from a peer before its step). The step's global batch is then cut among the
+quorum's participants (``quorum_share``: participant i of n trains on its part, micro-batches whole),
+and after the step's last backward each stage rank sums its gradients, weighted by share / batch, with
+the same stage of the other replicas through its Manager's process group, with the BatchNorm statistics'
+merge, the loss and the stop flag (a stop request seen by any replica stops every one after the same
+step). The Manager's commit vote comes before the optimizer step: a step whose reduction met a dead peer
+is not committed and runs again on the next quorum, with the same global batch, so every committed step
+sees the whole batch whatever the replicas alive.
+
+A replica that comes back (its elastic agent respawns its workers) asks for a quorum before its first
+step (``join``); torchft sends it a peer's state (the stage's tensors, optimizer and schedule, by name)
+and the committed step, and it goes on from there: no checkpoint is read, the others never stop.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from synapse import checkpoint as ckpt
+from synapse.engine import Checkpointer, HeldState
+from synapse.pipeline.replicas import apply_statistics, statistics_additions
+
+STALL_WINDOW = 20  # committed steps whose median is a normal step (a stall is measured against it)
+
+
+@dataclass(frozen=True)
+class ReplicaGroupSpec:
+    """What a worker of a replica launch is told: which replica it is, of how many, where the lighthouse is."""
+
+    replica: int
+    replicas: int
+    lighthouse: str  # the lighthouse's address (http://host:port)
+    timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
+
+
+class StepNotCommitted(RuntimeError):
+    """The replicas did not commit this step (a peer was lost during it): it runs again on a new quorum."""
+
+
+def quorum_share(index: int, participants: int, batch: int, microbatches: int) -> range:
+    """Participant ``index`` of ``participants``: its images of the step's global batch, in whole
+    micro-batches, as equal as the micro-batches allow (the first ones take one more)."""
+    units = batch // microbatches
+    if participants < 1 or not 0 <= index < participants or participants > units:
+        raise ValueError(f"participant {index} of {participants}: a batch of {batch} images in micro-batches of "
+                         f"{microbatches} gives {units} micro-batches to share out")
+    base, extra = divmod(units, participants)
+    start = (index * base + min(index, extra)) * microbatches
+    return range(start, start + (base + (index < extra)) * microbatches)
+
+
+class QuorumReplicas:
+    """This stage rank's place among the replicas under torchft: the runtime's replica reduction
+    (``synapse.pipeline.replicas.ReplicaReduction``) and the step driver (``run_step``)."""
+
+    pipeline_group = None  # a replica's pipeline is its own launch: the default group
+    replica = 0  # the replica's index within its launch (each replica is a launch of its own)
+    share = None  # every step's whole batch is loaded; the quorum cuts it (``step_share``)
+    evaluation_shard = (0, 1)  # each replica evaluates the whole split: no collective outside a step's quorum
+
+    def __init__(self, spec: ReplicaGroupSpec, stage: int, stages: int, batch: int, microbatches: int,
+                 record: Callable[..., Any], log: Callable[[str], None] = print):
+        from torchft import Manager  # type: ignore[import-untyped]
+        from torchft.process_group import ProcessGroupGloo  # type: ignore[import-untyped]
+
+        self.spec, self.batch, self.microbatches = spec, batch, microbatches
+        self.record, self.log = record, log
+        timeout = timedelta(seconds=spec.timeout_s)
+        host, port = _replica_group_store(stage)
+        self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+                               min_replica_size=1, use_async_quorum=False, init_sync=False, timeout=timeout,
+                               quorum_timeout=timeout, rank=stage, world_size=stages, store_addr=host,
+                               store_port=port, lighthouse_addr=spec.lighthouse, replica_id=f"replica_{spec.replica}",
+                               hostname=host)
+        self.step_share = range(0)
+        self.participants = 0
+        self.index = 0
+        self._quorum_started = False  # join() started the first step's quorum
+        self._before: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._durations: deque[float] = deque(maxlen=STALL_WINDOW)
+        self.stop_seen = False  # a stop request this replica saw, told to the others with the next step
+        self.stop_agreed = False  # some replica saw one: every replica stops after this step
+
+    # ---------------------------------------------------------------- healing
+    def register_state(self, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
+        """What a returning replica receives from a peer (``state``) and how it takes it (``load``)."""
+        self.manager.register_state_dict_fn("synapse", load, state)
+
+    def align_step(self, step: int) -> None:
+        """The committed step count torchft compares across replicas = the loop's (after a checkpoint load)."""
+        self.manager.load_state_dict({"step": step, "batches_committed": step * self.spec.replicas})
+
+    def join(self, step: int, started: float) -> int:
+        """The first step's quorum, before the loop starts: a replica behind the others (respawned) heals
+        from a peer here. Returns the committed step to go on from."""
+        self._start_quorum()
+        self._quorum_started = True
+        committed = self.manager.current_step()
+        if committed != step:
+            self.record("replica_healed", step=committed, from_step=step, replica=self.spec.replica,
+                        participants=self.participants, since_start_s=time.time() - started)
+            self.log(f"replica {self.spec.replica}: healed from a peer at step {committed} (was at {step})")
+        return committed
+
+    # ---------------------------------------------------------------- a step
+    def run_step(self, step: int, train: Callable[[range], torch.Tensor | None],
+                 undo: Callable[[], None]) -> torch.Tensor | None:
+        """Step ``step`` on this replica's share of the quorum's cut; again on a new quorum until committed.
+        ``undo``: what a step that was not committed leaves behind is dropped (gradients)."""
+        started, attempts = time.perf_counter(), 0
+        before = self.participants
+        while True:
+            attempts += 1
+            if not self._quorum_started:
+                self._start_quorum()
+            self._quorum_started = False
+            try:
+                loss = train(self.step_share)
+            except StepNotCommitted:
+                self.log(f"replica {self.spec.replica}: step {step} not committed by the quorum of "
+                         f"{self.participants}; again on a new quorum")
+                self._restore_statistics()
+                undo()
+                continue
+            break
+        if self.manager.current_step() != step:
+            raise RuntimeError(f"replica {self.spec.replica}: the loop is at step {step} but torchft committed "
+                               f"{self.manager.current_step()}")
+        seconds = time.perf_counter() - started
+        self._note_quorum_change(step, before, seconds, attempts)
+        self._durations.append(seconds)
+        return loss
+
+    def _start_quorum(self) -> None:
+        self.manager.start_quorum()
+        index = self.manager.participating_rank()
+        if index is None:
+            raise RuntimeError(f"replica {self.spec.replica} is not a participant of its quorum")
+        self.index, self.participants = index, self.manager.num_participants()
+        self.step_share = quorum_share(index, self.participants, self.batch, self.microbatches)
+
+    def _note_quorum_change(self, step: int, before: int, seconds: float, attempts: int) -> None:
+        """A replica lost or back: one event, by the step's first participant (the stall against a normal step)."""
+        if before == 0 or before == self.participants or self.index != 0:
+            return
+        normal = statistics.median(self._durations) if self._durations else 0.0
+        self.record("replica_lost" if self.participants < before else "replica_back", step=step,
+                    participants=self.participants, participants_before=before, stall_s=max(0.0, seconds - normal),
+                    step_s=seconds, attempts=attempts, share=len(self.step_share))
+
+    # ---------------------------------------------------------------- the runtime's reduction
+    @property
+    def writes_checkpoints(self) -> bool:
+        """The step's first participant writes the checkpoints (every replica holds the same state)."""
+        return self.index == 0
+
+    def remember_statistics(self, student: torch.nn.Module) -> None:
+        self._buffers = dict(student.named_buffers())
+        self._before = {name: b.detach().clone() for name, b in self._buffers.items()}
+
+    def _restore_statistics(self) -> None:
+        """A step not committed: its BatchNorm statistics are dropped with it."""
+        with torch.no_grad():
+            for name, saved in self._before.items():
+                self._buffers[name].copy_(saved)
+
+    def reduce_step(self, student: torch.nn.ModuleList, loss: torch.Tensor | None,
+                    microbatches: int) -> torch.Tensor | None:
+        """The global batch's gradient, merged statistics and loss on every participant, then the commit vote;
+        raises ``StepNotCommitted`` when the replicas did not commit (before any update)."""
+        from torch.distributed import ReduceOp
+
+        weight = len(self.step_share) / self.batch
+        params = [p for p in student.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = torch.cat([p.grad.reshape(-1) for p in params]) * weight
+        parts, offsets = statistics_additions(student, range(len(student)), self._before, microbatches,
+                                              self.index, self.participants)
+        extras = [torch.tensor([float(loss) * weight if loss is not None else 0.0, float(self.stop_seen)],
+                               dtype=torch.float64)]
+        extra = torch.cat([*[t.reshape(-1) for t in parts], *extras])
+        self.manager.allreduce(grads, reduce_op=ReduceOp.SUM).wait()
+        self.manager.allreduce(extra, reduce_op=ReduceOp.SUM).wait()
+        if not self.manager.should_commit():
+            raise StepNotCommitted(f"replica {self.spec.replica}: the quorum of {self.participants} did not commit")
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        used = sum(t.numel() for t in parts)
+        apply_statistics(extra[:used], parts, offsets)
+        self.stop_agreed = bool(extra[used + 1] > 0)
+        if loss is None:
+            return None
+        return torch.tensor(float(extra[used]), dtype=loss.dtype)
+
+    def after_update(self, student: torch.nn.ModuleList, microbatches: int) -> None:
+        """Nothing: the statistics were merged before the vote (a collective after it would be outside it)."""
+
+    def add_up(self, counts: Sequence[float], device: torch.device) -> list[float]:
+        """Each replica evaluated the whole split: its counts are the run's."""
+        return list(counts)
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=True)
+
+
+class FirstParticipantCheckpointer(Checkpointer):
+    """The engine's checkpointer, saving only on the replica that is the step's first participant (every
+    replica holds the same state; the first participant is alive whichever replica was lost)."""
+
+    def __init__(self, quorum: QuorumReplicas, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.quorum = quorum
+
+    def save(self, step: int, held: HeldState, sampler_state: Any) -> Path:
+        if self.quorum.writes_checkpoints:
+            return super().save(step, held, sampler_state)
+        return self.root / ckpt.step_dir_name(step)
+
+
+def sampler_state_at(sampler: Any, step: int) -> dict[str, int]:
+    """The sampler's position after optimizer step ``step`` (>= 1) of the run."""
+    per_epoch = sampler.steps_per_epoch
+    return sampler.state_after((step - 1) // per_epoch, (step - 1) % per_epoch)
+
+
+def _replica_group_store(stage: int) -> tuple[str, int]:
+    """The replica group's own TCP store (torchft's Manager finds its rank 0's server there): hosted by
+    stage 0, its port told to the other stages over the launch's default group."""
+    host = "127.0.0.1"
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if stage == 0 else None
+    box = [store.port if store is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    _STORES.append(store)  # kept open for the worker's life
+    return host, int(cast(int, box[0]))
+
+
+_STORES: list[Any] = []
