@@ -53,7 +53,8 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
     def run_replica(replica: int) -> None:
         pipeline = placement.pipeline(replica)
         trainer = dataclasses.replace(cfg.trainer, devices=list(pipeline.devices))
-        spec = ReplicaGroupSpec(replica, placement.replicas, address, float(cfg.trainer.collective_timeout_s))
+        spec = ReplicaGroupSpec(replica, placement.replicas, address, float(cfg.trainer.collective_timeout_s),
+                                tuple(placement.devices))
         replica_task = dataclasses.replace(task, config=dataclasses.replace(cfg, trainer=trainer),
                                            placement=pipeline, replica_group=spec)
         name = replica_attempt(attempt, replica)

@@ -18,6 +18,7 @@ and the committed step, and it goes on from there: no checkpoint is read, the ot
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import deque
@@ -32,8 +33,13 @@ import torch.distributed as dist
 
 from synapse import checkpoint as ckpt
 from synapse.engine import Checkpointer, HeldState
+from synapse.injection import fired_fault_indices
+from synapse.pipeline.clock import COMPUTE_PARTS, SEND_PARTS
 from synapse.pipeline.replicas import apply_statistics, statistics_additions
 
+# A rank's step timing (StageClock) carried to the other replicas with the next step's reduction, so that
+# replica 0's last rank writes one performance record of every replica's ranks, as one launch does
+TIMING_KEYS = (*COMPUTE_PARTS, "compute", "comm", *SEND_PARTS, "send", "wait", "wall")
 STALL_WINDOW = 20  # committed steps whose median is a normal step (a stall is measured against it)
 
 
@@ -45,6 +51,7 @@ class ReplicaGroupSpec:
     replicas: int
     lighthouse: str  # the lighthouse's address (http://host:port)
     timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
+    run_devices: tuple[int, ...] = ()  # the devices of every replica, replica after replica (performance records)
 
 
 class StepNotCommitted(RuntimeError):
@@ -95,6 +102,9 @@ class QuorumReplicas:
         self._durations: deque[float] = deque(maxlen=STALL_WINDOW)
         self.stop_seen = False  # a stop request this replica saw, told to the others with the next step
         self.stop_agreed = False  # some replica saw one: every replica stops after this step
+        self.carried: dict[str, float] | None = None  # this rank's timing of its last committed step
+        # every replica's timing (None: not in the quorum) of the step before the last committed one
+        self.replica_timings: list[dict[str, float] | None] = [None] * spec.replicas
 
     # ---------------------------------------------------------------- healing
     def register_state(self, state: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
@@ -113,7 +123,7 @@ class QuorumReplicas:
         committed = self.manager.current_step()
         if committed != step:
             self.record("replica_healed", step=committed, from_step=step, replica=self.spec.replica,
-                        participants=self.participants, since_start_s=time.time() - started)
+                        participants=self.participants, since_start_s=time.time() - started, pid=os.getpid())
             self.log(f"replica {self.spec.replica}: healed from a peer at step {committed} (was at {step})")
         return committed
 
@@ -155,13 +165,18 @@ class QuorumReplicas:
         self.step_share = quorum_share(index, self.participants, self.batch, self.microbatches)
 
     def _note_quorum_change(self, step: int, before: int, seconds: float, attempts: int) -> None:
-        """A replica lost or back: one event, by the step's first participant (the stall against a normal step)."""
-        if before == 0 or before == self.participants or self.index != 0:
+        """By the step's first participant, with the stall against a normal step: ``replica_lost`` when a peer was
+        lost (the step ran again, or the quorum shrank), ``replica_back`` when the quorum grew."""
+        if self.index != 0 or before == 0:
             return
         normal = statistics.median(self._durations) if self._durations else 0.0
-        self.record("replica_lost" if self.participants < before else "replica_back", step=step,
-                    participants=self.participants, participants_before=before, stall_s=max(0.0, seconds - normal),
-                    step_s=seconds, attempts=attempts, share=len(self.step_share))
+        fields = dict(step=step, participants=self.participants, participants_before=before,
+                      stall_s=max(0.0, seconds - normal), step_s=seconds, attempts=attempts,
+                      share=len(self.step_share), pid=os.getpid())
+        if attempts > 1 or self.participants < before:
+            self.record("replica_lost", **fields)
+        if self.participants > before:
+            self.record("replica_back", **fields)
 
     # ---------------------------------------------------------------- the runtime's reduction
     @property
@@ -194,7 +209,7 @@ class QuorumReplicas:
         parts, offsets = statistics_additions(student, range(len(student)), self._before, microbatches,
                                               self.index, self.participants)
         extras = [torch.tensor([float(loss) * weight if loss is not None else 0.0, float(self.stop_seen)],
-                               dtype=torch.float64)]
+                               dtype=torch.float64), self._timing_slots()]
         extra = torch.cat([*[t.reshape(-1) for t in parts], *extras])
         self.manager.allreduce(grads, reduce_op=ReduceOp.SUM).wait()
         self.manager.allreduce(extra, reduce_op=ReduceOp.SUM).wait()
@@ -208,9 +223,23 @@ class QuorumReplicas:
         used = sum(t.numel() for t in parts)
         apply_statistics(extra[:used], parts, offsets)
         self.stop_agreed = bool(extra[used + 1] > 0)
+        self._read_timing_slots(extra[used + 2:])
         if loss is None:
             return None
         return torch.tensor(float(extra[used]), dtype=loss.dtype)
+
+    def _timing_slots(self) -> torch.Tensor:
+        """One slot per replica (present, then TIMING_KEYS); this replica fills its own with its last step's."""
+        slots = torch.zeros(self.spec.replicas, 2 + len(TIMING_KEYS), dtype=torch.float64)
+        if self.carried is not None:
+            told = [1.0, self.carried["step"], *(self.carried[k] for k in TIMING_KEYS)]
+            slots[self.spec.replica] = torch.tensor(told, dtype=torch.float64)
+        return slots.reshape(-1)
+
+    def _read_timing_slots(self, flat: torch.Tensor) -> None:
+        slots = flat.reshape(self.spec.replicas, 2 + len(TIMING_KEYS)).tolist()
+        self.replica_timings = [{"step": int(slot[1]), **dict(zip(TIMING_KEYS, slot[2:]))} if slot[0] > 0 else None
+                                for slot in slots]
 
     def after_update(self, student: torch.nn.ModuleList, microbatches: int) -> None:
         """Nothing: the statistics were merged before the vote (a collective after it would be outside it)."""
@@ -235,6 +264,19 @@ class FirstParticipantCheckpointer(Checkpointer):
         if self.quorum.writes_checkpoints:
             return super().save(step, held, sampler_state)
         return self.root / ckpt.step_dir_name(step)
+
+
+def respawned() -> bool:
+    """Whether torch's elastic agent started this worker again after its first one died (under torchft a
+    replica's agent respawns its workers; Synapse's own restarts are new launches)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def faults_not_fired(faults: tuple[Any, ...], events: Any) -> tuple[Any, ...]:
+    """``injection.faults`` without those the run's events say were injected: a respawned worker does not
+    kill itself again at the step it heals back to."""
+    fired = fired_fault_indices(events)
+    return tuple(f for i, f in enumerate(faults) if (i if f.fault_id is None else f.fault_id) not in fired)
 
 
 def sampler_state_at(sampler: Any, step: int) -> dict[str, int]:

@@ -52,11 +52,26 @@ from synapse.injection import FaultInjector, build_fault_injector
 from synapse.partitioning import Placement
 from synapse.pipeline.all_blocks import AllBlocks, build_all_blocks
 from synapse.pipeline.clock import reads_timing_late
-from synapse.pipeline.quorum import FirstParticipantCheckpointer, QuorumReplicas, ReplicaGroupSpec
+from synapse.pipeline.quorum import (
+    FirstParticipantCheckpointer,
+    QuorumReplicas,
+    ReplicaGroupSpec,
+    faults_not_fired,
+    respawned,
+)
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
 from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
-from synapse.rundir import CHECKPOINTS, PERFORMANCE, EventLog, JsonlWriter, NullWriter, Refusals, events_path
+from synapse.rundir import (
+    CHECKPOINTS,
+    PERFORMANCE,
+    EventLog,
+    JsonlWriter,
+    NullWriter,
+    Refusals,
+    events_path,
+    read_jsonl,
+)
 
 
 class ProcessGroupShards:
@@ -159,6 +174,7 @@ class PipelineRunner:
                 None if images is None else images[share.start:share.stop],
                 None if labels is None else labels[share.start:share.stop], step),
                 undo=lambda: self.optimizer.zero_grad(set_to_none=True))
+            self.quorum.carried = self.runtime.last_timing  # told to the other replicas with the next step
         self.heartbeat.beat(step)
         return loss
 
@@ -194,7 +210,7 @@ class PipelineRunner:
         """The performance record of these per-rank timings (of one step); False: there are none
         (the first step of a clock read late reports nothing)."""
         reported = [t for t in timings if t is not None]
-        if len(reported) < len(timings):
+        if len(reported) < len(timings) or len({t["step"] for t in reported}) > 1:
             return False
         if self.writes_records:
             self.write_performance_record(reported[-1]["step"], reported)
@@ -206,7 +222,9 @@ class PipelineRunner:
         request = self.control.poll() if self.rank == 0 else None
         if request is not None and request.id in self.applied_requests:
             request = None  # a live re-partition already done; the request stays until the supervisor moves on
-        mine = {"timing": self.runtime.last_timing, "request": request.to_dict() if request else None}
+        # under torchft: this stage's timings of every replica, one step back (they came with this step's reduction)
+        timing = self.runtime.last_timing if self.quorum is None else self.quorum.replica_timings
+        mine = {"timing": timing, "request": request.to_dict() if request else None}
         gathered: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
         self.runtime.mark("sync")
         dist.all_gather_object(gathered, mine, group=self.control_group)
@@ -219,6 +237,8 @@ class PipelineRunner:
             self.stop_requested = request is not None and not request.live
             if request is not None and self.rank == 0:
                 self.control.acknowledge(StopAck(request.id, step))
+        if self.quorum is not None:  # rank order of the run: replica after replica, each replica's stages
+            return [g["timing"][r] for r in range(self.quorum.spec.replicas) for g in gathered]
         return [g["timing"] for g in gathered]
 
     def _agree_on_stop(self, request: StopRequest | None, step: int) -> None:
@@ -237,14 +257,15 @@ class PipelineRunner:
         timings = [{part: seconds for part, seconds in t.items() if part != "step"} for t in timings]
         wall = max(t["wall"] for t in timings)
         self.performance.write({
-            "step": step, "segment": self.segment, "devices": list(self.partition.devices),
+            "step": step, "segment": self.segment,
+            "devices": list(self.quorum.spec.run_devices if self.quorum else self.partition.devices),
             "total_steps": self.total_steps, "step_seconds": wall,
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
             "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings,
             "images_per_s": self.images_per_step / wall,
-            # under torchft: replica 0's pipeline, and how many replicas the step's quorum had
-            **({"replica": self.quorum.spec.replica, "replicas_alive": self.quorum.participants}
-               if self.quorum else {}),
+            # under torchft: how many replicas the quorum had when these timings were told (every one: a record
+            # is written only of steps every replica ran)
+            **({"replicas_alive": self.quorum.participants} if self.quorum else {}),
         })
 
     def apply_control(self, step: int) -> None:
@@ -444,7 +465,10 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    injector = build_fault_injector(cfg.injection.faults, run_rank, run_world, run_dir, setup.device, local_rank)
+    faults = cfg.injection.faults
+    if replica_group is not None and respawned():
+        faults = faults_not_fired(faults, read_jsonl(events_path(run_dir)))
+    injector = build_fault_injector(faults, run_rank, run_world, run_dir, setup.device, local_rank)
     runtime = PipelineRuntime(module, stage, partition.stages_of_rank(rank), setup, count,
                               cfg.pipeline.schedule,
                               lambda s, t, y: training_loss(s, t, y, kd), optimizer, scheduler, injector,

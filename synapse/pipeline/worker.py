@@ -28,7 +28,7 @@ from synapse.config import SynapseConfig, cuda_index, resolve_devices
 from synapse.engine import build_compute_setup, with_host_data_path
 from synapse.health import probe_devices
 from synapse.partitioning import Placement
-from synapse.pipeline.quorum import ReplicaGroupSpec, sampler_state_at
+from synapse.pipeline.quorum import ReplicaGroupSpec, respawned, sampler_state_at
 from synapse.pipeline.trainer import build_pipeline_trainer
 from synapse.rundir import FAILURE_RECORD, JsonlWriter, hold_as_worker
 
@@ -158,7 +158,8 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
         if rank == 0 and (task.replica_group is None or (task.replica_group.replica == 0 and not respawned())):
             trainer.events.append("launch_ready", segment=task.segment, step=trainer.step, process_started=started,
                                   build_s=built - started, checkpoint_load_s=time.time() - built)
-        if cfg.trainer.start_probe:
+        if cfg.trainer.start_probe and task.replica_group is None:  # under torchft each replica is a launch: its
+            # readings would be of one replica's ranks only
             physical = [cuda_index(cfg.trainer, d) for d in resolve_devices(cfg.trainer)]  # ranks sharing a GPU
             start_probe(trainer, setup.device, local_rank, physical, task.segment)
         if quorum is not None:  # the first step's quorum: a replica behind the others heals from a peer
@@ -176,11 +177,6 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
                 trainer.runner.quorum.shutdown()
         dist.destroy_process_group()
 
-
-def respawned() -> bool:
-    """Whether torch's elastic agent started this worker again after its first one died (under torchft a
-    replica's agent respawns its workers; Synapse's own restarts are new launches)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def start_probe(trainer: Any, device: Any, local_rank: int, node_devices: list[int], segment: int) -> None:

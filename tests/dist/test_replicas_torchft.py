@@ -40,3 +40,59 @@ def test_torchft_replicas_learn_what_one_device_learns(tmp_path, teacher_file):
     assert_close_states(final_student_state(run_dir), reference)
     assert losses(run_dir) == pytest.approx(losses(tmp_path / "reference"), rel=1e-5)
     assert [s.outcome for s in read_segments(run_dir)] == ["finished"]
+    # one performance record a step of both replicas' ranks (told one step late, with the next reduction)
+    performance = [json.loads(line) for line in (run_dir / "performance.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in performance] == list(range(1, 6))
+    assert all(len(r["compute_s"]) == 2 and r["devices"] == [0, 1] for r in performance)
+    assert events(run_dir, "controller_error") == []
+
+
+
+KILL_STEP = 8
+KILL = f"injection.faults=[{{kind:kill,rank:1,step:{KILL_STEP},phase:forward}}]"
+
+
+def killed_run(tmp_path, teacher_file, steps: int, extra: list[str]) -> tuple[dict, object, tuple]:
+    """The reference over ``steps`` steps, and the torchft run with replica 1's rank killed at step 8."""
+    settings = [f"trainer.max_steps={steps}", "checkpoint.every=20"]
+    reference = reference_run(tmp_path / "reference", teacher_file, 4, [*VIT, *settings])
+    run_dir = tmp_path / "torchft"
+    summary = run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *TORCHFT, *settings,
+                                           KILL, *extra]), log=print)
+    assert [s.outcome for s in read_segments(run_dir)] == ["finished"]
+    assert summary["experiment"]["restarts"] == [], "no restart: the survivor went on"
+    train = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in train if r.get("kind") == "train"] == list(range(1, steps + 1))
+    return summary, run_dir, reference
+
+
+def test_a_lost_replica_s_share_is_taken_by_the_survivor(tmp_path, teacher_file):
+    """Replica 1's rank is SIGKILLed in its forward of step 8 and not respawned (failover.replica_respawns=0):
+    the survivor's step 8 meets the dead peer, is not committed, and runs again on the quorum of one, which
+    now trains on the whole global batch; to the end, without a restart, where one device ends."""
+    _, run_dir, reference = killed_run(tmp_path, teacher_file, 24, ["failover.replica_respawns=0"])
+    lost = events(run_dir, "replica_lost")
+    print(f"replica_lost: {lost}")
+    assert len(lost) == 1 and lost[0]["step"] == KILL_STEP and lost[0]["attempts"] >= 2
+    assert lost[0]["participants"] == 1 and lost[0]["share"] == 32
+    assert events(run_dir, "replica_back") == [] and events(run_dir, "replica_healed") == []
+    assert_close_states(final_student_state(run_dir), reference)
+
+
+def test_a_killed_replica_returns_heals_and_nothing_learnt_changes(tmp_path, teacher_file):
+    """The same kill, respawned by replica 1's own agent: the respawned rank heals from the survivor (its
+    state sent by torchft) and rejoins while the survivor goes on in the same process; the run ends where
+    one device ends, both replicas training again to the end."""
+    steps = 120
+    _, run_dir, reference = killed_run(tmp_path, teacher_file, steps, [])
+    lost, back, healed = (events(run_dir, name) for name in ("replica_lost", "replica_back", "replica_healed"))
+    print(f"replica_lost: {lost}\nreplica_back: {back}\nreplica_healed: {healed}")
+    assert lost and lost[0]["step"] == KILL_STEP
+    assert lost[0]["attempts"] >= 2, "the step that met the dead peer ran again"
+    survivor = lost[0]["pid"]
+    assert all(e["pid"] == survivor for e in lost + back), "the survivor went on in the same process"
+    assert len(healed) == 1 and healed[0]["replica"] == 1 and healed[0]["pid"] != survivor
+    assert KILL_STEP - 1 <= healed[0]["step"] < steps
+    performance = [json.loads(line) for line in (run_dir / "performance.jsonl").read_text().splitlines()]
+    assert performance[-1]["replicas_alive"] == 2, "both replicas train to the end"
+    assert_close_states(final_student_state(run_dir), reference)
