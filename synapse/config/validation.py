@@ -293,9 +293,10 @@ def _validate_torchft(cfg: DictConfig) -> None:
         fail("failover.replica_engine", f"torchft needs replicas cut alike (one stage per rank of each replica "
              f"group), but partition.replica_stages={list(cfg.partition.replica_stages)}",
              "leave partition.replica_stages unset, or use failover.replica_engine=restart")
-    if trainer.replica_shares is not None:
-        fail("failover.replica_engine", "torchft shares each step's batch among the replicas in its quorum, so "
-             f"trainer.replica_shares={list(trainer.replica_shares)} cannot be kept",
+    shares = trainer.replica_shares
+    if shares is not None and len(set(shares)) > 1:  # a restarted segment's config names the equal ones
+        fail("failover.replica_engine", "torchft shares each step's batch equally among the replicas in its quorum, "
+             f"so trainer.replica_shares={list(shares)} cannot be kept",
              "leave trainer.replica_shares unset, or use failover.replica_engine=restart")
     if trainer.nodes > 1:
         fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes})",

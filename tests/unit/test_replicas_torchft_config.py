@@ -1,0 +1,56 @@
+"""failover.replica_engine=torchft: what is refused before any worker starts, and how a step's batch is cut
+among the replicas of a quorum."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from synapse.config import ConfigError, validate
+from synapse.pipeline import quorum_share
+from tests.conftest import compose_config
+
+TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_engine=torchft", "trainer.devices=2",
+           "data.batch_size=32", "pipeline.microbatches=2"]
+
+
+def test_two_replicas_cut_alike_are_accepted(tmp_path):
+    validate(compose_config([*TORCHFT, "trainer.replicas=2"], tmp_path))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["trainer.replicas=1"], r"torchft carries a run of several replicas, but trainer.replicas=1"),
+    (["trainer.devices=3", "trainer.replicas=2", "partition.replica_stages=[2,1]"],
+     r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
+    (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
+    (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
+])
+def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
+    with pytest.raises(ConfigError, match=rf"^failover\.replica_engine: .*{says}.*Fix: "):
+        validate(compose_config([*TORCHFT, *overrides], tmp_path))
+
+
+def test_torchft_not_installed_names_the_pip_command(tmp_path, monkeypatch):
+    """An environment without torchft (the import machinery finds no such module)."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"torchft is not installed .*Fix: pip install torchft"):
+        validate(compose_config([*TORCHFT, "trainer.replicas=2"], tmp_path))
+
+
+def test_equal_shares_of_a_restarted_segment_are_kept(tmp_path):
+    """A segment's composed config names the placement's shares; equal ones are what the quorum gives."""
+    validate(compose_config([*TORCHFT, "trainer.replicas=2", "trainer.replica_shares=[16,16]"], tmp_path))
+
+
+@pytest.mark.parametrize("participants", [1, 2, 3, 4])
+def test_a_quorum_cuts_the_batch_into_whole_micro_batches_in_order(participants):
+    shares = [quorum_share(i, participants, 32, 2) for i in range(participants)]
+    assert [i for share in shares for i in share] == list(range(32))
+    assert all(len(share) % 2 == 0 for share in shares)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 2
+
+
+def test_a_quorum_larger_than_the_micro_batches_is_refused():
+    with pytest.raises(ValueError, match="gives 4 micro-batches to share out"):
+        quorum_share(0, 5, 32, 8)
