@@ -246,7 +246,16 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
             "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),
             # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
             "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
-            "resume": spec.resume}
+            "resume": spec.resume,
+            "failover.replica_engine": replica_engine_for(cfg, spec.placement)}
+
+
+def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
+    """The run's replica engine, or the restart path for a layout torchft does not carry (one replica left,
+    replicas cut differently, unequal shares: what SHRINK, DEGRADE or REBALANCE may make of it)."""
+    engine = str(cfg.failover.replica_engine)
+    alike = placement.replicas > 1 and not placement.replica_stages and len(set(placement.shares)) <= 1
+    return engine if alike else "restart"
 
 
 def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,

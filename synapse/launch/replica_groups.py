@@ -14,6 +14,7 @@ hangs fails its replica's collectives (``trainer.collective_timeout_s``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,7 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
         return launch_pipeline(task, run_dir, attempt, log, store_hosted)
     from torchft._torchft import LighthouseServer  # type: ignore[import-untyped]
 
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and managers log every quorum at info
     preload_worker_modules(cfg.data.name)
     start_fork_server()
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
@@ -52,7 +54,9 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
 
     def run_replica(replica: int) -> None:
         pipeline = placement.pipeline(replica)
-        trainer = dataclasses.replace(cfg.trainer, devices=list(pipeline.devices))
+        # the console shows replica 0's ranks (trainer.local_ranks_filter); every replica's are in its logs
+        trainer = dataclasses.replace(cfg.trainer, devices=list(pipeline.devices),
+                                      local_ranks_filter=cfg.trainer.local_ranks_filter if replica == 0 else ())
         spec = ReplicaGroupSpec(replica, placement.replicas, address, float(cfg.trainer.collective_timeout_s),
                                 tuple(placement.devices))
         replica_task = dataclasses.replace(task, config=dataclasses.replace(cfg, trainer=trainer),

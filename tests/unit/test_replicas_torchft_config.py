@@ -33,7 +33,8 @@ def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides
 def test_torchft_not_installed_names_the_pip_command(tmp_path, monkeypatch):
     """An environment without torchft (the import machinery finds no such module)."""
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "torchft" else find_spec(name, *args))
     with pytest.raises(ConfigError, match=r"torchft is not installed .*Fix: pip install torchft"):
         validate(compose_config([*TORCHFT, "trainer.replicas=2"], tmp_path))
 
