@@ -96,3 +96,24 @@ def test_a_killed_replica_returns_heals_and_nothing_learnt_changes(tmp_path, tea
     performance = [json.loads(line) for line in (run_dir / "performance.jsonl").read_text().splitlines()]
     assert performance[-1]["replicas_alive"] == 2, "both replicas train to the end"
     assert_close_states(final_student_state(run_dir), reference)
+
+
+def test_a_decision_stops_every_replica_after_the_same_step_and_restarts(tmp_path, teacher_file):
+    """A forced DEGRADE at step 3 (a fire drill): the stop request is seen by each replica on its own and
+    agreed through the next step's reduction, so both stop after the same step with one checkpoint; the
+    next segment, one replica, runs on the restart path (what torchft does not carry), and the run ends
+    where one device ends."""
+    steps = ["trainer.max_steps=16"]  # the request reaches the replicas a few steps after the drill's
+    reference = reference_run(tmp_path / "reference", teacher_file, 4, [*VIT, *steps])
+    run_dir = tmp_path / "torchft"
+    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *TORCHFT, *steps,
+                                 "failover.drills=[{step:3,action:degrade,device:1}]"]), log=print)
+    segments = read_segments(run_dir)
+    assert [s.outcome for s in segments] == ["stopped", "finished"]
+    saved = [e for e in events(run_dir, "checkpoint_saved") if e["segment"] == 0]
+    assert {e["step"] for e in saved if e["for_stop"]} == {segments[1].start_step}, "both stopped after one step"
+    assert {e["rank"] for e in saved} == {0}, "the first participant (replica 0) writes the checkpoints"
+    assert segments[1].placement.replicas == 1 and segments[1].devices == [0]
+    composed = (run_dir / "segments" / "1" / "overrides.yaml").read_text()
+    assert "failover.replica_engine='restart'" in composed
+    assert_close_states(final_student_state(run_dir), reference)
