@@ -14,7 +14,6 @@ hangs fails its replica's collectives (``trainer.collective_timeout_s``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +42,6 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
         return launch_pipeline(task, run_dir, attempt, log, store_hosted)
     from torchft._torchft import LighthouseServer  # type: ignore[import-untyped]
 
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's lighthouse and managers log every quorum at info
     preload_worker_modules(cfg.data.name)
     start_fork_server()
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
