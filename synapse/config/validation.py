@@ -298,6 +298,12 @@ def _validate_torchft(cfg: DictConfig) -> None:
         fail("failover.replica_engine", "torchft shares each step's batch equally among the replicas in its quorum, "
              f"so trainer.replica_shares={list(shares)} cannot be kept",
              "leave trainer.replica_shares unset, or use failover.replica_engine=restart")
+    stages = replica_stage_counts(cfg)
+    if stages and max(stages) > 1:
+        fail("failover.replica_engine", f"torchft carries replicas of one stage so far, but {trainer.replicas} "
+             f"replicas of the run's devices have {max(stages)} stages each (a lost rank in a pipeline replica "
+             "is not recovered yet)", "use trainer.replicas equal to the devices (data parallel), or "
+             "failover.replica_engine=restart")
     if trainer.nodes > 1:
         fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes})",
              "use failover.replica_engine=restart across nodes")

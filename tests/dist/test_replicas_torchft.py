@@ -118,16 +118,3 @@ def test_a_decision_stops_every_replica_after_the_same_step_and_restarts(tmp_pat
     assert "failover.replica_engine='restart'" in composed
     assert_close_states(final_student_state(run_dir), reference)
 
-
-def test_torchft_replicas_of_two_stages_learn_what_one_device_learns(tmp_path, teacher_file):
-    """R = 2 x K = 2: each stage rank's Manager (group rank = stage) sums its blocks' gradients with the same
-    stage of the other replica; one device's weights, and one performance record of all four ranks a step."""
-    reference = reference_run(tmp_path / "reference", teacher_file, 4, VIT)
-    run_dir = tmp_path / "torchft"
-    run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, "failover.replica_engine=torchft",
-                                 "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2"]), log=print)
-    assert_close_states(final_student_state(run_dir), reference)
-    assert losses(run_dir) == pytest.approx(losses(tmp_path / "reference"), rel=1e-5)
-    performance = [json.loads(line) for line in (run_dir / "performance.jsonl").read_text().splitlines()]
-    assert performance and all(len(r["compute_s"]) == 4 and r["devices"] == [0, 1, 2, 3] for r in performance)
-    assert events(run_dir, "controller_error") == []

@@ -24,6 +24,8 @@ def test_two_replicas_cut_alike_are_accepted(tmp_path):
      r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
     (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
     (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
+    (["trainer.devices=4", "trainer.replicas=2"], r"torchft carries replicas of one stage so far, but 2 replicas .* "
+                                                  r"2 stages each"),
 ])
 def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
     with pytest.raises(ConfigError, match=rf"^failover\.replica_engine: .*{says}.*Fix: "):
