@@ -118,3 +118,15 @@ def test_a_decision_stops_every_replica_after_the_same_step_and_restarts(tmp_pat
     assert "failover.replica_engine='restart'" in composed
     assert_close_states(final_student_state(run_dir), reference)
 
+
+
+def test_a_torchft_run_resumes_with_resume_auto(tmp_path, teacher_file):
+    """3 steps under torchft, stopped with a checkpoint (trainer.stop_after), then the rest with resume=auto:
+    the first participant's checkpoint holds one copy of the state; one device's weights at the end."""
+    reference = reference_run(tmp_path / "reference", teacher_file, 4, VIT)
+    run_dir = tmp_path / "torchft"
+    base = [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *TORCHFT]
+    run(compose_config(run_dir, [*base, "trainer.stop_after=3"]), log=print)
+    run(compose_config(run_dir, [*base, "resume=auto"]), log=print)
+    assert [s.start_step for s in read_segments(run_dir)][-1] == 3
+    assert_close_states(final_student_state(run_dir), reference)
