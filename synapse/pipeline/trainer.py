@@ -454,13 +454,15 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     if replica_group is not None:
         run_rank, run_world = replica_group.replica * world_size + rank, replica_group.replicas * world_size
     events = EventLog(events_path(run_dir), source="worker", rank=run_rank)
-    quorum = None if replica_group is None else QuorumReplicas(replica_group, stage, world_size, cfg.data.batch_size,
-                                                               count, events.append, log)
-    replicas: ReplicaReduction | None = quorum or (
-        ReplicaMesh.build(partition, rank, cfg.data.batch_size, count) if partition.replicas > 1 else None)
+    mesh = ReplicaMesh.build(partition, rank, cfg.data.batch_size, count) if partition.replicas > 1 else None
     parts = build_run_parts(cfg, cfg.student.name, cfg.student.init)
     blocks = build_all_blocks(cfg.teacher, partition, teacher_weights, parts)
     module, owned = blocks.stage(rank, partition, setup)
+    # After the models are built: from its Manager's start the lighthouse counts this replica in, and the
+    # others' quorums wait for it (torchft's join timeout)
+    quorum = None if replica_group is None else QuorumReplicas(replica_group, stage, world_size, cfg.data.batch_size,
+                                                               count, events.append, log)
+    replicas: ReplicaReduction | None = quorum or mesh
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
     kd = kd_params(cfg.kd)
