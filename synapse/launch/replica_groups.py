@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
@@ -47,6 +48,7 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
                                   heartbeat_timeout_ms=int(cfg.failover.replica_heartbeat_timeout_s * 1000))
     address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]  # it names the host; one node: loopback
+    meeting = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the first quorum's (quorum.py)
     summaries: dict[int, dict[str, Any]] = {}
     failures: dict[int, BaseException] = {}
 
@@ -56,7 +58,7 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
         trainer = dataclasses.replace(cfg.trainer, devices=list(pipeline.devices),
                                       local_ranks_filter=cfg.trainer.local_ranks_filter if replica == 0 else ())
         spec = ReplicaGroupSpec(replica, placement.replicas, address, float(cfg.trainer.collective_timeout_s),
-                                tuple(placement.devices))
+                                tuple(placement.devices), f"127.0.0.1:{meeting.port}")
         replica_task = dataclasses.replace(task, config=dataclasses.replace(cfg, trainer=trainer),
                                            placement=pipeline, replica_group=spec)
         name = replica_attempt(attempt, replica)

@@ -52,6 +52,8 @@ class ReplicaGroupSpec:
     lighthouse: str  # the lighthouse's address (http://host:port)
     timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
     run_devices: tuple[int, ...] = ()  # the devices of every replica, replica after replica (performance records)
+    # host:port of the segment's store where the replicas meet before their first quorum ("": none)
+    start_store: str = ""
 
 
 class StepNotCommitted(RuntimeError):
@@ -84,7 +86,7 @@ class QuorumReplicas:
         from torchft import Manager  # type: ignore[import-untyped]
         from torchft.process_group import ProcessGroupGloo  # type: ignore[import-untyped]
 
-        self.spec, self.batch, self.microbatches = spec, batch, microbatches
+        self.spec, self.stage, self.batch, self.microbatches = spec, stage, batch, microbatches
         self.record, self.log = record, log
         timeout = timedelta(seconds=spec.timeout_s)
         host, port = _replica_group_store(stage)
@@ -118,6 +120,8 @@ class QuorumReplicas:
     def join(self, step: int, started: float) -> int:
         """The first step's quorum, before the loop starts: a replica behind the others (respawned) heals
         from a peer here. Returns the committed step to go on from."""
+        if self.spec.start_store and not respawned():
+            self._meet_every_replica()
         self._start_quorum()
         self._quorum_started = True
         committed = self.manager.current_step()
@@ -126,6 +130,15 @@ class QuorumReplicas:
                         participants=self.participants, since_start_s=time.time() - started, pid=os.getpid())
             self.log(f"replica {self.spec.replica}: healed from a peer at step {committed} (was at {step})")
         return committed
+
+    def _meet_every_replica(self) -> None:
+        """A segment's first quorum holds every replica: each waits here for the others to be built (without
+        it, one built late under load joined a later quorum by healing, and its first steps had no records).
+        A respawned worker does not wait: the others are training."""
+        host, port = self.spec.start_store.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
+        store.set(f"replica_{self.spec.replica}_stage_{self.stage}", "built")
+        store.wait([f"replica_{r}_stage_{self.stage}" for r in range(self.spec.replicas)])
 
     # ---------------------------------------------------------------- a step
     def run_step(self, step: int, train: Callable[[range], torch.Tensor | None],
