@@ -218,7 +218,8 @@ class QuorumReplicas:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = torch.cat([p.grad.reshape(-1) for p in params]) * weight
+        # a stage of parameter-free blocks sends an empty tensor (the same stage of every replica does)
+        grads = torch.cat([p.grad.reshape(-1) for p in params]) * weight if params else torch.zeros(0)
         parts, offsets = statistics_additions(student, range(len(student)), self._before, microbatches,
                                               self.index, self.participants)
         extras = [torch.tensor([float(loss) * weight if loss is not None else 0.0, float(self.stop_seen)],

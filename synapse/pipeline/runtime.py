@@ -194,8 +194,10 @@ class PipelineRuntime:
         # Compiled blocks are not captured: graph replays of their kernels were not measured to pay, and a
         # capture would compile the backward inside the capture. Replicas are: their gradients are
         # reduced from .grad after the schedule's last backward, which a replayed backward fills as an
-        # eager one does (DDP's per-parameter hooks, which a replay bypasses, are not used).
-        if cuda_graphs and setup.device.type == "cuda" and compiler == "none":
+        # eager one does (DDP's per-parameter hooks, which a replay bypasses, are not used). Not under torchft
+        # (a replica's share, ``replicas.share`` None, is cut anew each step: no fixed shapes to capture).
+        fixed_shapes = replicas is None or replicas.share is not None
+        if cuda_graphs and setup.device.type == "cuda" and compiler == "none" and fixed_shapes:
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
