@@ -178,7 +178,6 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
         dist.destroy_process_group()
 
 
-
 def start_probe(trainer: Any, device: Any, local_rank: int, node_devices: list[int], segment: int) -> None:
     """Every rank times the same fixed work before the launch's first step (`synapse.health.speed_probe`),
     slowed as the injected compute slowdowns of that step slow a task; the readings reach the
