@@ -26,7 +26,16 @@ import time
 from pathlib import Path
 
 import yaml
-from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, train_py_summary, write_results
+from benchlib import (
+    REPO,
+    machine_load,
+    markdown_table,
+    read_events,
+    read_jsonl,
+    spread,
+    train_py_summary,
+    write_results,
+)
 
 from synapse.conf import CONF_DIR
 from synapse.detection import DetectorConfig, SlowdownDetector, StepTiming
@@ -96,10 +105,6 @@ def training_span_s(run_dir: Path) -> float:
     return steps[-1]["time"] - (steps[0]["time"] - steps[0]["step_seconds"])
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f}" + (f" ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else "")
-
-
 def saving(keep: list[float], eta: list[float]) -> str:
     """Median saving; a tie when the medians differ by less than the runs' own spread."""
     saved = statistics.median(keep) - statistics.median(eta)
@@ -126,7 +131,7 @@ def table(runs: list[dict], policies: list[str]) -> str:
         decided = ", ".join(f"{d['action']}@{d['step']}" for d in eta["decisions"]) if eta else "-"
         spans = [[r["training_span_s"] for r in group] for group in (keeps, etas)]
         saved = saving(*spans) if keep and eta else "-"
-        walls = f"{spread(spans[0])} / {spread(spans[1])} s" if keep and eta else "-"
+        walls = f"{spread(spans[0], 1)} / {spread(spans[1], 1)} s" if keep and eta else "-"
         rows.append([member, f"rank {expected['rank']} {expected['kind']} from step {expected['start']}", seen,
                      "yes" if ref["right_rank_in_10"] else "no", decided or "keep", f"{len(keeps)} / {len(etas)}",
                      walls, saved])

@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, machine_load, markdown_table, read_jsonl, write_results
+from benchlib import REPO, machine_load, markdown_table, read_jsonl, spread, write_results
 
 RESULTS = REPO / "experiments" / "results"
 STEPS, KILL_STEP = 16, 8
@@ -93,10 +92,6 @@ def measured(run_dir: Path) -> dict:
     return {"recovery_s": restart["recovery_s"], "failure_to_step_s": first_step_at - failed_at,
             "components": restart["components"], "action": restart["action"], "cause": restart["cause"],
             "trigger_step": restart["trigger_step"], "resume_step": restart["resume_step"], "run_dir": str(run_dir)}
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchlib import machine_load, markdown_table, read_events, run_train_py, write_results  # noqa: E402
+from benchlib import machine_load, markdown_table, read_events, run_train_py, spread, write_results  # noqa: E402
 
 from synapse.rundir import read_jsonl  # noqa: E402
 
@@ -234,10 +234,6 @@ def run_synapse_kill(tmp: Path, steps: int, kill_step: int) -> dict:
             # what the loss cost: the stall, and the steps since the newest checkpoint done again
             "lost_s": first["downtime_s"] + first["redo_steps"] * step_s,
             "components": first["components"], "action": first["action"]}
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}, n = {len(values)})"
 
 
 def main() -> None:

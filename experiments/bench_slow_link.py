@@ -19,7 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, machine_load, markdown_table, read_events, read_jsonl, train_py_summary, write_results
+from benchlib import (
+    REPO,
+    machine_load,
+    markdown_table,
+    read_events,
+    read_jsonl,
+    spread,
+    train_py_summary,
+    write_results,
+)
 
 COMMAND = ["trainer.accelerator=cpu", "trainer.devices=3", "trainer.max_steps=120", "injection=slow_comm"]
 # No evaluation during the run: on CPU ranks rank 0 computes ~1.3x slower after the first one with no
@@ -50,10 +59,6 @@ def run_once(policy: str, run_dir: Path) -> dict:
             "controller_errors": len(read_events(run_dir, "controller_error"))}
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def table(runs: list[dict], policies: list[str]) -> str:
     keep_walls = [r["wall_time_s"] for r in runs if r["policy"] == "keep"]
     rows = []
@@ -66,9 +71,9 @@ def table(runs: list[dict], policies: list[str]) -> str:
         rows.append([policy, len(mine), f"{sum(r['right_rank_in_10'] for r in mine)}/{len(mine)}",
                      ", ".join(map(str, detected)) or "-",
                      "; ".join(", ".join(f"{d['action']}@{d['step']}" for d in r["decisions"]) or "keep" for r in mine),
-                     ", ".join(cuts) or "unchanged", spread(walls),
-                     spread([1000 * r["median_step_s_46_100"] for r in mine]),
-                     spread(saved) if policy != "keep" else "-"])
+                     ", ".join(cuts) or "unchanged", spread(walls, 1),
+                     spread([1000 * r["median_step_s_46_100"] for r in mine], 1),
+                     spread(saved, 1) if policy != "keep" else "-"])
     start = runs[0]["partitions"][0]
     return (f"Partition at the start: teacher {start['teacher']} / student {start['student']}.\n\n"
             + markdown_table(["policy", "runs", "rank 1 link, <= 10 steps", "detected at step", "decisions (per run)",

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchlib import machine_load, markdown_table, read_events, run_train_py, write_results  # noqa: E402
+from benchlib import machine_load, markdown_table, read_events, run_train_py, spread, write_results  # noqa: E402
 
 from synapse.rundir import read_jsonl  # noqa: E402
 
@@ -56,13 +56,6 @@ def run_once(tmp: Path, engine: str, steps: int, kill_step: int) -> dict:
             "heal_from_kill_s": healed[0]["time"] - killed if healed else None,
             "healed_at": healed[0]["step"] if healed else None,
             "back_stall_s": back[0]["stall_s"] if back else None}
-
-
-def spread(values: list) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}, n = {len(values)})"
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -60,6 +61,15 @@ def write_results(out: Path, result: dict[str, Any], table_md: str, runs_note: s
     before, after = result["load_before"], result["load_after"]
     load = f"load before/after {before['loadavg'][0]:.2f} / {after['loadavg'][0]:.2f} on {before['cpus']} cores"
     out.with_suffix(".md").write_text(f"# {result['what']}\n\n`{result['command']}`; {runs_note}{load}\n\n{table_md}")
+
+
+def spread(values: Sequence[float | None], digits: int = 2) -> str:
+    """``median (min-max, n = N)`` of the values given (None: a run that had none, left out); "-" for none."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return "-"
+    f = f".{digits}f"
+    return f"{statistics.median(kept):{f}} ({min(kept):{f}}-{max(kept):{f}}, n = {len(kept)})"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
