@@ -280,7 +280,8 @@ def _validate_torchft(cfg: DictConfig) -> None:
     positive("failover.replica_heartbeat_timeout_s", failover.replica_heartbeat_timeout_s)
     if importlib.util.find_spec("torchft") is None:
         fail("failover.replica_engine", "torchft is not installed in this environment",
-             "pip install torchft (0.2.0 is the version tested), or use failover.replica_engine=restart")
+             "pip install torchft (the checkout's extra: pip install -e '.[replicas]'; 0.2.0 is the version tested), "
+             "or use failover.replica_engine=restart")
     if not cfg.failover.enabled or cfg.mode != "kd":
         fail("failover.replica_engine", f"torchft carries the replicas of a supervised KD run, not mode={cfg.mode} "
              f"with failover.enabled={cfg.failover.enabled}",
