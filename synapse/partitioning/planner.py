@@ -174,24 +174,6 @@ class StagePlanner:
         ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's). All replicas are
         priced at once from terms kept per devices and cut (``partitioning.pipelines``), with the same
         numbers as ``layout_cost_by_replica``; factors the cost model refuses take that path, for its error."""
-        devices = placement.devices
-        if alphas is None or isinstance(alphas, Mapping):
-            by_rank = tuple(float((alphas or {}).get(d, 1.0)) for d in devices)
-        else:
-            by_rank = tuple(float(a) for a in alphas)
-        return self._layout_cost_of(placement, by_rank, tuple(float((betas or {}).get(d, 1.0)) for d in devices))
-
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 - per planner; a pure function of its inputs
-    def _layout_cost_of(self, placement: Placement, alphas: tuple[float, ...], betas: tuple[float, ...]
-                        ) -> LayoutCost:
-        """``layout_cost`` on every rank's factors, kept: a decision prices the same placement at the same
-        factors more than once (an option's shares found, then the option priced; a fifth of the calls
-        in a simulated 8 x 8 slowdown). Betas go back by device id, as ``specs`` reads them (a device id
-        repeated across nodes has one beta)."""
-        by_device = dict(zip(placement.devices, betas))
-        return self._layout_cost(placement, alphas, by_device)
-
-    def _layout_cost(self, placement: Placement, alphas: Alphas, betas: Betas) -> LayoutCost:
         grids = self._factor_grids(placement, alphas, betas) if placement.cut_alike else None
         if grids is None:  # replicas cut differently are priced pipeline by pipeline
             return self.layout_cost_by_replica(placement, alphas, betas)

@@ -376,17 +376,3 @@ def test_policy_shrink_shrinks_the_slow_replica_once_per_slowdown():
     again = DecisionContext(step=60, remaining_steps=90, options=options, slowdown_detected=True,
                             consecutive_detections=2, actions_in_episode=1)
     assert make_policy("shrink").decide(again).action is OptionKind.KEEP
-
-
-def test_a_layout_priced_again_at_the_same_factors_is_kept_and_other_factors_are_priced_afresh():
-    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
-    p = Placement((0, 1, 2, 3), (4, 4), (6, 2), replicas=2)
-    plan = planner(2, 2, facts)
-    slow = plan.layout_cost(p, {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0}, {0: 2.0})
-    # the same factors, given by device or aligned with the ranks: the kept price (a decision asks twice)
-    assert plan.layout_cost(p, {2: 3.0}, {0: 2.0, 3: 1.0}) is slow
-    assert plan.layout_cost(p, [1.0, 1.0, 3.0, 1.0], {0: 2.0}) is slow
-    assert slow == plan.layout_cost_by_replica(p, {2: 3.0}, {0: 2.0})
-    # another alpha or beta is another price (device 0 sends to device 1: its beta counts)
-    assert plan.layout_cost(p, {2: 2.0}, {0: 2.0}).replica_step_s[1] < slow.replica_step_s[1]
-    assert plan.layout_cost(p, {2: 3.0}).replica_step_s[0] < slow.replica_step_s[0]
