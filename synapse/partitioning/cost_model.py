@@ -232,6 +232,68 @@ def _shifted(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], values))
 
 
+class _ProfileTables:
+    """What a `CostModel` derives from its two profiles, the step and the number of stages alone, kept
+    for the next cost model on them: the planner builds one per priced pipeline and per partition search
+    (thousands in a simulated slowdown), and these tables were most of that. The same numpy expressions
+    on the same inputs, so every cost model reads exactly the numbers it computed before; read-only, as
+    they are shared. Keyed by the profiles' identity (the objects are kept, so an id is never reused)."""
+
+    _kept: dict[tuple[int, int, StepSpec, int], _ProfileTables] = {}
+    _KEEP = 64  # profile pairs x stage counts; a run meets a few (calibrated profiles, share sizes)
+
+    def __init__(self, teacher: ModelProfile, student: ModelProfile, step: StepSpec, num_stages: int):
+        self.teacher, self.student = teacher, student
+        self.teacher_fwd_prefix_s = _prefix(teacher.column("forward_time_ms") * MS_TO_S)
+        student_work = student.column("forward_time_ms") + student.column("backward_time_ms")
+        self.student_work_prefix_s = _prefix(student_work * MS_TO_S)
+        self.teacher_param_prefix_bytes = _prefix(teacher.column("parameter_size_kb") * BYTES_PER_KB)
+        self.teacher_out_bytes = _shifted(teacher.column("output_activation_size_kb") * BYTES_PER_KB)
+        self.student_out_bytes = _shifted(student.column("output_activation_size_kb") * BYTES_PER_KB)
+        self.cut_bytes = (self.teacher_out_bytes[np.arange(len(teacher) + 1)[:, None]]
+                          + 2.0 * self.student_out_bytes[np.arange(len(student) + 1)[None, :]])
+        self.no_comm = np.zeros(self.cut_bytes.shape)  # the last stage sends nothing
+        in_flight = [in_flight_microbatches(step, num_stages, r) for r in range(num_stages)]
+        self.teacher_held_bytes = [held * self.teacher_out_bytes for held in in_flight]
+        state_per_param_byte = 2.0 + step.optimizer_state_multiplier  # params + grads + optimizer state
+        student_params = student.column("parameter_size_kb") * BYTES_PER_KB
+        student_accum = student.column("accum_activation_size_kb") * BYTES_PER_KB
+        self.student_memory_prefix = [_prefix(student_params * state_per_param_byte + held * student_accum)
+                                      for held in in_flight]
+        self._comm_tables: dict[tuple[float, float, float], np.ndarray] = {}
+        for array in (self.teacher_fwd_prefix_s, self.student_work_prefix_s, self.teacher_param_prefix_bytes,
+                      self.teacher_out_bytes, self.student_out_bytes, self.cut_bytes, self.no_comm,
+                      *self.teacher_held_bytes, *self.student_memory_prefix):
+            array.setflags(write=False)
+
+    @classmethod
+    def of(cls, teacher: ModelProfile, student: ModelProfile, step: StepSpec, num_stages: int) -> _ProfileTables:
+        key = (id(teacher), id(student), step, num_stages)
+        tables = cls._kept.get(key)
+        if tables is None or tables.teacher is not teacher or tables.student is not student:
+            if len(cls._kept) >= cls._KEEP:
+                cls._kept.clear()
+            tables = cls._kept[key] = cls(teacher, student, step, num_stages)
+        return tables
+
+    def comm_table(self, device: DeviceSpec) -> np.ndarray:
+        """Per-micro-batch link time of a (not last) stage on ``device`` for every pair of end cuts."""
+        key = (device.beta, device.link_bandwidth_bytes_per_s, device.link_latency_s)
+        table = self._comm_tables.get(key)
+        if table is None:
+            if len(self._comm_tables) >= 4 * self._KEEP:  # betas wander during a comm slowdown
+                self._comm_tables.clear()
+            table = link_time_s(*key[:1], self.cut_bytes, *key[1:])
+            table.setflags(write=False)
+            self._comm_tables[key] = table
+        return table
+
+
+def in_flight_microbatches(step: StepSpec, num_stages: int, stage: int) -> int:
+    """Micro-batches whose activations stage ``stage`` of ``num_stages`` holds at its peak."""
+    return step.microbatches if step.schedule is Schedule.GPIPE else min(num_stages - stage, step.microbatches)
+
+
 class CostModel:
     """Prefix-sum tables of two profiles on K devices; cheap vectorised stage costs.
 
@@ -244,22 +306,15 @@ class CostModel:
         self.teacher, self.student, self.step = teacher, student, step
         self.devices = tuple(devices)
         self.num_teacher_blocks, self.num_student_blocks = len(teacher), len(student)
-        self.teacher_fwd_prefix_s = _prefix(teacher.column("forward_time_ms") * MS_TO_S)
-        student_work = student.column("forward_time_ms") + student.column("backward_time_ms")
-        self.student_work_prefix_s = _prefix(student_work * MS_TO_S)
-        self.teacher_param_prefix_bytes = _prefix(teacher.column("parameter_size_kb") * BYTES_PER_KB)
-        teacher_out = _shifted(teacher.column("output_activation_size_kb") * BYTES_PER_KB)
-        student_out = _shifted(student.column("output_activation_size_kb") * BYTES_PER_KB)
-        self._teacher_out_bytes, self._student_out_bytes = teacher_out, student_out
-        self._comm_s = [self._comm_table(r) for r in range(self.num_stages)]
-        self._teacher_held_bytes = [self.in_flight(r) * teacher_out for r in range(self.num_stages)]
-        state_per_param_byte = 2.0 + step.optimizer_state_multiplier  # params + grads + optimizer state
-        student_params = student.column("parameter_size_kb") * BYTES_PER_KB
-        student_accum = student.column("accum_activation_size_kb") * BYTES_PER_KB
-        self._student_memory_prefix = [
-            _prefix(student_params * state_per_param_byte + self.in_flight(r) * student_accum)
-            for r in range(self.num_stages)
-        ]
+        tables = _ProfileTables.of(teacher, student, step, len(self.devices))
+        self.teacher_fwd_prefix_s = tables.teacher_fwd_prefix_s
+        self.student_work_prefix_s = tables.student_work_prefix_s
+        self.teacher_param_prefix_bytes = tables.teacher_param_prefix_bytes
+        self._teacher_out_bytes, self._student_out_bytes = tables.teacher_out_bytes, tables.student_out_bytes
+        self._comm_s = [tables.comm_table(device) if r < self.num_stages - 1 else tables.no_comm
+                        for r, device in enumerate(self.devices)]
+        self._teacher_held_bytes = tables.teacher_held_bytes
+        self._student_memory_prefix = tables.student_memory_prefix
 
     @property
     def num_stages(self) -> int:
@@ -267,18 +322,7 @@ class CostModel:
 
     def in_flight(self, stage: int) -> int:
         """Micro-batches whose activations stage `stage` holds at its peak."""
-        m = self.step.microbatches
-        return m if self.step.schedule is Schedule.GPIPE else min(self.num_stages - stage, m)
-
-    def _comm_table(self, stage: int) -> np.ndarray:
-        cut_bytes = self.cut_bytes(np.arange(self.num_teacher_blocks + 1)[:, None],
-                                   np.arange(self.num_student_blocks + 1)[None, :])
-        if stage == self.num_stages - 1:
-            return np.zeros(cut_bytes.shape)
-        device = self.devices[stage]
-        table: np.ndarray = link_time_s(device.beta, cut_bytes, device.link_bandwidth_bytes_per_s,
-                                        device.link_latency_s)
-        return table
+        return in_flight_microbatches(self.step, self.num_stages, stage)
 
     def cut_bytes(self, i1: Cuts, j1: Cuts) -> np.ndarray:
         """Bytes a stage whose cuts end at teacher i1, student j1 sends per micro-batch: the teacher's and

@@ -40,6 +40,7 @@ them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -260,6 +261,15 @@ def _first_true_near(predicate: CutPredicate, guess: np.ndarray, lo: np.ndarray,
         j = j + step_up - step_down
 
 
+@functools.cache
+def _floor_log2(n: int) -> np.ndarray:
+    """floor(log2(w)) for window widths w = 0..n (0 for w < 2), read-only: shared by every `_WindowMin` of width n."""
+    log2 = np.zeros(n + 1, dtype=np.intp)
+    log2[2:] = np.floor(np.log2(np.arange(2, n + 1))).astype(np.intp)
+    log2.setflags(write=False)
+    return log2
+
+
 class _WindowMin:
     """min(rows[row, lo..hi]) elementwise (inclusive; inf where lo > hi) via a sparse table.
 
@@ -268,18 +278,18 @@ class _WindowMin:
     """
 
     def __init__(self, rows: np.ndarray, row: np.ndarray):
-        levels, width, n = [rows], 1, rows.shape[1]
-        while 2 * width <= n:
-            prev = levels[-1]
-            nxt = prev.copy()
-            nxt[:, : n - width] = np.minimum(prev[:, :-width], prev[:, width:])
-            levels.append(nxt)
+        n = rows.shape[1]
+        self.log2 = _floor_log2(n)
+        table = np.empty((int(self.log2[n]) + 1, *rows.shape))  # one level per power of two up to n
+        table[0] = rows
+        width = 1
+        for prev, nxt in zip(table[:-1], table[1:]):  # filled in place: the DPs build thousands of these
+            np.minimum(prev[:, :-width], prev[:, width:], out=nxt[:, : n - width])
+            nxt[:, n - width :] = prev[:, n - width :]
             width *= 2
-        self.table = np.stack(levels).reshape(-1)
+        self.table = table.reshape(-1)
         self.row_offset = row * n  # flat offset of each query's row within a level
         self.level_size, self.n = rows.size, n
-        self.log2 = np.zeros(n + 1, dtype=np.intp)
-        self.log2[2:] = np.floor(np.log2(np.arange(2, n + 1))).astype(np.intp)
 
     def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Needs 0 <= lo <= n and 0 <= hi < n (true for DP windows [lo, j1 - 1])."""

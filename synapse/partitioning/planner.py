@@ -202,13 +202,16 @@ class StagePlanner:
         bytes_only = self._bytes_only
         m = self.step.microbatches
         for replica, scale in enumerate(self.share_scales(placement)):
-            pipeline, ranks = placement.pipeline(replica), placement.replica_ranks(replica)
-            devices = pipeline.devices
+            # the replica's devices and cut, not a Placement of its own: validating one per replica per
+            # priced trial was a tenth of a simulated SHRINK's share search
+            devices, ranks = placement.replica_devices(replica), placement.replica_ranks(replica)
+            teacher_counts, student_counts = placement.replica_cut(replica)
             mine: Alphas = (alphas if alphas is None or isinstance(alphas, Mapping)
                             else alphas[ranks.start:ranks.stop])
-            cost = self.predict(devices, pipeline.teacher_counts, pipeline.student_counts, mine, betas)
-            own = bytes_only.predict(devices, pipeline.teacher_counts, pipeline.student_counts, mine, betas)
-            compute_scales, comm_scales, step_scale = self.share_response(pipeline, devices, mine, betas, scale)
+            cost = self.predict(devices, teacher_counts, student_counts, mine, betas)
+            own = bytes_only.predict(devices, teacher_counts, student_counts, mine, betas)
+            compute_scales, comm_scales, step_scale = self.share_response(teacher_counts, student_counts, devices,
+                                                                          mine, betas, scale)
             compute += [f * m * c for f, c in zip(compute_scales, cost.stage_compute_s)]
             comm += [f * m * c for f, c in zip(comm_scales, cost.stage_comm_s)]
             transfer += [scale * m * c for c in own.stage_comm_s]  # bytes: exactly in proportion to the images
@@ -267,8 +270,8 @@ class StagePlanner:
             step[rows] = _ratios(after.step_s, before.step_s[rows], scale)
         return compute, comm, step
 
-    def share_response(self, placement: Placement, devices: Sequence[int], alphas: Alphas, betas: Betas,
-                       scale: float) -> tuple[list[float], list[float], float]:
+    def share_response(self, teacher_counts: Sequence[int], student_counts: Sequence[int], devices: Sequence[int],
+                       alphas: Alphas, betas: Betas, scale: float) -> tuple[list[float], list[float], float]:
         """How a replica's per-stage compute, per-stage communication and step time change when it holds
         ``scale`` times the images the profiles were measured at: the ratio of the raw profiles'
         predictions at the two micro-batch sizes on its devices and cuts (``size_profiles``), so that
@@ -279,10 +282,9 @@ class StagePlanner:
         profiled = self.student.micro_batch
         if scale == 1.0 or not self.size_profiles or profiled is None:
             return [scale] * k, [scale] * k, scale
-        before = self._at_micro_batch(float(profiled)).predict(devices, placement.teacher_counts,
-                                                               placement.student_counts, alphas, betas)
-        after = self._at_micro_batch(round(profiled * scale, 6)).predict(devices, placement.teacher_counts,
-                                                                         placement.student_counts, alphas, betas)
+        before = self._at_micro_batch(float(profiled)).predict(devices, teacher_counts, student_counts, alphas, betas)
+        after = self._at_micro_batch(round(profiled * scale, 6)).predict(devices, teacher_counts, student_counts,
+                                                                         alphas, betas)
         return ([_ratio(a, b, scale) for a, b in zip(after.stage_compute_s, before.stage_compute_s)],
                 [_ratio(a, b, scale) for a, b in zip(after.stage_comm_s, before.stage_comm_s)],
                 _ratio(after.step_time_s, before.step_time_s, scale))

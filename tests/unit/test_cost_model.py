@@ -170,3 +170,22 @@ def test_stage_time_and_memory_never_grow_when_a_stage_starts_later(seed):
             j0 = np.arange(j1 + 1)
             assert np.all(np.diff(model.stage_time_s(0, i0, i1, j0, j1)) <= 0)
             assert np.all(np.diff(model.stage_memory_bytes(0, i0, i1, j0, j1)) <= 0)
+
+
+def test_cost_models_on_the_same_profiles_share_their_tables_read_only_and_price_each_link_by_its_own_beta():
+    link = {"link_bandwidth_bytes_per_s": 1e6}
+    first = CostModel(TEACHER, STUDENT, [DeviceSpec("a", **link), DeviceSpec("b")], StepSpec(microbatches=4))
+    second = CostModel(TEACHER, STUDENT, [DeviceSpec("a", alpha=2.0, beta=3.0, **link), DeviceSpec("b")],
+                       StepSpec(microbatches=4))
+    # built once for the profiles, step and stage count (the planner builds thousands of cost models)
+    assert second.student_work_prefix_s is first.student_work_prefix_s
+    assert second.student_memory_prefix_bytes(0) is first.student_memory_prefix_bytes(0)
+    with pytest.raises(ValueError, match="read-only"):
+        second.student_work_prefix_s[1] = 0.0  # shared: no cost model may change another's numbers
+    # ... but each link's table is its own beta's: 3x the bytes' time, as a fresh table gives
+    assert second.comm_time_s(0, 2, 1) == 3.0 * (20 + 2 * 5) * KB / 1e6
+    assert first.comm_time_s(0, 2, 1) == 1.0 * (20 + 2 * 5) * KB / 1e6
+    other_step = CostModel(TEACHER, STUDENT, [DeviceSpec("a", **link), DeviceSpec("b")],
+                           StepSpec(microbatches=4, schedule=Schedule.GPIPE))
+    assert other_step.in_flight(1) == 4 and first.in_flight(1) == 1  # a table per step: memory follows it
+    assert other_step.student_memory_prefix_bytes(1)[-1] > first.student_memory_prefix_bytes(1)[-1]
