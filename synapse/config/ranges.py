@@ -82,6 +82,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "failover.estimator.min_predicted_share": Range(0, 1, high_open=True, example="0.1"),
     "failover.node_timeout_s": Range(0, DAY_S, low_open=True, example="10"),
     "failover.decider_grace_s": Range(0, DAY_S, low_open=True, example="120"),
+    "failover.replica_heartbeat_timeout_s": Range(0, 3600, low_open=True, example="1.0"),
     "policy.params.min_saving_s": Range(0, 1e7, example="0"),  # 1e7 s is 116 days
     "policy.params.min_saving_frac": Range(0, 1, high_open=True, example="0.1"),
     "policy.params.min_saving_restart_frac": Range(0, 10, example="0.5"),
