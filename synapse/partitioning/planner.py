@@ -29,6 +29,14 @@ Alphas = Mapping[int, float] | Sequence[float] | None
 Betas = Mapping[int, float] | None
 
 
+def alphas_by_stage(devices: Sequence[int], alphas: Alphas) -> tuple[float, ...]:
+    """Each stage's alpha: by device id from a mapping (missing: 1.0), or already aligned with the stages (a
+    node's device id can repeat across nodes)."""
+    if alphas is None or isinstance(alphas, Mapping):
+        return tuple(float((alphas or {}).get(d, 1.0)) for d in devices)
+    return tuple(float(a) for a in alphas)
+
+
 @dataclass(frozen=True)
 class DeviceFacts:
     """What the planner knows of every device besides its current speed."""
@@ -46,10 +54,7 @@ class DeviceFacts:
 
     def specs(self, devices: Sequence[int], alphas: Alphas = None, betas: Betas = None) -> list[DeviceSpec]:
         """DeviceSpecs in pipeline order; alphas by device id (or aligned with ``devices``), missing: 1.0."""
-        if alphas is None or isinstance(alphas, Mapping):
-            by_stage = [float((alphas or {}).get(d, 1.0)) for d in devices]
-        else:  # aligned with the stages (a node's device id can repeat across nodes)
-            by_stage = [float(a) for a in alphas]
+        by_stage = alphas_by_stage(devices, alphas)
         betas = betas or {}
         return [DeviceSpec(self.device_name(d), alpha=alpha, beta=float(betas.get(d, 1.0)),
                            memory_bytes=self.memory_bytes(d), contention=self.contention,
@@ -128,10 +133,7 @@ class StagePlanner:
                 alphas: Alphas = None, betas: Betas = None) -> PlanCost:
         """Per micro-batch stage times and the step time of a given partition."""
         devices = tuple(devices)
-        if alphas is None or isinstance(alphas, Mapping):
-            by_stage = tuple(float((alphas or {}).get(d, 1.0)) for d in devices)
-        else:  # aligned with the stages, read as ``specs`` reads them
-            by_stage = tuple(float(a) for a in alphas)
+        by_stage = alphas_by_stage(devices, alphas)
         betas_by_stage = tuple(float((betas or {}).get(d, 1.0)) for d in devices)
         return self._evaluate(devices, by_stage, betas_by_stage, tuple(teacher_counts), tuple(student_counts))
 
