@@ -35,7 +35,7 @@ from synapse import checkpoint as ckpt
 from synapse.engine import Checkpointer, HeldState
 from synapse.injection import fired_fault_indices
 from synapse.pipeline.clock import COMPUTE_PARTS, SEND_PARTS
-from synapse.pipeline.replicas import apply_statistics, statistics_additions
+from synapse.pipeline.replicas import apply_statistics, set_gradients, statistics_additions, weighted_gradients
 
 # A rank's step timing (StageClock) carried to the other replicas with the next step's reduction, so that
 # replica 0's last rank writes one performance record of every replica's ranks, as one launch does
@@ -215,11 +215,8 @@ class QuorumReplicas:
 
         weight = len(self.step_share) / self.batch
         params = [p for p in student.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         # a stage of parameter-free blocks sends an empty tensor (the same stage of every replica does)
-        grads = torch.cat([p.grad.reshape(-1) for p in params]) * weight if params else torch.zeros(0)
+        grads = weighted_gradients(params, weight) if params else torch.zeros(0)
         parts, offsets = statistics_additions(student, range(len(student)), self._before, microbatches,
                                               self.index, self.participants)
         extras = [torch.tensor([float(loss) * weight if loss is not None else 0.0, float(self.stop_seen)],
@@ -229,11 +226,7 @@ class QuorumReplicas:
         self.manager.allreduce(extra, reduce_op=ReduceOp.SUM).wait()
         if not self.manager.should_commit():
             raise StepNotCommitted(f"replica {self.spec.replica}: the quorum of {self.participants} did not commit")
-        offset = 0
-        with torch.no_grad():
-            for p in params:
-                p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        set_gradients(params, grads)
         used = sum(t.numel() for t in parts)
         apply_statistics(extra[:used], parts, offsets)
         self.stop_agreed = bool(extra[used + 1] > 0)

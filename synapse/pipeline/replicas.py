@@ -82,16 +82,9 @@ class ReplicaMesh:
             params = [p for i in part.blocks for p in student[i].parameters() if p.requires_grad]
             if not params:
                 continue  # parameter-free blocks (an activation, a pooling): every owner sees the same, and skips
-            for p in params:
-                if p.grad is None:  # a parameter this step did not reach: its gradient is 0 on every owner
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in params]) * self.weight
+            flat = weighted_gradients(params, self.weight)
             dist.all_reduce(flat, group=part.group)
-            offset = 0
-            with torch.no_grad():
-                for p in params:
-                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()
+            set_gradients(params, flat)
 
     def remember_statistics(self, student: torch.nn.Module) -> None:
         """The student's BatchNorm running statistics before a step (``merge_statistics`` needs them)."""
@@ -176,6 +169,25 @@ class ReplicaReduction(Protocol):
     def after_update(self, student: torch.nn.ModuleList, microbatches: int) -> None: ...
 
     def add_up(self, counts: Sequence[float], device: torch.device) -> list[float]: ...
+
+
+def weighted_gradients(params: Sequence[torch.nn.Parameter], weight: float) -> torch.Tensor:
+    """The gradients of ``params`` flattened into one tensor, times ``weight`` (a replica's share of the
+    batch), to be summed over the replicas; a parameter this step did not reach gets a gradient of 0 (on
+    every replica alike)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return torch.cat([p.grad.reshape(-1) for p in params]) * weight
+
+
+def set_gradients(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """The summed ``flat`` (``weighted_gradients``' order) back into each parameter's gradient."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def statistics_additions(student: torch.nn.ModuleList, blocks: range, before: dict[str, torch.Tensor],
