@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from synapse.launch.elastic import launch_config, launch_pipeline, preload_worker_modules, start_fork_server
@@ -68,7 +67,7 @@ def launch_replica_groups(task: LaunchTask, run_dir: Path, attempt: str = "0", l
             results = elastic_launch(config, worker_main)(replica_task, str(run_dir),
                                                           str(FAILURES.path(run_dir, attempt=name)))
             summaries[replica] = next((r for r in results.values() if r), {})
-        except (ChildFailedError, Exception) as exc:  # noqa: BLE001 - told below, with the other replicas'
+        except Exception as exc:  # noqa: BLE001 - told below, with the other replicas' (ChildFailedError too)
             failures[replica] = exc
 
     threads = [threading.Thread(target=run_replica, args=(r,), name=f"synapse-replica-{r}", daemon=True)
