@@ -190,7 +190,7 @@ class StagePlanner:
         return LayoutCost(tuple((compute_scales * m * cost.compute_s).ravel().tolist()),
                           tuple((comm_scales * m * cost.comm_s).ravel().tolist()),
                           tuple((by_replica * m * own).ravel().tolist()),  # bytes: exactly in proportion to the images
-                          tuple((step_scales * cost.step_s).tolist()), self.allreduce_s(placement))
+                          tuple((step_scales * cost.step_s).tolist()), self.allreduce_s(placement, betas))
 
     def layout_cost_by_replica(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
         """``layout_cost`` the plain way: a cost model per replica's pipeline (``predict``). The reference
@@ -219,7 +219,7 @@ class StagePlanner:
             transfer += [scale * m * c for c in own.stage_comm_s]  # bytes: exactly in proportion to the images
             replica_steps.append(step_scale * cost.step_time_s)
         return LayoutCost(tuple(compute), tuple(comm), tuple(transfer), tuple(replica_steps),
-                          self.allreduce_s(placement))
+                          self.allreduce_s(placement, betas))
 
     def _factor_grids(self, placement: Placement, alphas: Alphas, betas: Betas
                       ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -306,38 +306,47 @@ class StagePlanner:
             return [share * self.replicas / total for share in placement.shares]
         return [self.replicas / placement.replicas] * placement.replicas
 
-    def allreduce_s(self, placement: Placement) -> float:
+    def allreduce_s(self, placement: Placement, betas: Betas = None) -> float:
         """The student gradients' all-reduce across replicas, one per set of ranks that own the same
         blocks (``Placement.student_groups``; with every replica cut alike, a stage's ranks): the groups
         reduce at the same time, a rank in several (a replica cut into fewer stages) one after another,
         so the step waits for the rank with the most (each over the slowest link of its group: between
-        nodes when its owners are on different nodes)."""
+        nodes when its owners are on different nodes).
+
+        ``betas`` (by device id) scale the bytes' time as they scale a pipeline link's: a ring moves at
+        the pace of its slowest link, so a group's transfer takes its slowest member's beta."""
         if placement.replicas == 1:
             return 0.0
+        slow = tuple(sorted((d, float(b)) for d, b in (betas or {}).items() if float(b) != 1.0))
         return self._allreduce_of_cut(placement.devices, placement.teacher_counts, placement.student_counts,
-                                      placement.replicas, placement.replica_stages)
+                                      placement.replicas, placement.replica_stages, slow)
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a REBALANCE's trials and a decision's
     def _allreduce_of_cut(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...],  # options repeat cuts
-                          student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...]) -> float:
-        """``allreduce_s`` of a placement's devices and cut (shares do not enter): the student groups of a
-        64-rank layout take thousands of Python steps to find, and the controller asks every option every step."""
+                          student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...],
+                          slow_links: tuple[tuple[int, float], ...] = ()) -> float:
+        """``allreduce_s`` of a placement's devices and cut (shares do not enter) at the links' betas
+        other than 1: the student groups of a 64-rank layout take thousands of Python steps to find, and
+        the controller asks every option every step."""
         placement = Placement(devices, teacher_counts, student_counts, replicas, (), replica_stages)
-        groups = tuple((tuple(placement.devices[r] for r in owners), (blocks.start, blocks.stop))
+        betas = dict(slow_links)
+        groups = tuple((tuple(placement.devices[r] for r in owners), (blocks.start, blocks.stop),
+                        max((betas.get(placement.devices[r], 1.0) for r in owners), default=1.0))
                        for owners, blocks in placement.student_groups())
         return self._allreduce_s(groups)
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
-    def _allreduce_s(self, groups: tuple[tuple[tuple[int, ...], tuple[int, int]], ...]) -> float:
+    def _allreduce_s(self, groups: tuple[tuple[tuple[int, ...], tuple[int, int], float], ...]) -> float:
+        """Each group: its devices, its student blocks and its slowest link's beta."""
         grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
         by_device: dict[int, float] = {}
-        for devices, (start, stop) in groups:
+        for devices, (start, stop), beta in groups:
             crosses = len({self.facts.node_of(d) for d in devices}) > 1
             bandwidth = (min(self.facts.link_bandwidth_bytes_per_s, self.facts.cross_node_bandwidth_bytes_per_s)
                          if crosses else self.facts.link_bandwidth_bytes_per_s)
             latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
                 else self.facts.link_latency_s
-            seconds = ring_allreduce_s(float(grad_bytes[start:stop].sum()), len(devices), bandwidth, latency)
+            seconds = ring_allreduce_s(float(grad_bytes[start:stop].sum()), len(devices), bandwidth / beta, latency)
             for device in devices:
                 by_device[device] = by_device.get(device, 0.0) + seconds
         return max(by_device.values(), default=0.0)

@@ -290,6 +290,25 @@ def test_cuts_alike_are_written_one_way_and_records_round_trip():
     assert SHRUNK.on((5, 6, 7)).replica_devices(1) == (7,)
 
 
+def test_a_slow_link_slows_the_all_reduce_of_the_groups_it_is_in_and_no_other():
+    """A ring moves at its slowest link's pace: device 3's link at beta 4 slows stage 1's group (devices 1
+    and 3) four times in its bytes, not stage 0's (devices 0 and 2); the step waits for the slower one."""
+    facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
+    p = Placement((0, 1, 2, 3), (4, 4), (6, 2), replicas=2)
+    plan = planner(2, 2, facts)
+    healthy = plan.layout_cost(p).allreduce_s
+    stage_0 = ring_allreduce_s(6 * 1000 * 1024, 2, 1e9, 1e-5)
+    stage_1_slow = ring_allreduce_s(2 * 1000 * 1024, 2, 1e9 / 4, 1e-5)
+    assert healthy == pytest.approx(stage_0)
+    assert plan.layout_cost(p, betas={3: 4.0}).allreduce_s == pytest.approx(max(stage_0, stage_1_slow))
+    assert plan.layout_cost(p, betas={3: 8.0}).allreduce_s == pytest.approx(
+        ring_allreduce_s(2 * 1000 * 1024, 2, 1e9 / 8, 1e-5))  # now the slower group
+    assert plan.layout_cost(p, betas={2: 4.0}).allreduce_s == pytest.approx(
+        ring_allreduce_s(6 * 1000 * 1024, 2, 1e9 / 4, 1e-5))
+    assert plan.layout_cost_by_replica(p, betas={2: 4.0}).allreduce_s == plan.layout_cost(p, betas={2: 4.0}).allreduce_s
+    assert plan.layout_cost(p, betas={3: 1.0}).allreduce_s == healthy
+
+
 def test_replicas_cut_differently_are_priced_pipeline_by_pipeline():
     facts = DeviceFacts(link_bandwidth_bytes_per_s=1e9, link_latency_s=1e-5)
     plan = planner(2, 2, facts)

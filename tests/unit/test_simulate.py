@@ -229,3 +229,17 @@ def test_a_shrink_re_cuts_the_slow_replica_over_its_other_devices_and_the_run_go
     assert sum(segment["shares"]) == 64 and segment["shares"][0] < segment["shares"][1]  # one device: fewer images
     after = [r for r in read_jsonl(PERFORMANCE.path(tmp_path)) if r["step"] > segment["start_step"]]
     assert after and all(r["devices"] == [0, 2, 3] and len(r["compute_s"]) == 3 for r in after)
+
+
+def test_a_slow_link_under_data_parallelism_slows_every_step_by_its_all_reduce(tmp_path):
+    """K = 1 has no pipeline links: a link's fail-slow (Greyhound's communication fail-slows) shows as the
+    gradients' all-reduce, at the pace of its ring's slowest link, from the fault's step on."""
+    simulate(tmp_path, "trainer.replicas=4", "partition=even", "pipeline.microbatches=1", "policy=keep",
+             "partition.link_bandwidth_gbps=100", "simulate.step_noise=none",
+             "injection.faults=[{kind:slow_comm,rank:3,start:150,factor:50}]")
+    records = read_jsonl(PERFORMANCE.path(tmp_path))
+    before = {round(r["step_seconds"], 9) for r in records if 10 <= r["step"] < 150}
+    after = {round(r["step_seconds"], 9) for r in records if r["step"] >= 150}
+    assert len(before) == 1 and len(after) == 1, "no noise: one step time before the fault and one after"
+    # ResNet-152's 233 MB of gradients in a ring of 4 at 100 GB/s: 3.5 ms, at 2 GB/s 175 ms
+    assert after.pop() - before.pop() == pytest.approx(49 * 1.5 * 227924.640625 * 1024 / 100e9, rel=1e-3)
