@@ -14,8 +14,10 @@ TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_
            "data.batch_size=32", "pipeline.microbatches=2"]
 
 
-def test_two_replicas_cut_alike_are_accepted(tmp_path):
-    validate(compose_config([*TORCHFT, "trainer.replicas=2"], tmp_path))
+@pytest.mark.parametrize("devices", [2, 4, 6])
+def test_two_replicas_cut_alike_are_accepted(tmp_path, devices):
+    """Replicas of one stage, and pipelines of 2 and 3 stages (R x K, K > 1: a lost rank costs only its replica)."""
+    validate(compose_config([*TORCHFT, f"trainer.devices={devices}", "trainer.replicas=2"], tmp_path))
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -24,8 +26,8 @@ def test_two_replicas_cut_alike_are_accepted(tmp_path):
      r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
     (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
     (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
-    (["trainer.devices=4", "trainer.replicas=2"], r"torchft carries replicas of one stage so far, but 2 replicas .* "
-                                                  r"2 stages each"),
+    (["trainer.devices=4", "trainer.replicas=2", "trainer.nodes=2", "trainer.rdzv_endpoint=localhost:29400"],
+     r"torchft replicas run on one node so far \(trainer.nodes=2\): .*loopback"),
 ])
 def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
     with pytest.raises(ConfigError, match=rf"^failover\.replica_engine: .*{says}.*Fix: "):
