@@ -20,8 +20,9 @@ Replicas that are pipelines (K > 1 stages) need nothing more of this module, for
 by construction: a replica's K ranks are one elastic launch, so its agent respawns all of them when one
 dies (its pipeline's process group is the launch's); torchft's commit vote is a collective of the replica
 group, so the stages of a replica all commit a step or none does; and the quorum is the replica group's,
-so all its stages get the same participants and the same cut. What a pipeline did need is in the runtime:
-a cut that changes size needs a stage of its own (``PipelineRuntime.use_share``).
+so all its stages get the same participants and the same cut. What a pipeline did need: a cut that changes
+size needs a stage of its own (``PipelineRuntime.use_share``), and a respawned replica's ranks must meet
+under a store prefix of their own attempt (``respawn_store``).
 """
 from __future__ import annotations
 

@@ -44,6 +44,13 @@ def events(run_dir, name: str) -> list[dict]:
     return [r for r in records if r.get("event") == name]
 
 
+def events_after_the_kill(run_dir, name: str) -> list[dict]:
+    """``name``'s events from the step before the kill on: a replica built late under load may join the
+    segment's first steps by healing (its quorum request came after torchft's join timeout), which is not
+    what these tests are about."""
+    return [e for e in events(run_dir, name) if e["step"] >= KILL_STEP - 1]
+
+
 @pytest.mark.parametrize("stages", [1, 2])
 def test_torchft_replicas_learn_what_one_device_learns(tmp_path, teacher_file, stages):
     """Two replicas of one CPU rank, and two pipelines of two, under torchft's quorum: every step's global batch
@@ -102,7 +109,7 @@ def test_a_lost_replica_s_share_is_taken_by_the_survivor(tmp_path, teacher_file,
     print(f"replica_lost: {lost}")
     assert len(lost) == 1 and lost[0]["step"] == KILL_STEP and lost[0]["attempts"] >= 2
     assert lost[0]["participants"] == 1 and lost[0]["share"] == 32
-    assert events(run_dir, "replica_back") == [] and events(run_dir, "replica_healed") == []
+    assert events_after_the_kill(run_dir, "replica_back") == [] == events_after_the_kill(run_dir, "replica_healed")
     assert launch_attempts(run_dir, 0) == ["attempt_0"], "the survivor's workers were never restarted"
     assert_close_states(final_student_state(run_dir), reference)
 
@@ -115,7 +122,8 @@ def test_a_killed_replica_returns_heals_and_nothing_learnt_changes(tmp_path, tea
     ends, both replicas training again to the end."""
     steps = 120
     _, run_dir, reference = killed_run(tmp_path, teacher_file, steps, stages, killed, [])
-    lost, back, healed = (events(run_dir, name) for name in ("replica_lost", "replica_back", "replica_healed"))
+    lost, back, healed = (events_after_the_kill(run_dir, name)
+                          for name in ("replica_lost", "replica_back", "replica_healed"))
     print(f"replica_lost: {lost}\nreplica_back: {back}\nreplica_healed: {healed}")
     assert lost and lost[0]["step"] == KILL_STEP
     assert lost[0]["attempts"] >= 2, "the step that met the dead peer ran again"
