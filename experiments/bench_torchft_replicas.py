@@ -33,13 +33,15 @@ from benchlib import machine_load, markdown_table, read_events, run_train_py, sp
 
 from synapse.rundir import read_jsonl  # noqa: E402
 
-COMMON = ["trainer.accelerator=cpu", "trainer.replicas=2", "partition=even", "pipeline.microbatches=1",
-          "trainer.progress=false", "checkpoint.every=20", "injection=kill_rank"]
+COMMON = ["trainer.accelerator=cpu", "trainer.replicas=2", "partition=even", "trainer.progress=false",
+          "checkpoint.every=20", "injection=kill_rank"]
 
 
 def run_once(tmp: Path, engine: str, steps: int, kill_step: int, stages: int) -> dict:
     run_dir = tmp / f"{engine}_{time.time_ns()}"
-    wall = run_train_py(run_dir, [*COMMON, f"trainer.devices={2 * stages}", f"trainer.max_steps={steps}",
+    # one micro-batch a stage (1F1B needs at least as many as stages)
+    wall = run_train_py(run_dir, [*COMMON, f"trainer.devices={2 * stages}", f"pipeline.microbatches={stages}",
+                                  f"trainer.max_steps={steps}",
                                   f"injection.faults.0.step={kill_step}", f"injection.faults.0.rank={2 * stages - 1}",
                                   f"failover.replica_engine={engine}"], timeout_s=900)
     stamps = sorted(float(r["time"]) for r in read_jsonl(run_dir / "performance.jsonl"))

@@ -3,11 +3,14 @@ among the replicas of a quorum."""
 from __future__ import annotations
 
 import importlib.util
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from synapse.config import ConfigError, validate
 from synapse.pipeline import quorum_share
+from synapse.pipeline.quorum import respawn_store
 from tests.conftest import compose_config
 
 TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_engine=torchft", "trainer.devices=2",
@@ -59,3 +62,23 @@ def test_a_quorum_cuts_the_batch_into_whole_micro_batches_in_order(participants)
 def test_a_quorum_larger_than_the_micro_batches_is_refused():
     with pytest.raises(ValueError, match="gives 4 micro-batches to share out"):
         quorum_share(0, 5, 32, 8)
+
+
+def test_a_respawned_worker_meets_its_group_under_a_prefix_of_its_attempt(monkeypatch):
+    """The elastic agent's store outlives its workers: a respawned replica's ranks must not read the dead
+    ones' keys there (a gloo address of a dead rank), so a respawned worker's group uses its attempt's prefix."""
+    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent_store.port), "RANK": "1",
+                        "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                        "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert respawn_store(timedelta(seconds=10)) == {}, "a first worker: torch's env:// as usual"
+    agent_store.set("rank_1", "the dead rank's address")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    given = respawn_store(timedelta(seconds=10))
+    assert (given["rank"], given["world_size"]) == (1, 2)
+    given["store"].set("rank_1", "its own address")
+    assert given["store"].get("rank_1") == b"its own address"
+    assert agent_store.get("rank_1") == b"the dead rank's address"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # each attempt's rank 0 serves a store of its own
+    assert respawn_store(timedelta(seconds=10)) == {}
