@@ -271,8 +271,9 @@ def validate_failover(cfg: DictConfig) -> None:
 
 
 def _validate_torchft(cfg: DictConfig) -> None:
-    """failover.replica_engine=torchft: R > 1 replicas cut alike on one node, under the supervisor, with
-    torchft installed (each replica is a launch of its own under torchft's lighthouse)."""
+    """failover.replica_engine=torchft: R > 1 replicas cut alike (of one stage or pipelines of K) on one node,
+    under the supervisor, with torchft installed (each replica is a launch of its own under torchft's
+    lighthouse)."""
     import importlib.util
 
     failover, trainer = cfg.failover, cfg.trainer
@@ -299,15 +300,10 @@ def _validate_torchft(cfg: DictConfig) -> None:
         fail("failover.replica_engine", "torchft shares each step's batch equally among the replicas in its quorum, "
              f"so trainer.replica_shares={list(shares)} cannot be kept",
              "leave trainer.replica_shares unset, or use failover.replica_engine=restart")
-    stages = replica_stage_counts(cfg)
-    if stages and max(stages) > 1:
-        fail("failover.replica_engine", f"torchft carries replicas of one stage so far, but {trainer.replicas} "
-             f"replicas of the run's devices have {max(stages)} stages each (a lost rank in a pipeline replica "
-             "is not recovered yet)", "use trainer.replicas equal to the devices (data parallel), or "
-             "failover.replica_engine=restart")
     if trainer.nodes > 1:
-        fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes})",
-             "use failover.replica_engine=restart across nodes")
+        fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes}): "
+             "the supervisor's lighthouse and each replica group's store listen on the loopback",
+             "use failover.replica_engine=restart across nodes, or trainer.nodes=1")
 
 
 def _validate_spare_devices(cfg: DictConfig) -> None:

@@ -15,6 +15,14 @@ sees the whole batch whatever the replicas alive.
 A replica that comes back (its elastic agent respawns its workers) asks for a quorum before its first
 step (``join``); torchft sends it a peer's state (the stage's tensors, optimizer and schedule, by name)
 and the committed step, and it goes on from there: no checkpoint is read, the others never stop.
+
+Replicas that are pipelines (K > 1 stages) need nothing more of this module, for three reasons that hold
+by construction: a replica's K ranks are one elastic launch, so its agent respawns all of them when one
+dies (its pipeline's process group is the launch's); torchft's commit vote is a collective of the replica
+group, so the stages of a replica all commit a step or none does; and the quorum is the replica group's,
+so all its stages get the same participants and the same cut. What a pipeline did need: a cut that changes
+size needs a stage of its own (``PipelineRuntime.use_share``), and a respawned replica's ranks must meet
+under a store prefix of their own attempt (``respawn_store``).
 """
 from __future__ import annotations
 
@@ -178,9 +186,10 @@ class QuorumReplicas:
         self.step_share = quorum_share(index, self.participants, self.batch, self.microbatches)
 
     def _note_quorum_change(self, step: int, before: int, seconds: float, attempts: int) -> None:
-        """By the step's first participant, with the stall against a normal step: ``replica_lost`` when a peer was
-        lost (the step ran again, or the quorum shrank), ``replica_back`` when the quorum grew."""
-        if self.index != 0 or before == 0:
+        """By the first stage of the step's first participant (one record a change, whatever K), with the stall
+        against a normal step: ``replica_lost`` when a peer was lost (the step ran again, or the quorum
+        shrank), ``replica_back`` when the quorum grew."""
+        if self.index != 0 or self.stage != 0 or before == 0:
             return
         normal = statistics.median(self._durations) if self._durations else 0.0
         fields = dict(step=step, participants=self.participants, participants_before=before,
@@ -277,6 +286,24 @@ def respawned() -> bool:
     """Whether torch's elastic agent started this worker again after its first one died (under torchft a
     replica's agent respawns its workers; Synapse's own restarts are new launches)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def respawn_store(timeout: timedelta) -> dict[str, Any]:
+    """``init_process_group``'s store for a respawned worker: the agent's store, under a prefix of its own
+    attempt (empty for a first worker: torch's env:// as usual).
+
+    The agent serves its workers one store for all its attempts, and torch's env:// sets the default group
+    up on it with no prefix per attempt. Under torchft a replica of K > 1 ranks is respawned in place, and
+    its new ranks found the dead ones' gloo addresses still there: rank 0 connected to a rank of the
+    attempt before ("Gloo connectFullMesh failed ... Connection refused"), failed, and the agent spent
+    its respawns on this until the replica was gone. A replica of one rank connects to nobody."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restarts == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}  # a first worker, or a store of this attempt's own (served by its rank 0)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return {"store": dist.PrefixStore(f"synapse_attempt_{restarts}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def faults_not_fired(faults: tuple[Any, ...], events: Any) -> tuple[Any, ...]:

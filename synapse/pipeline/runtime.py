@@ -25,6 +25,7 @@ import struct
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -182,11 +183,10 @@ class PipelineRuntime:
         # What pipelining drives: the stage itself, or (ranks sharing a GPU) the stage behind a host boundary
         staged: torch.nn.Module = (module if setup.wire == setup.device
                                    else ThroughHost(module, setup.device, stage < num_stages - 1))
-        self.stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
-        self.stage.clock = self.clock
+        self._new_stage = partial(TimedPipelineStage, staged, stage, num_stages, setup.wire, group=group)
         self.injector = injector or FaultInjector([], stage)
         self.current_step = 0
-        module.phase_hook = self.stage.phase_hook = self._phase
+        module.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
         module.register_forward_hook(self._computed)
         if compiler != "none":  # before any forward: pipelining's shape inference runs the compiled blocks
@@ -199,10 +199,12 @@ class PipelineRuntime:
         fixed_shapes = replicas is None or replicas.share is not None
         if cuda_graphs and setup.device.type == "cuda" and compiler == "none" and fixed_shapes:
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
-        self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
+        self._schedule_name = schedule
+        self.stage, self.schedule = self._training_pipeline()
+        self._pipelines: dict[int, tuple[TimedPipelineStage, Any]] = {}  # by a step's images (use_share)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
-        self._eval_stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
+        self._eval_stage = self._new_stage()
         self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
@@ -255,6 +257,25 @@ class PipelineRuntime:
         with self.clock.interval("loss"):
             teacher_logits, student_logits = output
             return self.loss_fn(student_logits, teacher_logits, target)
+
+    def _training_pipeline(self) -> tuple[TimedPipelineStage, Any]:
+        """A training stage of this rank's module, and its schedule."""
+        stage = self._new_stage()
+        stage.clock, stage.phase_hook = self.clock, self._phase
+        return stage, SCHEDULES[self._schedule_name](stage, self.microbatches, loss_fn=self._timed_loss,
+                                                     scale_grads=True)
+
+    def use_share(self, images: int) -> None:
+        """The next step trains on ``images`` images (under torchft the quorum cuts each step's batch anew).
+        A pipelining stage keeps the micro-batch shapes of its first step (its receive buffers: a survivor's
+        doubled share met them as gloo's "Received data size doesn't match expected size" and aborted), so
+        each share size gets a stage and schedule of its own, made on the step it first comes (every stage
+        of a replica is in the same quorum, so all meet a new size on the same step)."""
+        if not self._pipelines:
+            self._pipelines[images] = (self.stage, self.schedule)
+        if images not in self._pipelines:
+            self._pipelines[images] = self._training_pipeline()
+        self.stage, self.schedule = self._pipelines[images]
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).

@@ -170,10 +170,11 @@ class PipelineRunner:
         if self.quorum is None:
             loss = self.runtime.train_step(images, labels, step)
         else:  # the whole batch was loaded: the quorum says which images are this replica's, attempt by attempt
-            loss = self.quorum.run_step(step, lambda share: self.runtime.train_step(
-                None if images is None else images[share.start:share.stop],
-                None if labels is None else labels[share.start:share.stop], step),
-                undo=lambda: self.optimizer.zero_grad(set_to_none=True))
+            def train_share(share: range) -> torch.Tensor | None:
+                self.runtime.use_share(len(share))
+                return self.runtime.train_step(None if images is None else images[share.start:share.stop],
+                                               None if labels is None else labels[share.start:share.stop], step)
+            loss = self.quorum.run_step(step, train_share, undo=lambda: self.optimizer.zero_grad(set_to_none=True))
             self.quorum.carried = self.runtime.last_timing  # told to the other replicas with the next step
         self.heartbeat.beat(step)
         return loss

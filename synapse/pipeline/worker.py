@@ -28,7 +28,7 @@ from synapse.config import SynapseConfig, cuda_index, resolve_devices
 from synapse.engine import build_compute_setup, with_host_data_path
 from synapse.health import probe_devices
 from synapse.partitioning import Placement
-from synapse.pipeline.quorum import ReplicaGroupSpec, respawned, sampler_state_at
+from synapse.pipeline.quorum import ReplicaGroupSpec, respawn_store, respawned, sampler_state_at
 from synapse.pipeline.trainer import build_pipeline_trainer
 from synapse.rundir import FAILURE_RECORD, JsonlWriter, hold_as_worker
 
@@ -134,7 +134,8 @@ def _train_launch(task: LaunchTask, run_dir: Path) -> dict[str, Any] | None:
     backend = "nccl" if setup.wire.type == "cuda" else "gloo"  # ranks sharing a GPU: gloo through host memory
     if cfg.trainer.nodes == 1:
         listen_on_loopback_only()
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
+    timeout = timedelta(seconds=cfg.trainer.collective_timeout_s)
+    dist.init_process_group(backend, timeout=timeout, **respawn_store(timeout))
     log = _worker_logger()
     node_ranks = range(rank - local_rank, rank - local_rank + local_world)  # elastic numbers a node's ranks together
     readers = sum(task.placement.stage_of(r) == 0 for r in node_ranks)  # each replica's first stage reads images

@@ -3,19 +3,24 @@ among the replicas of a quorum."""
 from __future__ import annotations
 
 import importlib.util
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from synapse.config import ConfigError, validate
 from synapse.pipeline import quorum_share
+from synapse.pipeline.quorum import respawn_store
 from tests.conftest import compose_config
 
 TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_engine=torchft", "trainer.devices=2",
            "data.batch_size=32", "pipeline.microbatches=2"]
 
 
-def test_two_replicas_cut_alike_are_accepted(tmp_path):
-    validate(compose_config([*TORCHFT, "trainer.replicas=2"], tmp_path))
+@pytest.mark.parametrize("devices", [2, 4, 6])
+def test_two_replicas_cut_alike_are_accepted(tmp_path, devices):
+    """Replicas of one stage, and pipelines of 2 and 3 stages (R x K, K > 1: a lost rank costs only its replica)."""
+    validate(compose_config([*TORCHFT, f"trainer.devices={devices}", "trainer.replicas=2"], tmp_path))
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -24,8 +29,8 @@ def test_two_replicas_cut_alike_are_accepted(tmp_path):
      r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
     (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
     (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
-    (["trainer.devices=4", "trainer.replicas=2"], r"torchft carries replicas of one stage so far, but 2 replicas .* "
-                                                  r"2 stages each"),
+    (["trainer.devices=4", "trainer.replicas=2", "trainer.nodes=2", "trainer.rdzv_endpoint=localhost:29400"],
+     r"torchft replicas run on one node so far \(trainer.nodes=2\): .*loopback"),
 ])
 def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
     with pytest.raises(ConfigError, match=rf"^failover\.replica_engine: .*{says}.*Fix: "):
@@ -57,3 +62,23 @@ def test_a_quorum_cuts_the_batch_into_whole_micro_batches_in_order(participants)
 def test_a_quorum_larger_than_the_micro_batches_is_refused():
     with pytest.raises(ValueError, match="gives 4 micro-batches to share out"):
         quorum_share(0, 5, 32, 8)
+
+
+def test_a_respawned_worker_meets_its_group_under_a_prefix_of_its_attempt(monkeypatch):
+    """The elastic agent's store outlives its workers: a respawned replica's ranks must not read the dead
+    ones' keys there (a gloo address of a dead rank), so a respawned worker's group uses its attempt's prefix."""
+    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent_store.port), "RANK": "1",
+                        "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                        "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert respawn_store(timedelta(seconds=10)) == {}, "a first worker: torch's env:// as usual"
+    agent_store.set("rank_1", "the dead rank's address")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    given = respawn_store(timedelta(seconds=10))
+    assert (given["rank"], given["world_size"]) == (1, 2)
+    given["store"].set("rank_1", "its own address")
+    assert given["store"].get("rank_1") == b"its own address"
+    assert agent_store.get("rank_1") == b"the dead rank's address"
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # each attempt's rank 0 serves a store of its own
+    assert respawn_store(timedelta(seconds=10)) == {}
