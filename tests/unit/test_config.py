@@ -253,6 +253,11 @@ VALIDATION_ERRORS = [
     (["pipeline.microbatches=3"], "pipeline.microbatches: 3 micro-batches do not divide data.batch_size=64",
      "choose a divisor of the batch size"),
     (["pipeline.microbatches=0"], "pipeline.microbatches: must be > 0", "set pipeline.microbatches"),
+    (["trainer.accelerator=cpu", "trainer.devices=3", "pipeline.microbatches=2"],
+     "pipeline.microbatches: 2 micro-batches for pipelines of 3 stages: the 1F1B schedule needs at least one",
+     "pipeline.schedule=gpipe"),
+    (["trainer.accelerator=cpu", "trainer.devices=6", "trainer.replicas=2", "pipeline.microbatches=2"],
+     "pipeline.microbatches: 2 micro-batches for pipelines of 3 stages", "pipeline.microbatches=3 or more"),
     (["trainer.accelerator=cpu", "trainer.devices=[0,0]"], "trainer.devices: duplicate device ids in [0, 0]",
      "list each device once"),
     (["trainer.accelerator=cpu", "trainer.shared_gpu=0"],
@@ -325,3 +330,10 @@ def test_relative_eta_thresholds_are_checked_by_validate(make_config):
         validate(make_config("policy.params.min_saving_restart_frac=-1"))
     with pytest.raises(ConfigError, match=r"^policy: .*min_saving_frac must be in \[0, 1\)"):
         validate(make_config("policy.params.min_saving_frac=1.5"))
+
+
+def test_fewer_micro_batches_than_stages_are_fine_under_gpipe_and_for_one_stage(make_config):
+    validate(make_config("trainer.accelerator=cpu", "trainer.devices=3", "pipeline.microbatches=2",
+                         "pipeline.schedule=gpipe"))
+    validate(make_config("trainer.accelerator=cpu", "trainer.devices=4", "trainer.replicas=4",
+                         "pipeline.microbatches=1"))
