@@ -182,11 +182,10 @@ class PipelineRuntime:
         # What pipelining drives: the stage itself, or (ranks sharing a GPU) the stage behind a host boundary
         staged: torch.nn.Module = (module if setup.wire == setup.device
                                    else ThroughHost(module, setup.device, stage < num_stages - 1))
-        self.stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
-        self.stage.clock = self.clock
+        self._staged, self._group, self._schedule_name = staged, group, schedule
         self.injector = injector or FaultInjector([], stage)
         self.current_step = 0
-        module.phase_hook = self.stage.phase_hook = self._phase
+        module.phase_hook = self._phase
         module.register_forward_hook(self._corrupt_output)
         module.register_forward_hook(self._computed)
         if compiler != "none":  # before any forward: pipelining's shape inference runs the compiled blocks
@@ -199,13 +198,29 @@ class PipelineRuntime:
         fixed_shapes = replicas is None or replicas.share is not None
         if cuda_graphs and setup.device.type == "cuda" and compiler == "none" and fixed_shapes:
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
-        self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=self._timed_loss, scale_grads=True)
+        self.stage, self.schedule = self._training_schedule()
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
         self._eval_stage = TimedPipelineStage(staged, stage, num_stages, setup.wire, group=group)
         self._eval_stage.phase_hook = self._phase
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
+
+    def _training_schedule(self) -> tuple[TimedPipelineStage, Any]:
+        """The stage the training schedule drives, and the schedule; the stage learns its micro-batches'
+        shapes at its first step."""
+        stage = TimedPipelineStage(self._staged, self.stage_index, self.num_stages, self.setup.wire, group=self._group)
+        stage.clock, stage.phase_hook = self.clock, self._phase
+        schedule = SCHEDULES[self._schedule_name](stage, self.microbatches, loss_fn=self._timed_loss, scale_grads=True)
+        return stage, schedule
+
+    def reshare(self, replicas: ReplicaReduction) -> None:
+        """A live REBALANCE: from the next step this rank's replica trains on another share of the batch, in
+        micro-batches of another size, whose shapes a pipeline stage learns only at its first step: the
+        training stage and schedule are made anew (module, hooks, clock, optimizer and schedule state stay;
+        every rank of the replica does this at the same step boundary)."""
+        self.replicas = replicas
+        self.stage, self.schedule = self._training_schedule()
 
     @property
     def is_first(self) -> bool:
