@@ -31,12 +31,13 @@ def reference(tmp_path_factory, teacher_file):
     return reference_run(tmp_path_factory.mktemp("reference"), teacher_file, 4, [*VIT, *STEPS])
 
 
-def rebalanced_run(run_dir, teacher_file, stages: int, mode: str) -> dict:
+def rebalanced_run(run_dir, teacher_file, stages: int, mode: str, *faults: str) -> dict:
     slow = 2 * stages - 1  # replica 1's last rank
+    faults = (f"{{kind:slow_compute,rank:{slow},start:2,factor:4}}", *faults)
     return run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *STEPS,
                                         f"trainer.devices={2 * stages}", "trainer.replicas=2",
                                         "pipeline.microbatches=2", "policy=rebalance", f"failover.replan_mode={mode}",
-                                        f"injection.faults=[{{kind:slow_compute,rank:{slow},start:2,factor:4}}]"]),
+                                        f"injection.faults=[{','.join(faults)}]"]),
                log=lambda m: None)
 
 
@@ -92,4 +93,22 @@ def test_a_rebalance_by_restart_still_restarts(tmp_path, teacher_file, reference
     names = [e["event"] for e in read_events(events_path(tmp_path))]
     assert names.count("launch_ready") == 2 and "relaunch" in names and "live_rebalance" not in names
     assert summary["experiment"]["restarts"][0]["mode"] == "restart"
+    assert_close_states(final_student_state(tmp_path), reference)
+
+
+def test_a_live_rebalance_that_fails_on_one_rank_falls_back_to_a_restart(tmp_path, teacher_file, reference):
+    """Rank 1 raises while taking the new shares: no rank takes them (they agree first), every rank
+    checkpoints after the step on the old shares, and the supervisor relaunches on the decided ones."""
+    if SHARED_GPU is not None:
+        pytest.skip("ranks sharing one GPU take turns on it: one rank's slowdown shows on every rank's clock")
+    summary = rebalanced_run(tmp_path, teacher_file, 1, "live", "{kind:raise,rank:1,step:1,phase:repartition}")
+    segments = read_segments(tmp_path)
+    assert [(s.reason, s.outcome) for s in segments] == [("start", "stopped"), ("rebalance", "finished")]
+    assert_slow_replica_got_less(segments)
+    events = read_events(events_path(tmp_path))
+    [failed] = [e for e in events if e["event"] == "live_rebalance_failed"]
+    assert list(failed["errors"]) == ["1"] and "InjectedFault" in failed["errors"]["1"]
+    assert not [e for e in events if e["event"] == "live_rebalance"]
+    restart = summary["experiment"]["restarts"][0]
+    assert restart["mode"] == "restart" and "live re-partition failed" in restart["cause"]
     assert_close_states(final_student_state(tmp_path), reference)
