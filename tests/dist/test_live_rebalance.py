@@ -31,13 +31,14 @@ def reference(tmp_path_factory, teacher_file):
     return reference_run(tmp_path_factory.mktemp("reference"), teacher_file, 4, [*VIT, *STEPS])
 
 
-def rebalanced_run(run_dir, teacher_file, stages: int, mode: str, *faults: str) -> dict:
-    slow = 2 * stages - 1  # replica 1's last rank
-    faults = (f"{{kind:slow_compute,rank:{slow},start:2,factor:4}}", *faults)
+def rebalanced_run(run_dir, teacher_file, stages: int, mode: str, faults: tuple[str, ...] = (),
+                   extra: tuple[str, ...] = (), slow: bool = True) -> dict:
+    slow_rank = 2 * stages - 1  # replica 1's last rank
+    faults = (f"{{kind:slow_compute,rank:{slow_rank},start:2,factor:4}}", *faults) if slow else faults
     return run(compose_config(run_dir, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *STEPS,
                                         f"trainer.devices={2 * stages}", "trainer.replicas=2",
                                         "pipeline.microbatches=2", "policy=rebalance", f"failover.replan_mode={mode}",
-                                        f"injection.faults=[{','.join(faults)}]"]),
+                                        f"injection.faults=[{','.join(faults)}]", *extra]),
                log=lambda m: None)
 
 
@@ -101,7 +102,8 @@ def test_a_live_rebalance_that_fails_on_one_rank_falls_back_to_a_restart(tmp_pat
     checkpoints after the step on the old shares, and the supervisor relaunches on the decided ones."""
     if SHARED_GPU is not None:
         pytest.skip("ranks sharing one GPU take turns on it: one rank's slowdown shows on every rank's clock")
-    summary = rebalanced_run(tmp_path, teacher_file, 1, "live", "{kind:raise,rank:1,step:1,phase:repartition}")
+    raises = "{kind:raise,rank:1,step:1,phase:repartition}"
+    summary = rebalanced_run(tmp_path, teacher_file, 1, "live", faults=(raises,))
     segments = read_segments(tmp_path)
     assert [(s.reason, s.outcome) for s in segments] == [("start", "stopped"), ("rebalance", "finished")]
     assert_slow_replica_got_less(segments)
@@ -111,4 +113,20 @@ def test_a_live_rebalance_that_fails_on_one_rank_falls_back_to_a_restart(tmp_pat
     assert not [e for e in events if e["event"] == "live_rebalance"]
     restart = summary["experiment"]["restarts"][0]
     assert restart["mode"] == "restart" and "live re-partition failed" in restart["cause"]
+    assert_close_states(final_student_state(tmp_path), reference)
+
+
+def test_resume_auto_after_a_live_rebalance_goes_on_with_the_new_shares(tmp_path, teacher_file, reference):
+    """The run stops after 28 steps of its launch (trainer.stop_after; rebalanced live at step 17-18 here), and
+    `resume=auto` (no slowdown this time) continues from the step-28 checkpoint on the shares the live
+    REBALANCE chose, ending where one device ends."""
+    if SHARED_GPU is not None:
+        pytest.skip("ranks sharing one GPU take turns on it: one rank's slowdown shows on every rank's clock")
+    rebalanced_run(tmp_path, teacher_file, 1, "live", extra=("trainer.stop_after=28",))
+    before = read_segments(tmp_path)
+    assert [s.reason for s in before] == ["start", "rebalance (live)"], "rebalanced after step 28: the machine was slow"
+    shares = before[1].placement.shares
+    rebalanced_run(tmp_path, teacher_file, 1, "live", slow=False, extra=("resume=auto",))
+    after = read_segments(tmp_path)
+    assert len(after) == 3 and after[2].start_step == 28 and after[2].placement.shares == shares, after[2]
     assert_close_states(final_student_state(tmp_path), reference)
