@@ -15,7 +15,7 @@ import dataclasses
 import signal
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +115,7 @@ def _load_mode(load: bool | str) -> str:
 def train_batches(dataset, sampler: ResumableSampler, num_epochs: int, num_workers: int = 0,
                   load: bool | str = "images", device: torch.device | str | None = None,
                   bad_samples: BadSampleLog | None = None, share: range | None = None,
-                  finishers: int | None = None) -> Iterator[Batch]:
+                  finishers: int | None = None) -> Generator[Batch, None, None]:
     """Batches from the sampler's current state to the end of epoch ``num_epochs - 1``.
 
     ``load``: ``"images"`` (images and labels; True), ``"labels"`` (labels only, no image read:

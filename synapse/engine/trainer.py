@@ -17,7 +17,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -29,7 +29,7 @@ from synapse import checkpoint as ckpt
 from synapse.config import KDConfig, SynapseConfig, TeacherConfig, TrainerConfig
 from synapse.data import ResumableSampler, build_datasets, data_kwargs, dataset_info
 from synapse.engine.accuracy import evaluate
-from synapse.engine.batches import loader_workers, train_batches, with_host_data_path
+from synapse.engine.batches import Batch, loader_workers, train_batches, with_host_data_path
 from synapse.engine.checkpointer import Checkpointer, HeldState, SingleShard
 from synapse.engine.device import ComputeSetup, build_compute_setup, seed_everything
 from synapse.engine.optim import build_optimizer, build_scheduler
@@ -226,9 +226,7 @@ class Trainer(Generic[Runner]):
             step_rates: list[float] = []  # images/s of each step, for the summary's steady rate
             tick = time.perf_counter()
             try:
-                load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
-                for batch in train_batches(self.train_ds, self.sampler, self.num_epochs, settings.loader_workers,
-                                           load=load, device=runner.device, share=runner.batch_share):
+                for batch in self._train_batches():
                     stopping = stop_after is not None and self.step - first_step >= stop_after
                     if self.step >= self.total_steps or stopping:
                         break
@@ -269,6 +267,25 @@ class Trainer(Generic[Runner]):
             self.checkpointer.close()  # the save in flight is committed before the run (or launch) ends
         progress.close()
         return self._summary(time.time() - started, self.step - first_step, step_rates)
+
+    def _train_batches(self) -> Iterator[Batch]:
+        """The run's batches from the sampler's position, cut to the runner's share of each. When that share
+        changes at a step boundary (a live REBALANCE), the loader is opened again after the batch last taken,
+        on the new share: what it had read ahead was cut to the old one."""
+        runner = self.runner
+        load = "images" if runner.needs_images else "labels" if runner.needs_data else "nothing"
+        while True:
+            share = runner.batch_share
+            batches = train_batches(self.train_ds, self.sampler, self.num_epochs, self.settings.loader_workers,
+                                    load=load, device=runner.device, share=share)
+            with contextlib.closing(batches):
+                for batch in batches:
+                    yield batch
+                    if runner.batch_share != share:
+                        break
+                else:
+                    return
+            self.sampler.load_state_dict(self.sampler.state_after(batch.epoch, batch.step_in_epoch))
 
     def _finish_saving_after_error(self) -> None:
         """A save started before the error was of sound steps: let it commit, but say (not raise) its

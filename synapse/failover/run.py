@@ -15,6 +15,7 @@ from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.supervisor import Supervisor, first_segment
+from synapse.failover.watch import live_kinds
 from synapse.launch import launch_pipeline, launch_replica_groups
 from synapse.partitioning import Placement, StagePlanner
 from synapse.planning import RunPlan, configured_alphas
@@ -40,7 +41,9 @@ def restart_cost_model(trainer: TrainerConfig, failover: FailoverConfig, log: Ca
                               "restart", FALLBACK_RESTART, "experiments/bench_restart_cost.py", log)
     live = _benchmark_cost(None, PRIORS_DIR / f"live_replan_{accelerator}.json", "live", FALLBACK_LIVE,
                            "experiments/bench_live_replan.py", log)
-    kind_paths: dict[OptionKind | str, str] = {OptionKind.REPLAN: "live"} if failover.replan_mode == "live" else {}
+    # A live REBALANCE moves no block: priced at the live REPLAN's cost until the run has measured its own
+    # (both are corrected on the one "live" path), an upper bound.
+    kind_paths: dict[OptionKind | str, str] = {kind: "live" for kind in live_kinds(failover)}
     return RestartCostModel({"restart": restart, "live": live}, kind_paths=kind_paths)
 
 

@@ -32,7 +32,7 @@ from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
 from synapse.failover.segments import ComposedSegment, Segment, SegmentComposer, pin_checkpoint, write_segment
 from synapse.failover.summary import write_experiment_summary
-from synapse.failover.watch import LaunchWatcher
+from synapse.failover.watch import LaunchWatcher, live_kinds
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
 from synapse.partitioning import Placement
 from synapse.pipeline import LaunchTask
@@ -54,6 +54,10 @@ RETRY = "retry"  # a restart on the same devices: a failure no device can be bla
 
 class FailoverError(RuntimeError):
     """The run cannot continue (no device left, restart budget spent); everything finished is saved."""
+
+
+# How a segment that the workers left live ends, by the action that ended it (``failover.watch.live_kinds``).
+LIVE_OUTCOMES = {"replan": "replanned live", "rebalance": "rebalanced live"}
 
 
 @dataclass
@@ -151,8 +155,9 @@ class Supervisor:
                             f"(predicted time to finish: {etas})")
 
     @property
-    def live_replan(self) -> bool:
-        return self.failover.replan_mode == "live"
+    def live(self) -> frozenset[OptionKind]:
+        """The actions the workers take without a restart (priced the same way: failover.run)."""
+        return live_kinds(self.failover)
 
     def _write_summary(self, summary: dict | None) -> dict[str, Any]:
         return write_experiment_summary(self.run_dir, self.policy, self.injection, self.controller, self.segments,
@@ -180,7 +185,7 @@ class Supervisor:
             self._stop_on_interrupt(signal_name)
         self.controller.begin_segment(spec.placement, start_step=spec.start_step)
         watcher = LaunchWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
-                               live_replan=self.live_replan, on_live_segment=self._on_live_segment,
+                               live=self.live, on_live_segment=self._on_live_segment,
                                control=self.control)
         if restart is not None:
             restart.relaunch_time = time.time()
@@ -220,12 +225,14 @@ class Supervisor:
             self.log(tail or f"rank {failure.rank} wrote nothing before it failed")
 
     def _on_live_segment(self, decision: Decision, first_record: dict[str, Any], last_old: dict[str, Any]) -> None:
-        """The workers re-partitioned without stopping (watcher thread): record the new segment."""
+        """The workers changed their placement without stopping (watcher thread): a live REPLAN moved blocks,
+        a live REBALANCE changed the replicas' shares; either way the next segment is recorded here."""
+        action = decision.action.value
         old = self.segments[-1]
-        old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, "replanned live"
+        old.ended_at, old.end_step, old.outcome = time.time(), int(first_record["step"]) - 1, LIVE_OUTCOMES[action]
         write_segment(self.run_dir, old)
         chosen = decision.chosen
-        spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason="replan (live)",
+        spec = Segment(old.index + 1, chosen.placement, old.microbatches, reason=f"{action} (live)",
                        start_step=old.end_step)
         self.segments.append(spec)
         composed = self.composer.compose(spec, self.worker_events)
@@ -233,9 +240,10 @@ class Supervisor:
         self._mark_decision(decision)
         self._mark_segment(spec)
         self.controller.begin_segment(spec.placement)
-        live = [e for e in self.worker_events() if e["event"] == "live_replan" and e.get("segment") == spec.index]
+        # the workers' own record of the change (pipeline.trainer: live_replan, live_rebalance)
+        live = [e for e in self.worker_events() if e["event"] == f"live_{action}" and e.get("segment") == spec.index]
         moved_s = live[-1]["seconds"] if live else 0.0
-        restart = Restart(segment=spec.index, action="replan",
+        restart = Restart(segment=spec.index, action=action,
                           trigger_time=self.controller.decided_at(decision) or time.time(),
                           trigger_step=decision.step, resume_step=old.end_step, cause=decision.reason,
                           decision=decision, trigger="decision", mode="live", last_step_time=last_old["time"])
@@ -246,10 +254,11 @@ class Supervisor:
         restart.downtime_s = restart.downtime(first_record, self.controller.baseline_step_s)
         self.restarts.append(restart)
         self.controller.restart_costs.observe("live", restart.components)
-        self.events.append("first_step_after_restart", segment=spec.index, step=restart.first_step, action="replan",
+        changed = ({"moved_blocks": live[-1]["moved_blocks"] if live else None} if decision.action is OptionKind.REPLAN
+                   else {"shares": list(chosen.placement.shares)})
+        self.events.append("first_step_after_restart", segment=spec.index, step=restart.first_step, action=action,
                            mode="live", recovery_s=restart.recovery_s, downtime_s=restart.downtime_s,
-                           components=restart.components, redo_steps=0,
-                           moved_blocks=live[-1]["moved_blocks"] if live else None)
+                           components=restart.components, redo_steps=0, **changed)
 
     def _finish_segment(self, spec: Segment, watcher: LaunchWatcher, failure: WorkerFailure | None,
                       summary: dict | None, restart: Restart | None) -> None:

@@ -16,19 +16,45 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from synapse.config import FailoverConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision, OptionKind
 from synapse.failover.controller import FailoverController
+from synapse.partitioning import Placement
+from synapse.pipeline import only_shares_change
 from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
+
+
+def live_kinds(failover: FailoverConfig) -> frozenset[OptionKind]:
+    """The actions the running workers take without a restart (``failover.replan_mode=live``), priced and
+    acted on alike: a REPLAN, and a REBALANCE of the replicas of one launch. Under torchft each replica is
+    a launch of its own whose share follows the quorum, so a REBALANCE there stays on the restart path."""
+    if failover.replan_mode != "live":
+        return frozenset()
+    if str(failover.replica_engine) == "torchft":
+        return frozenset({OptionKind.REPLAN})
+    return frozenset({OptionKind.REPLAN, OptionKind.REBALANCE})
+
+
+def changes_live(kind: OptionKind, running: Placement, chosen: Placement) -> bool:
+    """Whether the workers can move from ``running`` to ``chosen`` in place: a REPLAN moves blocks inside
+    one pipeline (a layout with replicas re-cuts through a restart); a REBALANCE changes nothing but the
+    replicas' shares of the global batch (same devices, cuts and process groups)."""
+    if kind is OptionKind.REPLAN:
+        return chosen.replicas == 1
+    if kind is OptionKind.REBALANCE:
+        return only_shares_change(running, chosen)
+    return False
 
 
 class LaunchWatcher(threading.Thread):
     def __init__(self, run_dir: Path, segment: int, controller: FailoverController, *, period_s: float = 0.05,
-                 log: Callable[[str], None] = print, live_replan: bool = False,
+                 log: Callable[[str], None] = print, live: frozenset[OptionKind] = frozenset(),
                  on_live_segment: Callable[[Decision, dict[str, Any], dict[str, Any]], None] | None = None,
                  control: ControlChannel | None = None):
-        """``live_replan``: a REPLAN re-partitions the running workers (no stop); ``on_live_segment``
-        is called with the decision, the first record of the segment it started and the last of the one before."""
+        """``live``: the actions the running workers take in place, without a stop (``live_kinds``);
+        ``on_live_segment`` is called with the decision, the first record of the segment it started and the
+        last of the one before."""
         super().__init__(name=f"synapse-watch-{segment}", daemon=True)
         self.run_dir, self.segment, self.controller = Path(run_dir), segment, controller
         self.period_s, self.log = period_s, log
@@ -38,7 +64,7 @@ class LaunchWatcher(threading.Thread):
         self.last_record: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.error_step: int | None = None  # the step whose record the controller failed on
-        self.live_replan, self.on_live_segment = live_replan, on_live_segment
+        self.live, self.on_live_segment = live, on_live_segment
         self.pending_live: Decision | None = None
         self._done = threading.Event()
         self.control = control or FileControlChannel(self.run_dir)  # the segment's (control.open_channel)
@@ -87,10 +113,10 @@ class LaunchWatcher(threading.Thread):
             segment = record.get("segment", -1)
             if segment < self.segment:
                 continue  # an earlier launch's lines
-            if segment > self.segment:  # the workers re-partitioned live: a new segment began
+            if segment > self.segment:  # the workers changed their placement live: a new segment began
                 if self.on_live_segment is None or self.pending_live is None or self.last_record is None:
                     raise RuntimeError(f"segment {segment} began live during segment {self.segment}, but no live "
-                                       f"re-partition was asked for (or nothing told of it)")
+                                       f"change was asked for (or nothing told of it)")
                 self.on_live_segment(self.pending_live, record, self.last_record)
                 self.segment, self.decision, self.pending_live = segment, None, None
             self.first_record = self.first_record or record
@@ -109,8 +135,8 @@ class LaunchWatcher(threading.Thread):
     def _act(self, decision: Decision) -> None:
         self.decision, self.decided_at = decision, time.time()
         chosen = decision.chosen
-        # Live re-partitions move blocks inside one pipeline; a layout with replicas re-cuts through a restart.
-        live = self.live_replan and decision.action is OptionKind.REPLAN and chosen.placement.replicas == 1
+        live = decision.action in self.live and changes_live(decision.action, self.controller.running_placement,
+                                                             chosen.placement)
         self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.segment,
                                       "live" if live else "restart", chosen.placement))
         if live:

@@ -22,6 +22,7 @@ ranks.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,6 +75,12 @@ class ReplicaMesh:
                 mine.append(GradientGroup(group, range(blocks.start - first_block, blocks.stop - first_block)))
         return cls(replica, placement.replicas, placement.share_range(replica, batch, microbatches), batch,
                    pipelines[replica], last_group if rank in last_ranks else None, tuple(mine))
+
+    def reshared(self, placement: Placement, microbatches: int) -> ReplicaMesh:
+        """This rank's place under ``placement``'s shares (a live REBALANCE): the same replica and groups, another
+        cut of each step's batch and so another gradient weight. Raises ``PartitionError`` for shares that do
+        not cover the batch in whole micro-batches."""
+        return dataclasses.replace(self, share=placement.share_range(self.replica, self.batch, microbatches))
 
     def reduce_gradients(self, student: torch.nn.ModuleList) -> None:
         """The global batch's gradient on every owner of a block: each replica's gradient (the mean over
@@ -140,6 +147,12 @@ class ReplicaMesh:
         total = torch.tensor(list(counts), dtype=torch.float64, device=device)
         dist.all_reduce(total, group=self.last_ranks_group)
         return total.tolist()
+
+
+def only_shares_change(running: Placement, new: Placement) -> bool:
+    """Whether ``new`` is ``running`` with other shares of the global batch and nothing else (a REBALANCE of
+    replicas: the same devices, cuts and process groups), so the running ranks can take it in place."""
+    return new.replicas > 1 and dataclasses.replace(new, shares=running.shares) == running
 
 
 class ReplicaReduction(Protocol):

@@ -209,6 +209,14 @@ class PipelineRuntime:
         self._eval_schedule = ScheduleGPipe(self._eval_stage, microbatches)
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
 
+    def reshare(self, replicas: ReplicaReduction) -> None:
+        """A live REBALANCE: from the next step this rank's replica trains on another share of the batch, in
+        micro-batches of another size, whose shapes a pipeline stage learns only at its first step: the
+        training stage and schedule are made anew (module, hooks, clock, optimizer and schedule state stay;
+        every rank of the replica does this at the same step boundary)."""
+        self.replicas = replicas
+        self.stage, self.schedule = self._training_pipeline()
+
     @property
     def is_first(self) -> bool:
         return self.stage_index == 0

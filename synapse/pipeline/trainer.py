@@ -60,7 +60,7 @@ from synapse.pipeline.quorum import (
     respawned,
 )
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
-from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction
+from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction, only_shares_change
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
 from synapse.rundir import (
     CHECKPOINTS,
@@ -264,6 +264,9 @@ class PipelineRunner:
             "compute_s": [t["compute"] for t in timings], "comm_s": [t["comm"] for t in timings],
             "send_s": [t.get("send", 0.0) for t in timings], "ranks": timings,
             "images_per_s": self.images_per_step / wall,
+            # each replica's images per step (a REBALANCE changes them, live or by restart)
+            **({"shares": list(self.partition.share_sizes(self.images_per_step, self.runtime.microbatches))}
+               if self.partition.replicas > 1 else {}),
             # under torchft: how many replicas the quorum had when these timings were told (every one: a record
             # is written only of steps every replica ran)
             **({"replicas_alive": self.quorum.participants} if self.quorum else {}),
@@ -273,10 +276,44 @@ class PipelineRunner:
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
             self.applied_requests.add(request.id)
-            if not self.repartition(request.placement):
+            change = self.reshare if only_shares_change(self.partition, request.placement) else self.repartition
+            if not change(request.placement):
                 # The restart path is the fallback: stop after this step with a checkpoint of the
-                # old partition; the supervisor relaunches on the new one (the decision stands).
+                # old placement; the supervisor relaunches on the new one (the decision stands).
                 self.stop_requested = True
+
+    def reshare(self, new: Placement) -> bool:
+        """Live REBALANCE: from the next step on, every rank trains on its replica's share under ``new`` (its
+        loader's cut of each batch and its gradient's weight, share / batch); devices, cuts, process groups
+        and every tensor stay (CUDA graphs are keyed by shape: the new micro-batches are captured anew).
+        The ranks agree first that each can take the new shares; if any cannot, none does and this returns
+        False (the caller falls back to the restart path)."""
+        started = time.perf_counter()
+        self.runtime.mark("repartition")
+        mesh = self._agree(self._try(lambda: self._reshared_mesh(new)), new, "sharing out the batch anew",
+                           failed_event="live_rebalance_failed")
+        if mesh is None:
+            return False
+        self.finish_steps()  # the old shares' last step is recorded as the old segment's
+        self.runtime.reshare(mesh)
+        self.partition, self.segment = new, self.segment + 1
+        # the change's time on every rank, and the processes that took it (the same ones train on: no restart)
+        taken: list[Any] = [None] * self.world_size
+        dist.all_gather_object(taken, (time.perf_counter() - started, os.getpid()))
+        if self.rank == 0:
+            self.events.append("live_rebalance", segment=self.segment, step=self.step, partition=new.to_dict(),
+                               shares=list(new.shares), seconds=max(t for t, _ in taken),
+                               pids=[pid for _, pid in taken])
+        self.log(f"live rebalance at step {self.step}: replica {mesh.replica} now trains on {len(mesh.share)} of "
+                 f"each {mesh.batch} images (shares {list(new.shares)})")
+        return True
+
+    def _reshared_mesh(self, new: Placement) -> ReplicaMesh:
+        self.injector.on("repartition", self.step)
+        mesh = self.runtime.replicas
+        if not isinstance(mesh, ReplicaMesh):
+            raise TypeError(f"a live rebalance needs the run's replica groups, this rank has {type(mesh).__name__}")
+        return mesh.reshared(new, self.runtime.microbatches)
 
     def repartition(self, new: Placement) -> bool:
         """Live REPLAN: move the student blocks that change owner, rebuild stage, optimizer and schedule.
@@ -341,8 +378,9 @@ class PipelineRunner:
         except Exception as exc:  # noqa: BLE001 - any failure here is answered by the restart path
             return None, f"{type(exc).__name__}: {exc}"
 
-    def _agree(self, outcome: tuple[Any, str | None], new: Placement, doing: str) -> Any:
-        """The result if every rank succeeded; None (and one event) if any failed."""
+    def _agree(self, outcome: tuple[Any, str | None], new: Placement, doing: str,
+               failed_event: str = "live_replan_failed") -> Any:
+        """The result if every rank succeeded; None (and one ``failed_event``) if any failed."""
         result, error = outcome
         errors: list[Any] = [None] * self.world_size
         self.runtime.mark("sync")
@@ -351,9 +389,9 @@ class PipelineRunner:
         if not failed:
             return result
         if self.rank == 0:
-            self.events.append("live_replan_failed", segment=self.segment, step=self.step, partition=new.to_dict(),
+            self.events.append(failed_event, segment=self.segment, step=self.step, partition=new.to_dict(),
                                phase=doing, errors={str(r): e for r, e in failed.items()}, fallback="restart")
-        self.log(f"live re-partition at step {self.step} failed on rank(s) {sorted(failed)} while {doing} "
+        self.log(f"live change at step {self.step} failed on rank(s) {sorted(failed)} while {doing} "
                  f"({next(iter(failed.values()))}); falling back to a checkpoint and restart")
         return None
 

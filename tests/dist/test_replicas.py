@@ -180,8 +180,9 @@ def test_a_rank_killed_in_one_replica_drops_that_replica_and_loses_nothing(tmp_p
 
 def test_a_replica_slow_from_the_start_gets_a_smaller_share_and_nothing_learnt_changes(tmp_path, teacher_file):
     """R = 4 x K = 1 with rank 3 four times slower from step 2: the other replicas of its stage show it
-    at once (the start check), policy=rebalance restarts with shares by speed, and the run still
-    learns what one device learns (a LayerNorm student: grouping does not matter to its gradients)."""
+    at once (the start check), policy=rebalance shares the batch out by speed (live, the default
+    failover.replan_mode: the same processes train on; test_live_rebalance), and the run still learns what
+    one device learns (a LayerNorm student: grouping does not matter to its gradients)."""
     if SHARED_GPU is not None:
         pytest.skip("ranks sharing one GPU take turns on it: one rank's slowdown shows on every rank's clock")
     steps = ["trainer.max_steps=32"]
@@ -192,7 +193,7 @@ def test_a_replica_slow_from_the_start_gets_a_smaller_share_and_nothing_learnt_c
                                  "injection.faults=[{kind:slow_compute,rank:3,start:2,factor:4}]"]),
         log=lambda m: None)
     segments = read_segments(run_dir)
-    assert [s.reason for s in segments] == ["start", "rebalance"]
+    assert [s.reason for s in segments] == ["start", "rebalance (live)"]
     shares = segments[1].placement.shares
     assert sum(shares) == BATCH and shares[3] == min(shares) and shares[3] < BATCH // 4, shares
     # found from the first steps (J = 11, then 5 steps and sustain; more when the machine is loaded)
