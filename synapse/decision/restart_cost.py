@@ -9,7 +9,7 @@ and per component (save, teardown, launch, load, warm-up). ``costs_by_kind()`` i
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -158,9 +158,13 @@ class RestartCostModel:
             return 0.0
         return self.estimate(self._kind_paths[kind]).total_s
 
-    def costs_by_kind(self) -> dict[OptionKind, float]:
-        """The ``restart_costs`` mapping that ``build_options`` takes."""
-        return {kind: self.seconds_for(kind) for kind in OptionKind}
+    def costs_by_kind(self, restarting: Collection[OptionKind] = ()) -> dict[OptionKind, float]:
+        """The ``restart_costs`` mapping that ``build_options`` takes. ``restarting``: kinds that take the
+        restart path this time whatever their configured one (a REPLAN of replicas re-cuts them through a
+        restart, never live)."""
+        restart_s = self.estimate(DEFAULT_PATH).total_s
+        return {kind: restart_s if kind in restarting and kind is not OptionKind.KEEP else self.seconds_for(kind)
+                for kind in OptionKind}
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -361,10 +361,10 @@ class FailoverController:
         placement, alphas, betas = self.running_placement, self.alphas(), self.betas()
         predicted = self.priced.layout_cost(placement, alphas, betas).step_time_s
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
-        if placement.replicas > 1:
+        if placement.replicas > 1:  # their REPLAN re-cuts every replica: a restart, even with replan_mode=live
             return replica_options(current, alphas, betas, bad_device, self.priced,
-                                   self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost,
-                                   excluded=self.episode.fell_short)
+                                   self.restart_costs.costs_by_kind(restarting=(OptionKind.REPLAN,)),
+                                   self.spare_devices, lost_devices=lost, excluded=self.episode.fell_short)
         return build_options(current, alphas, betas, bad_device, self.priced.plan,
                              self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
 

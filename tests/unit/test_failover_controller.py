@@ -488,3 +488,38 @@ def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_i
     assert [e["action"] for e in events if e["event"] == "action_fell_short"] == ["rebalance"]
     after = later if later is not None else controller.decide(step, TOTAL)
     assert OptionKind.REBALANCE not in {o.kind for o in after.options}
+
+
+def test_a_replan_of_replicas_is_priced_as_the_restart_it_takes_and_a_pipelines_as_live(planner):
+    """With replan_mode=live a REPLAN of one pipeline moves blocks in place, but one of replicas re-cuts them
+    through a restart (failover.watch.changes_live): priced at the restart path, while a REBALANCE stays live."""
+    import dataclasses
+
+    restart, live = RestartCost(checkpoint_save_s=5, launch_s=20), RestartCost(launch_s=0.3)
+    costs = RestartCostModel({"restart": restart, "live": live},
+                             kind_paths={REPLAN: "live", OptionKind.REBALANCE: "live"})
+
+    def restart_costs(controller_planner, placement) -> dict:
+        events: list[dict] = []
+        controller = FailoverController(policy=make_policy("eta"), planner=controller_planner, restart_costs=costs,
+                                        detector=SlowdownDetector(DetectorConfig(baseline_window=30)),
+                                        log_event=lambda event, **f: events.append({"event": event, **f}))
+        controller.begin_segment(placement)
+        ranks, rng = len(placement.devices), random.Random(5)
+        for step in range(1, 61):
+            compute = [rng.uniform(0.95, 1.05) * (3.0 if rank == ranks - 1 and step > 40 else 1.0)
+                       for rank in range(ranks)]
+            controller.observe({"step": step, "time": 1000.0 + step, "step_seconds": max(compute) + 0.01,
+                                "total_steps": TOTAL, "compute_s": compute, "comm_s": [0.01] * ranks})
+        decided = [e for e in events if e["event"] == "decision"]
+        assert decided, "the slowed rank is priced"
+        return {o["kind"]: o["restart_cost_s"] for o in decided[0]["options"]}
+
+    blocks = (len(planner.teacher), len(planner.student))
+    replicated = restart_costs(dataclasses.replace(planner, replicas=4),
+                               Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16)))
+    assert replicated["replan"] == pytest.approx(restart.total_s)
+    assert replicated["rebalance"] == pytest.approx(live.total_s)
+    teacher, student, _ = planner.plan((0, 1, 2), [1.0] * 3)
+    pipeline = restart_costs(planner, Placement((0, 1, 2), tuple(teacher), tuple(student)))
+    assert pipeline["replan"] == pytest.approx(live.total_s)
