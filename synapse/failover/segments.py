@@ -252,11 +252,9 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
 
 def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
     """The run's replica engine, or the restart path for a layout torchft does not carry (one replica left,
-    replicas cut differently or of several stages, unequal shares: what SHRINK, DEGRADE or REBALANCE may
-    make of it)."""
+    replicas cut differently, unequal shares: what SHRINK, DEGRADE or REBALANCE may make of it)."""
     engine = str(cfg.failover.replica_engine)
-    carried = (1 < placement.replicas == placement.world_size and not placement.replica_stages
-               and len(set(placement.shares)) <= 1)
+    carried = placement.replicas > 1 and not placement.replica_stages and len(set(placement.shares)) <= 1
     return engine if carried else "restart"
 
 

@@ -82,3 +82,18 @@ def test_a_respawned_worker_meets_its_group_under_a_prefix_of_its_attempt(monkey
     assert agent_store.get("rank_1") == b"the dead rank's address"
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # each attempt's rank 0 serves a store of its own
     assert respawn_store(timedelta(seconds=10)) == {}
+
+
+def test_a_later_segment_stays_on_torchft_while_its_replicas_are_cut_alike_with_equal_shares(tmp_path):
+    """After a decision's restart the next segment's layout decides: replicas of one stage or pipelines of K
+    stages stay under torchft; one replica left, replicas cut differently (a SHRINK) or unequal shares (a
+    REBALANCE) go on the restart path."""
+    from synapse.failover.segments import replica_engine_for
+    from synapse.partitioning import Placement
+
+    cfg = compose_config([*TORCHFT, "trainer.devices=4", "trainer.replicas=2"], tmp_path)
+    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (16, 16))) == "torchft"
+    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (8,), (8,), 4, (8, 8, 8, 8))) == "torchft"
+    assert replica_engine_for(cfg, Placement((0, 1), (4, 4), (4, 4))) == "restart"
+    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (24, 8))) == "restart"
+    assert replica_engine_for(cfg, Placement((0, 1, 2), (4, 4, 8), (4, 4, 8), 2, (16, 16), (2, 1))) == "restart"
