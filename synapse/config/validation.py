@@ -628,7 +628,8 @@ def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
     k = ranks // replicas if replicas else ranks
     positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
     positive("partition.profile_repeats", part.profile_repeats)
-    _check_microbatches_fill_the_pipeline(cfg, max(part.replica_stages) if part.replica_stages else k)
+    if replicas is not None:  # trainer.replicas=auto: the planner chooses K with the micro-batches
+        _check_microbatches_fill_the_pipeline(cfg, max(part.replica_stages) if part.replica_stages else k)
     if part.node_link_bandwidth_gbps is not None:
         positive("partition.node_link_bandwidth_gbps", part.node_link_bandwidth_gbps)
     if part.link_bandwidth_gbps is not None:
@@ -660,9 +661,10 @@ def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
 
 def _check_microbatches_fill_the_pipeline(cfg: DictConfig, stages: int) -> None:
     """torch's 1F1B schedule refuses fewer micro-batches than stages, in every worker once they have started
-    ("Number of microbatches (2) must be >= the number of stages (3)"): said here instead, before any work."""
+    ("Number of microbatches (2) must be >= the number of stages (3)"): said here instead, before any work.
+    (mode=simulate prices such a schedule as given: a what-if, no worker runs it.)"""
     m = cfg.pipeline.microbatches
-    if cfg.mode not in ("kd", "simulate") or m == "auto" or str(cfg.pipeline.schedule) != "1f1b" or m >= stages:
+    if cfg.mode != "kd" or m == "auto" or str(cfg.pipeline.schedule) != "1f1b" or m >= stages:
         return
     fail("pipeline.microbatches", f"{m} micro-batches for pipelines of {stages} stages: the 1F1B schedule needs at "
          "least one micro-batch per stage", f"use pipeline.microbatches={stages} or more (a divisor of "

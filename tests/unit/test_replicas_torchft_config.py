@@ -20,7 +20,8 @@ TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_
 @pytest.mark.parametrize("devices", [2, 4, 6])
 def test_two_replicas_cut_alike_are_accepted(tmp_path, devices):
     """Replicas of one stage, and pipelines of 2 and 3 stages (R x K, K > 1: a lost rank costs only its replica)."""
-    validate(compose_config([*TORCHFT, f"trainer.devices={devices}", "trainer.replicas=2"], tmp_path))
+    validate(compose_config([*TORCHFT, f"trainer.devices={devices}", "trainer.replicas=2",
+                             "pipeline.microbatches=4"], tmp_path))  # 1F1B: at least one per stage
 
 
 @pytest.mark.parametrize("overrides, says", [
@@ -29,7 +30,8 @@ def test_two_replicas_cut_alike_are_accepted(tmp_path, devices):
      r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
     (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
     (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
-    (["trainer.devices=4", "trainer.replicas=2", "trainer.nodes=2", "trainer.rdzv_endpoint=localhost:29400"],
+    (["trainer.devices=4", "trainer.replicas=2", "trainer.nodes=2", "trainer.rdzv_endpoint=localhost:29400",
+      "pipeline.microbatches=4"],
      r"torchft replicas run on one node so far \(trainer.nodes=2\): .*loopback"),
 ])
 def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
