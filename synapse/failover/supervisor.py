@@ -308,7 +308,8 @@ class Supervisor:
         if failure is not None and failure.rank is None:  # _decide_on_failure kept the devices
             action, cause = RETRY, f"{cause}: {failure}"
         if failure is None and watcher.pending_live is not None:  # the workers refused the live path
-            cause += "; the live re-partition failed, so the workers checkpointed for a restart instead"
+            change = "re-partition" if decision.action is OptionKind.REPLAN else decision.action.value
+            cause += f"; the live {change} failed, so the workers checkpointed for a restart instead"
         resume = self._resume_checkpoint()
         restart = Restart(segment=spec.index + 1, action=action, trigger_time=trigger,
                           trigger_step=end_step, resume_step=resume.step if resume else 0,

@@ -112,7 +112,7 @@ def test_a_live_rebalance_that_fails_on_one_rank_falls_back_to_a_restart(tmp_pat
     assert list(failed["errors"]) == ["1"] and "InjectedFault" in failed["errors"]["1"]
     assert not [e for e in events if e["event"] == "live_rebalance"]
     restart = summary["experiment"]["restarts"][0]
-    assert restart["mode"] == "restart" and "live re-partition failed" in restart["cause"]
+    assert restart["mode"] == "restart" and "the live rebalance failed" in restart["cause"]
     assert_close_states(final_student_state(tmp_path), reference)
 
 
