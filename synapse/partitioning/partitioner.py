@@ -83,6 +83,7 @@ class _StageGrid:
     j1_cells: np.ndarray  # j1 for every cell, shape (P, J)
     work_scale_s: float  # the largest block work a stage time adds (profile seconds)
     comm_max_s: float
+    threshold_base: np.ndarray  # SW[j1] + teacher work + (comm + fixed) / compute scale, shape (P, J)
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
         t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
@@ -118,11 +119,14 @@ class PartitionDP:
             grid.j1_cells = np.ascontiguousarray(np.broadcast_to(grid.j1, grid.comm.shape))
             grid.work_scale_s = float(sw[-1] + np.max(grid.teacher_work))
             grid.comm_max_s = float(np.max(grid.comm))
+            scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+            grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
         self._padded_student_work = np.concatenate(([-np.inf], sw, [np.inf]))
         # an even grid of _BUCKETS_PER_BLOCK buckets per block over the prefix sums, and the cut each bucket starts at
         edges = np.arange(_BUCKETS_PER_BLOCK * len(sw) + 1)
         self._buckets_per_s = (len(edges) - 1) / sw[-1] if sw[-1] > 0 else 0.0
         self._bucket_first_cut = np.searchsorted(sw, edges / self._buckets_per_s if sw[-1] > 0 else edges * 0.0)
+        self._bucket_first_sum = self._padded_student_work[self._bucket_first_cut + 1]
         self._memory_lo = [self._memory_window_start(r) for r in range(k)]
 
     def _memory_window_start(self, stage: int) -> np.ndarray:
@@ -225,7 +229,8 @@ class PartitionDP:
         """
         model, grid = self.model, self.grids[stage]
         scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
-        threshold = grid.student_end_work - ((bound - grid.comm - fixed) / scale - grid.teacher_work)
+        # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
+        threshold = grid.threshold_base - bound / scale
         guess = self._prefix_sums_below(threshold)
         hi = grid.j1_cells
         first: np.ndarray = np.minimum(np.maximum(guess, lo), hi)
@@ -235,7 +240,7 @@ class PartitionDP:
             unsure = np.arange(first.size)
         else:
             padded = self._padded_student_work  # padded[g + 1] = SW[g]: -inf before the first cut, inf after the last
-            fast = (guess >= hi) | (padded.take(guess + 1) - threshold > margin)
+            fast = (guess >= hi) | (padded[1:].take(guess) - threshold > margin)
             slow_before = (guess <= lo) | (threshold - padded.take(guess) > margin)
             unsure = np.flatnonzero(~(fast & slow_before))
         if unsure.size:
@@ -252,10 +257,11 @@ class PartitionDP:
     def _prefix_sums_below(self, threshold: np.ndarray) -> np.ndarray:
         """How many student prefix sums lie below each threshold, right or off by one where two sums
         share a bucket of a fine even grid (np.searchsorted exactly, but several times slower)."""
-        padded, buckets = self._padded_student_work, self._bucket_first_cut
-        scaled = np.minimum(np.maximum(threshold * self._buckets_per_s, 0.0), len(buckets) - 1.0)
-        first = buckets.take(scaled.astype(np.intp))  # the sums below the bucket's left edge
-        below: np.ndarray = first + (padded.take(first + 1) < threshold)
+        buckets = self._bucket_first_cut
+        scaled = threshold * self._buckets_per_s
+        bucket = np.clip(scaled, 0.0, len(buckets) - 1.0, out=scaled).astype(np.intp)
+        below: np.ndarray = buckets.take(bucket)  # the sums below the bucket's left edge
+        below += self._bucket_first_sum.take(bucket) < threshold  # and the first sum in it, if below too
         return below
 
     def _backtrack(self, history: list[np.ndarray], bound: float, strict: bool) -> Solution:
