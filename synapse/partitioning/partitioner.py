@@ -84,6 +84,8 @@ class _StageGrid:
     work_scale_s: float  # the largest block work a stage time adds (profile seconds)
     comm_max_s: float
     threshold_base: np.ndarray  # SW[j1] + teacher work + (comm + fixed) / compute scale, shape (P, J)
+    scaled_teacher_work: np.ndarray  # compute scale * teacher work, shape (P, 1)
+    end_cost: np.ndarray  # what the min-sum DP adds per (end pair, j1): scale * SW[j1] + fixed + comm
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
         t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
@@ -121,6 +123,8 @@ class PartitionDP:
             grid.comm_max_s = float(np.max(grid.comm))
             scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
             grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
+            grid.scaled_teacher_work = scale * grid.teacher_work
+            grid.end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
         self._padded_student_work = np.concatenate(([-np.inf], sw, [np.inf]))
         # an even grid of _BUCKETS_PER_BLOCK buckets per block over the prefix sums, and the cut each bucket starts at
         edges = np.arange(_BUCKETS_PER_BLOCK * len(sw) + 1)
@@ -204,17 +208,16 @@ class PartitionDP:
 
     def _advance_sum(self, stage: int, values: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         model, grid = self.model, self.grids[stage]
-        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
-        lo = self._memory_lo[stage]
-        sw = model.student_work_prefix_s
+        scale, lo, sw = model.compute_scale(stage), self._memory_lo[stage], model.student_work_prefix_s
         if math.isfinite(bound):
             lo = self._first_fast_enough(stage, lo, bound, strict)
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)
         best_j0 = self._window_minima(stage, values - scale * sw[None, :]).query(lo, grid.j1 - 1)
-        per_end = np.minimum.reduceat(best_j0 + scale * grid.teacher_work, grid.group_starts, axis=0)
-        end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
-        return self._scatter(stage, per_end + end_cost, values)
+        best_j0 += grid.scaled_teacher_work
+        per_end = np.minimum.reduceat(best_j0, grid.group_starts, axis=0)
+        per_end += grid.end_cost
+        return self._scatter(stage, per_end, values)
 
     def _first_fast_enough(self, stage: int, lo: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         """Per (pair, j1): the first j0 in [lo, j1 - 1] whose canonical stage time is within `bound`, or j1.
