@@ -35,7 +35,8 @@ nearly flat F (very unequal alphas with few micro-batches) can need 100+.
 
 The dynamic programs (`PartitionDP`): one stage after another over teacher and student
 prefixes, on the cost model's canonical stage times and memory, vectorised (index grids per
-stage, windows found by binary search, a sparse table for window minima); the search calls
+stage, windows whose start is read from the prefix sums and checked by the canonical stage time
+where it is in doubt, a sparse table for window minima); the search calls
 them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 """
 from __future__ import annotations
