@@ -20,6 +20,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Iterator
 from statistics import median
+from typing import cast
 
 import numpy as np
 
@@ -93,12 +94,32 @@ def sorted_robust_sd(ordered: list[float], hints: tuple[int, int] | None = None)
     return MAD_TO_SD * abs(middle), (lower, upper)
 
 
+def median_along(values: np.ndarray, axis: int) -> np.ndarray:
+    """``np.median(values, axis=axis)`` of a float64 array, bit for bit, without its general machinery
+    (a tenth of a millisecond a call; a simulated 64-GPU step reads a dozen window medians): the same
+    partition (the same kth, so the same pick among signed zeros), the same mean of the middle one or
+    two ((a + b) / 2); where the axis holds a NaN, or for other arrays, ``np.median`` itself."""
+    n = values.shape[axis] if values.ndim else 0
+    if n == 0 or values.dtype != np.float64:
+        return cast(np.ndarray, np.median(values, axis=axis))
+    half, odd = n // 2, n % 2
+    part = np.partition(values, [half, -1] if odd else [half - 1, half, -1], axis=axis)
+    if np.isnan(part.take(-1, axis=axis)).any():
+        return cast(np.ndarray, np.median(values, axis=axis))
+    middle = [slice(None)] * part.ndim
+    middle[axis] = slice(half, half + 1) if odd else slice(half - 1, half + 1)
+    # np.mean's own sum and division (the sum starts from +0.0: a -0.0 median reads 0.0, as there)
+    mean: np.ndarray = np.add.reduce(part[tuple(middle)], axis=axis)
+    mean /= 1 if odd else 2
+    return mean
+
+
 def robust_sd_rows(values: np.ndarray) -> np.ndarray:
     """`sorted_robust_sd` of every row of ``values`` (unsorted) at once. The same answers bit for bit:
     numpy's median picks the same middle value, or averages the same two by (a + b) / 2, and
     ``abs(v - c)`` is the distance `_kth_deviation` compares (``c - v`` below the median)."""
-    centers = np.median(values, axis=1, keepdims=True)
-    spread: np.ndarray = MAD_TO_SD * np.median(np.abs(values - centers), axis=1)
+    centers = median_along(values, axis=1)[:, None]
+    spread: np.ndarray = MAD_TO_SD * median_along(np.abs(values - centers), axis=1)
     return spread
 
 

@@ -35,6 +35,8 @@ from typing import cast
 
 import numpy as np
 
+from synapse.detection.rolling import median_along
+
 # Theil-Sen's projected end point is ~1.1x as noisy as least squares' on Gaussian noise
 # (simulated: sd 0.649 against 0.588 for 10 points, 0.866 against 0.775 for 5).
 _THEIL_SEN_EFFICIENCY = 1.1
@@ -68,7 +70,7 @@ def column_medians(rows: Sequence[Sequence[float]]) -> list[float]:
     for all ranks (a simulated 64-GPU step reads a dozen such windows)."""
     if len(rows[0]) < VECTOR_FROM_RANKS:
         return [median(column) for column in zip(*rows)]
-    return cast(list[float], np.median(np.asarray(rows, dtype=np.float64), axis=0).tolist())
+    return cast(list[float], median_along(np.asarray(rows, dtype=np.float64), axis=0).tolist())
 
 
 @cache
@@ -89,11 +91,11 @@ def current_levels(rows: Sequence[Sequence[float]]) -> list[float]:
     values = np.asarray(rows, dtype=np.float64)
     first, second, gaps, to_last = _pairs(len(values))
     if len(first):
-        rates = np.median((values[second] - values[first]) / gaps, axis=0)
+        rates = median_along((values[second] - values[first]) / gaps, axis=0)
     else:
         rates = np.zeros(values.shape[1])
-    projected = np.median(values + rates * to_last, axis=0)
-    recent = np.median(values[-RECENT_STEPS:], axis=0)
+    projected = median_along(values + rates * to_last, axis=0)
+    recent = median_along(values[-RECENT_STEPS:], axis=0)
     return cast(list[float], np.where(recent < projected, recent, projected).tolist())
 
 

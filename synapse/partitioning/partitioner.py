@@ -35,7 +35,8 @@ nearly flat F (very unequal alphas with few micro-batches) can need 100+.
 
 The dynamic programs (`PartitionDP`): one stage after another over teacher and student
 prefixes, on the cost model's canonical stage times and memory, vectorised (index grids per
-stage, windows found by binary search, a sparse table for window minima); the search calls
+stage, windows whose start is read from the prefix sums and checked by the canonical stage time
+where it is in doubt, a sparse table for window minima); the search calls
 them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
 """
 from __future__ import annotations
@@ -79,6 +80,13 @@ class _StageGrid:
     # The parts of the stage time that do not depend on j0, set by PartitionDP for its cost model.
     teacher_work: np.ndarray
     comm: np.ndarray
+    student_end_work: np.ndarray  # SW[j1], shape (1, J)
+    j1_cells: np.ndarray  # j1 for every cell, shape (P, J)
+    work_scale_s: float  # the largest block work a stage time adds (profile seconds)
+    comm_max_s: float
+    threshold_base: np.ndarray  # SW[j1] + teacher work + (comm + fixed) / compute scale, shape (P, J)
+    scaled_teacher_work: np.ndarray  # compute scale * teacher work, shape (P, 1)
+    end_cost: np.ndarray  # what the min-sum DP adds per (end pair, j1): scale * SW[j1] + fixed + comm
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
         t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
@@ -106,9 +114,24 @@ class PartitionDP:
         self.model, self.solves = model, 0
         k, nt, ns = model.num_stages, model.num_teacher_blocks, model.num_student_blocks
         self.grids = [_StageGrid(r, k, nt, ns) for r in range(k)]
+        sw = model.student_work_prefix_s
         for stage, grid in enumerate(self.grids):  # parts of the stage time that do not depend on j0
             grid.teacher_work = model.teacher_work_s(grid.i0, grid.i1)
             grid.comm = model.comm_time_s(stage, grid.i1, grid.j1)
+            grid.student_end_work = sw[grid.j1]
+            grid.j1_cells = np.ascontiguousarray(np.broadcast_to(grid.j1, grid.comm.shape))
+            grid.work_scale_s = float(sw[-1] + np.max(grid.teacher_work))
+            grid.comm_max_s = float(np.max(grid.comm))
+            scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+            grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
+            grid.scaled_teacher_work = scale * grid.teacher_work
+            grid.end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
+        self._padded_student_work = np.concatenate(([-np.inf], sw, [np.inf]))
+        # an even grid of _BUCKETS_PER_BLOCK buckets per block over the prefix sums, and the cut each bucket starts at
+        edges = np.arange(_BUCKETS_PER_BLOCK * len(sw) + 1)
+        self._buckets_per_s = (len(edges) - 1) / sw[-1] if sw[-1] > 0 else 0.0
+        self._bucket_first_cut = np.searchsorted(sw, edges / self._buckets_per_s if sw[-1] > 0 else edges * 0.0)
+        self._bucket_first_sum = self._padded_student_work[self._bucket_first_cut + 1]
         self._memory_lo = [self._memory_window_start(r) for r in range(k)]
 
     def _memory_window_start(self, stage: int) -> np.ndarray:
@@ -186,24 +209,64 @@ class PartitionDP:
 
     def _advance_sum(self, stage: int, values: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         model, grid = self.model, self.grids[stage]
-        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
-        lo = self._memory_lo[stage]
-        sw = model.student_work_prefix_s
+        scale, lo, sw = model.compute_scale(stage), self._memory_lo[stage], model.student_work_prefix_s
         if math.isfinite(bound):
-            # Guess the first fast-enough j0 from the prefix sums, then let the canonical time decide.
-            budget = (bound - grid.comm - fixed) / scale - grid.teacher_work
-            guess = np.searchsorted(sw, (sw[grid.j1] - budget).ravel()).reshape(lo.shape)
-
-            def fast_enough(j0: np.ndarray) -> np.ndarray:
-                return _within(self._stage_time(stage, j0), bound, strict)
-
-            lo = _first_true_near(fast_enough, guess, lo, np.broadcast_to(grid.j1, lo.shape))
+            lo = self._first_fast_enough(stage, lo, bound, strict)
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)
         best_j0 = self._window_minima(stage, values - scale * sw[None, :]).query(lo, grid.j1 - 1)
-        per_end = np.minimum.reduceat(best_j0 + scale * grid.teacher_work, grid.group_starts, axis=0)
-        end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
-        return self._scatter(stage, per_end + end_cost, values)
+        best_j0 += grid.scaled_teacher_work
+        per_end = np.minimum.reduceat(best_j0, grid.group_starts, axis=0)
+        per_end += grid.end_cost
+        return self._scatter(stage, per_end, values)
+
+    def _first_fast_enough(self, stage: int, lo: np.ndarray, bound: float, strict: bool) -> np.ndarray:
+        """Per (pair, j1): the first j0 in [lo, j1 - 1] whose canonical stage time is within `bound`, or j1.
+
+        In exact arithmetic the stage time is within the bound iff SW[j0] >= threshold (the prefix sums
+        solved for the bound), so the first such j0 is where the threshold falls among the prefix sums.
+        The canonical time rounds, so that answer is taken only where the prefix sums on either side lie
+        clearly (a margin 1e6 times any rounding of these few operations) on their side of the threshold;
+        in the few cells where one does not (a bound equal to one of its stage times: the search asks
+        those), the canonical time decides. The stage time is non-increasing in j0 (the cost model's
+        promise), so the answer is the one a search of the canonical times from any start finds.
+        """
+        model, grid = self.model, self.grids[stage]
+        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+        # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
+        threshold = grid.threshold_base - bound / scale
+        guess = self._prefix_sums_below(threshold)
+        hi = grid.j1_cells
+        first: np.ndarray = np.minimum(np.maximum(guess, lo), hi)
+        # |every rounding| <= a few ulps of this scale (the terms' sizes, in profile seconds)
+        margin = 1e-9 * (grid.work_scale_s + (abs(bound) + grid.comm_max_s + abs(fixed)) / scale)
+        if not math.isfinite(margin):
+            unsure = np.arange(first.size)
+        else:
+            padded = self._padded_student_work  # padded[g + 1] = SW[g]: -inf before the first cut, inf after the last
+            fast = (guess >= hi) | (padded[1:].take(guess) - threshold > margin)
+            slow_before = (guess <= lo) | (threshold - padded.take(guess) > margin)
+            unsure = np.flatnonzero(~(fast & slow_before))
+        if unsure.size:
+            rows, cols = np.divmod(unsure, first.shape[1])
+            teacher_work, comm, j1 = grid.teacher_work[rows, 0], grid.comm[rows, cols], grid.j1[0, cols]
+
+            def fast_enough(j0: np.ndarray) -> np.ndarray:
+                times = model.combine_stage_time(stage, teacher_work, model.student_work_s(j0, j1), comm)
+                return _within(times, bound, strict)
+
+            np.put(first, unsure, _first_true_near(fast_enough, first.take(unsure), lo.take(unsure), j1))
+        return first
+
+    def _prefix_sums_below(self, threshold: np.ndarray) -> np.ndarray:
+        """How many student prefix sums lie below each threshold, right or off by one where two sums
+        share a bucket of a fine even grid (np.searchsorted exactly, but several times slower)."""
+        buckets = self._bucket_first_cut
+        scaled = threshold * self._buckets_per_s
+        bucket = np.clip(scaled, 0.0, len(buckets) - 1.0, out=scaled).astype(np.intp)
+        below: np.ndarray = buckets.take(bucket)  # the sums below the bucket's left edge
+        below += self._bucket_first_sum.take(bucket) < threshold  # and the first sum in it, if below too
+        return below
 
     def _backtrack(self, history: list[np.ndarray], bound: float, strict: bool) -> Solution:
         model = self.model
@@ -262,45 +325,63 @@ def _first_true_near(predicate: CutPredicate, guess: np.ndarray, lo: np.ndarray,
 
 
 @functools.cache
-def _floor_log2(n: int) -> np.ndarray:
-    """floor(log2(w)) for window widths w = 0..n (0 for w < 2), read-only: shared by every `_WindowMin` of width n."""
-    log2 = np.zeros(n + 1, dtype=np.intp)
-    log2[2:] = np.floor(np.log2(np.arange(2, n + 1))).astype(np.intp)
-    log2.setflags(write=False)
-    return log2
+def _window_offsets(n: int, level_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where a window of width w = 0..n reads its two covering entries in a `_WindowMin` table of rows of
+    length n (`level_size` entries a level): the left entry at left[w] + row * n + lo, the right one at
+    right[w] + row * n + hi, both in the table's all-inf last level for an empty window (w = 0). Read-only:
+    shared by every table of that shape. Also the number of levels (one per power of two up to n)."""
+    widths = np.arange(n + 1)
+    level = np.zeros(n + 1, dtype=np.intp)
+    level[2:] = np.floor(np.log2(widths[2:])).astype(np.intp)
+    levels = int(level[n]) + 1
+    left = level * level_size
+    right = left + 1 - (1 << level)
+    left[0] = right[0] = levels * level_size  # lo = hi + 1 for an empty window, so right[0] + hi = left[0] + lo - 1
+    right[0] += 1
+    for offsets in (left, right):
+        offsets.setflags(write=False)
+    return left, right, levels
 
 
 class _WindowMin:
     """min(rows[row, lo..hi]) elementwise (inclusive; inf where lo > hi) via a sparse table.
 
     Table level k holds minima of 2**k consecutive entries, so any window is
-    covered by two overlapping entries of one level.
+    covered by two overlapping entries of one level; a last level of inf answers
+    the empty windows, so a query is a few index sums and two reads.
     """
 
     def __init__(self, rows: np.ndarray, row: np.ndarray):
         n = rows.shape[1]
-        self.log2 = _floor_log2(n)
-        table = np.empty((int(self.log2[n]) + 1, *rows.shape))  # one level per power of two up to n
+        self.left_offset, self.right_offset, levels = _window_offsets(n, rows.size)
+        flat = np.empty((levels + 1) * rows.size + n)  # the inf level one row longer: lo = n reads it too
+        table = flat[: levels * rows.size].reshape(levels, *rows.shape)
         table[0] = rows
         width = 1
         for prev, nxt in zip(table[:-1], table[1:]):  # filled in place: the DPs build thousands of these
             np.minimum(prev[:, :-width], prev[:, width:], out=nxt[:, : n - width])
             nxt[:, n - width :] = prev[:, n - width :]
             width *= 2
-        self.table = table.reshape(-1)
+        flat[levels * rows.size :] = np.inf
+        self.table = flat
         self.row_offset = row * n  # flat offset of each query's row within a level
-        self.level_size, self.n = rows.size, n
 
     def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Needs 0 <= lo <= n and 0 <= hi < n (true for DP windows [lo, j1 - 1])."""
-        level = self.log2[np.maximum(hi - lo + 1, 1)]
-        base = level * self.level_size + self.row_offset
-        left = np.take(self.table, base + np.minimum(lo, self.n - 1))
-        right = np.take(self.table, base + (hi + 1 - (1 << level)))
-        return np.where(hi >= lo, np.minimum(left, right), np.inf)
+        """Needs 0 <= lo <= hi + 1 <= n (true for the DP windows [lo, j1 - 1])."""
+        width = hi + 1 - lo
+        left = self.left_offset.take(width)
+        left += self.row_offset
+        left += lo
+        right = self.right_offset.take(width)
+        right += self.row_offset
+        right += hi
+        minima: np.ndarray = self.table.take(left)
+        np.minimum(minima, self.table.take(right), out=minima)
+        return minima
 
 
 _REL_TOL = 1e-12
+_BUCKETS_PER_BLOCK = 64  # two prefix sums rarely share a bucket; a shared one costs a canonical check
 _GIB = float(1 << 30)
 
 

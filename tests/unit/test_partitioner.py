@@ -256,3 +256,51 @@ def test_eight_devices_on_the_shared_profiles(shared_profiles):
     assert sum(plan.teacher_counts) == 30 and sum(plan.student_counts) == 57 and min(plan.teacher_counts) >= 1
     model = CostModel(teacher, student, devices, StepSpec(16))
     assert plan.step_time_s <= model.evaluate(even_partition(30, 8), even_partition(57, 8)).step_time_s
+
+
+def test_window_minima_are_the_plain_minimum_of_every_window_empty_ones_included():
+    """The DPs' sparse table: every window [lo, hi] of every row, with ties, infinities and empty
+    windows (lo = hi + 1, up to lo = n), read as the plain minimum (inf where empty)."""
+    from synapse.partitioning.partitioner import _WindowMin
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 5, 8, 13, 58):
+        rows = np.round(rng.normal(size=(4, n)), 1)  # rounded: ties
+        rows[rng.random(rows.shape) < 0.2] = np.inf
+        lo, hi, row = (np.array([[x] for x in column]) for column in zip(*[
+            (a, b, r) for r in range(4) for a in range(n + 1) for b in range(a - 1, n)]))
+        expected = [np.min(rows[r, a : b + 1], initial=np.inf) for a, b, r in zip(lo[:, 0], hi[:, 0], row[:, 0])]
+        got = _WindowMin(rows, row).query(lo, hi)
+        assert got[:, 0].tolist() == expected, n
+
+
+@pytest.mark.parametrize("batch", range(4))
+def test_the_first_fast_enough_start_is_the_canonical_one_also_at_bounds_equal_to_stage_times(batch):
+    """The min-sum DP's windows start where the canonical stage time is first within the bound; they
+    are found from the prefix sums and checked by the canonical time only near the bound. Against the
+    plain binary search of the canonical time, with bounds equal to stage times of the grid (ties, as
+    the search asks), a hair either side of them, and random ones; strict and not."""
+    from synapse.partitioning.partitioner import PartitionDP, _first_true, _within
+
+    checked = 0
+    for seed in range(batch * 40, batch * 40 + 40):
+        model = random_case(seed)
+        try:
+            dp = PartitionDP(model)
+        except Exception:  # noqa: BLE001 (more stages than blocks: not a DP case)
+            continue
+        rng = np.random.default_rng(seed)
+        for stage, grid in enumerate(dp.grids):
+            lo, hi = dp._memory_lo[stage], grid.j1_cells
+            times = model.stage_time_s(stage, grid.i0, grid.i1, np.maximum(lo - 1, 0) + (lo < hi), grid.j1)
+            ties = rng.choice(times.ravel(), size=3)
+            for bound in (*ties, *np.nextafter(ties, np.inf), *np.nextafter(ties, -np.inf),
+                          *rng.uniform(0, 2 * float(times.max()), 2)):
+                for strict in (False, True):
+                    def within(j0, model=model, stage=stage, grid=grid, bound=bound, strict=strict):
+                        return _within(model.stage_time_s(stage, grid.i0, grid.i1, j0, grid.j1), bound, strict)
+
+                    expected = _first_true(within, lo, hi)
+                    assert np.array_equal(dp._first_fast_enough(stage, lo, float(bound), strict), expected), seed
+                    checked += 1
+    assert checked > 500

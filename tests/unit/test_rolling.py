@@ -28,7 +28,7 @@ from synapse.detection.baseline import (
     peer_ratio_rows,
     robust_sd,
 )
-from synapse.detection.rolling import SortedWindow, _kth_deviation, robust_sd_rows
+from synapse.detection.rolling import SortedWindow, _kth_deviation, median_along, robust_sd_rows
 from synapse.detection.waiting import peer_ratios
 from synapse.detection.window import VECTOR_FROM_RANKS, column_medians, current_levels
 
@@ -237,3 +237,18 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
     DIGESTS.write_text(json.dumps(replay_digests(), indent=1, sort_keys=True) + "\n")
 elif __name__ == "__main__":
     pytest.main([__file__])
+
+
+_MEDIAN_VALUES = st.one_of(st.sampled_from([0.0, -0.0, 1.0, -1.0, 0.5, math.inf, -math.inf, math.nan]),
+                           st.floats(allow_nan=False, allow_infinity=False, width=64))
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows=st.integers(1, 11), columns=st.integers(1, 20), axis=st.sampled_from([0, 1]),
+       values=st.lists(_MEDIAN_VALUES, min_size=11 * 20, max_size=11 * 20))
+def test_median_along_an_axis_is_numpys_median_bit_for_bit(rows, columns, axis, values):
+    """The detector's window medians: the same bits as np.median, signed zeros (its sum starts from
+    +0.0), ties, infinities and NaN included; odd and even counts."""
+    array = np.array(values[: rows * columns]).reshape(rows, columns)
+    with np.errstate(invalid="ignore"):
+        assert median_along(array, axis).tobytes() == np.median(array, axis=axis).tobytes()
