@@ -5,6 +5,7 @@ composed Hydra config; the run's summary and console; and the decider and agents
 from synapse.failover.controller import FailoverController
 from synapse.failover.decider import NodeDecider
 from synapse.failover.keeper import DeciderJob, DeciderLostError, keeps_the_decider, run_across_nodes
+from synapse.failover.live import LIVE_OUTCOMES, live_kinds, taken_live
 from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
@@ -32,8 +33,9 @@ from synapse.failover.summary import print_failover_story, write_experiment_summ
 from synapse.failover.supervisor import FailoverError
 
 __all__ = ["DeciderJob", "DeciderLostError", "ExitOrder", "FailoverController", "FailoverError",
-           "LaunchOrder", "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport",
+           "LIVE_OUTCOMES", "LaunchOrder", "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport",
            "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder", "Welcome",
            "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "keeps_the_decider", "read_segment_overrides", "read_segments", "run_across_nodes", "run_with_failover",
-           "supervised_console", "user_overrides", "write_experiment_summary", "write_segment"]
+           "keeps_the_decider", "live_kinds", "read_segment_overrides", "read_segments", "run_across_nodes",
+           "run_with_failover", "supervised_console", "taken_live", "user_overrides", "write_experiment_summary",
+           "write_segment"]

@@ -13,9 +13,9 @@ from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, resolve
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
 from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
+from synapse.failover.live import live_kinds
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.supervisor import Supervisor, first_segment
-from synapse.failover.watch import live_kinds
 from synapse.launch import launch_pipeline, launch_replica_groups
 from synapse.partitioning import Placement, StagePlanner
 from synapse.planning import RunPlan, configured_alphas

@@ -28,11 +28,12 @@ from synapse.config import FailoverConfig, TrainerConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from synapse.decision import Decision, NoViableOptionError, Option, OptionKind
 from synapse.failover.controller import FailoverController
+from synapse.failover.live import LIVE_OUTCOMES, live_kinds
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
 from synapse.failover.segments import ComposedSegment, Segment, SegmentComposer, pin_checkpoint, write_segment
 from synapse.failover.summary import write_experiment_summary
-from synapse.failover.watch import LaunchWatcher, live_kinds
+from synapse.failover.watch import LaunchWatcher
 from synapse.launch import InterruptToStop, RunInterrupted, WorkerFailure, failed_rank_tail, launch_pipeline
 from synapse.partitioning import Placement
 from synapse.pipeline import LaunchTask
@@ -54,10 +55,6 @@ RETRY = "retry"  # a restart on the same devices: a failure no device can be bla
 
 class FailoverError(RuntimeError):
     """The run cannot continue (no device left, restart budget spent); everything finished is saved."""
-
-
-# How a segment that the workers left live ends, by the action that ended it (``failover.watch.live_kinds``).
-LIVE_OUTCOMES = {"replan": "replanned live", "rebalance": "rebalanced live"}
 
 
 @dataclass

@@ -16,35 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from synapse.config import FailoverConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision, OptionKind
 from synapse.failover.controller import FailoverController
-from synapse.partitioning import Placement
-from synapse.pipeline import only_shares_change
+from synapse.failover.live import taken_live
 from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
-
-
-def live_kinds(failover: FailoverConfig) -> frozenset[OptionKind]:
-    """The actions the running workers take without a restart (``failover.replan_mode=live``), priced and
-    acted on alike: a REPLAN, and a REBALANCE of the replicas of one launch. Under torchft each replica is
-    a launch of its own whose share follows the quorum, so a REBALANCE there stays on the restart path."""
-    if failover.replan_mode != "live":
-        return frozenset()
-    if str(failover.replica_engine) == "torchft":
-        return frozenset({OptionKind.REPLAN})
-    return frozenset({OptionKind.REPLAN, OptionKind.REBALANCE})
-
-
-def changes_live(kind: OptionKind, running: Placement, chosen: Placement) -> bool:
-    """Whether the workers can move from ``running`` to ``chosen`` in place: a REPLAN moves blocks inside
-    one pipeline (a layout with replicas re-cuts through a restart); a REBALANCE changes nothing but the
-    replicas' shares of the global batch (same devices, cuts and process groups)."""
-    if kind is OptionKind.REPLAN:
-        return chosen.replicas == 1
-    if kind is OptionKind.REBALANCE:
-        return only_shares_change(running, chosen)
-    return False
 
 
 class LaunchWatcher(threading.Thread):
@@ -135,8 +111,7 @@ class LaunchWatcher(threading.Thread):
     def _act(self, decision: Decision) -> None:
         self.decision, self.decided_at = decision, time.time()
         chosen = decision.chosen
-        live = decision.action in self.live and changes_live(decision.action, self.controller.running_placement,
-                                                             chosen.placement)
+        live = taken_live(self.live, decision.action, self.controller.running_placement, chosen.placement)
         self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.segment,
                                       "live" if live else "restart", chosen.placement))
         if live:

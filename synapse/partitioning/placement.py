@@ -244,6 +244,11 @@ class Placement:
     def student_range(self, rank: int) -> range:
         return _range(self.replica_cut(self.replica_of(rank))[1], self.stage_of(rank))
 
+    def only_shares_differ(self, other: Placement) -> bool:
+        """Whether ``other`` is this layout of replicas with other shares of the global batch and nothing else
+        (the same devices, cuts and so process groups): a REBALANCE the running ranks can take in place."""
+        return other.replicas > 1 and replace(other, shares=self.shares) == self
+
     def same_split(self, other: Placement) -> bool:
         """Whether both cut the models the same way (devices aside)."""
         return (self.teacher_counts, self.student_counts, self.replica_stages) == (

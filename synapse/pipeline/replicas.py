@@ -149,12 +149,6 @@ class ReplicaMesh:
         return total.tolist()
 
 
-def only_shares_change(running: Placement, new: Placement) -> bool:
-    """Whether ``new`` is ``running`` with other shares of the global batch and nothing else (a REBALANCE of
-    replicas: the same devices, cuts and process groups), so the running ranks can take it in place."""
-    return new.replicas > 1 and dataclasses.replace(new, shares=running.shares) == running
-
-
 class ReplicaReduction(Protocol):
     """What the runtime asks of a rank's place among the replicas: ``ReplicaMesh`` (the run's groups, one
     launch) or ``synapse.pipeline.quorum.QuorumReplicas`` (torchft, a launch per replica)."""

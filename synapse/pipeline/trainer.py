@@ -60,7 +60,7 @@ from synapse.pipeline.quorum import (
     respawned,
 )
 from synapse.pipeline.repartition import exchange_blocks, payload_size_bytes, student_moves
-from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction, only_shares_change
+from synapse.pipeline.replicas import ReplicaMesh, ReplicaReduction
 from synapse.pipeline.runtime import PipelineRuntime, ProgressBoard, progress_path
 from synapse.rundir import (
     CHECKPOINTS,
@@ -276,7 +276,7 @@ class PipelineRunner:
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
             self.applied_requests.add(request.id)
-            change = self.reshare if only_shares_change(self.partition, request.placement) else self.repartition
+            change = self.reshare if self.partition.only_shares_differ(request.placement) else self.repartition
             if not change(request.placement):
                 # The restart path is the fallback: stop after this step with a checkpoint of the
                 # old placement; the supervisor relaunches on the new one (the decision stands).

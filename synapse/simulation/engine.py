@@ -11,9 +11,10 @@ already computes):
    records, drawn from the recorded streams with the noise;
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
    watcher thread feeds a real run's records;
-4. a decision is carried out as the supervisor does: a live REPLAN continues in place after the
-   live re-plan's measured cost, any other action stops with a checkpoint and restarts after the
-   restart path's measured cost (the controller's restart-cost model, i.e. the shipped priors);
+4. a decision is carried out as the supervisor does: what it takes live (``failover.live``: a REPLAN
+   of one pipeline, a REBALANCE of replicas) continues in place after the live path's measured cost,
+   any other action stops with a checkpoint and restarts after the restart path's measured cost
+   (the controller's restart-cost model, i.e. the shipped priors);
    a device that dies goes to ``on_hard_failure`` and the run resumes from its last checkpoint,
    redoing the steps since;
 5. what a real run does between steps is held on the clock after the step's record: a checkpoint
@@ -40,7 +41,15 @@ from typing import Any
 import numpy as np
 
 from synapse.decision import Decision, NoViableOptionError, OptionKind
-from synapse.failover import FailoverController, Restart, Segment, write_experiment_summary, write_segment
+from synapse.failover import (
+    LIVE_OUTCOMES,
+    FailoverController,
+    Restart,
+    Segment,
+    taken_live,
+    write_experiment_summary,
+    write_segment,
+)
 from synapse.partitioning import Placement, StagePlanner
 from synapse.rundir import PERFORMANCE, EventLog, JsonlWriter, events_path
 from synapse.simulation.faults import COMM, COMPUTE, DEATHS, NODE, DeviceFault
@@ -68,7 +77,7 @@ class SimulationSetup:
     checkpoint_hold_s: float = 0.0  # the loop held per checkpoint save (async: its stall; sync: the save)
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
-    live_replan: bool = True  # failover.replan_mode=live
+    live: frozenset[OptionKind] = frozenset({OptionKind.REPLAN})  # what the workers may take in place (live_kinds)
     # CPU ranks: a compute slowdown is the injector's host sleep, which frees the rank's core while it
     # sleeps (``SimulatedRun._planner_at``); on GPUs it is a spin kernel that holds the device
     sleeping_slowdowns: bool = False
@@ -346,7 +355,7 @@ class SimulatedRun:
     def _act(self, decision: Decision, step: int) -> int:
         """Carry out a non-KEEP decision taken after ``step``; returns the step the run continues after."""
         kind = decision.action
-        live = kind is OptionKind.REPLAN and self.setup.live_replan
+        live = taken_live(self.setup.live, kind, self.placement, decision.chosen.placement)
         path = "live" if live else "restart"
         if not live and sum(r.mode != "live" for r in self.restarts) >= self.setup.max_restarts:
             raise _RunEnds(f"{kind.value} decided at step {step} but failover.max_restarts={self.setup.max_restarts} "
@@ -358,7 +367,7 @@ class SimulatedRun:
                           trigger_step=step, resume_step=step, cause=decision.reason, decision=decision,
                           trigger="decision", mode="live" if live else "restart", last_step_time=self.clock,
                           components=components)
-        self._end_segment(step, "replanned live" if live else "stopped")
+        self._end_segment(step, LIVE_OUTCOMES[kind.value] if live else "stopped")
         if not live:
             self._last_checkpoint = step  # a stop on request checkpoints at the step it stops after
         self.clock += sum(components.values())

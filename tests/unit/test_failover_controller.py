@@ -492,7 +492,7 @@ def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_i
 
 def test_a_replan_of_replicas_is_priced_as_the_restart_it_takes_and_a_pipelines_as_live(planner):
     """With replan_mode=live a REPLAN of one pipeline moves blocks in place, but one of replicas re-cuts them
-    through a restart (failover.watch.changes_live): priced at the restart path, while a REBALANCE stays live."""
+    through a restart (failover.live.changes_live): priced at the restart path, while a REBALANCE stays live."""
     import dataclasses
 
     restart, live = RestartCost(checkpoint_save_s=5, launch_s=20), RestartCost(launch_s=0.3)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from synapse.config import FailoverConfig, ReplanMode, TrainerConfig
 from synapse.config.schema import ReplicaEngine
 from synapse.decision import OptionKind
+from synapse.failover.live import changes_live, live_kinds
 from synapse.failover.run import restart_cost_model
-from synapse.failover.watch import changes_live, live_kinds
 from synapse.partitioning import Placement
-from synapse.pipeline import only_shares_change
 
 TWO_BY_ONE = Placement((0, 1), (11,), (10,), replicas=2, shares=(16, 16))
 
@@ -24,10 +23,10 @@ def test_live_mode_takes_replan_and_rebalance_live_restart_mode_neither_torchft_
 
 
 def test_a_rebalance_is_live_only_when_nothing_but_the_shares_change():
-    assert only_shares_change(TWO_BY_ONE, TWO_BY_ONE.with_shares((28, 4)))
+    assert TWO_BY_ONE.only_shares_differ(TWO_BY_ONE.with_shares((28, 4)))
     assert changes_live(OptionKind.REBALANCE, TWO_BY_ONE, TWO_BY_ONE.with_shares((28, 4)))
     moved = Placement((0, 2), (11,), (10,), replicas=2, shares=(28, 4))  # another device: a relaunch
-    assert not only_shares_change(TWO_BY_ONE, moved)
+    assert not TWO_BY_ONE.only_shares_differ(moved)
     assert not changes_live(OptionKind.REBALANCE, TWO_BY_ONE, moved)
     one_pipeline = Placement((0, 1), (6, 5), (5, 5))
     assert changes_live(OptionKind.REPLAN, one_pipeline, Placement((0, 1), (5, 6), (4, 6)))

@@ -243,3 +243,19 @@ def test_a_slow_link_under_data_parallelism_slows_every_step_by_its_all_reduce(t
     assert len(before) == 1 and len(after) == 1, "no noise: one step time before the fault and one after"
     # ResNet-152's 233 MB of gradients in a ring of 4 at 100 GB/s: 3.5 ms, at 2 GB/s 175 ms
     assert after.pop() - before.pop() == pytest.approx(49 * 1.5 * 227924.640625 * 1024 / 100e9, rel=1e-3)
+
+
+def test_a_rebalance_of_replicas_is_simulated_live_and_a_replan_of_replicas_as_a_restart(tmp_path):
+    """The simulator carries a decision out as the supervisor does (``failover.live``): a REBALANCE of
+    replicas in place, a REPLAN of replicas (a re-cut) through a restart, as the controller prices them."""
+    slow = "injection.faults=[{kind:slow_compute,rank:3,start:100,factor:4}]"
+    simulate(tmp_path / "rebalance", "trainer.replicas=4", "partition=even", "pipeline.microbatches=1",
+             "policy=rebalance", slow)
+    firsts = read_events(tmp_path / "rebalance", "first_step_after_restart")
+    assert firsts and firsts[0]["action"] == "rebalance" and firsts[0]["mode"] == "live"
+    summary = json.loads(EXPERIMENT_SUMMARY.path(tmp_path / "rebalance").read_text())
+    assert summary["segments"][0]["outcome"] == "rebalanced live"
+    simulate(tmp_path / "replan", "trainer.replicas=2", "partition=even", "pipeline.microbatches=2",
+             "policy=replan", slow)
+    firsts = read_events(tmp_path / "replan", "first_step_after_restart")
+    assert firsts and firsts[0]["action"] == "replan" and firsts[0]["mode"] == "restart"
