@@ -317,39 +317,35 @@ class StagePlanner:
         the pace of its slowest link, so a group's transfer takes its slowest member's beta."""
         if placement.replicas == 1:
             return 0.0
-        slow = tuple(sorted((d, float(b)) for d, b in (betas or {}).items() if float(b) != 1.0))
-        return self._allreduce_of_cut(placement.devices, placement.teacher_counts, placement.student_counts,
-                                      placement.replicas, placement.replica_stages, slow)
+        rings = self._allreduce_rings(placement.devices, placement.teacher_counts, placement.student_counts,
+                                      placement.replicas, placement.replica_stages)
+        slow = {d: float(b) for d, b in (betas or {}).items() if float(b) != 1.0 and d in placement.devices}
+        if not slow:  # the common case, asked for every option every step: kept per cut
+            return self._allreduce_at_full_speed(rings)
+        return _slowest_rank_s(rings, slow)
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a REBALANCE's trials and a decision's
-    def _allreduce_of_cut(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...],  # options repeat cuts
-                          student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...],
-                          slow_links: tuple[tuple[int, float], ...] = ()) -> float:
-        """``allreduce_s`` of a placement's devices and cut (shares do not enter) at the links' betas
-        other than 1: the student groups of a 64-rank layout take thousands of Python steps to find, and
-        the controller asks every option every step."""
+    def _allreduce_rings(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...],  # options repeat cuts
+                         student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...]
+                         ) -> tuple[_Ring, ...]:
+        """The rings of a placement's devices and cut (shares and factors do not enter): the student groups
+        of a 64-rank layout take thousands of Python steps to find."""
         placement = Placement(devices, teacher_counts, student_counts, replicas, (), replica_stages)
-        betas = dict(slow_links)
-        groups = tuple((tuple(placement.devices[r] for r in owners), (blocks.start, blocks.stop),
-                        max((betas.get(placement.devices[r], 1.0) for r in owners), default=1.0))
-                       for owners, blocks in placement.student_groups())
-        return self._allreduce_s(groups)
-
-    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
-    def _allreduce_s(self, groups: tuple[tuple[tuple[int, ...], tuple[int, int], float], ...]) -> float:
-        """Each group: its devices, its student blocks and its slowest link's beta."""
         grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
-        by_device: dict[int, float] = {}
-        for devices, (start, stop), beta in groups:
-            crosses = len({self.facts.node_of(d) for d in devices}) > 1
+        rings = []
+        for owners, blocks in placement.student_groups():
+            members = tuple(placement.devices[r] for r in owners)
+            crosses = len({self.facts.node_of(d) for d in members}) > 1
             bandwidth = (min(self.facts.link_bandwidth_bytes_per_s, self.facts.cross_node_bandwidth_bytes_per_s)
                          if crosses else self.facts.link_bandwidth_bytes_per_s)
             latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
                 else self.facts.link_latency_s
-            seconds = ring_allreduce_s(float(grad_bytes[start:stop].sum()), len(devices), bandwidth / beta, latency)
-            for device in devices:
-                by_device[device] = by_device.get(device, 0.0) + seconds
-        return max(by_device.values(), default=0.0)
+            rings.append(_Ring(members, float(grad_bytes[blocks.start:blocks.stop].sum()), bandwidth, latency))
+        return tuple(rings)
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
+    def _allreduce_at_full_speed(self, rings: tuple[_Ring, ...]) -> float:
+        return _slowest_rank_s(rings, {})
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
@@ -367,6 +363,31 @@ class StagePlanner:
                      ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
         plan = plan_with_cost_model(self.cost_model(devices, alphas, dict(betas)))
         return plan.teacher_counts, plan.student_counts, plan.step_time_s
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """One group's all-reduce of a cut: its devices, the bytes of the student blocks they share, and the
+    link it runs over (between nodes when its devices are on several)."""
+
+    devices: tuple[int, ...]
+    nbytes: float
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def seconds(self, beta: float = 1.0) -> float:
+        return ring_allreduce_s(self.nbytes, len(self.devices), self.bandwidth_bytes_per_s / beta, self.latency_s)
+
+
+def _slowest_rank_s(rings: Sequence[_Ring], betas: Mapping[int, float]) -> float:
+    """The step's wait for its all-reduces: the rings reduce at once, a device in several one after the
+    other; each ring at its slowest member's beta."""
+    by_device: dict[int, float] = {}
+    for ring in rings:
+        seconds = ring.seconds(max((betas.get(d, 1.0) for d in ring.devices), default=1.0) if betas else 1.0)
+        for device in ring.devices:
+            by_device[device] = by_device.get(device, 0.0) + seconds
+    return max(by_device.values(), default=0.0)
 
 
 def _ratios(after: np.ndarray, before: np.ndarray, scale: float) -> np.ndarray:
