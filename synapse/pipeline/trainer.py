@@ -121,7 +121,7 @@ class PipelineRunner:
     segment: int = 0  # which segment of the run this is (segments/<n>/); a live re-partition starts the next
     log: Callable[[str], None] = print
     stop_requested: bool = False
-    live_request: StopRequest | None = None  # a live REPLAN to apply after this step
+    live_request: StopRequest | None = None  # a live REPLAN or REBALANCE to apply after this step
     applied_requests: set = field(default_factory=set)
     step: int = 0  # the last step run (for the events of a re-partition)
     # The per-step exchange's group: gloo, so that gathering a few Python objects neither

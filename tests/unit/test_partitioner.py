@@ -285,10 +285,7 @@ def test_the_first_fast_enough_start_is_the_canonical_one_also_at_bounds_equal_t
     checked = 0
     for seed in range(batch * 40, batch * 40 + 40):
         model = random_case(seed)
-        try:
-            dp = PartitionDP(model)
-        except Exception:  # noqa: BLE001 (more stages than blocks: not a DP case)
-            continue
+        dp = PartitionDP(model)  # random_case gives every stage a block: any error here is the DP's
         rng = np.random.default_rng(seed)
         for stage, grid in enumerate(dp.grids):
             lo, hi = dp._memory_lo[stage], grid.j1_cells
