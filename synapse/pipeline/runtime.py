@@ -201,7 +201,9 @@ class PipelineRuntime:
             module.graphs = StageGraphs(module, slots_for(schedule, microbatches, stage, num_stages))
         self._schedule_name = schedule
         self.stage, self.schedule = self._training_pipeline()
-        self._pipelines: dict[int, tuple[TimedPipelineStage, Any]] = {}  # by a step's images (use_share)
+        # the images a step of that stage takes (None until a share is first given: torchft's quorum cuts it)
+        self._stage_images = len(replicas.share) if replicas is not None and replicas.share is not None else None
+        self._pipelines: dict[int, tuple[TimedPipelineStage, Any]] = {}  # the other sizes' stages (use_share)
         # Evaluation gets its own stage and a loss-free GPipe schedule: forward only on every
         # torch version, without disturbing the training schedule's state.
         self._eval_stage = self._new_stage()
@@ -210,12 +212,15 @@ class PipelineRuntime:
         self.last_timing: dict[str, float] | None = None  # the clock's latest report (StageClock.end_step)
 
     def reshare(self, replicas: ReplicaReduction) -> None:
-        """A live REBALANCE: from the next step this rank's replica trains on another share of the batch, in
-        micro-batches of another size, whose shapes a pipeline stage learns only at its first step: the
-        training stage and schedule are made anew (module, hooks, clock, optimizer and schedule state stay;
-        every rank of the replica does this at the same step boundary)."""
+        """A live REBALANCE: from the next step this rank's replica trains on another share of the batch
+        (``use_share``), with another gradient weight (``replicas``). Graph captures of the old shapes are
+        freed, as a live REPLAN frees them: a slot holds a few shapes, and a run may rebalance more often."""
+        if replicas.share is None:
+            raise ValueError("a live rebalance gives every replica a fixed share of the batch")
         self.replicas = replicas
-        self.stage, self.schedule = self._training_pipeline()
+        if self.module.graphs is not None:
+            self.module.graphs = StageGraphs(self.module, len(self.module.graphs.slots))
+        self.use_share(len(replicas.share))
 
     @property
     def is_first(self) -> bool:
@@ -274,16 +279,18 @@ class PipelineRuntime:
                                                      scale_grads=True)
 
     def use_share(self, images: int) -> None:
-        """The next step trains on ``images`` images (under torchft the quorum cuts each step's batch anew).
-        A pipelining stage keeps the micro-batch shapes of its first step (its receive buffers: a survivor's
-        doubled share met them as gloo's "Received data size doesn't match expected size" and aborted), so
-        each share size gets a stage and schedule of its own, made on the step it first comes (every stage
-        of a replica is in the same quorum, so all meet a new size on the same step)."""
-        if not self._pipelines:
-            self._pipelines[images] = (self.stage, self.schedule)
-        if images not in self._pipelines:
-            self._pipelines[images] = self._training_pipeline()
-        self.stage, self.schedule = self._pipelines[images]
+        """The next step trains on ``images`` images: under torchft the quorum cuts each step's batch anew, a
+        live REBALANCE changes a replica's share. A pipelining stage keeps the micro-batch shapes of its first
+        step (its receive buffers: a survivor's doubled share met them as gloo's "Received data size doesn't
+        match expected size" and aborted), so each share size gets a stage and schedule of its own, made on
+        the step it first comes and kept (every stage of a replica meets a new size on the same step)."""
+        if self._stage_images in (None, images):
+            self._stage_images = images
+            return
+        self._pipelines[self._stage_images] = (self.stage, self.schedule)
+        kept = self._pipelines.pop(images, None)
+        self.stage, self.schedule = kept if kept is not None else self._training_pipeline()
+        self._stage_images = images
 
     def train_step(self, images: torch.Tensor | None, labels: torch.Tensor | None, step: int) -> torch.Tensor | None:
         """Optimizer step ``step`` (1-based); returns the mean micro-batch loss on the last rank (detached).
