@@ -173,24 +173,54 @@ class StagePlanner:
     def layout_cost(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
         """Every rank's and the step's predicted time on ``placement`` (R = 1: one pipeline, as ``predict``).
 
-        ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's). All replicas are
-        priced at once from terms kept per devices and cut (``partitioning.pipelines``), with the same
-        numbers as ``layout_cost_by_replica``; factors the cost model refuses take that path, for its error."""
-        grids = self._factor_grids(placement, alphas, betas) if placement.cut_alike else None
-        if grids is None:  # replicas cut differently are priced pipeline by pipeline
+        ``alphas``: by device id, or aligned with ``placement.devices`` (every rank's). The replicas cut
+        alike (all of an R x K mesh; all but the re-cut ones of a SHRINK's layout) are priced at once from
+        terms kept per devices and cut (``partitioning.pipelines``), with the same numbers as
+        ``layout_cost_by_replica``; factors the cost model refuses take that path, for its error."""
+        by_rank = self._factor_rows(placement, alphas, betas)
+        if by_rank is None:
             return self.layout_cost_by_replica(placement, alphas, betas)
-        alpha_grid, beta_grid = grids
-        key = (placement.devices, placement.teacher_counts, placement.student_counts, placement.replicas)
+        alpha_of_rank, beta_of_rank = by_rank
+        scales = self.share_scales(placement)
+        if placement.cut_alike:  # one group: the (R, K) grids are the ranks in order
+            grid = (placement.replicas, placement.num_stages)
+            key = (placement.devices, placement.teacher_counts, placement.student_counts, placement.replicas)
+            compute_s, comm_s, transfer_s, step_s = self._cut_alike_cost(
+                key, np.array(alpha_of_rank).reshape(grid), np.array(beta_of_rank).reshape(grid), scales)
+            return LayoutCost(tuple(compute_s.ravel().tolist()), tuple(comm_s.ravel().tolist()),
+                              tuple(transfer_s.ravel().tolist()), tuple(step_s.tolist()),
+                              self.allreduce_s(placement, betas))
+        compute: list[float] = [0.0] * placement.world_size
+        comm, transfer, replica_steps = list(compute), list(compute), [0.0] * placement.replicas
+        for cut, replicas in _replicas_by_cut(placement).items():
+            ranks = [placement.replica_ranks(r) for r in replicas]
+            devices = tuple(d for r in ranks for d in placement.devices[r.start:r.stop])
+            grid = (len(replicas), len(cut[0]))
+            alpha_grid = np.array([alpha_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
+            beta_grid = np.array([beta_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
+            priced = self._cut_alike_cost((devices, *cut, len(replicas)), alpha_grid, beta_grid,
+                                          [scales[r] for r in replicas])
+            for replica, rank_range, *rows in zip(replicas, ranks, *priced):
+                compute[rank_range.start:rank_range.stop] = rows[0].tolist()
+                comm[rank_range.start:rank_range.stop] = rows[1].tolist()
+                transfer[rank_range.start:rank_range.stop] = rows[2].tolist()
+                replica_steps[replica] = float(rows[3])
+        return LayoutCost(tuple(compute), tuple(comm), tuple(transfer), tuple(replica_steps),
+                          self.allreduce_s(placement, betas))
+
+    def _cut_alike_cost(self, key: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int],
+                        alpha_grid: np.ndarray, beta_grid: np.ndarray, scales: Sequence[float]
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Replicas cut alike (``key``: their devices, the one cut, how many) at their (R, K) factors and
+        shares: per rank (R, K) compute, comm and bytes-alone link time in a step, per replica its step."""
         cost = self._pipelines(*key).price(alpha_grid, beta_grid)
         own = self._bytes_only._pipelines(*key).link_s(beta_grid)
-        scales = self.share_scales(placement)
         compute_scales, comm_scales, step_scales = self._share_responses(key, alpha_grid, beta_grid, scales)
         m = self.step.microbatches
         by_replica = np.array(scales)[:, None]
-        return LayoutCost(tuple((compute_scales * m * cost.compute_s).ravel().tolist()),
-                          tuple((comm_scales * m * cost.comm_s).ravel().tolist()),
-                          tuple((by_replica * m * own).ravel().tolist()),  # bytes: exactly in proportion to the images
-                          tuple((step_scales * cost.step_s).tolist()), self.allreduce_s(placement, betas))
+        return (compute_scales * m * cost.compute_s, comm_scales * m * cost.comm_s,
+                by_replica * m * own,  # bytes: exactly in proportion to the images
+                step_scales * cost.step_s)
 
     def layout_cost_by_replica(self, placement: Placement, alphas: Alphas = None, betas: Betas = None) -> LayoutCost:
         """``layout_cost`` the plain way: a cost model per replica's pipeline (``predict``). The reference
@@ -221,11 +251,11 @@ class StagePlanner:
         return LayoutCost(tuple(compute), tuple(comm), tuple(transfer), tuple(replica_steps),
                           self.allreduce_s(placement, betas))
 
-    def _factor_grids(self, placement: Placement, alphas: Alphas, betas: Betas
-                      ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every rank's alpha and beta as (R, K) arrays, read as ``specs`` reads them; None when one is
-        not finite and positive (the cost model's error is then raised by the plain path) or an aligned
-        sequence does not give every rank one."""
+    def _factor_rows(self, placement: Placement, alphas: Alphas, betas: Betas
+                     ) -> tuple[list[float], list[float]] | None:
+        """Every rank's alpha and beta, read as ``specs`` reads them; None when one is not finite and
+        positive (the cost model's error is then raised by the plain path) or an aligned sequence does
+        not give every rank one."""
         devices = placement.devices
         if alphas is None or isinstance(alphas, Mapping):
             by_rank = [float((alphas or {}).get(d, 1.0)) for d in devices]
@@ -233,13 +263,11 @@ class StagePlanner:
             by_rank = [float(a) for a in alphas]
             if len(by_rank) != len(devices):
                 return None
-        shape = (placement.replicas, placement.num_stages)
-        alpha_grid = np.array(by_rank).reshape(shape)
-        beta_grid = np.array([float((betas or {}).get(d, 1.0)) for d in devices]).reshape(shape)
-        for grid in (alpha_grid, beta_grid):
-            if not bool(np.all(np.isfinite(grid) & (grid > 0))):
+        beta_by_rank = [float((betas or {}).get(d, 1.0)) for d in devices]
+        for factors in (by_rank, beta_by_rank):
+            if not all(math.isfinite(f) and f > 0 for f in factors):
                 return None
-        return alpha_grid, beta_grid
+        return by_rank, beta_by_rank
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a run meets a few placements, a REBALANCE many shares
     def _pipelines(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...], student_counts: tuple[int, ...],
@@ -407,3 +435,11 @@ def _ratio(after: float, before: float, scale: float) -> float:
     if before <= 0:
         return scale
     return min(max(after / before, min(scale, 1.0)), max(scale, 1.0))
+
+
+def _replicas_by_cut(placement: Placement) -> dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]]:
+    """The replicas of each (teacher, student) cut, in replica order: one group for an R x K mesh."""
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for replica in range(placement.replicas):
+        groups.setdefault(placement.replica_cut(replica), []).append(replica)
+    return groups

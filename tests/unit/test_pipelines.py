@@ -1,5 +1,6 @@
 """All replicas of a layout priced at once (``StagePlanner.layout_cost``, ``partitioning.pipelines``) give
-exactly the numbers of a cost model per replica (``layout_cost_by_replica``): on random layouts, cuts,
+exactly the numbers of a cost model per replica (``layout_cost_by_replica``): on random layouts (some
+replicas re-cut on fewer devices, as a SHRINK does: those cut alike priced together), cuts,
 shares, devices across nodes, schedules, CPU terms and factors, with and without profiles at several
 micro-batch sizes. Pure: plain numbers, no torch."""
 from __future__ import annotations
@@ -78,6 +79,12 @@ def priced_layouts(draw):
     shares = draw(st.one_of(st.just(()), st.lists(st.integers(1, 64), min_size=replicas, max_size=replicas)))
     placement = Placement(tuple(devices), cuts(draw, teacher_blocks, stages), cuts(draw, student_blocks, stages),
                           replicas, tuple(shares))
+    for replica in draw(st.lists(st.integers(0, replicas - 1), unique=True)):  # re-cut on fewer devices, as SHRINK
+        kept = draw(st.integers(1, stages))
+        placement = placement.with_replica(replica, Placement(placement.replica_devices(replica)[:kept],
+                                                              cuts(draw, teacher_blocks, kept),
+                                                              cuts(draw, student_blocks, kept)))
+    devices = list(placement.devices)
     some = st.lists(st.sampled_from([*devices, 99]), unique=True)  # 99: a spare, not in the placement
     alphas = draw(st.one_of(st.none(), some.flatmap(lambda ds: st.fixed_dictionaries({d: positive for d in ds})),
                             st.lists(positive, min_size=len(devices), max_size=len(devices))))
