@@ -186,7 +186,7 @@ class StagePlanner:
             grid = (placement.replicas, placement.num_stages)
             key = (placement.devices, placement.teacher_counts, placement.student_counts, placement.replicas)
             compute_s, comm_s, transfer_s, step_s = self._cut_alike_cost(
-                key, np.array(alpha_of_rank).reshape(grid), np.array(beta_of_rank).reshape(grid), scales)
+                key, alpha_of_rank.reshape(grid), beta_of_rank.reshape(grid), scales)
             return LayoutCost(tuple(compute_s.ravel().tolist()), tuple(comm_s.ravel().tolist()),
                               tuple(transfer_s.ravel().tolist()), tuple(step_s.tolist()),
                               self.allreduce_s(placement, betas))
@@ -196,8 +196,8 @@ class StagePlanner:
             ranks = [placement.replica_ranks(r) for r in replicas]
             devices = tuple(d for r in ranks for d in placement.devices[r.start:r.stop])
             grid = (len(replicas), len(cut[0]))
-            alpha_grid = np.array([alpha_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
-            beta_grid = np.array([beta_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
+            alpha_grid = np.concatenate([alpha_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
+            beta_grid = np.concatenate([beta_of_rank[r.start:r.stop] for r in ranks]).reshape(grid)
             priced = self._cut_alike_cost((devices, *cut, len(replicas)), alpha_grid, beta_grid,
                                           [scales[r] for r in replicas])
             for replica, rank_range, *rows in zip(replicas, ranks, *priced):
@@ -252,10 +252,10 @@ class StagePlanner:
                           self.allreduce_s(placement, betas))
 
     def _factor_rows(self, placement: Placement, alphas: Alphas, betas: Betas
-                     ) -> tuple[list[float], list[float]] | None:
-        """Every rank's alpha and beta, read as ``specs`` reads them; None when one is not finite and
-        positive (the cost model's error is then raised by the plain path) or an aligned sequence does
-        not give every rank one."""
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every rank's alpha and beta (arrays, an entry a rank), read as ``specs`` reads them; None when
+        one is not finite and positive (the cost model's error is then raised by the plain path) or an
+        aligned sequence does not give every rank one."""
         devices = placement.devices
         if alphas is None or isinstance(alphas, Mapping):
             by_rank = [float((alphas or {}).get(d, 1.0)) for d in devices]
@@ -263,11 +263,10 @@ class StagePlanner:
             by_rank = [float(a) for a in alphas]
             if len(by_rank) != len(devices):
                 return None
-        beta_by_rank = [float((betas or {}).get(d, 1.0)) for d in devices]
-        for factors in (by_rank, beta_by_rank):
-            if not all(math.isfinite(f) and f > 0 for f in factors):
-                return None
-        return by_rank, beta_by_rank
+        factors = np.array([by_rank, [float((betas or {}).get(d, 1.0)) for d in devices]])
+        if not bool(np.all(np.isfinite(factors) & (factors > 0))):
+            return None
+        return factors[0], factors[1]
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a run meets a few placements, a REBALANCE many shares
     def _pipelines(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...], student_counts: tuple[int, ...],
