@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass, replace
 from statistics import median
 
+import numpy as np
 import pytest
 
 from synapse.detection import (
@@ -117,12 +118,22 @@ def test_step_timing_round_trips_through_json_lines_and_files(tmp_path):
     (dict(comm_s=(0.1,)), "compute_s has 2 ranks but comm_s has 1"),
     (dict(compute_s=(), comm_s=()), "compute_s is empty"),
     (dict(compute_s="0.1"), "compute_s"),
+    (dict(compute_s=(0.1, math.nan)), "compute_s[1]"),  # plain floats all: still each one checked
+    (dict(send_s=(0.1, -math.inf)), "send_s[1]"),
+    (dict(comm_s=(0.1, True)), "comm_s[1]=True"),
 ])
 def test_step_timing_rejects_bad_values_naming_them(kwargs, needle):
     fields = dict(step=1, wall_time=10.0, step_seconds=1.0, compute_s=(0.5, 0.5), comm_s=(0.1, 0.1))
     with pytest.raises(TimingRecordError) as error:
         StepTiming(**{**fields, **kwargs})
     assert needle in str(error.value)
+
+
+def test_step_timing_keeps_plain_floats_and_converts_other_numbers():
+    timing = StepTiming(1, 10.0, 1.0, [0.5, -0.0, 2.0], (np.float64(0.25), 1, 0.0))
+    assert timing.compute_s == (0.5, -0.0, 2.0) and math.copysign(1.0, timing.compute_s[1]) == -1.0
+    assert timing.comm_s == (0.25, 1.0, 0.0)
+    assert all(type(value) is float for value in (*timing.compute_s, *timing.comm_s))
 
 
 def test_step_timing_from_dict_and_files_name_what_is_wrong(tmp_path):
