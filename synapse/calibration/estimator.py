@@ -301,6 +301,9 @@ def _check_seconds(name: str, values: Sequence[float], expected: int) -> list[fl
     values = list(values)
     if len(values) != expected:
         raise EstimatorInputError(f"{name} has {len(values)} entries; give one per rank ({expected}, as in devices)")
+    # plain finite floats >= 0 (what every step gives) pass in one C-level check, the rest value by value
+    if set(map(type, values)) == {float} and all(map(math.isfinite, values)) and min(values) >= 0:
+        return values
     for rank, value in enumerate(values):
         if not (_is_number(value) and value >= 0):
             raise EstimatorInputError(f"{name}[{rank}]={value!r} must be a finite number of seconds >= 0")

@@ -238,6 +238,8 @@ def test_config_rejects_out_of_range_values_naming_them(kwargs, needle):
     (dict(measured_compute_s=[0.1]), "measured_compute_s has 1 entries"),
     (dict(measured_comm_s=[0.1, -0.1]), "measured_comm_s[1]=-0.1"),
     (dict(predicted_compute_s=[0.1, math.nan]), "predicted_compute_s[1]=nan"),
+    (dict(measured_compute_s=[0.1, math.inf]), "measured_compute_s[1]=inf"),  # plain floats: still checked
+    (dict(predicted_comm_s=[0.1, True]), "predicted_comm_s[1]=True"),
 ])
 def test_update_rejects_bad_input_naming_it(kwargs, needle):
     good = dict(devices=[0, 1], measured_compute_s=[0.1, 0.1], measured_comm_s=[0.1, 0.1],
