@@ -405,6 +405,7 @@ def validate(cfg: DictConfig) -> None:
     validate_cache_dir(cfg)
     validate_block_counts(cfg)
     validate_single_sample_batch_norm(cfg)
+    validate_microbatches_fill_the_pipeline(cfg)
     validate_weight_files(cfg)
     validate_resume(cfg)
 
@@ -628,8 +629,6 @@ def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
     k = ranks // replicas if replicas else ranks
     positive("partition.profile_warmup", part.profile_warmup, allow_zero=True)
     positive("partition.profile_repeats", part.profile_repeats)
-    if replicas is not None:  # trainer.replicas=auto: the planner chooses K with the micro-batches
-        _check_microbatches_fill_the_pipeline(cfg, max(part.replica_stages) if part.replica_stages else k)
     if part.node_link_bandwidth_gbps is not None:
         positive("partition.node_link_bandwidth_gbps", part.node_link_bandwidth_gbps)
     if part.link_bandwidth_gbps is not None:
@@ -659,15 +658,21 @@ def _validate_partition(cfg: DictConfig, ranks: int | None = None) -> None:
                  "make each count >= 1")
 
 
-def _check_microbatches_fill_the_pipeline(cfg: DictConfig, stages: int) -> None:
+def validate_microbatches_fill_the_pipeline(cfg: DictConfig) -> None:
     """torch's 1F1B schedule refuses fewer micro-batches than stages, in every worker once they have started
     ("Number of microbatches (2) must be >= the number of stages (3)"): said here instead, before any work.
-    (mode=simulate prices such a schedule as given: a what-if, no worker runs it.)"""
+    After the checks of blocks per stage and of one-sample micro-batches, whose fixes come first. Not for
+    trainer.replicas=auto (the planner chooses K with the micro-batches), a node other than node 0 (its
+    layout is the decider's), or mode=simulate (a what-if prices the schedule as given: no worker runs it)."""
     m = cfg.pipeline.microbatches
-    if cfg.mode != "kd" or m == "auto" or str(cfg.pipeline.schedule) != "1f1b" or m >= stages:
+    if cfg.mode != "kd" or m == "auto" or str(cfg.pipeline.schedule) != "1f1b" or int(cfg.trainer.node_rank) != 0:
         return
-    fail("pipeline.microbatches", f"{m} micro-batches for pipelines of {stages} stages: the 1F1B schedule needs at "
-         "least one micro-batch per stage", f"use pipeline.microbatches={stages} or more (a divisor of "
+    stages = replica_stage_counts(cfg)
+    if stages is None or m >= max(stages):
+        return
+    k = max(stages)
+    fail("pipeline.microbatches", f"{m} micro-batches for pipelines of {k} stages: the 1F1B schedule needs at "
+         "least one micro-batch per stage", f"use pipeline.microbatches={k} or more (a divisor of "
          f"data.batch_size={cfg.data.batch_size}), pipeline.microbatches=auto, or pipeline.schedule=gpipe")
 
 
