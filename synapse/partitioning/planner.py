@@ -344,19 +344,19 @@ class StagePlanner:
         the pace of its slowest link, so a group's transfer takes its slowest member's beta."""
         if placement.replicas == 1:
             return 0.0
-        rings = self._allreduce_rings(placement.devices, placement.teacher_counts, placement.student_counts,
-                                      placement.replicas, placement.replica_stages)
-        slow = {d: float(b) for d, b in (betas or {}).items() if float(b) != 1.0 and d in placement.devices}
-        if not slow:  # the common case, asked for every option every step: kept per cut
-            return self._allreduce_at_full_speed(rings)
-        return _slowest_rank_s(rings, slow)
+        rings, full_speed_s = self._allreduce_rings(placement.devices, placement.teacher_counts,
+                                                    placement.student_counts, placement.replicas,
+                                                    placement.replica_stages)
+        slow = {d: float(b) for d, b in (betas or {}).items() if float(b) != 1.0}
+        return _slowest_rank_s(rings, slow) if slow else full_speed_s
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; a REBALANCE's trials and a decision's
     def _allreduce_rings(self, devices: tuple[int, ...], teacher_counts: tuple[int, ...],  # options repeat cuts
                          student_counts: tuple[int, ...], replicas: int, replica_stages: tuple[int, ...]
-                         ) -> tuple[_Ring, ...]:
-        """The rings of a placement's devices and cut (shares and factors do not enter): the student groups
-        of a 64-rank layout take thousands of Python steps to find."""
+                         ) -> tuple[tuple[_Ring, ...], float]:
+        """The rings of a placement's devices and cut, and their wait with every link at full speed (shares
+        and factors do not enter): the student groups of a 64-rank layout take thousands of Python steps to
+        find, and the controller asks every option every step."""
         placement = Placement(devices, teacher_counts, student_counts, replicas, (), replica_stages)
         grad_bytes = self.student.column("parameter_size_kb") * BYTES_PER_KB
         rings = []
@@ -368,11 +368,7 @@ class StagePlanner:
             latency = max(self.facts.link_latency_s, self.facts.cross_node_latency_s) if crosses \
                 else self.facts.link_latency_s
             rings.append(_Ring(members, float(grad_bytes[blocks.start:blocks.stop].sum()), bandwidth, latency))
-        return tuple(rings)
-
-    @functools.lru_cache(maxsize=1024)  # noqa: B019 - per planner; shares do not enter, so a REBALANCE's trials hit
-    def _allreduce_at_full_speed(self, rings: tuple[_Ring, ...]) -> float:
-        return _slowest_rank_s(rings, {})
+        return tuple(rings), _slowest_rank_s(rings, {})
 
     def plan(self, devices: Sequence[int], alphas: Sequence[float], betas: Betas = None
              ) -> tuple[tuple[int, ...], tuple[int, ...], float]:
