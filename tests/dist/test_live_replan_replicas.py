@@ -82,3 +82,23 @@ def test_a_replan_of_replicas_by_restart_still_restarts_and_learns_the_same(tmp_
     assert "relaunch" in names and "live_replan" not in names
     assert summary["experiment"]["restarts"][0]["mode"] == "restart"
     assert_close_states(final_student_state(tmp_path), reference)
+
+
+def test_a_drilled_replan_of_replicas_moves_blocks_live_from_a_skewed_cut_and_nothing_learnt_changes(
+        tmp_path, teacher_file, reference):
+    """A REPLAN drill (no slowdown: this runs on ranks that share one GPU too, experiments/gpu/shared_gpu.sh)
+    from a cut that puts 8 of the 10 student blocks on stage 1: the planner's cut moves blocks to stage 0 in
+    both replicas, live, and the run still learns what one device learns."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *STEPS,
+                                  "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
+                                  "partition=manual", "partition.teacher=[5,6]", "partition.student=[2,8]",
+                                  "failover.drills=[{step:5,action:replan}]"]), log=lambda m: None)
+    segments = read_segments(tmp_path)
+    assert [(s.reason, s.outcome) for s in segments] == [("start", "replanned live"), ("replan (live)", "finished")]
+    before, after = segments[0].placement, segments[1].placement
+    assert after.same_ranks(before) and after.student_counts[0] > 2
+    [moved] = read_events(events_path(tmp_path), "live_replan")
+    assert moved["moved_blocks"] == 2 * (after.student_counts[0] - 2) and moved["step"] == segments[0].end_step
+    assert moved["pids"] == [read_heartbeats(tmp_path)[rank]["pid"] for rank in range(4)]
+    assert_close_states(final_student_state(tmp_path), reference)
+
