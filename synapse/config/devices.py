@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 TrainerSettings = Union["TrainerConfig", DictConfig]
 
 
+# The worker processes a node starts at most on CPU slots (or ranks sharing one GPU): slot ids 0..63.
+MAX_CPU_SLOTS = 64
+
 def decides_elsewhere(trainer: TrainerSettings) -> bool:
     """trainer.role=decider: this host runs none of the run's workers (a login or service node, the Slurm
     batch host, a CPU component of a heterogeneous job). It never looks at its own accelerator; the
@@ -57,9 +60,9 @@ def resolve_devices(trainer: TrainerSettings) -> list[int]:
     if accelerator == "cuda" and trainer.shared_gpu is None:
         if not decides_elsewhere(trainer):  # the decider's host: each node's agent says what it has (NodeDevices)
             check_gpu_ids(ids)
-    elif max(ids) >= 64:  # CPU slots, or ranks sharing one GPU
+    elif max(ids) >= MAX_CPU_SLOTS:  # CPU slots, or ranks sharing one GPU
         fail("trainer.devices", f"{len(ids)} {'ranks on one GPU' if accelerator == 'cuda' else 'CPU slots'} "
-             f"requested", "use at most 64 worker processes")
+             f"requested", f"use at most {MAX_CPU_SLOTS} worker processes")
     return ids
 
 

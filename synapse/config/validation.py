@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from synapse.config.devices import (
+    MAX_CPU_SLOTS,
     check_gpu_ids,
     fixed_replicas,
     num_ranks,
@@ -547,12 +548,12 @@ def _is_loopback_endpoint(endpoint: str) -> bool:
 
 
 def _validate_cpu_slot_ids(trainer: DictConfig) -> None:
-    """A CPU slot id beyond the 64 worker processes Synapse starts at most, named as such."""
+    """A CPU slot id beyond the ``MAX_CPU_SLOTS`` worker processes Synapse starts at most, named as such."""
     devices = trainer.devices
     if trainer.accelerator != "cuda" and isinstance(devices, ListConfig) and resolve_accelerator(trainer) == "cpu":
-        too_high = [d for d in devices if isinstance(d, int) and d >= 64]
+        too_high = [d for d in devices if isinstance(d, int) and d >= MAX_CPU_SLOTS]
         if too_high:
-            fail("trainer.devices", f"CPU slot ids {too_high} are out of range (slots are 0..63)",
+            fail("trainer.devices", f"CPU slot ids {too_high} are out of range (slots are 0..{MAX_CPU_SLOTS - 1})",
                   f"number CPU slots from 0, e.g. trainer.devices={len(devices)}")
 
 
@@ -724,6 +725,7 @@ def validate_simulation(cfg: DictConfig) -> None:
     positive("trainer.epochs", cfg.trainer.epochs, allow_zero=True)
     if cfg.trainer.max_steps is not None:
         positive("trainer.max_steps", cfg.trainer.max_steps)
+    _validate_simulated_cpu_slots(cfg.trainer)
     _validate_pipeline(cfg)
     _validate_replicas(cfg, ranks)
     _validate_partition(cfg, ranks)
@@ -738,6 +740,21 @@ def validate_simulation(cfg: DictConfig) -> None:
     positive("checkpoint.every", cfg.checkpoint.every, allow_zero=True)
     validate_steps_within_run(cfg)
     validate_cache_dir(cfg)
+
+
+def _validate_simulated_cpu_slots(trainer: DictConfig) -> None:
+    """mode=simulate without trainer.accelerator=cuda prices this machine's CPU worker processes as a real run
+    would start them, at most ``MAX_CPU_SLOTS`` a node: a larger count is refused here, naming the GPU form,
+    rather than deep in the planner as a real run's "CPU slots requested"."""
+    if str(trainer.accelerator) == "cuda":
+        return
+    devices = trainer.devices
+    ids = [int(d) for d in devices] if isinstance(devices, (list, tuple, ListConfig)) else list(range(int(devices)))
+    if max(ids) >= MAX_CPU_SLOTS:
+        fail("trainer.devices", f"mode=simulate with trainer.accelerator={trainer.accelerator} simulates this "
+             f"machine's CPU worker processes, at most {MAX_CPU_SLOTS} a node (slot ids 0..{MAX_CPU_SLOTS - 1}); "
+             f"{len(ids)} a node asked", "simulate GPUs with trainer.accelerator=cuda (docs/simulate.md: the H200 "
+             "profiles), or spread the CPU ranks over nodes with trainer.nodes")
 
 
 def _validate_simulate_group(sim: DictConfig, accelerator: str) -> None:

@@ -133,6 +133,15 @@ def test_bad_input_is_refused_before_any_step_naming_the_key_and_a_fix(tmp_path,
     assert not PERFORMANCE.path(tmp_path).exists()
 
 
+def test_more_simulated_cpu_ranks_than_a_node_starts_are_refused_naming_the_gpu_form(tmp_path):
+    """The issue's sweep `trainer.devices=8,...,256` without trainer.accelerator=cuda simulates CPU worker
+    processes; past 64 a node it was refused deep in the planner as a real run's "CPU slots requested"."""
+    with pytest.raises(ConfigError, match="trainer.accelerator=cuda") as error:
+        simulate(tmp_path, "trainer.accelerator=cpu", "trainer.devices=128")
+    assert "at most 64 a node" in str(error.value) and "trainer.nodes" in str(error.value)
+    assert not PERFORMANCE.path(tmp_path).exists()
+
+
 def test_a_trace_with_bad_columns_is_refused_naming_the_columns_it_needs(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("gpu,what,when\n1,slow,10\n")
