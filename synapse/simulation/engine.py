@@ -6,7 +6,7 @@ already computes):
 1. the faults in force give every device its alpha (compute) and beta (link);
 2. ``StagePlanner.layout_cost`` of the running placement at those factors gives every rank's
    compute and link time and the step time (GPipe or 1F1B, R replicas and their all-reduce: the
-   planner's schedule; CPU ranks at the cores' share a sleeping slowed rank leaves them); the step's
+   planner's schedule; CPU ranks at the cost model's fair share of the cores); the step's
    and each rank's noise multiply them, and the step starts after the host's gap between two
    records, drawn from the recorded streams with the noise;
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
@@ -34,7 +34,7 @@ import bisect
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,6 @@ class SimulationSetup:
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
     live: frozenset[OptionKind] = frozenset({OptionKind.REPLAN})  # what the workers may take in place (live_kinds)
-    # CPU ranks: a compute slowdown is the injector's host sleep, which frees the rank's core while it
-    # sleeps (``SimulatedRun._planner_at``); on GPUs it is a spin kernel that holds the device
-    sleeping_slowdowns: bool = False
     max_restarts: int = 3
     failure_detect_s: float = 5.0
     first_launch_s: float = 0.0  # the first launch: the restart path's launch and warm-up
@@ -128,7 +125,6 @@ class SimulatedRun:
         self._pending: Restart | None = None  # restarted, its first step not run yet
         self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
         self._eval_cache: dict[tuple[Any, ...], float] = {}
-        self._shared_planners: dict[float, StagePlanner] = {}
         self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
         self._gap_at, self._gaps = 0, np.zeros(0)
         self._width = len(setup.placement.devices) + len(controller.spare_devices)
@@ -230,31 +226,11 @@ class SimulatedRun:
         return tuple(alphas), tuple(betas)
 
     # ---------------------------------------------------------------- one step
-    def _planner_at(self, alphas: tuple[float, ...]) -> StagePlanner:
-        """The planner at the cores' share the ranks get with these compute factors.
-
-        The cost model prices ranks sharing a host's cores by a fair share (``cpu_contention``: ranks x
-        threads / cores, at least 1), every rank always on the CPU. A CPU rank slowed ``f`` times is the
-        injector's host sleep of (f - 1) times its task's own time (``injection.slowdown``), so it is off
-        the CPU for (f - 1) / f of its compute and its core goes to the others: the ranks on the CPU are
-        then sum(1 / f) on average, and every rank, the sleeper's own work included, runs at
-        ``contention x mean(1 / f)`` (at least 1). The sleeper's time stays f x its work at that share.
-        One contention for the whole run, as the planner has (every CPU scenario is one host)."""
-        planner = self.setup.planner
-        contention = planner.facts.contention
-        if not self.setup.sleeping_slowdowns or contention <= 1.0 or all(a == 1.0 for a in alphas):
-            return planner
-        shared = max(1.0, contention * sum(1.0 / a for a in alphas) / len(alphas))
-        if shared not in self._shared_planners:
-            self._shared_planners[shared] = replace(planner, facts=replace(planner.facts, contention=shared))
-        return self._shared_planners[shared]
-
     def _cost(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, float]:
         key = (self.placement, alphas, betas)
         if key not in self._cost_cache:
             devices = self.placement.devices
-            cost = self._planner_at(alphas).layout_cost(self.placement, dict(zip(devices, alphas)),
-                                                        dict(zip(devices, betas)))
+            cost = self.setup.planner.layout_cost(self.placement, dict(zip(devices, alphas)), dict(zip(devices, betas)))
             self._cost_cache[key] = (np.asarray(cost.compute_s), np.asarray(cost.transfer_s), cost.step_time_s)
         return self._cost_cache[key]
 

@@ -206,7 +206,7 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         checkpoint_hold_s=restart.checkpoint_save_s * (ASYNC_SAVE_SHARE[accelerator] if cfg.checkpoint.async_save
                                                        else 1.0),
         eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
-        live=live_kinds(cfg.failover), sleeping_slowdowns=accelerator == "cpu",
+        live=live_kinds(cfg.failover),
         max_restarts=cfg.failover.max_restarts,
         failure_detect_s=sim.failure_detect_s, first_launch_s=restart.launch_s + restart.warmup_s,
         policy=str(cfg.policy.name), injection=cfg.injection.name)
