@@ -23,7 +23,8 @@ already computes):
    step) for a forward-only pass of the validation split through the running placement. As in a real
    run (the trainer restarts its step timer after them) they are in no record's ``step_seconds``, so
    the detector does not read them as a slowdown; the next step's ``time`` is late by them, and the
-   wall time has them.
+   wall time has them. An injected slowdown does not slow an evaluation (the injector's hooks fire in
+   training steps only); a device slow from a trace or rates does.
 
 Time is simulated: every record's ``time`` is the simulated clock (starting at ``START_TIME``), so
 the same seed writes the same records, and the report reads them as it reads a real run's.
@@ -278,20 +279,22 @@ class SimulatedRun:
             self._events.write({"event": "checkpoint_saved", "time": self.clock, "source": "simulation", "step": step,
                                 "stall_s": setup.checkpoint_hold_s})
         if evaluate:
-            seconds = self._evaluation_s(*self._factors(active, step))
+            seconds = self._evaluation_s(self._factors([f for f in active if f.slows_evaluation], step)[0])
             self.clock += seconds
             self._events.write({"event": "evaluation", "time": self.clock, "source": "simulation", "step": step,
                                 "seconds": seconds, "images": setup.eval_images})
 
-    def _evaluation_s(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> float:
+    def _evaluation_s(self, alphas: tuple[float, ...]) -> float:
         """A forward-only pass of ``eval_images`` through the running placement, as
         ``PipelineEvaluation`` runs it: each replica forwards every R-th batch of the training batch's
         size, pipelined (GPipe) over its stages in micro-batches of the planner's profiles (teacher and
-        student forward times, each stage's times its rank's compute factor); the slowest replica ends
-        the pass. Link time is left out (forward activations only, small beside the compute)."""
+        student forward times, each stage's times its rank's compute factor and the ranks' share of the
+        host's cores, as a step's compute is priced); the slowest replica ends the pass. Link time is
+        left out (forward activations only, small beside the compute)."""
         key = (self.placement, alphas)
         if key not in self._eval_cache:
             placement, planner, batch = self.placement, self.setup.planner, self.setup.batch_size
+            contention = planner.facts.contention
             teacher = [b.forward_time_ms / 1000.0 for b in planner.teacher.blocks]
             student = [b.forward_time_ms / 1000.0 for b in planner.student.blocks]
             passes = math.ceil(math.ceil(self.setup.eval_images / batch) / placement.replicas)
@@ -299,7 +302,7 @@ class SimulatedRun:
             per_pass = math.ceil(batch / micro)
             slowest = 0.0
             for ranks in placement.pipeline_ranks():
-                stage_s = [alphas[r] * (sum(teacher[i] for i in placement.teacher_range(r)) +
+                stage_s = [alphas[r] * contention * (sum(teacher[i] for i in placement.teacher_range(r)) +
                                         sum(student[i] for i in placement.student_range(r))) for r in ranks]
                 slowest = max(slowest, passes * (sum(stage_s) + (per_pass - 1) * max(stage_s)))
             self._eval_cache[key] = slowest
