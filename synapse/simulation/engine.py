@@ -24,7 +24,10 @@ already computes):
    run (the trainer restarts its step timer after them) they are in no record's ``step_seconds``, so
    the detector does not read them as a slowdown; the next step's ``time`` is late by them, and the
    wall time has them. An injected slowdown does not slow an evaluation (the injector's hooks fire in
-   training steps only); a device slow from a trace or rates does.
+   training steps only); a device slow from a trace or rates does;
+6. the run begins with the first launch measured on real runs (``simulation.launch``: the launcher's
+   forkserver starting, which no relaunch pays) and ends when its workers have exited after the last
+   step (the restart prior's teardown).
 
 Time is simulated: every record's ``time`` is the simulated clock (starting at ``START_TIME``), so
 the same seed writes the same records, and the report reads them as it reads a real run's.
@@ -81,7 +84,8 @@ class SimulationSetup:
     live: frozenset[OptionKind] = frozenset({OptionKind.REPLAN})  # what the workers may take in place (live_kinds)
     max_restarts: int = 3
     failure_detect_s: float = 5.0
-    first_launch_s: float = 0.0  # the first launch: the restart path's launch and warm-up
+    first_launch_s: float = 0.0  # the first launch, measured (``simulation.launch``): the start to the first step
+    teardown_s: float = 0.0  # after the last step: the workers' exit, as a stop's teardown (the restart prior's)
     policy: str = "eta"
     injection: str = "none"
 
@@ -169,6 +173,8 @@ class SimulatedRun:
                 except _RunEnds as end:
                     error = str(end)
                     break
+        if error is None:
+            self.clock += setup.teardown_s  # the run ends when its workers have exited
         self._end(step, error)
         return SimulationResult(
             wall_time_s=self.clock - START_TIME, steps=step, total_steps=setup.total_steps, completed=error is None,

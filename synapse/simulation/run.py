@@ -33,6 +33,7 @@ from synapse.planning import OPTIMIZER_STATE, configured_alphas, device_facts, p
 from synapse.rundir import PARTITION, PLAN
 from synapse.simulation.engine import SimulatedRun, SimulationResult, SimulationSetup
 from synapse.simulation.faults import FaultRates, injected_faults, random_faults, trace_faults
+from synapse.simulation.launch import load_first_launch
 from synapse.simulation.noise import load_noise
 
 # An async save holds the loop for this share of a synchronous save of the same state (the restart priors'
@@ -194,6 +195,7 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed, nodes=list(by_node.values()))
     controller = build_controller(cfg, planner, run_dir, log, first=placement)
     restart = controller.restart_costs.estimate("restart")
+    first_launch = load_first_launch(accelerator, restart.launch_s, restart.warmup_s)
     eval_images = validation_images(cfg.data)
     if not eval_images:
         log(f"simulate: data={cfg.data.name} tells its validation split's size only from its files: evaluations "
@@ -208,7 +210,8 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
         live=live_kinds(cfg.failover),
         max_restarts=cfg.failover.max_restarts,
-        failure_detect_s=sim.failure_detect_s, first_launch_s=restart.launch_s + restart.warmup_s,
+        failure_detect_s=sim.failure_detect_s, first_launch_s=first_launch.total_s,
+        teardown_s=restart.teardown_s,
         policy=str(cfg.policy.name), injection=cfg.injection.name)
     PARTITION.path(run_dir).write_text(json.dumps(placement.to_dict(), indent=1))
     PLAN.path(run_dir).write_text(json.dumps({"simulated": True, "microbatches": microbatches,
@@ -217,6 +220,9 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
                                               "profiles": {"teacher": planner.teacher.source,
                                                            "student": planner.student.source},
                                               "noise": {"source": noise.source, **noise.spread()},
+                                              "first_launch": {"source": first_launch.source,
+                                                               "launch_s": first_launch.launch_s,
+                                                               "warmup_s": first_launch.warmup_s},
                                               "faults": [f.describe() for f in faults]}, indent=1, default=str))
     log(f"simulate: {len(devices)} simulated {accelerator} device(s), {placement.replicas} replica(s) x "
         f"{placement.num_stages} stage(s), {microbatches} micro-batches, {total} steps, {len(faults)} fault(s), "
