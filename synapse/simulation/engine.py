@@ -6,7 +6,8 @@ already computes):
 1. the faults in force give every device its alpha (compute) and beta (link);
 2. ``StagePlanner.layout_cost`` of the running placement at those factors gives every rank's
    compute and link time and the step time (GPipe or 1F1B, R replicas and their all-reduce: the
-   planner's schedule; CPU ranks at the cost model's fair share of the cores); the step's
+   planner's schedule; CPU ranks at the cost model's fair share of the cores for the running
+   placement's ranks); the step's
    and each rank's noise multiply them, and the step starts after the host's gap between two
    records, drawn from the recorded streams with the noise;
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
@@ -38,7 +39,7 @@ import bisect
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,10 @@ class SimulationSetup:
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
     live: frozenset[OptionKind] = frozenset({OptionKind.REPLAN})  # what the workers may take in place (live_kinds)
+    # CPU ranks: the cores' fair share for a node running this many ranks (``cost_model.cpu_contention`` at the
+    # run's threads and this host's cores), so that a placement runs at its own ranks' share; None (GPUs): the
+    # planner's contention throughout
+    contention_of: Callable[[int], float] | None = None
     max_restarts: int = 3
     failure_detect_s: float = 5.0
     first_launch_s: float = 0.0  # the first launch, measured (``simulation.launch``): the start to the first step
@@ -130,6 +135,7 @@ class SimulatedRun:
         self._pending: Restart | None = None  # restarted, its first step not run yet
         self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
         self._eval_cache: dict[tuple[Any, ...], float] = {}
+        self._planners: dict[float, StagePlanner] = {}
         self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
         self._gap_at, self._gaps = 0, np.zeros(0)
         self._width = len(setup.placement.devices) + len(controller.spare_devices)
@@ -233,11 +239,32 @@ class SimulatedRun:
         return tuple(alphas), tuple(betas)
 
     # ---------------------------------------------------------------- one step
+    def _planner_running(self) -> StagePlanner:
+        """The planner at the running placement's share of the host's cores. The run's planner has the
+        first placement's (``cpu_rank_contention``: its ranks on a node, threads and cores); a relaunch on
+        fewer or more ranks runs at theirs, as its own segment's planning prices it (measured: the 3-rank
+        demo degraded to 2 ranks on the 2 cores computed 0.027 / 0.035 s a step, its profiles at the share
+        of 2 ranks 0.029 / 0.028 s, at the first placement's 3 ranks 0.043 / 0.042 s)."""
+        planner, contention_of = self.setup.planner, self.setup.contention_of
+        if contention_of is None:
+            return planner
+        node_of = planner.facts.node_of
+        per_node: dict[int, int] = {}
+        for device in self.placement.devices:
+            per_node[node_of(device)] = per_node.get(node_of(device), 0) + 1
+        contention = contention_of(max(per_node.values()))
+        if contention == planner.facts.contention:
+            return planner
+        if contention not in self._planners:
+            self._planners[contention] = replace(planner, facts=replace(planner.facts, contention=contention))
+        return self._planners[contention]
+
     def _cost(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, float]:
         key = (self.placement, alphas, betas)
         if key not in self._cost_cache:
             devices = self.placement.devices
-            cost = self.setup.planner.layout_cost(self.placement, dict(zip(devices, alphas)), dict(zip(devices, betas)))
+            cost = self._planner_running().layout_cost(self.placement, dict(zip(devices, alphas)),
+                                                       dict(zip(devices, betas)))
             self._cost_cache[key] = (np.asarray(cost.compute_s), np.asarray(cost.transfer_s), cost.step_time_s)
         return self._cost_cache[key]
 
@@ -300,7 +327,7 @@ class SimulatedRun:
         key = (self.placement, alphas)
         if key not in self._eval_cache:
             placement, planner, batch = self.placement, self.setup.planner, self.setup.batch_size
-            contention = planner.facts.contention
+            contention = self._planner_running().facts.contention
             teacher = [b.forward_time_ms / 1000.0 for b in planner.teacher.blocks]
             student = [b.forward_time_ms / 1000.0 for b in planner.student.blocks]
             passes = math.ceil(math.ceil(self.setup.eval_images / batch) / placement.replicas)

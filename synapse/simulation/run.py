@@ -12,6 +12,7 @@ from typing import Any
 
 from synapse.config import ConfigError, SynapseConfig, fixed_replicas
 from synapse.data import data_kwargs, dataset_info, digits_split_indices, train_samples
+from synapse.engine import available_cores, default_threads
 from synapse.failover import build_controller, live_kinds
 from synapse.partitioning import (
     DeviceFacts,
@@ -24,6 +25,7 @@ from synapse.partitioning import (
     candidate_counts,
     choose_layout,
     choose_microbatches,
+    cpu_contention,
     even_counts,
     layout_shapes,
     load_profile_csv,
@@ -151,6 +153,13 @@ def first_plan(cfg: SynapseConfig, planners: SimulatedPlanners, devices: list[in
     return replicated(pipeline, devices, replicas, cfg.trainer.replica_shares, batch, fixed_m), fixed_m, planner
 
 
+def cpu_contention_of(cfg: SynapseConfig) -> Callable[[int], float]:
+    """A node's CPU ranks' fair share of its cores by their count, as ``planning.cpu_rank_contention`` prices
+    a segment of that many ranks (``trainer.threads``, or the cores shared out among them)."""
+    cores = available_cores()
+    return lambda ranks: cpu_contention(ranks, cfg.trainer.threads or default_threads(ranks), cores)
+
+
 def total_steps_of(cfg: SynapseConfig) -> tuple[int, int | None]:
     """The schedule's length and the steps of one epoch (None where the data set's size needs its files)."""
     samples = train_samples(cfg.data)
@@ -208,7 +217,7 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         checkpoint_hold_s=restart.checkpoint_save_s * (ASYNC_SAVE_SHARE[accelerator] if cfg.checkpoint.async_save
                                                        else 1.0),
         eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
-        live=live_kinds(cfg.failover),
+        live=live_kinds(cfg.failover), contention_of=cpu_contention_of(cfg) if accelerator == "cpu" else None,
         max_restarts=cfg.failover.max_restarts,
         failure_detect_s=sim.failure_detect_s, first_launch_s=first_launch.total_s,
         teardown_s=restart.teardown_s,

@@ -5,6 +5,7 @@ the simulator priced wrongly, each checked here against the rule the measurement
   any worker exists: 3.8-4.4 s on the 3-rank demo, against a relaunch's 0.59 s;
 * an evaluation runs on the ranks' share of the host's cores, as a step's compute does;
 * the run ends when its workers have exited (the restart prior's teardown), not at its last step.
+* a relaunch on fewer CPU ranks runs at their share of the host's cores, not the first placement's.
 """
 from __future__ import annotations
 
@@ -106,3 +107,21 @@ def test_a_run_ends_when_its_workers_have_exited_after_its_last_save_and_evaluat
     after_last_step = result["wall_time_s"] - (last["time"] - START_TIME)
     teardown = restart_prior("cuda")["teardown_s"]
     assert after_last_step == pytest.approx(saved["stall_s"] + evaluated["seconds"] + teardown, abs=1e-6)
+
+
+def test_a_cpu_run_relaunched_on_fewer_ranks_runs_at_their_share_of_the_cores(tmp_path):
+    """3 ranks of as many threads as the cores run at a third of the host each; degraded to 2 they run at
+    a half, as a run started on those 2 ranks and that cut does (its own segment's planning prices so)."""
+    threads = f"trainer.threads={available_cores()}"
+    simulate(tmp_path / "degraded", *CPU_RUN, threads, "policy=degrade", "trainer.max_steps=90",
+             "injection.faults=[{kind:slow_compute,rank:1,start:30,factor:4.0}]")
+    segment = json.loads((tmp_path / "degraded" / "segments" / "1" / "segment.json").read_text())
+    assert len(segment["devices"]) == 2
+    degraded = [r for r in read_jsonl(PERFORMANCE.path(tmp_path / "degraded")) if r["segment"] == 1]
+    teacher, student = ",".join(map(str, segment["teacher_counts"])), ",".join(map(str, segment["student_counts"]))
+    simulate(tmp_path / "two", *CPU_RUN, threads, "trainer.devices=2", "partition=manual",
+             f"partition.teacher=[{teacher}]", f"partition.student=[{student}]")
+    started = read_jsonl(PERFORMANCE.path(tmp_path / "two"))
+    assert degraded[-1]["compute_s"] == pytest.approx(started[-1]["compute_s"], rel=1e-9)
+    first = [r for r in read_jsonl(PERFORMANCE.path(tmp_path / "degraded")) if r["segment"] == 0][5]
+    assert sum(first["compute_s"]) > sum(degraded[-1]["compute_s"])
