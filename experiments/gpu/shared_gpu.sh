@@ -7,7 +7,7 @@
 #   bash experiments/gpu/shared_gpu.sh story     # ViT-B/16 -> ResNet-50 through train.py: slowdown + live
 #                                                # REPLAN, a kill + DEGRADE, a REPLACE with a spare, resume=auto
 #   bash experiments/gpu/shared_gpu.sh replicas  # layouts (issue #34): tests/dist/test_replicas.py and
-#                                                # test_live_rebalance.py on GPU ranks,
+#                                                # test_live_rebalance.py and test_live_replan_replicas.py on GPU ranks,
 #                                                # then ViT-B/16 -> ResNet-50 as 2 x 2 with a kill (a replica
 #                                                # dropped). (A slow replica cannot be shown here: ranks that
 #                                                # share a GPU take turns on it, so one rank's slowdown shows
@@ -88,7 +88,7 @@ PY
 replicas() {
   # DDP's all-reduce over gloo on CUDA tensors (gloo reduces GPU tensors, it cannot send them point to point)
   SYNAPSE_TEST_SHARED_GPU=0 SYNAPSE_CACHE=/tmp/cache_replicas timeout "${1:-420}" python3 -m pytest -p no:cacheprovider \
-    -n 0 -v -rfE -p no:benchmark tests/dist/test_replicas.py tests/dist/test_live_rebalance.py \
+    -n 0 -v -rfE -p no:benchmark tests/dist/test_replicas.py tests/dist/test_live_rebalance.py tests/dist/test_live_replan_replicas.py \
     ${REPLICA_TESTS:+-k "$REPLICA_TESTS"} > /tmp/replicas.txt 2>&1
   grep -E "PASSED|FAILED|^E |largest difference|passed|failed" /tmp/replicas.txt | tee "$OUT/pytest_replicas_shared_gpu.txt"
   export SYNAPSE_CACHE=/tmp/cache_story

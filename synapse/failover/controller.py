@@ -58,6 +58,7 @@ from synapse.detection import (
     carry_over,
     link_send_seconds,
 )
+from synapse.failover.live import LIVE_KINDS
 from synapse.partitioning import Placement, StagePlanner
 from synapse.rundir import EVENTS
 
@@ -104,6 +105,9 @@ class FailoverController:
     last_action_step: int | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     drills: list[dict[str, Any]] = field(default_factory=list)  # forced actions: [{step, action, device?}]
+    # The actions a segment on a placement takes live (``failover.live.live_kinds``); the others of
+    # ``LIVE_KINDS`` are priced at the restart path there. None: each kind on its configured path.
+    live_on: Callable[[Placement], frozenset[OptionKind]] | None = None
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
     errors: int = 0  # controller errors survived (each read as KEEP; see observe)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
@@ -361,12 +365,13 @@ class FailoverController:
         placement, alphas, betas = self.running_placement, self.alphas(), self.betas()
         predicted = self.priced.layout_cost(placement, alphas, betas).step_time_s
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
-        if placement.replicas > 1:  # their REPLAN re-cuts every replica: a restart, even with replan_mode=live
-            return replica_options(current, alphas, betas, bad_device, self.priced,
-                                   self.restart_costs.costs_by_kind(restarting=(OptionKind.REPLAN,)),
-                                   self.spare_devices, lost_devices=lost, excluded=self.episode.fell_short)
-        return build_options(current, alphas, betas, bad_device, self.priced.plan,
-                             self.restart_costs.costs_by_kind(), self.spare_devices, lost_devices=lost)
+        restarting = () if self.live_on is None else tuple(LIVE_KINDS - self.live_on(placement))
+        costs = self.restart_costs.costs_by_kind(restarting=restarting)
+        if placement.replicas > 1:
+            return replica_options(current, alphas, betas, bad_device, self.priced, costs, self.spare_devices,
+                                   lost_devices=lost, excluded=self.episode.fell_short)
+        return build_options(current, alphas, betas, bad_device, self.priced.plan, costs, self.spare_devices,
+                             lost_devices=lost)
 
     def _slowest_device(self) -> int | None:
         """The device of the strongest active slowdown (compute first: it is the device's own)."""

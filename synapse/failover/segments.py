@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 from synapse.conf import CONF_DIR
 from synapse.config import SynapseConfig, as_node, config_yaml, run_topology, typed_config, validate, with_settings
 from synapse.failover.decider import segment_node_settings
+from synapse.failover.live import replica_engine
 from synapse.injection import faults_for_segment, fired_fault_indices
 from synapse.partitioning import Placement
 from synapse.rundir import SEGMENT, SEGMENT_CONFIG, SEGMENT_OVERRIDES, SEGMENT_RECORD, SEGMENTS
@@ -251,11 +252,8 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
 
 
 def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
-    """The run's replica engine, or the restart path for a layout torchft does not carry (one replica left,
-    replicas cut differently, unequal shares: what SHRINK, DEGRADE or REBALANCE may make of it)."""
-    engine = str(cfg.failover.replica_engine)
-    carried = placement.replicas > 1 and not placement.replica_stages and len(set(placement.shares)) <= 1
-    return engine if carried else "restart"
+    """The engine a segment on ``placement`` runs on (``failover.live.replica_engine``)."""
+    return replica_engine(cfg.failover, placement)
 
 
 def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,

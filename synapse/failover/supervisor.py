@@ -28,7 +28,7 @@ from synapse.config import FailoverConfig, TrainerConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest, control_endpoint, open_channel
 from synapse.decision import Decision, NoViableOptionError, Option, OptionKind
 from synapse.failover.controller import FailoverController
-from synapse.failover.live import LIVE_OUTCOMES, live_kinds
+from synapse.failover.live import LIVE_OUTCOMES
 from synapse.failover.progress import supervised_console
 from synapse.failover.restarts import Restart
 from synapse.failover.segments import ComposedSegment, Segment, SegmentComposer, pin_checkpoint, write_segment
@@ -151,11 +151,6 @@ class Supervisor:
                             f"{decision.action.value.upper()} at step {decision.step}: {decision.reason} "
                             f"(predicted time to finish: {etas})")
 
-    @property
-    def live(self) -> frozenset[OptionKind]:
-        """The actions the workers take without a restart (priced the same way: failover.run)."""
-        return live_kinds(self.failover)
-
     def _write_summary(self, summary: dict | None) -> dict[str, Any]:
         return write_experiment_summary(self.run_dir, self.policy, self.injection, self.controller, self.segments,
                                         self.restarts, self.started_at, summary or {},
@@ -182,7 +177,7 @@ class Supervisor:
             self._stop_on_interrupt(signal_name)
         self.controller.begin_segment(spec.placement, start_step=spec.start_step)
         watcher = LaunchWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
-                               live=self.live, on_live_segment=self._on_live_segment,
+                               live=self.failover, on_live_segment=self._on_live_segment,
                                control=self.control)
         if restart is not None:
             restart.relaunch_time = time.time()

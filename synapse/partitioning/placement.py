@@ -249,6 +249,13 @@ class Placement:
         (the same devices, cuts and so process groups): a REBALANCE the running ranks can take in place."""
         return other.replicas > 1 and replace(other, shares=self.shares) == self
 
+    def same_ranks(self, other: Placement) -> bool:
+        """Whether ``other`` keeps every rank where it is: the same devices, replicas and stages per replica
+        (cuts and shares may differ). The running ranks can move to it in place: blocks travel between the
+        ranks of each replica, and the groups over them are made anew (a live REPLAN, with or without replicas)."""
+        return (self.devices == other.devices and self.replicas == other.replicas
+                and all(self.stages_in(r) == other.stages_in(r) for r in range(self.replicas)))
+
     def same_split(self, other: Placement) -> bool:
         """Whether both cut the models the same way (devices aside)."""
         return (self.teacher_counts, self.student_counts, self.replica_stages) == (

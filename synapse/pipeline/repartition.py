@@ -33,19 +33,25 @@ class BlockMove:
 
 
 def owners(counts: tuple[int, ...]) -> list[int]:
-    """The rank of each block, from blocks-per-stage counts."""
+    """The stage of each block, from blocks-per-stage counts."""
     return [rank for rank, n in enumerate(counts) for _ in range(n)]
 
 
 def student_moves(old: Placement, new: Placement) -> list[BlockMove]:
-    """Student blocks whose owner changes (same number of ranks: a live REPLAN keeps the devices)."""
-    if old.num_stages != new.num_stages:
-        raise ValueError(f"a live re-partition keeps the devices: {old.num_stages} stages cannot become "
-                         f"{new.num_stages}; use failover.replan_mode=restart for that")
-    if sum(old.student_counts) != sum(new.student_counts) or sum(old.teacher_counts) != sum(new.teacher_counts):
-        raise ValueError(f"partitions {old.to_dict()} and {new.to_dict()} place different numbers of blocks")
-    before, after = owners(old.student_counts), owners(new.student_counts)
-    return [BlockMove(b, s, d) for b, (s, d) in enumerate(zip(before, after)) if s != d]
+    """Student blocks whose owner changes, replica by replica: every replica holds the whole student (the
+    replicas end each step with the same weights), so a block moves between two ranks of one replica."""
+    if not old.same_ranks(new):
+        raise ValueError(f"a live re-partition keeps every rank on its device, in its replica: {old.to_dict()} "
+                         f"cannot become {new.to_dict()} in place; use failover.replan_mode=restart for that")
+    moves = []
+    for replica in range(old.replicas):
+        (old_teacher, before_counts), (new_teacher, after_counts) = old.replica_cut(replica), new.replica_cut(replica)
+        if sum(old_teacher) != sum(new_teacher) or sum(before_counts) != sum(after_counts):
+            raise ValueError(f"partitions {old.to_dict()} and {new.to_dict()} place different numbers of blocks")
+        first = old.first_rank(replica)
+        before, after = owners(before_counts), owners(after_counts)
+        moves += [BlockMove(b, first + s, first + d) for b, (s, d) in enumerate(zip(before, after)) if s != d]
+    return moves
 
 
 def exchange_blocks(moves: list[BlockMove], rank: int, payload_of, device: torch.device | None = None

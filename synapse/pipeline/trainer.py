@@ -317,6 +317,8 @@ class PipelineRunner:
 
     def repartition(self, new: Placement) -> bool:
         """Live REPLAN: move the student blocks that change owner, rebuild stage, optimizer and schedule.
+        With replicas every replica is re-cut at once: a block moves between two ranks of one replica (each
+        replica holds the same weights), and the groups that sum the gradients are made for the new cut.
 
         Nothing is saved or reloaded: parameters, buffers and optimizer state move by name,
         the scheduler's state and this process's RNG carry on, so the next step computes exactly
@@ -328,9 +330,6 @@ class PipelineRunner:
         and this returns False (the caller falls back to the restart path). A failure inside
         (2) leaves a peer waiting; the collective timeout then makes it a hard failure.
         """
-        if self.partition.replicas > 1 or new.replicas > 1:
-            self.log(f"live re-partition at step {self.step}: a layout with replicas re-cuts by restarting")
-            return False  # the restart path moves every replica's blocks through the checkpoint
         started = time.perf_counter()
         # The progress board says, through every phase, whether this rank works or waits on the
         # others: a rank that hangs here is then told from the ranks waiting for it (root_cause.hang_culprit).
@@ -351,8 +350,13 @@ class PipelineRunner:
         self.blocks.release(self.rank, self.partition, new)
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
-        self.runtime = PipelineRuntime(module, new.stage_of(self.rank), new.num_stages, self.setup, old.microbatches,
-                                       self.pipeline.schedule, old.loss_fn, optimizer, scheduler, self.injector,
+        # Replicas: the groups that sum each block's gradients follow the new cut (every rank makes them, in
+        # the same order); the pipelines' groups are made anew with them
+        mesh = (ReplicaMesh.build(new, self.rank, self.images_per_step, old.microbatches) if new.replicas > 1
+                else None)
+        self.runtime = PipelineRuntime(module, new.stage_of(self.rank), new.stages_of_rank(self.rank), self.setup,
+                                       old.microbatches, self.pipeline.schedule, old.loss_fn, optimizer, scheduler,
+                                       self.injector, replicas=mesh,
                                        nonfinite=self.trainer.nonfinite, board=old.board,
                                        cuda_graphs=self.pipeline.cuda_graphs, check_late=old.guard.late,
                                        read_timing_late=old.clock.read_late, compiler=self.pipeline.compiler)
@@ -361,14 +365,16 @@ class PipelineRunner:
         self.owned = owned  # the new runtime holds the new optimizer and scheduler
         self.partition, self.segment = new, self.segment + 1
         sent_bytes = sum(payload_size_bytes(payload) for payload in outgoing.values())
+        # the change's time and bytes on every rank, and the processes that took it (the same ones train on)
         totals: list[Any] = [None] * self.world_size
-        dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes))
+        dist.all_gather_object(totals, (time.perf_counter() - started, sent_bytes, os.getpid()))
         if self.rank == 0:
             self.events.append("live_replan", segment=self.segment, step=self.step, partition=new.to_dict(),
-                               seconds=max(t for t, _ in totals), moved_blocks=len(moves),
-                               moved_bytes=sum(b for _, b in totals))
+                               seconds=max(t for t, _, _ in totals), moved_blocks=len(moves),
+                               moved_bytes=sum(b for _, b, _ in totals), pids=[pid for _, _, pid in totals])
+        replicas = f" of each of {new.replicas} replicas" if new.replicas > 1 else ""
         self.log(f"live re-partition at step {self.step}: {len(moves)} student blocks moved, now teacher "
-                 f"{list(new.teacher_counts)} / student {list(new.student_counts)}")
+                 f"{list(new.teacher_counts)} / student {list(new.student_counts)}{replicas}")
         return True
 
     @staticmethod

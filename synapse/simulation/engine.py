@@ -13,7 +13,7 @@ already computes):
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
    watcher thread feeds a real run's records;
 4. a decision is carried out as the supervisor does: what it takes live (``failover.live``: a REPLAN
-   of one pipeline, a REBALANCE of replicas) continues in place after the live path's measured cost,
+   on the same ranks, a REBALANCE of replicas) continues in place after the live path's measured cost,
    any other action stops with a checkpoint and restarts after the restart path's measured cost
    (the controller's restart-cost model, i.e. the shipped priors);
    a device that dies goes to ``on_hard_failure`` and the run resumes from its last checkpoint,
@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from synapse.decision import Decision, NoViableOptionError, OptionKind
+from synapse.config import FailoverConfig
+from synapse.decision import Decision, NoViableOptionError
 from synapse.failover import (
     LIVE_OUTCOMES,
     FailoverController,
@@ -82,7 +83,7 @@ class SimulationSetup:
     checkpoint_hold_s: float = 0.0  # the loop held per checkpoint save (async: its stall; sync: the save)
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
-    live: frozenset[OptionKind] = frozenset({OptionKind.REPLAN})  # what the workers may take in place (live_kinds)
+    live: FailoverConfig = field(default_factory=FailoverConfig)  # what the workers take in place (failover.live)
     # CPU ranks: the cores' fair share for a node running this many ranks (``cost_model.cpu_contention`` at the
     # run's threads and this host's cores), so that a placement runs at its own ranks' share; None (GPUs): the
     # planner's contention throughout

@@ -490,20 +490,28 @@ def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_i
     assert OptionKind.REBALANCE not in {o.kind for o in after.options}
 
 
-def test_a_replan_of_replicas_is_priced_as_the_restart_it_takes_and_a_pipelines_as_live(planner):
-    """With replan_mode=live a REPLAN of one pipeline moves blocks in place, but one of replicas re-cuts them
-    through a restart (failover.live.changes_live): priced at the restart path, while a REBALANCE stays live."""
+def test_the_changes_a_segment_takes_live_are_priced_live_and_those_torchft_carries_as_restarts(planner):
+    """With replan_mode=live a REPLAN (one pipeline or every replica re-cut at once) and a REBALANCE are priced at
+    the live path; in a segment torchft carries (replicas cut alike, equal shares) at the restart path, which
+    they take there (failover.live.live_kinds); a segment torchft handed to the restart engine (unequal shares)
+    takes them live again."""
     import dataclasses
+    from functools import partial
+
+    from synapse.config import FailoverConfig
+    from synapse.config.schema import ReplicaEngine
+    from synapse.failover.live import live_kinds
 
     restart, live = RestartCost(checkpoint_save_s=5, launch_s=20), RestartCost(launch_s=0.3)
     costs = RestartCostModel({"restart": restart, "live": live},
                              kind_paths={REPLAN: "live", OptionKind.REBALANCE: "live"})
 
-    def restart_costs(controller_planner, placement) -> dict:
+    def restart_costs(controller_planner, placement, failover: FailoverConfig) -> dict:
         events: list[dict] = []
         controller = FailoverController(policy=make_policy("eta"), planner=controller_planner, restart_costs=costs,
                                         detector=SlowdownDetector(DetectorConfig(baseline_window=30)),
-                                        log_event=lambda event, **f: events.append({"event": event, **f}))
+                                        log_event=lambda event, **f: events.append({"event": event, **f}),
+                                        live_on=partial(live_kinds, failover))
         controller.begin_segment(placement)
         ranks, rng = len(placement.devices), random.Random(5)
         for step in range(1, 61):
@@ -516,10 +524,18 @@ def test_a_replan_of_replicas_is_priced_as_the_restart_it_takes_and_a_pipelines_
         return {o["kind"]: o["restart_cost_s"] for o in decided[0]["options"]}
 
     blocks = (len(planner.teacher), len(planner.student))
-    replicated = restart_costs(dataclasses.replace(planner, replicas=4),
-                               Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16)))
-    assert replicated["replan"] == pytest.approx(restart.total_s)
+    two_by_two = dataclasses.replace(planner, replicas=2)
+    half = (blocks[0] // 2, blocks[0] - blocks[0] // 2), (blocks[1] // 2, blocks[1] - blocks[1] // 2)
+    alike = Placement((0, 1, 2, 3), *half, 2, (32, 32))
+    restart_engine, torchft = FailoverConfig(), FailoverConfig(replica_engine=ReplicaEngine.torchft)
+    replicated = restart_costs(two_by_two, alike, restart_engine)
+    assert replicated["replan"] == pytest.approx(live.total_s)
     assert replicated["rebalance"] == pytest.approx(live.total_s)
+    carried = restart_costs(two_by_two, alike, torchft)
+    assert carried["replan"] == pytest.approx(restart.total_s)
+    assert carried["rebalance"] == pytest.approx(restart.total_s)
+    handed_back = restart_costs(two_by_two, alike.with_shares((40, 24)), torchft)
+    assert handed_back["rebalance"] == pytest.approx(live.total_s)
     teacher, student, _ = planner.plan((0, 1, 2), [1.0] * 3)
-    pipeline = restart_costs(planner, Placement((0, 1, 2), tuple(teacher), tuple(student)))
+    pipeline = restart_costs(planner, Placement((0, 1, 2), tuple(teacher), tuple(student)), restart_engine)
     assert pipeline["replan"] == pytest.approx(live.total_s)

@@ -245,9 +245,10 @@ def test_a_slow_link_under_data_parallelism_slows_every_step_by_its_all_reduce(t
     assert after.pop() - before.pop() == pytest.approx(49 * 1.5 * 227924.640625 * 1024 / 100e9, rel=1e-3)
 
 
-def test_a_rebalance_of_replicas_is_simulated_live_and_a_replan_of_replicas_as_a_restart(tmp_path):
+def test_a_rebalance_and_a_replan_of_replicas_are_simulated_live_and_as_restarts_under_replan_mode_restart(tmp_path):
     """The simulator carries a decision out as the supervisor does (``failover.live``): a REBALANCE of
-    replicas in place, a REPLAN of replicas (a re-cut) through a restart, as the controller prices them."""
+    replicas and a REPLAN of replicas (every replica re-cut on its own ranks) in place, and with
+    failover.replan_mode=restart through a restart, as the controller prices them."""
     slow = "injection.faults=[{kind:slow_compute,rank:3,start:100,factor:4}]"
     simulate(tmp_path / "rebalance", "trainer.replicas=4", "partition=even", "pipeline.microbatches=1",
              "policy=rebalance", slow)
@@ -255,7 +256,8 @@ def test_a_rebalance_of_replicas_is_simulated_live_and_a_replan_of_replicas_as_a
     assert firsts and firsts[0]["action"] == "rebalance" and firsts[0]["mode"] == "live"
     summary = json.loads(EXPERIMENT_SUMMARY.path(tmp_path / "rebalance").read_text())
     assert summary["segments"][0]["outcome"] == "rebalanced live"
-    simulate(tmp_path / "replan", "trainer.replicas=2", "partition=even", "pipeline.microbatches=2",
-             "policy=replan", slow)
-    firsts = read_events(tmp_path / "replan", "first_step_after_restart")
-    assert firsts and firsts[0]["action"] == "replan" and firsts[0]["mode"] == "restart"
+    for mode in ("live", "restart"):
+        simulate(tmp_path / f"replan_{mode}", "trainer.replicas=2", "partition=even", "pipeline.microbatches=2",
+                 "policy=replan", f"failover.replan_mode={mode}", slow)
+        firsts = read_events(tmp_path / f"replan_{mode}", "first_step_after_restart")
+        assert firsts and firsts[0]["action"] == "replan" and firsts[0]["mode"] == mode
