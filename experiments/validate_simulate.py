@@ -5,20 +5,25 @@
 Scenarios (each reproduces a benchmark's command in the simulator):
 
 * ``bench_policies_cpu``: the default demo on 3 CPU ranks, rank 1 compute x4 from step 50, five
-  policies (experiments/results/bench_policies_cpu.json, 3 measured runs per policy);
+  policies (experiments/results/bench_policies_cpu_quiet_2026-12-04.json: today's code, measured quiet,
+  3 runs per policy), each simulated **on the measured runs' first cut** (their records' first segment:
+  ``partition=manual``), so that the plan is not what differs;
 * ``bench_policies_replicas_cpu``: 4 CPU ranks as 4 replicas x 1 stage, rank 3 x4 from step 50
   (bench_policies_replicas_cpu.json, 3 runs per policy);
 * the recovery runs (``RECOVERY``, below), compared on failure -> first step;
 * ``h200x2_kill``: ViT-L -> ResNet-152 on 2 H200, rank 1 killed at step 40, checkpoint every 16,
   80 steps (h200x2/kill.json, 1 run), on the H200 block profiles of experiments/results/profiles_h200.
 
-CPU scenarios use the block profiles measured on this machine when it was quiet
-(experiments/results/simulate_profiles_cpu), passed explicitly: profiles measured under load differ
-by up to 80x here. Wall time is compared as a run's ``wall_time_s`` (the supervisor's, first launch to
-the end); the simulation counts the first launch (the restart prior's launch and warm-up), steps,
-restarts and detection, and between steps the checkpoint saves and evaluations the config schedules
-(priced: see synapse/simulation/engine.py), and before every step the host's time between two
-steps' records, drawn from the recorded fault-free streams (synapse/simulation/noise.py).
+CPU scenarios use the block profiles of this machine's CPU measured quiet on 2026-12-05
+(experiments/results/simulate_profiles_cpu_2026-12-05: ``experiments/profile_models.py --threads 1``, one
+thread as a demo rank has), passed explicitly: profiles measured under load differ by up to 80x here, and
+the older simulate_profiles_cpu are of another CPU (an AMD EPYC; this machine's is an Intel Xeon).
+``--step-noise PATH`` draws the noise from a fault-free stream of this machine (default: the shipped one).
+Wall time is compared as a run's ``wall_time_s`` (the supervisor's, its start to its end); the simulation
+counts the first launch (measured: synapse/simulation/launch.py), steps, restarts and detection, between
+steps the checkpoint saves and evaluations the config schedules (priced: see synapse/simulation/engine.py),
+before every step the host's time between two steps' records, drawn from the recorded fault-free streams
+(synapse/simulation/noise.py), and after the last one the workers' exit.
 """
 from __future__ import annotations
 
@@ -38,18 +43,21 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 import synapse.config  # noqa: E402, F401  (registers the config schema)
 from synapse.app import run  # noqa: E402
 from synapse.conf import CONF_DIR  # noqa: E402
+from synapse.rundir import read_jsonl  # noqa: E402
 
 RESULTS = REPO / "experiments" / "results"
-CPU_PROFILES = RESULTS / "simulate_profiles_cpu"
+CPU_PROFILES = RESULTS / "simulate_profiles_cpu_2026-12-05" / "profiles"
 H200_PROFILES = RESULTS / "profiles_h200" / "profiles"
-CPU = (f"simulate.teacher_profile={CPU_PROFILES / 'resnet_mini_teacher_mb16_fp32_amd-epyc_32px_1ch_10cls.csv'}",
-       f"simulate.student_profile={CPU_PROFILES / 'resnet_micro_student_mb16_fp32_amd-epyc_32px_1ch_10cls.csv'}")
+CPU_KEY = "mb16_fp32_intel-r-xeon-r-processor_32px_1ch_10cls.csv"
+CPU = (f"simulate.teacher_profile={CPU_PROFILES / f'resnet_mini_teacher_{CPU_KEY}'}",
+       f"simulate.student_profile={CPU_PROFILES / f'resnet_micro_student_{CPU_KEY}'}")
 SLOW_RANK_1 = "injection.faults=[{kind:slow_compute,rank:1,start:50,factor:4.0}]"
 SLOW_RANK_3 = "injection.faults=[{kind:slow_compute,rank:3,start:50,factor:4.0}]"
 SCENARIOS = {
     "bench_policies_cpu": {
-        "measured": "bench_policies_cpu.json", "policies": ["eta", "keep", "replan", "degrade", "ski_rental"],
-        "overrides": [*CPU, SLOW_RANK_1, "injection.name=bench_policies"],
+        "measured": "bench_policies_cpu_quiet_2026-12-04.json", "policies": ["eta", "keep", "replan", "degrade",
+                                                                          "ski_rental"],
+        "overrides": [*CPU, SLOW_RANK_1, "injection.name=bench_policies"], "first_cut_from_records": True,
     },
     "bench_policies_replicas_cpu": {
         "measured": "bench_policies_replicas_cpu.json", "policies": ["eta", "keep", "degrade", "rebalance"],
@@ -179,6 +187,18 @@ def measured_runs(scenario: dict) -> dict[str, list[dict]]:
     return by_policy
 
 
+def first_cut(runs: list[dict]) -> list[str]:
+    """The measured runs' first cut (their records' first segment), as the overrides that start a run on
+    it: the runs planned it on the profiles they had at their start, which no record holds."""
+    cuts = {(tuple(r["segments"][0]["teacher_counts"]), tuple(r["segments"][0]["student_counts"])) for r in runs}
+    if len(cuts) != 1:
+        raise SystemExit(f"the measured runs start on {len(cuts)} different cuts {sorted(cuts)}: simulate them one "
+                         f"by one (their first cuts must agree to be one scenario)")
+    (teacher, student), = cuts
+    return ["partition=manual", f"partition.teacher=[{','.join(map(str, teacher))}]",
+            f"partition.student=[{','.join(map(str, student))}]"]
+
+
 def decisions_text(decisions: list[dict]) -> str:
     return ", ".join(f"{d['action']}@{d['step']}" for d in decisions) or "-"
 
@@ -198,20 +218,105 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f}, n={len(values)})"
 
 
+# Run directories of the 3-rank scenario measured beside this validation (2026-12-05, load average 0.6-2.5: one
+# run each of keep, degrade, replan, eta; python train.py policy=P with the scenario's fault), whose records the
+# simulated runs' pieces are checked against (``pieces``).
+MEASURED_RUNS = RESULTS / "simulate_validation_runs_2026-12-05.tgz"
+ONSET, PER_EPOCH = 50, 22  # the 3-rank scenario's fault onset; digits: 1,438 training images in batches of 64
+
+
+def pieces(run_dir: Path) -> dict[str, float | list[float] | None]:
+    """What a run's wall time is made of, read from its records alike for a measured run and a simulated
+    one: the first launch (the start to the first step's start), the healthy step and each rank's compute
+    (steps 6 to the onset), the slowed step and compute (segment 0 from 5 steps after the onset: keep's
+    whole slowdown, the others' few steps before they act), the host's time between steps (not at an
+    epoch end), the epoch end's pause (save and evaluation), the end (last record to the supervisor's end)
+    and each restart's stop -> first step."""
+    records = read_jsonl(run_dir / "performance.jsonl")
+    segments = sorted((run_dir / "segments").glob("*/segment.json"), key=lambda f: int(f.parent.name))
+    started_at = json.loads(segments[0].read_text())["started_at"]
+    ended_at = json.loads(segments[-1].read_text())["ended_at"]
+    first_segment = [r for r in records if r.get("segment", 0) == 0]
+    healthy = [r for r in first_segment if 6 <= r["step"] < ONSET]
+    slowed = [r for r in first_segment if r["step"] >= ONSET + 5]
+    pairs = [(a, b) for a, b in zip(records, records[1:]) if b["step"] == a["step"] + 1 and
+             b.get("segment", 0) == a.get("segment", 0)]
+    gaps = [b["time"] - b["step_seconds"] - a["time"] for a, b in pairs if a["step"] % PER_EPOCH]
+    pauses = [b["time"] - b["step_seconds"] - a["time"] for a, b in pairs if not a["step"] % PER_EPOCH]
+    median = statistics.median
+
+    def per_rank(rows: list[dict]) -> list[float] | None:
+        return [round(median(r["compute_s"][i] for r in rows), 4) for i in range(len(rows[0]["compute_s"]))] \
+            if rows else None
+    summary = json.loads((run_dir / "experiment_summary.json").read_text())
+    return {"first_launch_s": records[0]["time"] - records[0]["step_seconds"] - started_at,
+            "healthy_step_s": median(r["step_seconds"] for r in healthy), "healthy_compute_s": per_rank(healthy),
+            "slowed_step_s": median(r["step_seconds"] for r in slowed) if len(slowed) >= 5 else None,
+            "slowed_compute_s": per_rank(slowed) if len(slowed) >= 5 else None,
+            "host_gap_s": median(gaps), "epoch_end_pause_s": median(pauses) if pauses else None,
+            "end_s": ended_at - records[-1]["time"],
+            "restart_recovery_s": [round(r["recovery_s"], 3) for r in summary["restarts"] if r.get("recovery_s")],
+            "wall_time_s": summary["wall_time_s"]}
+
+
+PIECES = ("wall_time_s", "first_launch_s", "healthy_step_s", "healthy_compute_s", "slowed_step_s", "slowed_compute_s",
+          "host_gap_s", "epoch_end_pause_s", "end_s", "restart_recovery_s")
+
+
+def shown(value: object) -> str:
+    if value is None or value == []:
+        return "-"
+    if isinstance(value, list):
+        return "/".join(f"{v:.3f}" for v in value)
+    return f"{value:.3f}"
+
+
+def pieces_rows(tmp: Path, seeds: int) -> tuple[list[str], dict]:
+    """Each measured run's pieces beside the median over the seeds of the same policy's simulations (the
+    simulations of ``bench_policies_cpu`` in ``tmp``)."""
+    import tarfile
+    with tarfile.open(MEASURED_RUNS) as archive:
+        archive.extractall(tmp / "measured", filter="data")
+    rows, result = [], {}
+    for run_dir in sorted((tmp / "measured").glob("*/*_0")):
+        policy = run_dir.name.rsplit("_", 1)[0]
+        if not (tmp / f"bench_policies_cpu_{policy}_0").is_dir():
+            continue
+        real = pieces(run_dir)
+        sims = [pieces(tmp / f"bench_policies_cpu_{policy}_{seed}") for seed in range(seeds)]
+        result[policy] = {"measured": real, "simulated": sims}
+        for key in PIECES:
+            values = [s[key] for s in sims if s[key] not in (None, [])]
+            if values and isinstance(values[0], list):
+                sim = [round(statistics.median(v[i] for v in values), 4) for i in range(min(len(v) for v in values))]
+            else:
+                sim = statistics.median(values) if values else None  # type: ignore[type-var]
+            rows.append(f"| {policy} | {key} | {shown(real[key])} | {shown(sim)} |")
+    return rows, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--out", type=Path, default=RESULTS / "simulate_validation.json")
+    parser.add_argument("--step-noise", default=None,
+                        help="simulate.step_noise of the CPU scenarios (a fault-free performance.jsonl here)")
     args = parser.parse_args()
+    noise = [f"simulate.step_noise={args.step_noise}"] if args.step_noise else []
     rows, result = [], {"command": " ".join(["python experiments/validate_simulate.py", *sys.argv[1:]]),
                         "seeds": args.seeds, "scenarios": {}}
     with tempfile.TemporaryDirectory(prefix="synapse-validate-") as tmp:
         for name in args.scenarios.split(","):
             scenario, measured = SCENARIOS[name], measured_runs(SCENARIOS[name])
-            result["scenarios"][name] = {}
+            cut = first_cut([r for runs in measured.values() for r in runs]) if scenario.get("first_cut_from_records") \
+                else []
+            cpu_noise = noise if any(o.startswith("simulate.teacher_profile") and str(CPU_PROFILES) in o
+                                     for o in scenario["overrides"]) else []
+            result["scenarios"][name] = {"overrides": [o.replace(f"{REPO}/", "") for o in  # paths from the repository
+                                                       [*scenario["overrides"], *cut, *cpu_noise]]}
             for policy in scenario["policies"]:
-                sims = [simulate_once([*scenario["overrides"], f"policy={policy}", f"seed={seed}"],
+                sims = [simulate_once([*scenario["overrides"], *cut, *cpu_noise, f"policy={policy}", f"seed={seed}"],
                                       Path(tmp) / f"{name}_{policy}_{seed}") for seed in range(args.seeds)]
                 real = measured.get(policy, [])
                 sim_wall = [s["wall_time_s"] for s in sims]
@@ -225,11 +330,16 @@ def main() -> None:
                             f"{'; '.join(decisions_text(r.get('decisions', [])) for r in real) or '-'} | "
                             f"{'; '.join(decisions_text(s['decisions']) for s in sims)} |")
                 print(rows[-1], flush=True)
+        piece_rows, result["pieces_3_rank"] = pieces_rows(Path(tmp), args.seeds) if "bench_policies_cpu" in \
+            args.scenarios.split(",") else ([], {})
         recovery, result["recovery_nodes_cpu"] = recovery_rows(args.seeds, Path(tmp))
         one_h200, result["one_h200_early_faults"] = one_h200_rows(args.seeds, Path(tmp))
     table = ("| scenario | policy | measured wall time: median (min-max, n) | simulated: median (min-max, n) | "
              "error | measured decisions (per run) | simulated decisions (per seed) |\n"
              "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
+             f"The 3-rank scenario's pieces: one measured run per policy ({MEASURED_RUNS.name}) beside the median of "
+             f"the simulated seeds (seconds; per-rank compute as rank 0/1/2)\n\n"
+             "| policy | piece | measured | simulated |\n| --- | --- | --- | --- |\n" + "\n".join(piece_rows) + "\n\n"
              "Recovery runs (recovery_nodes_cpu): failure -> first step after it\n\n"
              "| case | measured: median (min-max, n) | simulated | error | measured action | simulated action | "
              "launch measured / prior |\n| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(recovery) + "\n\n"

@@ -6,7 +6,8 @@ already computes):
 1. the faults in force give every device its alpha (compute) and beta (link);
 2. ``StagePlanner.layout_cost`` of the running placement at those factors gives every rank's
    compute and link time and the step time (GPipe or 1F1B, R replicas and their all-reduce: the
-   planner's schedule; CPU ranks at the cores' share a sleeping slowed rank leaves them); the step's
+   planner's schedule; CPU ranks at the cost model's fair share of the cores for the running
+   placement's ranks); the step's
    and each rank's noise multiply them, and the step starts after the host's gap between two
    records, drawn from the recorded streams with the noise;
 3. the record goes to ``performance.jsonl`` and to ``FailoverController.observe``, exactly as the
@@ -23,7 +24,11 @@ already computes):
    step) for a forward-only pass of the validation split through the running placement. As in a real
    run (the trainer restarts its step timer after them) they are in no record's ``step_seconds``, so
    the detector does not read them as a slowdown; the next step's ``time`` is late by them, and the
-   wall time has them.
+   wall time has them. An injected slowdown does not slow an evaluation (the injector's hooks fire in
+   training steps only); a device slow from a trace or rates does;
+6. the run begins with the first launch measured on real runs (``simulation.launch``: the launcher's
+   forkserver starting, which no relaunch pays) and ends when its workers have exited after the last
+   step (the restart prior's teardown).
 
 Time is simulated: every record's ``time`` is the simulated clock (starting at ``START_TIME``), so
 the same seed writes the same records, and the report reads them as it reads a real run's.
@@ -79,12 +84,14 @@ class SimulationSetup:
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
     live: FailoverConfig = field(default_factory=FailoverConfig)  # what the workers take in place (failover.live)
-    # CPU ranks: a compute slowdown is the injector's host sleep, which frees the rank's core while it
-    # sleeps (``SimulatedRun._planner_at``); on GPUs it is a spin kernel that holds the device
-    sleeping_slowdowns: bool = False
+    # CPU ranks: the cores' fair share for a node running this many ranks (``cost_model.cpu_contention`` at the
+    # run's threads and this host's cores), so that a placement runs at its own ranks' share; None (GPUs): the
+    # planner's contention throughout
+    contention_of: Callable[[int], float] | None = None
     max_restarts: int = 3
     failure_detect_s: float = 5.0
-    first_launch_s: float = 0.0  # the first launch: the restart path's launch and warm-up
+    first_launch_s: float = 0.0  # the first launch, measured (``simulation.launch``): the start to the first step
+    teardown_s: float = 0.0  # after the last step: the workers' exit, as a stop's teardown (the restart prior's)
     policy: str = "eta"
     injection: str = "none"
 
@@ -129,7 +136,7 @@ class SimulatedRun:
         self._pending: Restart | None = None  # restarted, its first step not run yet
         self._cost_cache: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, float]] = {}
         self._eval_cache: dict[tuple[Any, ...], float] = {}
-        self._shared_planners: dict[float, StagePlanner] = {}
+        self._planners: dict[float, StagePlanner] = {}
         self._noise_at, self._noise_step, self._noise_compute = 0, np.ones(0), np.ones((0, 0))
         self._gap_at, self._gaps = 0, np.zeros(0)
         self._width = len(setup.placement.devices) + len(controller.spare_devices)
@@ -173,6 +180,8 @@ class SimulatedRun:
                 except _RunEnds as end:
                     error = str(end)
                     break
+        if error is None:
+            self.clock += setup.teardown_s  # the run ends when its workers have exited
         self._end(step, error)
         return SimulationResult(
             wall_time_s=self.clock - START_TIME, steps=step, total_steps=setup.total_steps, completed=error is None,
@@ -231,31 +240,32 @@ class SimulatedRun:
         return tuple(alphas), tuple(betas)
 
     # ---------------------------------------------------------------- one step
-    def _planner_at(self, alphas: tuple[float, ...]) -> StagePlanner:
-        """The planner at the cores' share the ranks get with these compute factors.
-
-        The cost model prices ranks sharing a host's cores by a fair share (``cpu_contention``: ranks x
-        threads / cores, at least 1), every rank always on the CPU. A CPU rank slowed ``f`` times is the
-        injector's host sleep of (f - 1) times its task's own time (``injection.slowdown``), so it is off
-        the CPU for (f - 1) / f of its compute and its core goes to the others: the ranks on the CPU are
-        then sum(1 / f) on average, and every rank, the sleeper's own work included, runs at
-        ``contention x mean(1 / f)`` (at least 1). The sleeper's time stays f x its work at that share.
-        One contention for the whole run, as the planner has (every CPU scenario is one host)."""
-        planner = self.setup.planner
-        contention = planner.facts.contention
-        if not self.setup.sleeping_slowdowns or contention <= 1.0 or all(a == 1.0 for a in alphas):
+    def _planner_running(self) -> StagePlanner:
+        """The planner at the running placement's share of the host's cores. The run's planner has the
+        first placement's (``cpu_rank_contention``: its ranks on a node, threads and cores); a relaunch on
+        fewer or more ranks runs at theirs, as its own segment's planning prices it (measured: the 3-rank
+        demo degraded to 2 ranks on the 2 cores computed 0.027 / 0.035 s a step, its profiles at the share
+        of 2 ranks 0.029 / 0.028 s, at the first placement's 3 ranks 0.043 / 0.042 s)."""
+        planner, contention_of = self.setup.planner, self.setup.contention_of
+        if contention_of is None:
             return planner
-        shared = max(1.0, contention * sum(1.0 / a for a in alphas) / len(alphas))
-        if shared not in self._shared_planners:
-            self._shared_planners[shared] = replace(planner, facts=replace(planner.facts, contention=shared))
-        return self._shared_planners[shared]
+        node_of = planner.facts.node_of
+        per_node: dict[int, int] = {}
+        for device in self.placement.devices:
+            per_node[node_of(device)] = per_node.get(node_of(device), 0) + 1
+        contention = contention_of(max(per_node.values()))
+        if contention == planner.facts.contention:
+            return planner
+        if contention not in self._planners:
+            self._planners[contention] = replace(planner, facts=replace(planner.facts, contention=contention))
+        return self._planners[contention]
 
     def _cost(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, float]:
         key = (self.placement, alphas, betas)
         if key not in self._cost_cache:
             devices = self.placement.devices
-            cost = self._planner_at(alphas).layout_cost(self.placement, dict(zip(devices, alphas)),
-                                                        dict(zip(devices, betas)))
+            cost = self._planner_running().layout_cost(self.placement, dict(zip(devices, alphas)),
+                                                       dict(zip(devices, betas)))
             self._cost_cache[key] = (np.asarray(cost.compute_s), np.asarray(cost.transfer_s), cost.step_time_s)
         return self._cost_cache[key]
 
@@ -303,20 +313,22 @@ class SimulatedRun:
             self._events.write({"event": "checkpoint_saved", "time": self.clock, "source": "simulation", "step": step,
                                 "stall_s": setup.checkpoint_hold_s})
         if evaluate:
-            seconds = self._evaluation_s(*self._factors(active, step))
+            seconds = self._evaluation_s(self._factors([f for f in active if f.slows_evaluation], step)[0])
             self.clock += seconds
             self._events.write({"event": "evaluation", "time": self.clock, "source": "simulation", "step": step,
                                 "seconds": seconds, "images": setup.eval_images})
 
-    def _evaluation_s(self, alphas: tuple[float, ...], betas: tuple[float, ...]) -> float:
+    def _evaluation_s(self, alphas: tuple[float, ...]) -> float:
         """A forward-only pass of ``eval_images`` through the running placement, as
         ``PipelineEvaluation`` runs it: each replica forwards every R-th batch of the training batch's
         size, pipelined (GPipe) over its stages in micro-batches of the planner's profiles (teacher and
-        student forward times, each stage's times its rank's compute factor); the slowest replica ends
-        the pass. Link time is left out (forward activations only, small beside the compute)."""
+        student forward times, each stage's times its rank's compute factor and the ranks' share of the
+        host's cores, as a step's compute is priced); the slowest replica ends the pass. Link time is
+        left out (forward activations only, small beside the compute)."""
         key = (self.placement, alphas)
         if key not in self._eval_cache:
             placement, planner, batch = self.placement, self.setup.planner, self.setup.batch_size
+            contention = self._planner_running().facts.contention
             teacher = [b.forward_time_ms / 1000.0 for b in planner.teacher.blocks]
             student = [b.forward_time_ms / 1000.0 for b in planner.student.blocks]
             passes = math.ceil(math.ceil(self.setup.eval_images / batch) / placement.replicas)
@@ -324,7 +336,7 @@ class SimulatedRun:
             per_pass = math.ceil(batch / micro)
             slowest = 0.0
             for ranks in placement.pipeline_ranks():
-                stage_s = [alphas[r] * (sum(teacher[i] for i in placement.teacher_range(r)) +
+                stage_s = [alphas[r] * contention * (sum(teacher[i] for i in placement.teacher_range(r)) +
                                         sum(student[i] for i in placement.student_range(r))) for r in ranks]
                 slowest = max(slowest, passes * (sum(stage_s) + (per_pass - 1) * max(stage_s)))
             self._eval_cache[key] = slowest

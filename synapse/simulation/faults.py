@@ -58,6 +58,13 @@ class DeviceFault:
             return 1.0
         return self.factor
 
+    @property
+    def slows_evaluation(self) -> bool:
+        """Whether an evaluation runs slower under it. An injected slowdown is the injector's hooks,
+        which fire in training steps only (``synapse.injection.injector``: a step below 1, an
+        evaluation's, fires nothing); a fault from a trace or rates is the device itself being slow."""
+        return self.spec is None
+
     def due(self, step: int, clock_s: float) -> bool:
         """A fail-stop: whether it has struck by ``step`` (at ``clock_s``)."""
         return (clock_s if self.in_seconds else step) >= self.start

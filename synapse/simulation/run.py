@@ -12,6 +12,7 @@ from typing import Any
 
 from synapse.config import ConfigError, SynapseConfig, fixed_replicas
 from synapse.data import data_kwargs, dataset_info, digits_split_indices, train_samples
+from synapse.engine import available_cores, default_threads
 from synapse.failover import build_controller
 from synapse.partitioning import (
     DeviceFacts,
@@ -24,6 +25,7 @@ from synapse.partitioning import (
     candidate_counts,
     choose_layout,
     choose_microbatches,
+    cpu_contention,
     even_counts,
     layout_shapes,
     load_profile_csv,
@@ -33,6 +35,7 @@ from synapse.planning import OPTIMIZER_STATE, configured_alphas, device_facts, p
 from synapse.rundir import PARTITION, PLAN
 from synapse.simulation.engine import SimulatedRun, SimulationResult, SimulationSetup
 from synapse.simulation.faults import FaultRates, injected_faults, random_faults, trace_faults
+from synapse.simulation.launch import load_first_launch
 from synapse.simulation.noise import load_noise
 
 # An async save holds the loop for this share of a synchronous save of the same state (the restart priors'
@@ -150,6 +153,13 @@ def first_plan(cfg: SynapseConfig, planners: SimulatedPlanners, devices: list[in
     return replicated(pipeline, devices, replicas, cfg.trainer.replica_shares, batch, fixed_m), fixed_m, planner
 
 
+def cpu_contention_of(cfg: SynapseConfig) -> Callable[[int], float]:
+    """A node's CPU ranks' fair share of its cores by their count, as ``planning.cpu_rank_contention`` prices
+    a segment of that many ranks (``trainer.threads``, or the cores shared out among them)."""
+    cores = available_cores()
+    return lambda ranks: cpu_contention(ranks, cfg.trainer.threads or default_threads(ranks), cores)
+
+
 def total_steps_of(cfg: SynapseConfig) -> tuple[int, int | None]:
     """The schedule's length and the steps of one epoch (None where the data set's size needs its files)."""
     samples = train_samples(cfg.data)
@@ -194,6 +204,7 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         faults += random_faults(rates, [*devices, *spares], horizon, cfg.seed, nodes=list(by_node.values()))
     controller = build_controller(cfg, planner, run_dir, log, first=placement)
     restart = controller.restart_costs.estimate("restart")
+    first_launch = load_first_launch(accelerator, restart.launch_s, restart.warmup_s)
     eval_images = validation_images(cfg.data)
     if not eval_images:
         log(f"simulate: data={cfg.data.name} tells its validation split's size only from its files: evaluations "
@@ -206,9 +217,10 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         checkpoint_hold_s=restart.checkpoint_save_s * (ASYNC_SAVE_SHARE[accelerator] if cfg.checkpoint.async_save
                                                        else 1.0),
         eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
-        live=cfg.failover, sleeping_slowdowns=accelerator == "cpu",
+        live=cfg.failover, contention_of=cpu_contention_of(cfg) if accelerator == "cpu" else None,
         max_restarts=cfg.failover.max_restarts,
-        failure_detect_s=sim.failure_detect_s, first_launch_s=restart.launch_s + restart.warmup_s,
+        failure_detect_s=sim.failure_detect_s, first_launch_s=first_launch.total_s,
+        teardown_s=restart.teardown_s,
         policy=str(cfg.policy.name), injection=cfg.injection.name)
     PARTITION.path(run_dir).write_text(json.dumps(placement.to_dict(), indent=1))
     PLAN.path(run_dir).write_text(json.dumps({"simulated": True, "microbatches": microbatches,
@@ -217,6 +229,9 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
                                               "profiles": {"teacher": planner.teacher.source,
                                                            "student": planner.student.source},
                                               "noise": {"source": noise.source, **noise.spread()},
+                                              "first_launch": {"source": first_launch.source,
+                                                               "launch_s": first_launch.launch_s,
+                                                               "warmup_s": first_launch.warmup_s},
                                               "faults": [f.describe() for f in faults]}, indent=1, default=str))
     log(f"simulate: {len(devices)} simulated {accelerator} device(s), {placement.replicas} replica(s) x "
         f"{placement.num_stages} stage(s), {microbatches} micro-batches, {total} steps, {len(faults)} fault(s), "

@@ -73,10 +73,13 @@ def test_each_step_waits_for_a_drawn_host_gap_and_the_steps_are_the_same_as_with
 CPU_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "results" / "simulate_profiles_cpu"
 
 
-def test_a_cpu_rank_slowed_by_a_sleep_frees_its_core_for_the_others(tmp_path):
-    """3 CPU ranks of as many threads as the cores: each runs 3x slower than alone (the fair share).
-    Rank 1 slowed x4 by the injector's sleep is off the CPU 3/4 of its compute, so the ranks on the CPU
-    are 1 + 1/4 + 1 on average: every rank's work runs at a share of 2.25, not 3."""
+def test_a_cpu_rank_slowed_by_the_injector_takes_its_factor_and_the_others_keep_their_compute(tmp_path):
+    """3 CPU ranks of as many threads as the cores, at the cost model's fair share (3x the profile).
+    Rank 1 slowed x4 by the injector's sleep takes 4x its compute; the others keep theirs. Measured on
+    the 3-rank demo with rank 1 x4 from step 50 (simulate_validation_runs_2026-12-05: degrade_0, eta_0,
+    the steps before they acted): ranks 0 and 2 computed 0.031 / 0.029 s a step against 0.030 / 0.032 s
+    before, rank 1 3.8-4.0x its own; the freed-core share (ranks on the CPU sum(1 / f)) would have put
+    ranks 0 and 2 at 0.75x and rank 1 at 3x."""
     simulate(tmp_path, "trainer.accelerator=cpu", "trainer.devices=3", f"trainer.threads={available_cores()}",
              "teacher=resnet_mini", "student=resnet_micro", "data=digits", "partition=even", "policy=keep",
              "trainer.max_steps=60", "simulate.step_noise=none",
@@ -85,7 +88,6 @@ def test_a_cpu_rank_slowed_by_a_sleep_frees_its_core_for_the_others(tmp_path):
              "injection.faults=[{kind:slow_compute,rank:1,start:30,factor:4.0}]")
     records = read_jsonl(PERFORMANCE.path(tmp_path))
     before, after = records[20]["compute_s"], records[40]["compute_s"]
-    shared = (1 + 1 / 4 + 1) / 3  # the share the ranks get, over the fair share of 3 ranks always on the CPU
-    assert after[0] / before[0] == pytest.approx(shared, rel=1e-9)
-    assert after[2] / before[2] == pytest.approx(shared, rel=1e-9)
-    assert after[1] / before[1] == pytest.approx(4 * shared, rel=1e-9)
+    assert after[0] == pytest.approx(before[0], rel=1e-9)
+    assert after[2] == pytest.approx(before[2], rel=1e-9)
+    assert after[1] / before[1] == pytest.approx(4.0, rel=1e-9)
