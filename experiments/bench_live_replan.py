@@ -64,8 +64,9 @@ def main() -> None:
                           f"REPLAN drill at step {args.drill_step} of {args.steps}",
               "load_average": load, "load_average_after": os.getloadavg(), "repeats": args.repeats,
               "live": live, "restart": restart, "runs": runs,
-              "speedup_downtime": restart["downtime_s"] / live["downtime_s"],
-              "speedup_recovery": restart["recovery_s"] / live["recovery_s"],
+              # a live downtime can measure 0 (the new cut's first step no slower than a healthy one)
+              "speedup_downtime": restart["downtime_s"] / max(live["downtime_s"], 1e-3),
+              "speedup_recovery": restart["recovery_s"] / max(live["recovery_s"], 1e-3),
               "paths": {"live": live["components"]}, "prior_weight": 1.0}
     args.out.write_text(json.dumps(result, indent=1))
     lines = [f"# Live vs restart REPLAN: {result['scenario']}", "", f"`{result['command']}`", "",

@@ -160,8 +160,8 @@ class RestartCostModel:
 
     def costs_by_kind(self, restarting: Collection[OptionKind] = ()) -> dict[OptionKind, float]:
         """The ``restart_costs`` mapping that ``build_options`` takes. ``restarting``: kinds that take the
-        restart path this time whatever their configured one (a REPLAN of replicas re-cuts them through a
-        restart, never live)."""
+        restart path this time whatever their configured one (the workers cannot take them live: a launch
+        under torchft, failover.replan_mode=restart)."""
         restart_s = self.estimate(DEFAULT_PATH).total_s
         return {kind: restart_s if kind in restarting and kind is not OptionKind.KEEP else self.seconds_for(kind)
                 for kind in OptionKind}

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synapse.calibration import AlphaBetaEstimator, OnlineCalibration
+from synapse.config import FailoverConfig
 from synapse.decision import (
     Decision,
     DecisionContext,
@@ -58,7 +59,7 @@ from synapse.detection import (
     carry_over,
     link_send_seconds,
 )
-from synapse.failover.live import LIVE_KINDS
+from synapse.failover.live import LIVE_KINDS, live_kinds, taken_live
 from synapse.partitioning import Placement, StagePlanner
 from synapse.rundir import EVENTS
 
@@ -105,9 +106,11 @@ class FailoverController:
     last_action_step: int | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
     drills: list[dict[str, Any]] = field(default_factory=list)  # forced actions: [{step, action, device?}]
-    # The actions a segment on a placement takes live (``failover.live.live_kinds``); the others of
-    # ``LIVE_KINDS`` are priced at the restart path there. None: each kind on its configured path.
-    live_on: Callable[[Placement], frozenset[OptionKind]] | None = None
+    # What the running workers take live (``failover.live``: the run's replan_mode and the replica engine of
+    # the running launch); the kinds of ``LIVE_KINDS`` they do not are priced at the restart path. None:
+    # nothing is taken live, every kind priced on its configured path (``restart_costs``' kind_paths).
+    failover: FailoverConfig | None = None
+    replica_engine: str = "restart"  # of the running launch (begin_segment), kept through its live changes
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
     errors: int = 0  # controller errors survived (each read as KEEP; see observe)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
@@ -169,8 +172,12 @@ class FailoverController:
                        factors=self.calibration.factors.to_dict())
 
     # ---------------------------------------------------------------- segments
-    def begin_segment(self, placement: Placement, start_step: int | None = None) -> None:
-        """A new launch from ``start_step``: carry the detector over from the previous partition."""
+    def begin_segment(self, placement: Placement, start_step: int | None = None, engine: str | None = None) -> None:
+        """A new segment (from ``start_step``: resumed from a checkpoint): carry the detector over from the
+        previous partition. ``engine``: the replica engine of a new launch (None: the segment continues the
+        running launch, changed live)."""
+        if engine is not None:
+            self.replica_engine = engine
         if start_step is not None:
             self.rewind(start_step)
         previous, self.placement = self.placement, placement
@@ -365,13 +372,19 @@ class FailoverController:
         placement, alphas, betas = self.running_placement, self.alphas(), self.betas()
         predicted = self.priced.layout_cost(placement, alphas, betas).step_time_s
         current = RunningPartition(placement, measured_step_s or predicted, predicted)
-        restarting = () if self.live_on is None else tuple(LIVE_KINDS - self.live_on(placement))
+        restarting = () if self.failover is None else tuple(LIVE_KINDS - live_kinds(self.failover,
+                                                                                     self.replica_engine))
         costs = self.restart_costs.costs_by_kind(restarting=restarting)
         if placement.replicas > 1:
             return replica_options(current, alphas, betas, bad_device, self.priced, costs, self.spare_devices,
                                    lost_devices=lost, excluded=self.episode.fell_short)
         return build_options(current, alphas, betas, bad_device, self.priced.plan, costs, self.spare_devices,
                              lost_devices=lost)
+
+    def takes_live(self, kind: OptionKind, chosen: Placement) -> bool:
+        """Whether the running workers carry a decision of ``kind`` to ``chosen`` out in place (as priced)."""
+        return self.failover is not None and taken_live(self.failover, self.replica_engine, kind,
+                                                        self.running_placement, chosen)
 
     def _slowest_device(self) -> int | None:
         """The device of the strongest active slowdown (compute first: it is the device's own)."""

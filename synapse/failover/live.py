@@ -1,6 +1,6 @@
-"""Which decisions the running workers take in place, without a stop: the one rule the controller's
-pricing (``failover.controller``), the watcher that sends the request (``failover.watch``), the supervisor's
-records and the simulator (``synapse.simulation``) all follow."""
+"""Which decisions the running workers take in place, without a stop: the one rule the controller prices by
+and answers with (``FailoverController.takes_live``), which the watcher that sends the request
+(``failover.watch``) and the simulator (``synapse.simulation``) ask."""
 from __future__ import annotations
 
 from synapse.config import FailoverConfig
@@ -22,12 +22,13 @@ def replica_engine(failover: FailoverConfig, placement: Placement) -> str:
     return str(failover.replica_engine) if carried else "restart"
 
 
-def live_kinds(failover: FailoverConfig, running: Placement) -> frozenset[OptionKind]:
-    """The actions the workers of a segment on ``running`` take without a restart: with
-    ``failover.replan_mode=live`` a REPLAN and a REBALANCE, unless torchft carries the segment (each replica
-    is a launch of its own whose share follows the quorum: every change of its layout restarts). A segment
-    that torchft handed to the restart engine (``replica_engine``) takes them live again."""
-    if failover.replan_mode != "live" or replica_engine(failover, running) == "torchft":
+def live_kinds(failover: FailoverConfig, engine: str) -> frozenset[OptionKind]:
+    """The actions the workers of a launch on replica engine ``engine`` (``replica_engine`` of the placement it
+    was launched on) take without a restart: with ``failover.replan_mode=live`` a REPLAN and a REBALANCE,
+    none under torchft (each replica is a launch of its own whose share follows the quorum: every change of
+    its layout restarts). A launch on the restart engine keeps it through its live changes, whatever
+    placement they reach (equal shares again after a REBALANCE included)."""
+    if failover.replan_mode != "live" or engine == "torchft":
         return frozenset()
     return LIVE_KINDS
 
@@ -43,6 +44,7 @@ def changes_live(kind: OptionKind, running: Placement, chosen: Placement) -> boo
     return False
 
 
-def taken_live(failover: FailoverConfig, kind: OptionKind, running: Placement, chosen: Placement) -> bool:
-    """Whether a decision of ``kind`` from ``running`` to ``chosen`` is carried out live."""
-    return kind in live_kinds(failover, running) and changes_live(kind, running, chosen)
+def taken_live(failover: FailoverConfig, engine: str, kind: OptionKind, running: Placement,
+               chosen: Placement) -> bool:
+    """Whether a decision of ``kind`` from ``running`` to ``chosen`` is carried out live, in a launch on ``engine``."""
+    return kind in live_kinds(failover, engine) and changes_live(kind, running, chosen)

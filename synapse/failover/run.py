@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, resolve
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
 from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
-from synapse.failover.live import LIVE_KINDS, live_kinds
+from synapse.failover.live import LIVE_KINDS
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.supervisor import Supervisor, first_segment
 from synapse.launch import launch_pipeline, launch_replica_groups
@@ -42,11 +41,11 @@ def restart_cost_model(trainer: TrainerConfig, failover: FailoverConfig, log: Ca
                               "restart", FALLBACK_RESTART, "experiments/bench_restart_cost.py", log)
     live = _benchmark_cost(None, PRIORS_DIR / f"live_replan_{accelerator}.json", "live", FALLBACK_LIVE,
                            "experiments/bench_live_replan.py", log)
-    # A live REBALANCE moves no block: priced at the live REPLAN's cost until the run has measured its own
-    # (both are corrected on the one "live" path), an upper bound. A segment that cannot take them live
-    # (torchft carries it) has them priced at the restart path by the controller (``live_on``).
-    live_mode = failover.replan_mode == "live"
-    kind_paths: dict[OptionKind | str, str] = {kind: "live" for kind in LIVE_KINDS} if live_mode else {}
+    # The path each kind takes when the workers take it live; where they do not (replan_mode=restart, a torchft
+    # launch: failover.live), the controller prices it at the restart path. A live REBALANCE moves no block:
+    # priced at the live REPLAN's cost until the run has measured its own (both are corrected on the one
+    # "live" path), an upper bound.
+    kind_paths: dict[OptionKind | str, str] = {kind: "live" for kind in LIVE_KINDS}
     return RestartCostModel({"restart": restart, "live": live}, kind_paths=kind_paths)
 
 
@@ -77,7 +76,7 @@ def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, l
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
         drills=[{"step": d.step, "action": str(d.action), "device": d.device} for d in cfg.failover.drills],
-        live_on=partial(live_kinds, cfg.failover),
+        failover=cfg.failover,
         say=log,
     )
 

@@ -248,12 +248,7 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
             # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
             "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
             "resume": spec.resume,
-            "failover.replica_engine": replica_engine_for(cfg, spec.placement)}
-
-
-def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
-    """The engine a segment on ``placement`` runs on (``failover.live.replica_engine``)."""
-    return replica_engine(cfg.failover, placement)
+            "failover.replica_engine": replica_engine(cfg.failover, spec.placement)}
 
 
 def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,

@@ -175,10 +175,10 @@ class Supervisor:
         self.control.clear()
         if (signal_name := self._interrupted_by()) is not None:  # it came while the segment was being set up
             self._stop_on_interrupt(signal_name)
-        self.controller.begin_segment(spec.placement, start_step=spec.start_step)
+        self.controller.begin_segment(spec.placement, start_step=spec.start_step,
+                                      engine=str(segment_cfg.failover.replica_engine))
         watcher = LaunchWatcher(self.run_dir, spec.index, self.controller, log=self.controller.say,
-                               live=self.failover, on_live_segment=self._on_live_segment,
-                               control=self.control)
+                               on_live_segment=self._on_live_segment, control=self.control)
         if restart is not None:
             restart.relaunch_time = time.time()
             self.events.append("relaunch", segment=spec.index, devices=spec.devices, partition=spec.partition,

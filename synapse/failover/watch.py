@@ -16,21 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from synapse.config import FailoverConfig
 from synapse.control import ControlChannel, FileControlChannel, StopRequest
 from synapse.decision import Decision
 from synapse.failover.controller import FailoverController
-from synapse.failover.live import taken_live
 from synapse.rundir import PERFORMANCE, EventLog, JsonlTail, events_path
 
 
 class LaunchWatcher(threading.Thread):
     def __init__(self, run_dir: Path, segment: int, controller: FailoverController, *, period_s: float = 0.05,
-                 log: Callable[[str], None] = print, live: FailoverConfig | None = None,
+                 log: Callable[[str], None] = print,
                  on_live_segment: Callable[[Decision, dict[str, Any], dict[str, Any]], None] | None = None,
                  control: ControlChannel | None = None):
-        """``live``: the run's failover settings, which say what the running workers take in place, without a
-        stop (``failover.live``; None: nothing);
+        """What the running workers take in place, without a stop, the controller says (``takes_live``);
         ``on_live_segment`` is called with the decision, the first record of the segment it started and the
         last of the one before."""
         super().__init__(name=f"synapse-watch-{segment}", daemon=True)
@@ -42,7 +39,7 @@ class LaunchWatcher(threading.Thread):
         self.last_record: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.error_step: int | None = None  # the step whose record the controller failed on
-        self.live, self.on_live_segment = live, on_live_segment
+        self.on_live_segment = on_live_segment
         self.pending_live: Decision | None = None
         self._done = threading.Event()
         self.control = control or FileControlChannel(self.run_dir)  # the segment's (control.open_channel)
@@ -113,8 +110,7 @@ class LaunchWatcher(threading.Thread):
     def _act(self, decision: Decision) -> None:
         self.decision, self.decided_at = decision, time.time()
         chosen = decision.chosen
-        live = self.live is not None and taken_live(self.live, decision.action, self.controller.running_placement,
-                                                    chosen.placement)
+        live = self.controller.takes_live(decision.action, chosen.placement)
         self.control.send(StopRequest(uuid.uuid4().hex, decision.action.value, decision.step, self.segment,
                                       "live" if live else "restart", chosen.placement))
         if live:

@@ -52,6 +52,8 @@ class ReplicaMesh:
     pipeline_group: dist.ProcessGroup  # this replica's pipeline
     last_ranks_group: dist.ProcessGroup | None  # every replica's last rank (None: this rank is not a last one)
     gradient_groups: tuple[GradientGroup, ...]  # this rank's student blocks by owners, in block order
+    # every group made so far, by its ranks (a live re-cut reuses them): the same on every rank of the launch
+    groups: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     _before: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # buffers at the step's start
 
     @property
@@ -60,21 +62,31 @@ class ReplicaMesh:
         return len(self.share) / self.batch
 
     @classmethod
-    def build(cls, placement: Placement, rank: int, batch: int, microbatches: int) -> ReplicaMesh:
+    def build(cls, placement: Placement, rank: int, batch: int, microbatches: int,
+              groups: dict[tuple[Any, ...], Any] | None = None) -> ReplicaMesh:
         """Every rank of the launch calls this, and makes every group in the same order (``new_group`` is
-        collective over the whole launch, member or not)."""
+        collective over the whole launch, member or not). ``groups``: those made before (a live re-cut), by
+        use and ranks: reused, and the new ones added to it."""
+        groups = {} if groups is None else groups
+
+        def group_of(purpose: str, ranks: Sequence[int]) -> Any:
+            key = (purpose, *ranks)  # one group per use, as before any reuse: none serves two
+            if key not in groups:
+                groups[key] = dist.new_group(list(ranks))
+            return groups[key]
+
         replica = placement.replica_of(rank)
-        pipelines = [dist.new_group(list(placement.replica_ranks(r))) for r in range(placement.replicas)]
+        pipelines = [group_of("pipeline", placement.replica_ranks(r)) for r in range(placement.replicas)]
         last_ranks = [placement.replica_ranks(r)[-1] for r in range(placement.replicas)]
-        last_group = dist.new_group(last_ranks)
+        last_group = group_of("last ranks", last_ranks)
         first_block = placement.student_range(rank).start
         mine = []
         for owners, blocks in placement.student_groups():
-            group = dist.new_group(list(owners))
+            group = group_of("gradients", owners)
             if rank in owners:
                 mine.append(GradientGroup(group, range(blocks.start - first_block, blocks.stop - first_block)))
         return cls(replica, placement.replicas, placement.share_range(replica, batch, microbatches), batch,
-                   pipelines[replica], last_group if rank in last_ranks else None, tuple(mine))
+                   pipelines[replica], last_group if rank in last_ranks else None, tuple(mine), groups)
 
     def reshared(self, placement: Placement, microbatches: int) -> ReplicaMesh:
         """This rank's place under ``placement``'s shares (a live REBALANCE): the same replica and groups, another

@@ -244,8 +244,8 @@ class PipelineRunner:
 
     def _agree_on_stop(self, request: StopRequest | None, step: int) -> None:
         """Under torchft every replica polls the control channel on its own: a request one saw rides on the
-        next step's reduction, and every replica stops after that same step (a live re-partition too: the
-        layout of a replicated run changes by restart)."""
+        next step's reduction, and every replica stops after that same step (the controller sends none live
+        to a torchft launch: failover.live)."""
         if request is not None and self._stop_seen is None:
             self._stop_seen = request
             cast(QuorumReplicas, self.quorum).stop_seen = True
@@ -276,7 +276,7 @@ class PipelineRunner:
         if self.live_request is not None:
             request, self.live_request = self.live_request, None
             self.applied_requests.add(request.id)
-            change = self.reshare if self.partition.only_shares_differ(request.placement) else self.repartition
+            change = self.reshare if request.action == "rebalance" else self.repartition
             if not change(request.placement):
                 # The restart path is the fallback: stop after this step with a checkpoint of the
                 # old placement; the supervisor relaunches on the new one (the decision stands).
@@ -350,9 +350,10 @@ class PipelineRunner:
         self.blocks.release(self.rank, self.partition, new)
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
-        # Replicas: the groups that sum each block's gradients follow the new cut (every rank makes them, in
-        # the same order); the pipelines' groups are made anew with them
-        mesh = (ReplicaMesh.build(new, self.rank, self.images_per_step, old.microbatches) if new.replicas > 1
+        # Replicas: the groups that sum each block's gradients follow the new cut; a group of the same ranks as
+        # one already made is reused (every rank holds the same ones and makes the missing ones in one order)
+        made = old.replicas.groups if isinstance(old.replicas, ReplicaMesh) else None
+        mesh = (ReplicaMesh.build(new, self.rank, self.images_per_step, old.microbatches, made) if new.replicas > 1
                 else None)
         self.runtime = PipelineRuntime(module, new.stage_of(self.rank), new.stages_of_rank(self.rank), self.setup,
                                        old.microbatches, self.pipeline.schedule, old.loss_fn, optimizer, scheduler,
@@ -422,6 +423,8 @@ class PipelineRunner:
         unused), and the optimizer state is a by-name copy, so until the caller swaps, the old
         stage trains exactly as before.
         """
+        if new.replicas > 1:  # the new shares must cut the batch in whole micro-batches: raised here, agreed on
+            new.share_range(new.replica_of(self.rank), self.images_per_step, self.runtime.microbatches)
         module, owned = self.blocks.stage(self.rank, new, self.setup)
         optim_state = dict(optim_state)
         with torch.no_grad():

@@ -52,7 +52,7 @@ from synapse.failover import (
     FailoverController,
     Restart,
     Segment,
-    taken_live,
+    replica_engine,
     write_experiment_summary,
     write_segment,
 )
@@ -83,7 +83,7 @@ class SimulationSetup:
     checkpoint_hold_s: float = 0.0  # the loop held per checkpoint save (async: its stall; sync: the save)
     eval_every_epochs: int = 1  # trainer.eval_every_epochs
     eval_images: int = 0  # the validation split an evaluation forwards (0: no evaluation priced)
-    live: FailoverConfig = field(default_factory=FailoverConfig)  # what the workers take in place (failover.live)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)  # each launch's replica engine (failover.live)
     # CPU ranks: the cores' fair share for a node running this many ranks (``cost_model.cpu_contention`` at the
     # run's threads and this host's cores), so that a placement runs at its own ranks' share; None (GPUs): the
     # planner's contention throughout
@@ -153,7 +153,8 @@ class SimulatedRun:
         began = time.perf_counter()
         setup = self.setup
         self._start_segment(0, self.placement, "start", 0)
-        self.controller.begin_segment(self.placement, start_step=0)
+        self.controller.begin_segment(self.placement, start_step=0,
+                                      engine=replica_engine(setup.failover, self.placement))
         self.clock += setup.first_launch_s
         step, error = 0, None
         with JsonlWriter(PERFORMANCE.path(self.run_dir)) as performance:
@@ -368,7 +369,7 @@ class SimulatedRun:
     def _act(self, decision: Decision, step: int) -> int:
         """Carry out a non-KEEP decision taken after ``step``; returns the step the run continues after."""
         kind = decision.action
-        live = taken_live(self.setup.live, kind, self.placement, decision.chosen.placement)
+        live = self.controller.takes_live(kind, decision.chosen.placement)
         path = "live" if live else "restart"
         if not live and sum(r.mode != "live" for r in self.restarts) >= self.setup.max_restarts:
             raise _RunEnds(f"{kind.value} decided at step {step} but failover.max_restarts={self.setup.max_restarts} "
@@ -427,7 +428,9 @@ class SimulatedRun:
             restart.relaunch_time = self.clock
             self._events.write({"event": "relaunch", "time": self.clock, "segment": restart.segment,
                                 "devices": list(placement.devices), "resume_step": start_step})
-        self.controller.begin_segment(placement, start_step=start_step if rewind else None)
+        launched = restart.mode != "live"  # a new launch: its replica engine is its placement's
+        self.controller.begin_segment(placement, start_step=start_step if rewind else None,
+                                      engine=replica_engine(self.setup.failover, placement) if launched else None)
         self._pending = restart
 
     def _first_step_after_restart(self, record: dict[str, Any]) -> None:

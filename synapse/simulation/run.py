@@ -217,7 +217,7 @@ def run_simulation(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None]
         checkpoint_hold_s=restart.checkpoint_save_s * (ASYNC_SAVE_SHARE[accelerator] if cfg.checkpoint.async_save
                                                        else 1.0),
         eval_every_epochs=cfg.trainer.eval_every_epochs, eval_images=eval_images,
-        live=cfg.failover, contention_of=cpu_contention_of(cfg) if accelerator == "cpu" else None,
+        failover=cfg.failover, contention_of=cpu_contention_of(cfg) if accelerator == "cpu" else None,
         max_restarts=cfg.failover.max_restarts,
         failure_detect_s=sim.failure_detect_s, first_launch_s=first_launch.total_s,
         teardown_s=restart.teardown_s,

@@ -102,3 +102,22 @@ def test_a_drilled_replan_of_replicas_moves_blocks_live_from_a_skewed_cut_and_no
     assert moved["pids"] == [read_heartbeats(tmp_path)[rank]["pid"] for rank in range(4)]
     assert_close_states(final_student_state(tmp_path), reference)
 
+
+def test_a_drilled_replan_of_replicas_cut_differently_makes_the_new_owners_groups_live(tmp_path, teacher_file,
+                                                                                      reference):
+    """Replicas cut differently (replica 0 puts 8 student blocks on stage 1, replica 1 on stage 0): a block's
+    owners across the replicas are other pairs of ranks than a stage's, and the re-cut changes them, so the
+    gradient groups of owners not met before are made live; the run still learns what one device learns."""
+    run(compose_config(tmp_path, [f"teacher.checkpoint={teacher_file}", *COMMON, *VIT, *STEPS,
+                                  "trainer.devices=4", "trainer.replicas=2", "pipeline.microbatches=2",
+                                  "partition=manual", "partition.teacher=[5,6,6,5]", "partition.student=[2,8,8,2]",
+                                  "partition.replica_stages=[2,2]", "failover.drills=[{step:5,action:replan}]"]),
+        log=lambda m: None)
+    segments = read_segments(tmp_path)
+    assert [(s.reason, s.outcome) for s in segments] == [("start", "replanned live"), ("replan (live)", "finished")]
+    before, after = segments[0].placement, segments[1].placement
+    assert after.same_ranks(before) and after.student_groups() != before.student_groups()
+    [moved] = read_events(events_path(tmp_path), "live_replan")
+    assert moved["moved_blocks"] > 0 and moved["pids"] == [read_heartbeats(tmp_path)[rank]["pid"] for rank in range(4)]
+    assert_close_states(final_student_state(tmp_path), reference)
+

@@ -490,29 +490,27 @@ def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_i
     assert OptionKind.REBALANCE not in {o.kind for o in after.options}
 
 
-def test_the_changes_a_segment_takes_live_are_priced_live_and_those_torchft_carries_as_restarts(planner):
+def test_the_changes_a_launch_takes_live_are_priced_live_and_those_of_a_torchft_launch_as_restarts(planner):
     """With replan_mode=live a REPLAN (one pipeline or every replica re-cut at once) and a REBALANCE are priced at
-    the live path; in a segment torchft carries (replicas cut alike, equal shares) at the restart path, which
-    they take there (failover.live.live_kinds); a segment torchft handed to the restart engine (unequal shares)
-    takes them live again."""
+    the live path and carried out live (``takes_live``); in a launch torchft carries, at the restart path, which
+    they take there (failover.live.live_kinds); with replan_mode=restart at the restart path too. The engine is
+    the launch's: a launch on the restart engine keeps it through a live change back to equal shares."""
     import dataclasses
-    from functools import partial
 
     from synapse.config import FailoverConfig
-    from synapse.config.schema import ReplicaEngine
-    from synapse.failover.live import live_kinds
+    from synapse.config.schema import ReplanMode, ReplicaEngine
 
     restart, live = RestartCost(checkpoint_save_s=5, launch_s=20), RestartCost(launch_s=0.3)
     costs = RestartCostModel({"restart": restart, "live": live},
                              kind_paths={REPLAN: "live", OptionKind.REBALANCE: "live"})
 
-    def restart_costs(controller_planner, placement, failover: FailoverConfig) -> dict:
+    def priced(controller_planner, placement, failover: FailoverConfig, engine: str) -> tuple[dict, FailoverController]:
         events: list[dict] = []
         controller = FailoverController(policy=make_policy("eta"), planner=controller_planner, restart_costs=costs,
                                         detector=SlowdownDetector(DetectorConfig(baseline_window=30)),
                                         log_event=lambda event, **f: events.append({"event": event, **f}),
-                                        live_on=partial(live_kinds, failover))
-        controller.begin_segment(placement)
+                                        failover=failover)
+        controller.begin_segment(placement, engine=engine)
         ranks, rng = len(placement.devices), random.Random(5)
         for step in range(1, 61):
             compute = [rng.uniform(0.95, 1.05) * (3.0 if rank == ranks - 1 and step > 40 else 1.0)
@@ -521,21 +519,30 @@ def test_the_changes_a_segment_takes_live_are_priced_live_and_those_torchft_carr
                                 "total_steps": TOTAL, "compute_s": compute, "comm_s": [0.01] * ranks})
         decided = [e for e in events if e["event"] == "decision"]
         assert decided, "the slowed rank is priced"
-        return {o["kind"]: o["restart_cost_s"] for o in decided[0]["options"]}
+        return {o["kind"]: o["restart_cost_s"] for o in decided[0]["options"]}, controller
 
     blocks = (len(planner.teacher), len(planner.student))
     two_by_two = dataclasses.replace(planner, replicas=2)
     half = (blocks[0] // 2, blocks[0] - blocks[0] // 2), (blocks[1] // 2, blocks[1] - blocks[1] // 2)
     alike = Placement((0, 1, 2, 3), *half, 2, (32, 32))
+    recut = Placement((0, 1, 2, 3), (half[0][0] + 1, half[0][1] - 1), half[1], 2, (32, 32))
     restart_engine, torchft = FailoverConfig(), FailoverConfig(replica_engine=ReplicaEngine.torchft)
-    replicated = restart_costs(two_by_two, alike, restart_engine)
-    assert replicated["replan"] == pytest.approx(live.total_s)
-    assert replicated["rebalance"] == pytest.approx(live.total_s)
-    carried = restart_costs(two_by_two, alike, torchft)
-    assert carried["replan"] == pytest.approx(restart.total_s)
-    assert carried["rebalance"] == pytest.approx(restart.total_s)
-    handed_back = restart_costs(two_by_two, alike.with_shares((40, 24)), torchft)
-    assert handed_back["rebalance"] == pytest.approx(live.total_s)
+    replicated, controller = priced(two_by_two, alike, restart_engine, "restart")
+    assert replicated["replan"] == replicated["rebalance"] == pytest.approx(live.total_s)
+    assert controller.takes_live(REPLAN, recut)
+    assert controller.takes_live(OptionKind.REBALANCE, alike.with_shares((40, 24)))
+    assert not controller.takes_live(OptionKind.DEGRADE, alike.without_replica(1, 64, 2))
+    carried, controller = priced(two_by_two, alike, torchft, "torchft")
+    assert carried["replan"] == carried["rebalance"] == pytest.approx(restart.total_s)
+    assert not controller.takes_live(REPLAN, recut) and not controller.takes_live(OptionKind.REBALANCE,
+                                                                                   alike.with_shares((40, 24)))
+    # a torchft run's launch on the restart engine (it went there by a restart to unequal shares), now back at
+    # equal shares by a live change: still the restart engine's launch, so still live
+    handed_back, controller = priced(two_by_two, alike, torchft, "restart")
+    assert handed_back["rebalance"] == pytest.approx(live.total_s) and controller.takes_live(REPLAN, recut)
+    by_restart, controller = priced(two_by_two, alike, FailoverConfig(replan_mode=ReplanMode.restart), "restart")
+    assert by_restart["replan"] == by_restart["rebalance"] == pytest.approx(restart.total_s)
+    assert not controller.takes_live(REPLAN, recut)
     teacher, student, _ = planner.plan((0, 1, 2), [1.0] * 3)
-    pipeline = restart_costs(planner, Placement((0, 1, 2), tuple(teacher), tuple(student)), restart_engine)
+    pipeline, _ = priced(planner, Placement((0, 1, 2), tuple(teacher), tuple(student)), restart_engine, "restart")
     assert pipeline["replan"] == pytest.approx(live.total_s)

@@ -22,15 +22,17 @@ TWO_BY_ONE = Placement((0, 1), (11,), (10,), replicas=2, shares=(16, 16))
 TWO_BY_TWO = Placement((0, 1, 2, 3), (5, 6), (5, 5), replicas=2, shares=(16, 16))
 
 
-def test_live_mode_takes_replan_and_rebalance_live_restart_mode_neither_torchft_neither_where_it_carries():
-    assert live_kinds(FailoverConfig(), TWO_BY_ONE) == {OptionKind.REPLAN, OptionKind.REBALANCE}
-    assert live_kinds(FailoverConfig(replan_mode=ReplanMode.restart), TWO_BY_ONE) == frozenset()
+def test_live_mode_takes_replan_and_rebalance_live_restart_mode_neither_a_torchft_launch_neither():
+    assert live_kinds(FailoverConfig(), "restart") == {OptionKind.REPLAN, OptionKind.REBALANCE}
+    assert live_kinds(FailoverConfig(replan_mode=ReplanMode.restart), "restart") == frozenset()
     torchft = FailoverConfig(replica_engine=ReplicaEngine.torchft)
-    assert live_kinds(torchft, TWO_BY_ONE) == frozenset()  # each replica its own launch: a change restarts
-    # torchft hands a layout it does not carry to the restart engine, which takes changes live again
+    assert live_kinds(torchft, "torchft") == frozenset()  # each replica its own launch: a change restarts
+    # torchft hands a layout it does not carry to the restart engine, whose launch takes changes live again
+    assert replica_engine(torchft, TWO_BY_ONE) == "torchft"
     assert replica_engine(torchft, TWO_BY_ONE.with_shares((28, 4))) == "restart"
-    assert live_kinds(torchft, TWO_BY_ONE.with_shares((28, 4))) == {OptionKind.REPLAN, OptionKind.REBALANCE}
-    assert live_kinds(torchft, Placement((0, 1), (6, 5), (5, 5))) == {OptionKind.REPLAN, OptionKind.REBALANCE}
+    assert replica_engine(torchft, Placement((0, 1), (6, 5), (5, 5))) == "restart"
+    assert replica_engine(FailoverConfig(), TWO_BY_ONE) == "restart"
+    assert live_kinds(torchft, "restart") == {OptionKind.REPLAN, OptionKind.REBALANCE}
 
 
 def test_a_rebalance_is_live_only_when_nothing_but_the_shares_change():
@@ -68,11 +70,12 @@ def test_a_live_replan_moves_each_block_between_the_ranks_of_its_own_replica():
 
 
 def test_a_live_rebalance_is_priced_on_the_live_path_and_by_restart_on_the_restart_path():
-    trainer = TrainerConfig()
-    live = restart_cost_model(trainer, FailoverConfig(), log=lambda m: None)
-    restart = restart_cost_model(trainer, FailoverConfig(replan_mode=ReplanMode.restart), log=lambda m: None)
-    assert live.seconds_for(OptionKind.REBALANCE) == live.seconds_for(OptionKind.REPLAN) == \
-        live.estimate("live").total_s
-    assert restart.seconds_for(OptionKind.REBALANCE) == restart.estimate("restart").total_s
-    assert live.seconds_for(OptionKind.REBALANCE) < restart.seconds_for(OptionKind.REBALANCE)
-    assert live.seconds_for(OptionKind.DEGRADE) == restart.seconds_for(OptionKind.DEGRADE)
+    """The kinds the workers can take live have the live path; where they do not (replan_mode=restart, a torchft
+    launch) the controller prices them at the restart path (``costs_by_kind(restarting=...)``)."""
+    costs = restart_cost_model(TrainerConfig(), FailoverConfig(), log=lambda m: None)
+    assert costs.seconds_for(OptionKind.REBALANCE) == costs.seconds_for(OptionKind.REPLAN) == \
+        costs.estimate("live").total_s
+    restarting = costs.costs_by_kind(restarting=(OptionKind.REBALANCE, OptionKind.REPLAN))
+    assert restarting[OptionKind.REBALANCE] == restarting[OptionKind.REPLAN] == costs.estimate("restart").total_s
+    assert costs.seconds_for(OptionKind.REBALANCE) < restarting[OptionKind.REBALANCE]
+    assert costs.seconds_for(OptionKind.DEGRADE) == restarting[OptionKind.DEGRADE]

@@ -90,12 +90,12 @@ def test_a_later_segment_stays_on_torchft_while_its_replicas_are_cut_alike_with_
     """After a decision's restart the next segment's layout decides: replicas of one stage or pipelines of K
     stages stay under torchft; one replica left, replicas cut differently (a SHRINK) or unequal shares (a
     REBALANCE) go on the restart path."""
-    from synapse.failover.segments import replica_engine_for
+    from synapse.failover import replica_engine
     from synapse.partitioning import Placement
 
     cfg = compose_config([*TORCHFT, "trainer.devices=4", "trainer.replicas=2"], tmp_path)
-    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (16, 16))) == "torchft"
-    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (8,), (8,), 4, (8, 8, 8, 8))) == "torchft"
-    assert replica_engine_for(cfg, Placement((0, 1), (4, 4), (4, 4))) == "restart"
-    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (24, 8))) == "restart"
-    assert replica_engine_for(cfg, Placement((0, 1, 2), (4, 4, 8), (4, 4, 8), 2, (16, 16), (2, 1))) == "restart"
+    assert replica_engine(cfg.failover, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (16, 16))) == "torchft"
+    assert replica_engine(cfg.failover, Placement((0, 1, 2, 3), (8,), (8,), 4, (8, 8, 8, 8))) == "torchft"
+    assert replica_engine(cfg.failover, Placement((0, 1), (4, 4), (4, 4))) == "restart"
+    assert replica_engine(cfg.failover, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (24, 8))) == "restart"
+    assert replica_engine(cfg.failover, Placement((0, 1, 2), (4, 4, 8), (4, 4, 8), 2, (16, 16), (2, 1))) == "restart"
