@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from synapse.calibration import EstimatorConfig
 from synapse.decision import POLICY_NAMES, policy_settings_type
@@ -597,7 +597,17 @@ def register_configs() -> None:
         store.store(group="policy", name=f"{name}_schema", node=_policy_node(name))
 
 
+def _times(*values: Any) -> int:
+    """``${synapse.times:256,${trainer.devices}}``: the product of counts, a list counting its entries (a
+    global batch of 256 images per device, for a sweep over the device count: conf/experiment/simulate_h200)."""
+    product = 1
+    for value in values:
+        product *= len(value) if isinstance(value, (list, tuple, ListConfig)) else int(value)
+    return product
+
+
 register_configs()
+OmegaConf.register_new_resolver("synapse.times", _times, replace=True)
 
 
 # ---------------------------------------------------------------- composed -> typed

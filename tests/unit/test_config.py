@@ -94,6 +94,11 @@ def test_every_group_member_composes_is_applied_and_validates(make_config, group
             continue
         if value == "???":  # merged onto an Optional field, '???' leaves it unset: validate names it
             assert OmegaConf.select(cfg, full_key) is None
+        elif isinstance(value, str) and value.startswith("${"):  # an interpolation: applied as written, resolved
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            for part in full_key.split("."):
+                raw = raw[part]
+            assert raw == value and OmegaConf.select(cfg, full_key) is not None, f"{path.name} sets {full_key}"
         else:
             assert as_written(OmegaConf.select(cfg, full_key)) == value, f"{path.name} sets {full_key}={value}"
     # ... and the command the file documents validates, or the error names what this machine lacks.
@@ -142,7 +147,8 @@ def test_only_experiments_with_gpu_scale_models_get_stand_ins(make_config):
     for experiment in EXPERIMENTS:
         cfg = make_config(f"experiment={experiment}")
         at_gpu_scale = (cfg.teacher.name, cfg.student.name) == ("vit_large", "resnet152")
-        assert at_gpu_scale == (experiment in GPU_SCALE), experiment
+        simulated = cfg.mode == "simulate"  # no model is built: the GPU profiles stand in for the hardware
+        assert (at_gpu_scale and not simulated) == (experiment in GPU_SCALE), experiment
 
 
 @pytest.mark.slow  # each shipped experiment really runs
@@ -160,6 +166,12 @@ def test_every_experiment_smoke_runs_on_cpu(make_config, tmp_path, experiment):
             teacher = tmp_path / "teacher.pt"
             torch.save(build_model("vit_micro", 100, 3, 32).state_dict(), teacher)
             overrides += [f"data.root={tiny_imagenet100(tmp_path / 'imagenet')}", f"teacher.checkpoint={teacher}"]
+    if make_config(f"experiment={experiment}").mode == "simulate":  # no worker runs: a short simulation as set
+        short = make_config(f"experiment={experiment}", "trainer.max_steps=20", "report=false",
+                            run_dir=tmp_path / experiment)
+        result = run(short, log=lambda line: None)["simulation"]
+        assert result["completed"] and result["steps"] == 20
+        return
     cfg = make_config(*overrides, run_dir=tmp_path / experiment)
     assert cfg.trainer.devices == make_config(f"experiment={experiment}").trainer.devices
     summary = run(cfg, log=lambda line: None)

@@ -270,3 +270,17 @@ def test_a_rebalance_and_a_replan_of_replicas_are_simulated_live_and_as_restarts
                  "policy=replan", f"failover.replan_mode={mode}", slow)
         firsts = read_events(tmp_path / f"replan_{mode}", "first_step_after_restart")
         assert firsts and firsts[0]["action"] == "replan" and firsts[0]["mode"] == mode
+
+
+def test_the_h200_preset_sweeps_scale_at_256_images_per_gpu(tmp_path):
+    """`python train.py -m experiment=simulate_h200 trainer.devices=8,...,256 policy=...`: each job's global
+    batch is 256 images per simulated GPU (``${synapse.times:...}``), on the H200 profiles in the repository."""
+    for devices, nodes, count in (("16", 1, 16), ("8", 2, 16), ("[0,1,2]", 1, 3)):
+        cfg = compose_config(["experiment=simulate_h200", f"trainer.devices={devices}", f"trainer.nodes={nodes}"],
+                             tmp_path / f"compose{count}_{nodes}")
+        assert cfg.data.batch_size == 256 * count
+    result = run(compose_config(["experiment=simulate_h200", "trainer.devices=8", "trainer.max_steps=30",
+                                 "report=false"], tmp_path / "run"), log=lambda line: None)["simulation"]
+    assert result["completed"] and result["steps"] == 30
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert len(plan["placement"]["devices"]) == 8
