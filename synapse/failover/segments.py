@@ -40,6 +40,7 @@ from synapse.conf import CONF_DIR
 from synapse.config import SynapseConfig, as_node, config_yaml, run_topology, typed_config, validate, with_settings
 from synapse.failover.decider import segment_node_settings
 from synapse.injection import faults_for_segment, fired_fault_indices
+from synapse.launch import ReplicaLayoutError, replicas_by_node
 from synapse.partitioning import Placement
 from synapse.rundir import SEGMENT, SEGMENT_CONFIG, SEGMENT_OVERRIDES, SEGMENT_RECORD, SEGMENTS
 
@@ -252,9 +253,14 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
 
 def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
     """The run's replica engine, or the restart path for a layout torchft does not carry (one replica left,
-    replicas cut differently, unequal shares: what SHRINK, DEGRADE or REBALANCE may make of it)."""
+    replicas cut differently, unequal shares, a replica on two nodes: what SHRINK, DEGRADE or REBALANCE may
+    make of it)."""
     engine = str(cfg.failover.replica_engine)
     carried = placement.replicas > 1 and not placement.replica_stages and len(set(placement.shares)) <= 1
+    try:  # across nodes: a replica on two nodes, not carried either
+        replicas_by_node(run_topology(cfg.trainer), placement)
+    except ReplicaLayoutError:
+        carried = False
     return engine if carried else "restart"
 
 

@@ -27,6 +27,7 @@ under a store prefix of their own attempt (``respawn_store``).
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import time
 from collections import deque
@@ -60,8 +61,13 @@ class ReplicaGroupSpec:
     lighthouse: str  # the lighthouse's address (http://host:port)
     timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
     run_devices: tuple[int, ...] = ()  # the devices of every replica, replica after replica (performance records)
-    # host:port of the segment's store where the replicas meet before their first quorum ("": none)
+    # host:port of the segment's store where the replicas meet before their first quorum ("": none), and the
+    # prefix of the segment's keys there (across nodes the meeting is on the run's store)
     start_store: str = ""
+    start_prefix: str = ""
+    # the one address this node's replica group listens on (its store; torchft's manager says it to the others):
+    # loopback on one node, across nodes the node's address on its route to the rendezvous host
+    address: str = "127.0.0.1"
 
 
 class StepNotCommitted(RuntimeError):
@@ -97,7 +103,7 @@ class QuorumReplicas:
         self.spec, self.stage, self.batch, self.microbatches = spec, stage, batch, microbatches
         self.record, self.log = record, log
         timeout = timedelta(seconds=spec.timeout_s)
-        host, port = _replica_group_store(stage)
+        host, port = _replica_group_store(stage, spec.address)
         self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
                                min_replica_size=1, use_async_quorum=False, init_sync=False, timeout=timeout,
                                quorum_timeout=timeout, rank=stage, world_size=stages, store_addr=host,
@@ -144,7 +150,9 @@ class QuorumReplicas:
         it, one built late under load joined a later quorum by healing, and its first steps had no records).
         A respawned worker does not wait: the others are training."""
         host, port = self.spec.start_store.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
+        store: Any = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
+        if self.spec.start_prefix:
+            store = dist.PrefixStore(self.spec.start_prefix, store)
         store.set(f"replica_{self.spec.replica}_stage_{self.stage}", "built")
         store.wait([f"replica_{r}_stage_{self.stage}" for r in range(self.spec.replicas)])
 
@@ -319,11 +327,16 @@ def sampler_state_at(sampler: Any, step: int) -> dict[str, int]:
     return sampler.state_after((step - 1) // per_epoch, (step - 1) % per_epoch)
 
 
-def _replica_group_store(stage: int) -> tuple[str, int]:
-    """The replica group's own TCP store (torchft's Manager finds its rank 0's server there): hosted by
-    stage 0, its port told to the other stages over the launch's default group."""
-    host = "127.0.0.1"
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if stage == 0 else None
+def _replica_group_store(stage: int, host: str) -> tuple[str, int]:
+    """The replica group's own TCP store (torchft's Manager finds its rank 0's server there, and the other
+    replicas' ranks form the cross-replica group on it when this replica leads a quorum): hosted by stage 0
+    on ``host`` only (torch's own server would listen on every interface), its port told to the other
+    stages over the launch's default group."""
+    store = None
+    if stage == 0:
+        listening = socket.create_server((host, 0))
+        store = dist.TCPStore(host, listening.getsockname()[1], is_master=True, wait_for_workers=False,
+                              master_listen_fd=listening.detach())  # the store owns the descriptor from here on
     box = [store.port if store is not None else None]
     dist.broadcast_object_list(box, src=0)
     _STORES.append(store)  # kept open for the worker's life

@@ -30,13 +30,34 @@ def test_two_replicas_cut_alike_are_accepted(tmp_path, devices):
      r"torchft needs replicas cut alike .*partition.replica_stages=\[2, 1\]"),
     (["trainer.replicas=2", "trainer.replica_shares=[24,8]"], r"trainer.replica_shares=\[24, 8\] cannot be kept"),
     (["trainer.replicas=2", "failover.enabled=false"], r"not mode=kd with failover.enabled=False"),
-    (["trainer.devices=4", "trainer.replicas=2", "trainer.nodes=2", "trainer.rdzv_endpoint=localhost:29400",
-      "pipeline.microbatches=4"],
-     r"torchft replicas run on one node so far \(trainer.nodes=2\): .*loopback"),
 ])
 def test_what_torchft_cannot_carry_is_refused_naming_the_fix(tmp_path, overrides, says):
     with pytest.raises(ConfigError, match=rf"^failover\.replica_engine: .*{says}.*Fix: "):
         validate(compose_config([*TORCHFT, *overrides], tmp_path))
+
+
+# (devices per node, replicas): one replica of one stage per node, one pipeline of two per node, two replicas
+# of one stage per node
+ACROSS_NODES = [(1, 2), (2, 2), (2, 4)]
+
+
+@pytest.mark.parametrize("devices, replicas", ACROSS_NODES)
+def test_replicas_each_on_one_node_are_accepted_across_nodes(tmp_path, devices, replicas):
+    """Two nodes: each replica is launched by the node that holds its devices."""
+    validate(compose_config([*TORCHFT, f"trainer.devices={devices}", f"trainer.replicas={replicas}",
+                             "trainer.nodes=2", "trainer.rdzv_endpoint=127.0.0.1:29400"], tmp_path))
+
+
+def test_a_replica_on_two_nodes_is_refused_naming_the_replica_counts_that_fit(tmp_path):
+    """2 nodes of 3 devices as 3 replicas of 2 stages: replica 1 would be run-wide devices 2 and 3, one on each
+    node; its stages could not be one launch, nor respawned by one agent."""
+    with pytest.raises(ConfigError, match=r"^failover\.replica_engine: torchft runs each replica on one node, .*"
+                                          r"replicas of 2 stages, and replica 1 \(run-wide devices 2-3\) would lie on "
+                                          r"nodes \[0, 1\]\. Fix: choose trainer.replicas so that each node's devices "
+                                          r"are a whole number of replicas \(2 or 6: trainer.replicas=2 is one "
+                                          r"pipeline per node\)"):
+        validate(compose_config([*TORCHFT, "trainer.devices=3", "trainer.replicas=3", "trainer.nodes=2",
+                                 "trainer.rdzv_endpoint=127.0.0.1:29400", "data.batch_size=48"], tmp_path))
 
 
 def test_torchft_not_installed_names_the_pip_command(tmp_path, monkeypatch):

@@ -1,0 +1,79 @@
+"""torchft across nodes: two launchers on one machine act as 2 nodes of one CPU rank each, run as 2 replicas
+under failover.replica_engine=torchft (the same command on both, node ranks 0 and 1, as the restart engine's
+multi-node tests start theirs).
+
+Node 0's launcher serves the run's store and runs the decider, which serves the segment's lighthouse; each
+node's agent launches the replica whose device it holds. Replica 1's rank (node 1's) is SIGKILLed in its
+forward of step 8: node 1's agent respawns it and it heals from replica 0 on node 0, whose worker trains on
+in the same process; both train to the end, and the weights are one device's within the torchft tests'
+tolerance.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synapse.failover import read_segments
+from synapse.health import read_heartbeats
+from synapse.launch import free_port
+from synapse.rundir import read_jsonl
+
+from .helpers import BASE_OVERRIDES, SHARED_GPU, final_student_state, outputs_of
+from .test_replicas import COMMON, VIT, assert_close_states, reference_run
+from .test_replicas_torchft import KILL_STEP, events
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600),
+              pytest.mark.skipif(SHARED_GPU is not None, reason="torchft's replica groups run on gloo CPU ranks here")]
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 120  # long enough for the respawned rank to heal and train beside the survivor under load
+
+
+def start_nodes(run_dir: Path, teacher_file: Path, *extra: str) -> list[subprocess.Popen]:
+    """``python train.py`` with the same settings on each of two nodes, each in a session of its own."""
+    common = [*BASE_OVERRIDES, f"teacher.checkpoint={teacher_file}", f"cache_dir={run_dir.parent}/cache",
+              f"run_dir={run_dir}", *COMMON, *VIT, f"trainer.max_steps={STEPS}", "checkpoint.every=20",
+              "failover.replica_engine=torchft", "trainer.devices=1", "trainer.replicas=2", "trainer.nodes=2",
+              "pipeline.microbatches=2", "policy=keep", f"trainer.rdzv_endpoint=127.0.0.1:{free_port()}",
+              "report=false", "logger=none", *extra]
+    return [subprocess.Popen([sys.executable, "train.py", *common, f"trainer.node_rank={node}"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for node in (0, 1)]
+
+
+def attempts(run_dir: Path, replica: int) -> list[str]:
+    """The elastic attempts of ``replica``'s launch in segment 0 (by the agent of the node that holds it)."""
+    return sorted(p.name for p in (run_dir / "logs").glob(f"launch_0_replica{replica}/*/attempt_*"))
+
+
+def test_a_rank_killed_on_node_1_costs_only_its_replica_which_heals_from_node_0(tmp_path, teacher_file):
+    reference = reference_run(tmp_path / "reference", teacher_file, 4,
+                              [*VIT, f"trainer.max_steps={STEPS}", "checkpoint.every=20"])
+    run_dir = tmp_path / "run"
+    nodes = start_nodes(run_dir, teacher_file,
+                        f"injection.faults=[{{kind:kill,rank:1,step:{KILL_STEP},phase:forward}}]")
+    outputs = outputs_of(nodes, timeout=540)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert [(s.reason, s.outcome) for s in read_segments(run_dir)] == [("start", "finished")], "no restart"
+    assert attempts(run_dir, 0) == ["attempt_0"], "replica 0's workers were never restarted"
+    assert attempts(run_dir, 1) == ["attempt_0", "attempt_1"], "replica 1's agent respawned it once"
+    for node, output in enumerate(outputs):
+        assert f"torchft: launching replica(s) [{node}] on this node's devices [0]" in output, output[-3000:]
+
+    lost, back, healed = (events(run_dir, name) for name in ("replica_lost", "replica_back", "replica_healed"))
+    print(f"replica_lost: {lost}\nreplica_back: {back}\nreplica_healed: {healed}")
+    after_kill = [e for e in lost if e["step"] >= KILL_STEP - 1]
+    assert after_kill and after_kill[0]["step"] == KILL_STEP and after_kill[0]["attempts"] >= 2
+    survivor = after_kill[0]["pid"]
+    assert all(e["pid"] == survivor for e in after_kill + back), "the survivor went on in the same process"
+    assert read_heartbeats(run_dir)[0]["pid"] == survivor, "rank 0 (node 0) ended in the process it started in"
+    assert [(e["rank"], e["replica"]) for e in healed if e["step"] >= KILL_STEP - 1] == [(1, 1)]
+    assert survivor not in {e["pid"] for e in healed}
+    performance = read_jsonl(run_dir / "performance.jsonl")
+    assert performance[-1]["replicas_alive"] == 2, "both replicas train to the end"
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"] \
+        == list(range(1, STEPS + 1))
+    assert_close_states(final_student_state(run_dir), reference)
