@@ -59,6 +59,7 @@ from synapse.failover.node_channel import (
     Welcome,
 )
 from synapse.launch import (
+    REPLICAS_LOST,
     ReplicaMeeting,
     WorkerFailure,
     carried_by_torchft,
@@ -395,6 +396,9 @@ class NodeDecider:
                                 device_failure=True, lost_ranks=tuple(ranks))
         reports = dict(watch.reports)
         failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
+        if all(r.cause == REPLICAS_LOST for _, r in failures) and any(r.outcome == "finished"
+                                                                      for r in reports.values()):
+            failures = []  # torchft: some node's replicas trained to the end, carrying the lost ones' share
         if not failures:
             return next((r.summary for r in reports.values() if r.summary), {})
         # The root cause: a device failure a node saw on one of its own ranks, then any device failure; of the
@@ -473,7 +477,7 @@ class RemoteNodesWatch:
                 report = None
             if report is not None:
                 self.reports[node] = report
-                if report.outcome not in ("finished", "stopped"):
+                if report.outcome not in ("finished", "stopped") and not self._others_train_on(report):
                     self.trouble(f"node {node} reported {report.outcome}: {report.cause}")
                 continue
             channel.keep_orders(node, self.first_orders.get(node, 0))  # this segment's, until the node reports
@@ -496,6 +500,12 @@ class RemoteNodesWatch:
                                                                 f"{now - since:.1f} s); the run goes on without it",
                                                   lost=True))
                 self.trouble(f"node {node} was lost")
+
+    def _others_train_on(self, report: NodeReport) -> bool:
+        """Under torchft: this node's replicas are all gone (their respawns spent), and another node's still
+        train, carrying their share; it stops no one (as on one node, the segment fails when every replica has)."""
+        return report.cause == REPLICAS_LOST and any(
+            self.reports[n].outcome == "finished" if n in self.reports else n not in self.lost for n in self.remote)
 
     def _refuse_report(self, node: int, report: NodeReport) -> None:
         """A report of another epoch (an agent still following a decider that was replaced): not this

@@ -116,6 +116,11 @@ def serve_replica_meeting(trainer: TrainerConfig, heartbeat_timeout_s: float, ru
         del own_store
 
 
+# The cause of a launch whose every replica is gone (each spent its respawns). Across nodes one node's replicas
+# may all be gone while another node's train on: that node's report of it stops no one (failover/decider.py)
+REPLICAS_LOST = "replicas_lost"
+
+
 def carried_by_torchft(task: LaunchTask) -> bool:
     """Whether ``task``'s segment runs under torchft (its config says so, and it has replicas to carry)."""
     return str(task.config.failover.replica_engine) == "torchft" and task.placement.replicas > 1
@@ -196,6 +201,6 @@ def _launch_replicas(task: LaunchTask, run_dir: Path, attempt: str, log: Callabl
     if not summaries:
         kinds = ", ".join(sorted({type(e).__name__ for e in failures.values()}))
         raise WorkerFailure(f"every replica's launch failed ({kinds}); the segment goes on from the newest "
-                            f"checkpoint", None, "replicas_lost", retry_same_devices=True)
+                            f"checkpoint", None, REPLICAS_LOST, retry_same_devices=True)
     written = [summaries[r] for r in sorted(summaries) if summaries[r]]  # replica 0's last rank writes it
     return written[0] if written else {}

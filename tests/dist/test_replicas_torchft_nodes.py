@@ -77,3 +77,28 @@ def test_a_rank_killed_on_node_1_costs_only_its_replica_which_heals_from_node_0(
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"] \
         == list(range(1, STEPS + 1))
     assert_close_states(final_student_state(run_dir), reference)
+
+
+def test_a_replica_lost_for_good_on_node_1_leaves_node_0_training_on_the_whole_batch(tmp_path, teacher_file):
+    """The same kill with failover.replica_respawns=0: node 1's only replica is gone, its agent reports it, and the
+    decider stops no one (before, that report was trouble and node 0's survivor was torn down for a restart): the
+    survivor on node 0 trains alone on the whole global batch to the end, in its one process, as one device."""
+    steps = 24
+    reference = reference_run(tmp_path / "reference", teacher_file, 4,
+                              [*VIT, f"trainer.max_steps={steps}", "checkpoint.every=20"])
+    run_dir = tmp_path / "run"
+    nodes = start_nodes(run_dir, teacher_file, f"trainer.max_steps={steps}", "failover.replica_respawns=0",
+                        f"injection.faults=[{{kind:kill,rank:1,step:{KILL_STEP},phase:forward}}]")
+    outputs = outputs_of(nodes, timeout=540)
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert [(s.reason, s.outcome) for s in read_segments(run_dir)] == [("start", "finished")], "no restart"
+    assert attempts(run_dir, 0) == ["attempt_0"] and attempts(run_dir, 1) == ["attempt_0"]
+    lost = [e for e in events(run_dir, "replica_lost") if e["step"] >= KILL_STEP - 1]
+    print(f"replica_lost: {lost}")
+    assert len(lost) == 1 and lost[0]["step"] == KILL_STEP and lost[0]["participants"] == 1
+    assert lost[0]["share"] == 32, "the survivor took the whole global batch"
+    assert read_heartbeats(run_dir)[0]["pid"] == lost[0]["pid"], "the survivor ended in the process it started in"
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train"] \
+        == list(range(1, steps + 1))
+    assert_close_states(final_student_state(run_dir), reference)
