@@ -2,15 +2,22 @@
 among the replicas of a quorum."""
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import ipaddress
+import socket
+import struct
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from synapse.config import ConfigError, validate
+from synapse.config import ConfigError, typed_config, validate
+from synapse.launch import ReplicaLayoutError, free_port, node_address, replicas_by_node, serve_replica_meeting
+from synapse.partitioning import NodeTopology, Placement
 from synapse.pipeline import quorum_share
-from synapse.pipeline.quorum import respawn_store
+from synapse.pipeline.quorum import _replica_group_store, respawn_store
 from tests.conftest import compose_config
 
 TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_engine=torchft", "trainer.devices=2",
@@ -120,3 +127,85 @@ def test_a_later_segment_stays_on_torchft_while_its_replicas_are_cut_alike_with_
     assert replica_engine_for(cfg, Placement((0, 1), (4, 4), (4, 4))) == "restart"
     assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (24, 8))) == "restart"
     assert replica_engine_for(cfg, Placement((0, 1, 2), (4, 4, 8), (4, 4, 8), 2, (16, 16), (2, 1))) == "restart"
+
+
+# ---------------------------------------------------------------- what listens where (docs/multinode.md)
+def listening_on(port: int) -> set[str]:
+    """The addresses a TCP socket of this machine listens on at ``port`` (the kernel's tables: IPv4 and IPv6)."""
+    addresses = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word host-ordered
+                addresses.add(str(ipaddress.ip_address(words if width == 32 else raw[::-1])))
+    return addresses
+
+
+def outward_address() -> str | None:
+    """An IPv4 address of this machine that is not the loopback (None: it has none)."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        address = socket.inet_ntoa(packed[20:24])
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return None
+
+
+def test_a_node_s_address_is_the_one_on_its_route_to_the_rendezvous_host():
+    assert node_address(None) == "127.0.0.1"
+    assert node_address("127.0.0.1:29400") == "127.0.0.1" == node_address("localhost:29400")
+    outward = outward_address()
+    if outward is not None:  # the rendezvous host is this machine, reached at its own outward address
+        assert node_address(f"{outward}:29400") == outward
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_the_lighthouse_listens_on_the_rendezvous_host_s_address_only(tmp_path, across):
+    """One node: the lighthouse and the first quorum's store on the loopback. Across nodes (the decider): the
+    lighthouse on the address of the run's rendezvous host (the address the nodes reach already), at a port
+    the system picked, never on every interface; the meeting on the run's store under the segment's prefix."""
+    host = outward_address() if across else "127.0.0.1"
+    if host is None:
+        pytest.skip("this machine has no address but the loopback")
+    endpoint = f"{host}:{free_port()}"
+    cfg = typed_config(compose_config([*TORCHFT, "trainer.replicas=2", *(
+        ["trainer.nodes=2", f"trainer.rdzv_endpoint={endpoint}"] if across else [])], tmp_path))
+    with serve_replica_meeting(cfg.trainer, 1.0, tmp_path, "segment 0") as meeting:
+        lighthouse_host, _, port = meeting.lighthouse.removeprefix("http://").rpartition(":")
+        assert lighthouse_host == host and listening_on(int(port)) == {host}
+        if across:
+            assert (meeting.start_store, meeting.replicas) == (endpoint, ())
+            assert meeting.start_prefix.startswith("synapse/replicas/") and len(meeting.start_prefix) > 20
+        else:
+            store_host, _, store_port = meeting.start_store.rpartition(":")
+            assert store_host == "127.0.0.1" and listening_on(int(store_port)) == {"127.0.0.1"}
+    assert listening_on(int(port)) == set(), "the lighthouse ends with its segment"
+
+
+def test_a_replica_group_s_store_listens_on_its_node_s_address_only(tmp_path):
+    """Stage 0 of each replica serves its group's store (torchft's managers and the cross-replica group meet
+    there): on the node's address only. torch's own server listened on every interface."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        host, port = _replica_group_store(0, "127.0.0.1")
+        assert host == "127.0.0.1" and listening_on(port) == {"127.0.0.1"}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_replicas_are_placed_on_the_nodes_that_hold_their_devices():
+    """2 nodes of 2 devices: 2 pipelines of 2 (one per node), 4 replicas of one stage (two per node); 4 x 1 on
+    nodes of 3 devices as 2 x 3 would put replica 1 on both nodes."""
+    two_nodes = NodeTopology(2, (0, 1))
+    assert replicas_by_node(two_nodes, Placement((0, 1, 2, 3), (3, 3), (3, 3), replicas=2)) == {0: [0], 1: [1]}
+    assert replicas_by_node(two_nodes, Placement((0, 1, 2, 3), (6,), (6,), replicas=4)) == {0: [0, 1], 1: [2, 3]}
+    # run-wide ids of 2 nodes of 3 devices: 0-2 and 3-5
+    with pytest.raises(ReplicaLayoutError, match=r"replica 1 runs on devices \[2, 3\], which lie on nodes \[0, 1\]"):
+        replicas_by_node(NodeTopology(2, (0, 1, 2)), Placement((0, 1, 2, 3, 4, 5), (3, 3), (3, 3), replicas=3))
