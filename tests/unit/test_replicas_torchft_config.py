@@ -129,6 +129,17 @@ def test_a_later_segment_stays_on_torchft_while_its_replicas_are_cut_alike_with_
     assert replica_engine_for(cfg, Placement((0, 1, 2), (4, 4, 8), (4, 4, 8), 2, (16, 16), (2, 1))) == "restart"
 
 
+def test_a_later_segment_whose_replica_would_span_two_nodes_goes_on_the_restart_path(tmp_path):
+    """2 nodes of 3 devices (run-wide 0-2 and 3-5): after a DEGRADE, 2 pipelines of 2 on devices 0, 1 | 3, 4 stay
+    under torchft (one per node); on devices 0, 1 | 2, 3 replica 1 would lie on both nodes."""
+    from synapse.failover.segments import replica_engine_for
+
+    cfg = compose_config([*TORCHFT, "trainer.devices=3", "trainer.replicas=2", "trainer.nodes=2",
+                          "trainer.rdzv_endpoint=127.0.0.1:29400", "pipeline.microbatches=4"], tmp_path)
+    assert replica_engine_for(cfg, Placement((0, 1, 3, 4), (4, 4), (4, 4), 2, (16, 16))) == "torchft"
+    assert replica_engine_for(cfg, Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (16, 16))) == "restart"
+
+
 # ---------------------------------------------------------------- what listens where (docs/multinode.md)
 def listening_on(port: int) -> set[str]:
     """The addresses a TCP socket of this machine listens on at ``port`` (the kernel's tables: IPv4 and IPv6)."""
