@@ -26,6 +26,7 @@ under a store prefix of their own attempt (``respawn_store``).
 """
 from __future__ import annotations
 
+import io
 import os
 import socket
 import statistics
@@ -45,6 +46,7 @@ from synapse.engine import Checkpointer, HeldState
 from synapse.injection import fired_fault_indices
 from synapse.pipeline.clock import COMPUTE_PARTS, SEND_PARTS
 from synapse.pipeline.replicas import apply_statistics, set_gradients, statistics_additions, weighted_gradients
+from synapse.rundir import ForeignRecordError, open_bytes, seal_bytes
 
 # A rank's step timing (StageClock) carried to the other replicas with the next step's reduction, so that
 # replica 0's last rank writes one performance record of every replica's ranks, as one launch does
@@ -68,6 +70,88 @@ class ReplicaGroupSpec:
     # the one address this node's replica group listens on (its store; torchft's manager says it to the others):
     # loopback on one node, across nodes the node's address on its route to the rendezvous host
     address: str = "127.0.0.1"
+
+
+class SealedStateTransport:
+    """How a returning replica's rank receives a peer's state (torchft's checkpoint transport), sealed with the
+    run's key and served on the node's address only.
+
+    torchft's own HTTP transport listens on every interface, serves the stage's weights and optimizer state to
+    whoever asks, and its receiver unpickles whatever the address it was told answers: anyone who reached a
+    node (or told a quorum a forged address) could run code in a healing worker. Here the sender seals the
+    serialized state (``synapse.rundir.seal_bytes``: an HMAC of the run key, over the step too) and the
+    receiver refuses what is not sealed with its run's key before loading it, tensors and plain values only
+    (``weights_only``). A request may come before the sender has put its state out (both leave the quorum
+    at once): it waits for that step's state up to the timeout, as torchft's does; then it is answered 404
+    and the healing rank's quorum fails and is asked again."""
+
+    def __init__(self, host: str, key: bytes, timeout: timedelta):
+        import http.server
+        import threading
+
+        self.host, self.key, self.timeout = host, key, timeout
+        self._served: tuple[int, bytes] | None = None  # (step, sealed state) while a peer may fetch it
+        self._changed = threading.Condition()
+        transport = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                step = self.path.removeprefix("/state/")
+                sealed = transport._state_of(int(step)) if step.isdigit() else None
+                if sealed is None:
+                    self.send_error(404, "no state of that step is served")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(sealed)))
+                self.end_headers()
+                self.wfile.write(sealed)
+
+            def log_message(self, *args: Any) -> None:  # requests are not this rank's output
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="synapse-heal-state", daemon=True)
+        self._thread.start()
+
+    def _state_of(self, step: int) -> bytes | None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._served is not None and self._served[0] == step,
+                                   timeout=self.timeout.total_seconds())
+            return self._served[1] if self._served is not None and self._served[0] == step else None
+
+    def _serve(self, served: tuple[int, bytes] | None) -> None:
+        with self._changed:
+            self._served = served
+            self._changed.notify_all()
+
+    def metadata(self) -> str:
+        return f"http://{self.host}:{self._server.server_address[1]}/state/"
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+        buffer = io.BytesIO()
+        torch.save(state_dict, buffer)  # the tensors as they are now: the next update cannot reach the copy
+        self._serve((step, seal_bytes(self.key, f"torchft state {step}", "heal", buffer.getvalue())))
+
+    def disallow_checkpoint(self) -> None:
+        self._serve(None)
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{metadata}{step}", timeout=timeout.total_seconds()) as answer:
+            sealed = answer.read()
+        try:
+            payload = open_bytes(self.key, f"torchft state {step}", "heal", sealed)
+        except ForeignRecordError as exc:
+            raise ForeignRecordError(f"the state of step {step} from replica rank {src_rank} at {metadata} is not "
+                                     f"sealed with this run's key: refused, not loaded") from exc
+        return torch.load(io.BytesIO(payload), weights_only=True)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._serve(None)
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class StepNotCommitted(RuntimeError):
@@ -96,7 +180,7 @@ class QuorumReplicas:
     evaluation_shard = (0, 1)  # each replica evaluates the whole split: no collective outside a step's quorum
 
     def __init__(self, spec: ReplicaGroupSpec, stage: int, stages: int, batch: int, microbatches: int,
-                 record: Callable[..., Any], log: Callable[[str], None] = print):
+                 record: Callable[..., Any], key: bytes, log: Callable[[str], None] = print):
         from torchft import Manager  # type: ignore[import-untyped]
         from torchft.process_group import ProcessGroupGloo  # type: ignore[import-untyped]
 
@@ -108,7 +192,7 @@ class QuorumReplicas:
                                min_replica_size=1, use_async_quorum=False, init_sync=False, timeout=timeout,
                                quorum_timeout=timeout, rank=stage, world_size=stages, store_addr=host,
                                store_port=port, lighthouse_addr=spec.lighthouse, replica_id=f"replica_{spec.replica}",
-                               hostname=host)
+                               hostname=host, checkpoint_transport=SealedStateTransport(host, key, timeout))
         self.step_share = range(0)
         self.participants = 0
         self.index = 0

@@ -7,17 +7,22 @@ import importlib.util
 import ipaddress
 import socket
 import struct
+import threading
+import time
+import urllib.error
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from synapse.config import ConfigError, typed_config, validate
 from synapse.launch import ReplicaLayoutError, free_port, node_address, replicas_by_node, serve_replica_meeting
 from synapse.partitioning import NodeTopology, Placement
 from synapse.pipeline import quorum_share
-from synapse.pipeline.quorum import _replica_group_store, respawn_store
+from synapse.pipeline.quorum import SealedStateTransport, _replica_group_store, respawn_store
+from synapse.rundir import ForeignRecordError
 from tests.conftest import compose_config
 
 TORCHFT = ["trainer=cpu", "injection=none", "partition=even", "failover.replica_engine=torchft", "trainer.devices=2",
@@ -220,3 +225,60 @@ def test_replicas_are_placed_on_the_nodes_that_hold_their_devices():
     # run-wide ids of 2 nodes of 3 devices: 0-2 and 3-5
     with pytest.raises(ReplicaLayoutError, match=r"replica 1 runs on devices \[2, 3\], which lie on nodes \[0, 1\]"):
         replicas_by_node(NodeTopology(2, (0, 1, 2)), Placement((0, 1, 2, 3, 4, 5), (3, 3), (3, 3), replicas=3))
+
+
+# ---------------------------------------------------------------- a heal's state, sealed with the run's key
+class Planted:
+    """What a forged state would carry: unpickling it creates a file (code run in the healing worker)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_a_heal_s_state_travels_sealed_on_the_node_s_address_only():
+    """A peer's state (what torchft's checkpoint transport sends a returning replica) comes back whole; the
+    sender listens on its node's address only; a request made before the state is put out waits for it."""
+    timeout = timedelta(seconds=20)
+    # the sender waits 3 s for a step's state to be put out
+    sender, receiver = (SealedStateTransport("127.0.0.1", b"k" * 32, t) for t in (timedelta(seconds=3), timeout))
+    try:
+        assert listening_on(int(sender.metadata().rsplit(":", 1)[1].split("/")[0])) == {"127.0.0.1"}
+        state = {"user": {"tensors": {"w": torch.arange(6.0)}, "scheduler": {"last_epoch": 7}},
+                 "torchft": {"step": 8, "batches_committed": 16}}
+        received: list = []
+        early = threading.Thread(target=lambda: received.append(receiver.recv_checkpoint(0, sender.metadata(), 8,
+                                                                                         timeout)))
+        early.start()
+        time.sleep(0.3)  # the receiver asks first, as when it leaves the quorum before the sender
+        sender.send_checkpoint([1], 8, state, timeout)
+        early.join(timeout=20)
+        assert torch.equal(received[0]["user"]["tensors"]["w"], state["user"]["tensors"]["w"])
+        assert received[0]["torchft"] == state["torchft"]
+        sender.disallow_checkpoint()
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # the step is over: nothing served
+            receiver.recv_checkpoint(0, sender.metadata(), 8, timeout)
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
+
+
+def test_a_state_not_sealed_with_the_run_s_key_is_refused_before_it_is_loaded(tmp_path):
+    """Anyone who reaches a node, or tells a quorum a forged address, could serve a returning replica a state
+    of their own; torchft's transport unpickles it (code run in the worker). One sealed with another key is
+    refused, and nothing in it runs."""
+    timeout = timedelta(seconds=20)
+    planted = tmp_path / "ran"
+    forger, receiver = SealedStateTransport("127.0.0.1", b"f" * 32, timeout), SealedStateTransport(
+        "127.0.0.1", b"k" * 32, timeout)
+    try:
+        forger.send_checkpoint([1], 3, {"user": Planted(planted)}, timeout)
+        with pytest.raises(ForeignRecordError, match=r"state of step 3 from replica rank 0 .* is not sealed with "
+                                                     r"this run's key: refused, not loaded"):
+            receiver.recv_checkpoint(0, forger.metadata(), 3, timeout)
+        assert not planted.exists()
+    finally:
+        forger.shutdown()
+        receiver.shutdown()
