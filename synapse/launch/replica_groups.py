@@ -83,10 +83,24 @@ def node_address(endpoint: str | None) -> str:
     host, _, port = endpoint.rpartition(":")
     address = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
     if ipaddress.ip_address(address).is_loopback:
+        if host != "localhost" and not _is_address(host):
+            # e.g. /etc/hosts naming this host 127.0.1.1: its replicas would listen where no other node reaches
+            raise ReplicaLayoutError(
+                f"trainer.rdzv_endpoint={endpoint}: {host} resolves to {address}, a loopback address, on this host, "
+                f"so under torchft the other nodes could not reach its lighthouse or replicas. Fix: give "
+                f"trainer.rdzv_endpoint as the rendezvous host's IP address, the same on every node")
         return LOOPBACK
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((address, int(port)))  # no packet is sent: the kernel only picks the route's source address
         return str(probe.getsockname()[0])
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -182,6 +182,18 @@ def test_a_node_s_address_is_the_one_on_its_route_to_the_rendezvous_host():
         assert node_address(f"{outward}:29400") == outward
 
 
+def test_a_host_name_that_resolves_to_the_loopback_here_is_refused_naming_the_fix():
+    """/etc/hosts often names a host 127.0.1.1 (or 127.0.0.1, as on this machine): a rendezvous host given by such
+    a name would put this node's lighthouse and replicas where no other node reaches them."""
+    name = socket.gethostname()
+    if not ipaddress.ip_address(socket.gethostbyname(name)).is_loopback:
+        pytest.skip(f"{name} resolves to an outward address on this machine")
+    with pytest.raises(ReplicaLayoutError, match=rf"trainer.rdzv_endpoint={name}:29400: {name} resolves to 127\..*, a "
+                                                 r"loopback address, on this host.*Fix: give trainer.rdzv_endpoint as "
+                                                 r"the rendezvous host's IP address"):
+        node_address(f"{name}:29400")
+
+
 @pytest.mark.parametrize("across", [False, True])
 def test_the_lighthouse_listens_on_the_rendezvous_host_s_address_only(tmp_path, across):
     """One node: the lighthouse and the first quorum's store on the loopback. Across nodes (the decider): the
