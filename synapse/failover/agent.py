@@ -46,16 +46,9 @@ from synapse.failover.node_channel import (
     StopOrder,
 )
 from synapse.health import kill_live_workers, read_heartbeats
-from synapse.launch import (
-    InterruptToStop,
-    ReplicaMeeting,
-    WorkerFailure,
-    launch_pipeline,
-    launch_replica_groups,
-    newest_checkpoint,
-)
+from synapse.launch import InterruptToStop, WorkerFailure, launch_pipeline, launch_replica_groups, newest_checkpoint
 from synapse.partitioning import Placement
-from synapse.pipeline import LaunchTask
+from synapse.pipeline import LaunchTask, ReplicaMeeting
 from synapse.profiling import ProfileRequest, get_or_profile
 from synapse.rundir import RUN_KEY, EventLog, events_path
 

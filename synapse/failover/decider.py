@@ -60,7 +60,6 @@ from synapse.failover.node_channel import (
 )
 from synapse.launch import (
     REPLICAS_LOST,
-    ReplicaMeeting,
     WorkerFailure,
     carried_by_torchft,
     relay,
@@ -68,7 +67,7 @@ from synapse.launch import (
     serve_replica_meeting,
 )
 from synapse.partitioning import NodeTopology
-from synapse.pipeline import LaunchTask
+from synapse.pipeline import LaunchTask, ReplicaMeeting
 from synapse.profiling import PROFILES_SUBDIR, ProfileRequest
 from synapse.rundir import (
     NODE_SUPERVISOR_LOCK,

@@ -117,7 +117,7 @@ class LaunchOrder:
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store
     # failover.replica_engine=torchft: the segment's lighthouse and meeting, and this node's replicas
-    # (launch.ReplicaMeeting's fields); None: the segment's ranks are one launch
+    # (pipeline.ReplicaMeeting's fields); None: the segment's ranks are one launch
     replica_meeting: dict[str, Any] | None = None
     kind: str = "launch"
     epoch: int = 0  # set by the channel: the epoch of the decider that ordered it

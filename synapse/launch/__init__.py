@@ -7,7 +7,7 @@ from synapse.launch.rendezvous import NODE_RANK_KEY, node_ordered_rank, rendezvo
 from synapse.launch.replica_groups import (
     REPLICAS_LOST,
     ReplicaLayoutError,
-    ReplicaMeeting,
+    UnreachableNodeError,
     carried_by_torchft,
     launch_replica_groups,
     node_address,
@@ -20,6 +20,6 @@ from synapse.launch.worker_logs import failed_rank_tail, last_lines, rank_log_fi
 
 __all__ = ["DISK_FULL", "InterruptToStop", "NODE_RANK_KEY", "RendezvousSetupError", "RunInterrupted", "relay",
            "WorkerFailure", "failed_rank_tail", "free_port", "last_lines", "launch_pipeline", "launch_replica_groups",
-           "newest_checkpoint", "replica_attempt", "REPLICAS_LOST", "ReplicaLayoutError", "ReplicaMeeting",
+           "newest_checkpoint", "replica_attempt", "REPLICAS_LOST", "ReplicaLayoutError", "UnreachableNodeError",
            "carried_by_torchft", "node_address", "replicas_by_node", "serve_replica_meeting",
            "node_ordered_rank", "rank_log_files", "rendezvous_bind_address", "store_on"]

@@ -37,24 +37,17 @@ from synapse.launch.elastic import launch_config, launch_pipeline, preload_worke
 from synapse.launch.rendezvous import LOOPBACK, store_on
 from synapse.launch.root_cause import WorkerFailure
 from synapse.partitioning import NodeTopology, Placement
-from synapse.pipeline import LaunchTask, ReplicaGroupSpec, worker_main
+from synapse.pipeline import LaunchTask, ReplicaGroupSpec, ReplicaMeeting, worker_main
 from synapse.rundir import FAILURES, derived_id, run_key
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplicaMeeting:
-    """Where a segment's replicas meet: torchft's lighthouse (http://host:port), the store of their first
-    quorum (host:port, with a key prefix of the segment's own on a shared store), and which replicas this
-    node launches (empty: every one). Across nodes the decider sends it in each node's launch order."""
-
-    lighthouse: str
-    start_store: str
-    start_prefix: str = ""
-    replicas: tuple[int, ...] = ()
 
 
 class ReplicaLayoutError(ValueError):
     """A layout whose replicas torchft cannot carry across nodes (a replica on two nodes); names the fix."""
+
+
+class UnreachableNodeError(ValueError):
+    """This node's address for the other nodes would be a loopback one (a rendezvous host name resolved so
+    here); names the fix."""
 
 
 def replicas_by_node(topology: NodeTopology, placement: Placement) -> dict[int, list[int]]:
@@ -85,7 +78,7 @@ def node_address(endpoint: str | None) -> str:
     if ipaddress.ip_address(address).is_loopback:
         if host != "localhost" and not _is_address(host):
             # e.g. /etc/hosts naming this host 127.0.1.1: its replicas would listen where no other node reaches
-            raise ReplicaLayoutError(
+            raise UnreachableNodeError(
                 f"trainer.rdzv_endpoint={endpoint}: {host} resolves to {address}, a loopback address, on this host, "
                 f"so under torchft the other nodes could not reach its lighthouse or replicas. Fix: give "
                 f"trainer.rdzv_endpoint as the rendezvous host's IP address, the same on every node")
@@ -149,8 +142,8 @@ def _launch_replica(task: LaunchTask, run_dir: Path, name: str, replica: int, me
     # workers keep the segment's nodes (the stop requests on the run's store, gloo on the node's address)
     trainer = dataclasses.replace(cfg.trainer, devices=[local[d] for d in pipeline.devices], node_devices=None,
                                   local_ranks_filter=cfg.trainer.local_ranks_filter if replica == 0 else ())
-    spec = ReplicaGroupSpec(replica, placement.replicas, meeting.lighthouse, float(cfg.trainer.collective_timeout_s),
-                            tuple(placement.devices), meeting.start_store, meeting.start_prefix, address)
+    spec = ReplicaGroupSpec(replica, placement.replicas, meeting, float(cfg.trainer.collective_timeout_s),
+                            tuple(placement.devices), address)
     replica_task = dataclasses.replace(task, config=dataclasses.replace(cfg, trainer=trainer), placement=pipeline,
                                        replica_group=spec)
     # each replica's own launch on this node: a loopback rendezvous (its launch id kept: the commit fence's)

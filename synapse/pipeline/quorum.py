@@ -55,20 +55,29 @@ STALL_WINDOW = 20  # committed steps whose median is a normal step (a stall is m
 
 
 @dataclass(frozen=True)
+class ReplicaMeeting:
+    """Where a segment's replicas meet: torchft's lighthouse (http://host:port), the store of their first quorum
+    (host:port, with a key prefix of the segment's own where the store is shared: across nodes, the run's), and
+    which replicas the node it is given to launches (empty: every one). Served by ``synapse.launch``'s
+    ``serve_replica_meeting``; across nodes the decider sends it in each node's launch order."""
+
+    lighthouse: str
+    start_store: str = ""  # "": no meeting before the first quorum
+    start_prefix: str = ""
+    replicas: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ReplicaGroupSpec:
-    """What a worker of a replica launch is told: which replica it is, of how many, where the lighthouse is."""
+    """What a worker of a replica launch is told: which replica it is, of how many, where the replicas meet."""
 
     replica: int
     replicas: int
-    lighthouse: str  # the lighthouse's address (http://host:port)
+    meeting: ReplicaMeeting
     timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
     run_devices: tuple[int, ...] = ()  # the devices of every replica, replica after replica (performance records)
-    # host:port of the segment's store where the replicas meet before their first quorum ("": none), and the
-    # prefix of the segment's keys there (across nodes the meeting is on the run's store)
-    start_store: str = ""
-    start_prefix: str = ""
-    # the one address this node's replica group listens on (its store; torchft's manager says it to the others):
-    # loopback on one node, across nodes the node's address on its route to the rendezvous host
+    # the one address this node's replica group listens on (its store, its heal server; torchft's manager says it
+    # to the others): loopback on one node, across nodes the node's address on its route to the rendezvous host
     address: str = "127.0.0.1"
 
 
@@ -191,8 +200,9 @@ class QuorumReplicas:
         self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
                                min_replica_size=1, use_async_quorum=False, init_sync=False, timeout=timeout,
                                quorum_timeout=timeout, rank=stage, world_size=stages, store_addr=host,
-                               store_port=port, lighthouse_addr=spec.lighthouse, replica_id=f"replica_{spec.replica}",
-                               hostname=host, checkpoint_transport=SealedStateTransport(host, key, timeout))
+                               store_port=port, lighthouse_addr=spec.meeting.lighthouse,
+                               replica_id=f"replica_{spec.replica}", hostname=host,
+                               checkpoint_transport=SealedStateTransport(host, key, timeout))
         self.step_share = range(0)
         self.participants = 0
         self.index = 0
@@ -218,7 +228,7 @@ class QuorumReplicas:
     def join(self, step: int, started: float) -> int:
         """The first step's quorum, before the loop starts: a replica behind the others (respawned) heals
         from a peer here. Returns the committed step to go on from."""
-        if self.spec.start_store and not respawned():
+        if self.spec.meeting.start_store and not respawned():
             self._meet_every_replica()
         self._start_quorum()
         self._quorum_started = True
@@ -233,10 +243,10 @@ class QuorumReplicas:
         """A segment's first quorum holds every replica: each waits here for the others to be built (without
         it, one built late under load joined a later quorum by healing, and its first steps had no records).
         A respawned worker does not wait: the others are training."""
-        host, port = self.spec.start_store.rsplit(":", 1)
+        host, port = self.spec.meeting.start_store.rsplit(":", 1)
         store: Any = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
-        if self.spec.start_prefix:
-            store = dist.PrefixStore(self.spec.start_prefix, store)
+        if self.spec.meeting.start_prefix:
+            store = dist.PrefixStore(self.spec.meeting.start_prefix, store)
         store.set(f"replica_{self.spec.replica}_stage_{self.stage}", "built")
         store.wait([f"replica_{r}_stage_{self.stage}" for r in range(self.spec.replicas)])
 

@@ -18,7 +18,14 @@ import torch
 import torch.distributed as dist
 
 from synapse.config import ConfigError, typed_config, validate
-from synapse.launch import ReplicaLayoutError, free_port, node_address, replicas_by_node, serve_replica_meeting
+from synapse.launch import (
+    ReplicaLayoutError,
+    UnreachableNodeError,
+    free_port,
+    node_address,
+    replicas_by_node,
+    serve_replica_meeting,
+)
 from synapse.partitioning import NodeTopology, Placement
 from synapse.pipeline import quorum_share
 from synapse.pipeline.quorum import SealedStateTransport, _replica_group_store, respawn_store
@@ -188,9 +195,9 @@ def test_a_host_name_that_resolves_to_the_loopback_here_is_refused_naming_the_fi
     name = socket.gethostname()
     if not ipaddress.ip_address(socket.gethostbyname(name)).is_loopback:
         pytest.skip(f"{name} resolves to an outward address on this machine")
-    with pytest.raises(ReplicaLayoutError, match=rf"trainer.rdzv_endpoint={name}:29400: {name} resolves to 127\..*, a "
-                                                 r"loopback address, on this host.*Fix: give trainer.rdzv_endpoint as "
-                                                 r"the rendezvous host's IP address"):
+    with pytest.raises(UnreachableNodeError, match=rf"trainer.rdzv_endpoint={name}:29400: {name} resolves to 127\..*, "
+                                                   r"a loopback address, on this host.*Fix: give trainer.rdzv_endpoint "
+                                                   r"as the rendezvous host's IP address"):
         node_address(f"{name}:29400")
 
 
