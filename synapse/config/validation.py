@@ -18,8 +18,10 @@ A temperature <= 0, a model name we do not know, a GPU id that does not exist: e
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -272,8 +274,8 @@ def validate_failover(cfg: DictConfig) -> None:
 
 
 def _validate_torchft(cfg: DictConfig) -> None:
-    """failover.replica_engine=torchft: R > 1 replicas cut alike (of one stage or pipelines of K) on one node,
-    under the supervisor, with torchft installed (each replica is a launch of its own under torchft's
+    """failover.replica_engine=torchft: R > 1 replicas cut alike (of one stage or pipelines of K), each on one
+    node, under the supervisor, with torchft installed (each replica is a launch of its own under torchft's
     lighthouse)."""
     import importlib.util
 
@@ -302,9 +304,32 @@ def _validate_torchft(cfg: DictConfig) -> None:
              f"so trainer.replica_shares={list(shares)} cannot be kept",
              "leave trainer.replica_shares unset, or use failover.replica_engine=restart")
     if trainer.nodes > 1:
-        fail("failover.replica_engine", f"torchft replicas run on one node so far (trainer.nodes={trainer.nodes}): "
-             "the supervisor's lighthouse and each replica group's store listen on the loopback",
-             "use failover.replica_engine=restart across nodes, or trainer.nodes=1")
+        _validate_torchft_nodes(trainer)
+
+
+def _validate_torchft_nodes(trainer: DictConfig) -> None:
+    """Across nodes each replica is a launch on the node that holds its devices (its stages' pipeline group,
+    the agent that respawns it): a layout with a replica on two nodes is refused."""
+    per_node = ([len(devices) for devices in trainer.node_devices] if trainer.node_devices
+                else [len(resolve_devices(trainer))] * int(trainer.nodes))
+    total, replicas = sum(per_node), int(trainer.replicas)
+    if total % replicas:
+        return  # not a whole number of stages per replica: the layout's own check says so
+    stages = total // replicas
+    ends = list(itertools.accumulate(per_node))  # the run-wide rank after each node's last
+    for replica in range(replicas):
+        first, last = replica * stages, (replica + 1) * stages - 1
+        nodes = sorted({bisect.bisect_right(ends, first), bisect.bisect_right(ends, last)})
+        if len(nodes) > 1:
+            fits = " or ".join(str(total // k) for k in range(min(per_node), 0, -1)
+                               if all(n % k == 0 for n in per_node))
+            fail("failover.replica_engine",
+                 f"torchft runs each replica on one node, but trainer.replicas={replicas} over trainer.nodes="
+                 f"{trainer.nodes} nodes of {per_node[0]} device(s) makes replicas of {stages} stages, and replica "
+                 f"{replica} (run-wide devices {first}-{last}) would lie on nodes {nodes}",
+                 f"choose trainer.replicas so that each node's devices are a whole number of replicas ({fits}: "
+                 f"trainer.replicas={int(trainer.nodes)} is one pipeline per node), or use "
+                 f"failover.replica_engine=restart, whose replicas may span nodes")
 
 
 def _validate_spare_devices(cfg: DictConfig) -> None:

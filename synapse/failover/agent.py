@@ -46,9 +46,9 @@ from synapse.failover.node_channel import (
     StopOrder,
 )
 from synapse.health import kill_live_workers, read_heartbeats
-from synapse.launch import InterruptToStop, WorkerFailure, launch_pipeline, newest_checkpoint
+from synapse.launch import InterruptToStop, WorkerFailure, launch_pipeline, launch_replica_groups, newest_checkpoint
 from synapse.partitioning import Placement
-from synapse.pipeline import LaunchTask
+from synapse.pipeline import LaunchTask, ReplicaMeeting
 from synapse.profiling import ProfileRequest, get_or_profile
 from synapse.rundir import RUN_KEY, EventLog, events_path
 
@@ -300,8 +300,12 @@ class Agent:
                  f"{list(resolve_devices(cfg.trainer))}")
         report = NodeReport(self.node, order.segment, "finished")
         try:
-            summary = launch_pipeline(task, self.run_dir, attempt=f"{order.segment}_node{self.node}", log=self.log,
-                                      store_hosted=order.store_hosted)
+            if order.replica_meeting is not None:  # torchft: this node's replicas, each a launch of its own
+                summary = launch_replica_groups(task, self.run_dir, str(order.segment), self.log,
+                                                meeting=ReplicaMeeting(**order.replica_meeting))
+            else:
+                summary = launch_pipeline(task, self.run_dir, attempt=f"{order.segment}_node{self.node}",
+                                          log=self.log, store_hosted=order.store_hosted)
             report = NodeReport(self.node, order.segment, "finished", summary=summary or {})
         except WorkerFailure as exc:  # "stopped": torn down on the decider's order, a consequence
             outcome = "stopped" if self.stop_segment == order.segment else "failed"

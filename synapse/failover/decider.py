@@ -23,6 +23,7 @@ How a segment across nodes ends:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 import threading
 import time
@@ -57,9 +58,16 @@ from synapse.failover.node_channel import (
     StopOrder,
     Welcome,
 )
-from synapse.launch import WorkerFailure, relay
+from synapse.launch import (
+    REPLICAS_LOST,
+    WorkerFailure,
+    carried_by_torchft,
+    relay,
+    replicas_by_node,
+    serve_replica_meeting,
+)
 from synapse.partitioning import NodeTopology
-from synapse.pipeline import LaunchTask
+from synapse.pipeline import LaunchTask, ReplicaMeeting
 from synapse.profiling import PROFILES_SUBDIR, ProfileRequest
 from synapse.rundir import (
     NODE_SUPERVISOR_LOCK,
@@ -100,6 +108,7 @@ class NodeDecider:
         ``epoch``: this decider's (``epoch.py``); ``lost``: the nodes an earlier decider of the run
         declared lost (they stay out: a restarted decider does not wait for them)."""
         self.topology, self.run_dir, self.log = run_topology(trainer), Path(run_dir), log
+        self.run_trainer = trainer  # where the run's store is: a torchft segment's lighthouse listens there too
         self.endpoint, self.timeout_s = str(trainer.rdzv_endpoint), float(trainer.rdzv_timeout_s)
         self.node_timeout_s = float(failover.node_timeout_s)
         # a restarted decider waits for the agents to notice and re-attach, as long as they wait for it
@@ -310,16 +319,35 @@ class NodeDecider:
             # A restarted decider: the agents' workers of this segment train on; watch them to their end
             self.log(f"decider: epoch {self.epoch}: adopting segment {segment}, still running on nodes {nodes}")
             self.events.append("segment_adopted", segment=segment, nodes=nodes, epoch=self.epoch)
-        else:
-            self._stop_unadopted()
-            # from here on only this launch's workers commit: not an earlier decider's, nor a lost node's
-            admit_workers(self.run_dir, self.epoch, self.launch_id(segment))
-            multi = len(nodes) > 1
-            for node in nodes:
-                config = self.node_config(task.config, devices, node, segment)
-                self.channel.order(node, LaunchOrder(segment, config_yaml(config), task.placement.to_dict(),
-                                                     task.microbatches, task.resume, task.teacher_weights,
-                                                     store_hosted=multi))
+            return self._watch(devices, nodes, segment, first_orders)
+        self._stop_unadopted()
+        # from here on only this launch's workers commit: not an earlier decider's, nor a lost node's
+        admit_workers(self.run_dir, self.epoch, self.launch_id(segment))
+        if not carried_by_torchft(task):
+            self._order_launch(task, devices, nodes, {})
+            return self._watch(devices, nodes, segment, first_orders)
+        # torchft: the segment's lighthouse lives in this process (the rendezvous host) while it runs, and each
+        # node launches the replicas whose devices it holds
+        replicas = replicas_by_node(self.topology, task.placement)
+        with serve_replica_meeting(self.run_trainer, task.config.failover.replica_heartbeat_timeout_s, self.run_dir,
+                                   self.launch_id(segment)) as meeting:
+            self._order_launch(task, devices, nodes, {n: dataclasses.replace(meeting, replicas=tuple(replicas[n]))
+                                                      for n in nodes})
+            return self._watch(devices, nodes, segment, first_orders)
+
+    def _order_launch(self, task: LaunchTask, devices: list[int], nodes: list[int],
+                      meetings: dict[int, ReplicaMeeting]) -> None:
+        multi = len(nodes) > 1
+        for node in nodes:
+            config = self.node_config(task.config, devices, node, task.segment)
+            meeting = meetings.get(node)
+            self.channel.order(node, LaunchOrder(task.segment, config_yaml(config), task.placement.to_dict(),
+                                                 task.microbatches, task.resume, task.teacher_weights,
+                                                 store_hosted=multi,
+                                                 replica_meeting=None if meeting is None else asdict(meeting)))
+
+    def _watch(self, devices: list[int], nodes: list[int], segment: int, first_orders: dict[int, int]
+               ) -> dict[str, Any]:
         self.adoptable.clear()
         watch = RemoteNodesWatch(self, segment, nodes, time.time(), first_orders)
         watch.start()
@@ -367,6 +395,9 @@ class NodeDecider:
                                 device_failure=True, lost_ranks=tuple(ranks))
         reports = dict(watch.reports)
         failures = [(n, r) for n, r in sorted(reports.items()) if r.outcome in ("failed", "error")]
+        if all(r.cause == REPLICAS_LOST for _, r in failures) and any(r.outcome == "finished"
+                                                                      for r in reports.values()):
+            failures = []  # torchft: some node's replicas trained to the end, carrying the lost ones' share
         if not failures:
             return next((r.summary for r in reports.values() if r.summary), {})
         # The root cause: a device failure a node saw on one of its own ranks, then any device failure; of the
@@ -445,7 +476,7 @@ class RemoteNodesWatch:
                 report = None
             if report is not None:
                 self.reports[node] = report
-                if report.outcome not in ("finished", "stopped"):
+                if report.outcome not in ("finished", "stopped") and not self._others_train_on(report):
                     self.trouble(f"node {node} reported {report.outcome}: {report.cause}")
                 continue
             channel.keep_orders(node, self.first_orders.get(node, 0))  # this segment's, until the node reports
@@ -468,6 +499,12 @@ class RemoteNodesWatch:
                                                                 f"{now - since:.1f} s); the run goes on without it",
                                                   lost=True))
                 self.trouble(f"node {node} was lost")
+
+    def _others_train_on(self, report: NodeReport) -> bool:
+        """Under torchft: this node's replicas are all gone (their respawns spent), and another node's still
+        train, carrying their share; it stops no one (as on one node, the segment fails when every replica has)."""
+        return report.cause == REPLICAS_LOST and any(
+            self.reports[n].outcome == "finished" if n in self.reports else n not in self.lost for n in self.remote)
 
     def _refuse_report(self, node: int, report: NodeReport) -> None:
         """A report of another epoch (an agent still following a decider that was replaced): not this

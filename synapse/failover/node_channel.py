@@ -116,6 +116,9 @@ class LaunchOrder:
     resume: str | None
     teacher_weights: str
     store_hosted: bool  # the segment's rendezvous uses the decider's store
+    # failover.replica_engine=torchft: the segment's lighthouse and meeting, and this node's replicas
+    # (pipeline.ReplicaMeeting's fields); None: the segment's ranks are one launch
+    replica_meeting: dict[str, Any] | None = None
     kind: str = "launch"
     epoch: int = 0  # set by the channel: the epoch of the decider that ordered it
 

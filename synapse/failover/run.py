@@ -87,7 +87,7 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
                       ) -> dict[str, Any]:
     """The supervisor's segment loop; ``planner`` is the run's one planner (it made the first plan);
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
-    if str(cfg.failover.replica_engine) == "torchft":  # validated: one node, replicas cut alike
+    if str(cfg.failover.replica_engine) == "torchft" and cfg.trainer.nodes == 1:  # across nodes: the NodeDecider's
         launch = launch_replica_groups
     controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
     if hasattr(launch, "on_spares"):  # across nodes: a node declared lost that comes back is a spare

@@ -41,6 +41,7 @@ from synapse.config import SynapseConfig, as_node, config_yaml, run_topology, ty
 from synapse.failover.decider import segment_node_settings
 from synapse.failover.live import replica_engine
 from synapse.injection import faults_for_segment, fired_fault_indices
+from synapse.launch import ReplicaLayoutError, replicas_by_node
 from synapse.partitioning import Placement
 from synapse.rundir import SEGMENT, SEGMENT_CONFIG, SEGMENT_OVERRIDES, SEGMENT_RECORD, SEGMENTS
 
@@ -248,7 +249,19 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
             # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
             "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
             "resume": spec.resume,
-            "failover.replica_engine": replica_engine(cfg.failover, spec.placement)}
+            "failover.replica_engine": replica_engine_for(cfg, spec.placement)}
+
+
+def replica_engine_for(cfg: SynapseConfig, placement: Placement) -> str:
+    """The replica engine a segment on ``placement`` is launched on (``failover.live.replica_engine``), and
+    across nodes the restart path for a layout with a replica on two nodes, which torchft does not carry."""
+    engine = replica_engine(cfg.failover, placement)
+    if engine == "torchft":
+        try:
+            replicas_by_node(run_topology(cfg.trainer), placement)
+        except ReplicaLayoutError:
+            return "restart"
+    return engine
 
 
 def segment_overrides(cfg: SynapseConfig, run_dir: Path, user_overrides: list[str] | None, spec: Segment,

@@ -26,7 +26,9 @@ under a store prefix of their own attempt (``respawn_store``).
 """
 from __future__ import annotations
 
+import io
 import os
+import socket
 import statistics
 import time
 from collections import deque
@@ -44,6 +46,7 @@ from synapse.engine import Checkpointer, HeldState
 from synapse.injection import fired_fault_indices
 from synapse.pipeline.clock import COMPUTE_PARTS, SEND_PARTS
 from synapse.pipeline.replicas import apply_statistics, set_gradients, statistics_additions, weighted_gradients
+from synapse.rundir import ForeignRecordError, open_bytes, seal_bytes
 
 # A rank's step timing (StageClock) carried to the other replicas with the next step's reduction, so that
 # replica 0's last rank writes one performance record of every replica's ranks, as one launch does
@@ -52,16 +55,112 @@ STALL_WINDOW = 20  # committed steps whose median is a normal step (a stall is m
 
 
 @dataclass(frozen=True)
+class ReplicaMeeting:
+    """Where a segment's replicas meet: torchft's lighthouse (http://host:port), the store of their first quorum
+    (host:port, with a key prefix of the segment's own where the store is shared: across nodes, the run's), and
+    which replicas the node it is given to launches (empty: every one). Served by ``synapse.launch``'s
+    ``serve_replica_meeting``; across nodes the decider sends it in each node's launch order."""
+
+    lighthouse: str
+    start_store: str = ""  # "": no meeting before the first quorum
+    start_prefix: str = ""
+    replicas: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ReplicaGroupSpec:
-    """What a worker of a replica launch is told: which replica it is, of how many, where the lighthouse is."""
+    """What a worker of a replica launch is told: which replica it is, of how many, where the replicas meet."""
 
     replica: int
     replicas: int
-    lighthouse: str  # the lighthouse's address (http://host:port)
+    meeting: ReplicaMeeting
     timeout_s: float  # the cross-replica collectives' and the commit vote's timeout
     run_devices: tuple[int, ...] = ()  # the devices of every replica, replica after replica (performance records)
-    # host:port of the segment's store where the replicas meet before their first quorum ("": none)
-    start_store: str = ""
+    # the one address this node's replica group listens on (its store, its heal server; torchft's manager says it
+    # to the others): loopback on one node, across nodes the node's address on its route to the rendezvous host
+    address: str = "127.0.0.1"
+
+
+class SealedStateTransport:
+    """How a returning replica's rank receives a peer's state (torchft's checkpoint transport), sealed with the
+    run's key and served on the node's address only.
+
+    torchft's own HTTP transport listens on every interface, serves the stage's weights and optimizer state to
+    whoever asks, and its receiver unpickles whatever the address it was told answers: anyone who reached a
+    node (or told a quorum a forged address) could run code in a healing worker. Here the sender seals the
+    serialized state (``synapse.rundir.seal_bytes``: an HMAC of the run key, over the step too) and the
+    receiver refuses what is not sealed with its run's key before loading it, tensors and plain values only
+    (``weights_only``). A request may come before the sender has put its state out (both leave the quorum
+    at once): it waits for that step's state up to the timeout, as torchft's does; then it is answered 404
+    and the healing rank's quorum fails and is asked again."""
+
+    def __init__(self, host: str, key: bytes, timeout: timedelta):
+        import http.server
+        import threading
+
+        self.host, self.key, self.timeout = host, key, timeout
+        self._served: tuple[int, bytes] | None = None  # (step, sealed state) while a peer may fetch it
+        self._changed = threading.Condition()
+        transport = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                step = self.path.removeprefix("/state/")
+                sealed = transport._state_of(int(step)) if step.isdigit() else None
+                if sealed is None:
+                    self.send_error(404, "no state of that step is served")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(sealed)))
+                self.end_headers()
+                self.wfile.write(sealed)
+
+            def log_message(self, *args: Any) -> None:  # requests are not this rank's output
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="synapse-heal-state", daemon=True)
+        self._thread.start()
+
+    def _state_of(self, step: int) -> bytes | None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._served is not None and self._served[0] == step,
+                                   timeout=self.timeout.total_seconds())
+            return self._served[1] if self._served is not None and self._served[0] == step else None
+
+    def _serve(self, served: tuple[int, bytes] | None) -> None:
+        with self._changed:
+            self._served = served
+            self._changed.notify_all()
+
+    def metadata(self) -> str:
+        return f"http://{self.host}:{self._server.server_address[1]}/state/"
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+        buffer = io.BytesIO()
+        torch.save(state_dict, buffer)  # the tensors as they are now: the next update cannot reach the copy
+        self._serve((step, seal_bytes(self.key, f"torchft state {step}", "heal", buffer.getvalue())))
+
+    def disallow_checkpoint(self) -> None:
+        self._serve(None)
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{metadata}{step}", timeout=timeout.total_seconds()) as answer:
+            sealed = answer.read()
+        try:
+            payload = open_bytes(self.key, f"torchft state {step}", "heal", sealed)
+        except ForeignRecordError as exc:
+            raise ForeignRecordError(f"the state of step {step} from replica rank {src_rank} at {metadata} is not "
+                                     f"sealed with this run's key: refused, not loaded") from exc
+        return torch.load(io.BytesIO(payload), weights_only=True)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._serve(None)
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class StepNotCommitted(RuntimeError):
@@ -90,19 +189,20 @@ class QuorumReplicas:
     evaluation_shard = (0, 1)  # each replica evaluates the whole split: no collective outside a step's quorum
 
     def __init__(self, spec: ReplicaGroupSpec, stage: int, stages: int, batch: int, microbatches: int,
-                 record: Callable[..., Any], log: Callable[[str], None] = print):
+                 record: Callable[..., Any], key: bytes, log: Callable[[str], None] = print):
         from torchft import Manager  # type: ignore[import-untyped]
         from torchft.process_group import ProcessGroupGloo  # type: ignore[import-untyped]
 
         self.spec, self.stage, self.batch, self.microbatches = spec, stage, batch, microbatches
         self.record, self.log = record, log
         timeout = timedelta(seconds=spec.timeout_s)
-        host, port = _replica_group_store(stage)
+        host, port = _replica_group_store(stage, spec.address)
         self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
                                min_replica_size=1, use_async_quorum=False, init_sync=False, timeout=timeout,
                                quorum_timeout=timeout, rank=stage, world_size=stages, store_addr=host,
-                               store_port=port, lighthouse_addr=spec.lighthouse, replica_id=f"replica_{spec.replica}",
-                               hostname=host)
+                               store_port=port, lighthouse_addr=spec.meeting.lighthouse,
+                               replica_id=f"replica_{spec.replica}", hostname=host,
+                               checkpoint_transport=SealedStateTransport(host, key, timeout))
         self.step_share = range(0)
         self.participants = 0
         self.index = 0
@@ -128,7 +228,7 @@ class QuorumReplicas:
     def join(self, step: int, started: float) -> int:
         """The first step's quorum, before the loop starts: a replica behind the others (respawned) heals
         from a peer here. Returns the committed step to go on from."""
-        if self.spec.start_store and not respawned():
+        if self.spec.meeting.start_store and not respawned():
             self._meet_every_replica()
         self._start_quorum()
         self._quorum_started = True
@@ -143,8 +243,10 @@ class QuorumReplicas:
         """A segment's first quorum holds every replica: each waits here for the others to be built (without
         it, one built late under load joined a later quorum by healing, and its first steps had no records).
         A respawned worker does not wait: the others are training."""
-        host, port = self.spec.start_store.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
+        host, port = self.spec.meeting.start_store.rsplit(":", 1)
+        store: Any = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=self.spec.timeout_s))
+        if self.spec.meeting.start_prefix:
+            store = dist.PrefixStore(self.spec.meeting.start_prefix, store)
         store.set(f"replica_{self.spec.replica}_stage_{self.stage}", "built")
         store.wait([f"replica_{r}_stage_{self.stage}" for r in range(self.spec.replicas)])
 
@@ -319,11 +421,16 @@ def sampler_state_at(sampler: Any, step: int) -> dict[str, int]:
     return sampler.state_after((step - 1) // per_epoch, (step - 1) % per_epoch)
 
 
-def _replica_group_store(stage: int) -> tuple[str, int]:
-    """The replica group's own TCP store (torchft's Manager finds its rank 0's server there): hosted by
-    stage 0, its port told to the other stages over the launch's default group."""
-    host = "127.0.0.1"
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if stage == 0 else None
+def _replica_group_store(stage: int, host: str) -> tuple[str, int]:
+    """The replica group's own TCP store (torchft's Manager finds its rank 0's server there, and the other
+    replicas' ranks form the cross-replica group on it when this replica leads a quorum): hosted by stage 0
+    on ``host`` only (torch's own server would listen on every interface), its port told to the other
+    stages over the launch's default group."""
+    store = None
+    if stage == 0:
+        listening = socket.create_server((host, 0))
+        store = dist.TCPStore(host, listening.getsockname()[1], is_master=True, wait_for_workers=False,
+                              master_listen_fd=listening.detach())  # the store owns the descriptor from here on
     box = [store.port if store is not None else None]
     dist.broadcast_object_list(box, src=0)
     _STORES.append(store)  # kept open for the worker's life

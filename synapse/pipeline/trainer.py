@@ -71,6 +71,7 @@ from synapse.rundir import (
     Refusals,
     events_path,
     read_jsonl,
+    run_key,
 )
 
 
@@ -509,7 +510,7 @@ def build_pipeline_trainer(cfg: SynapseConfig, run_dir: Path, rank: int, world_s
     # After the models are built: from its Manager's start the lighthouse counts this replica in, and the
     # others' quorums wait for it (torchft's join timeout)
     quorum = None if replica_group is None else QuorumReplicas(replica_group, stage, world_size, cfg.data.batch_size,
-                                                               count, events.append, log)
+                                                               count, events.append, run_key(run_dir), log)
     replicas: ReplicaReduction | None = quorum or mesh
     optimizer = build_optimizer(module.student.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, parts.total_steps)
