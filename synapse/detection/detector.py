@@ -592,6 +592,9 @@ class SlowdownDetector:
         signals = entry.signals
         if name in signals:
             return signals[name]
+        if cast(int, self._num_ranks) >= VECTOR_FROM_RANKS:  # all ranks in one numpy pass: the same answers
+            self._fill_signals((entry,), name)
+            return signals[name]
         if name.startswith("link"):
             excess = self._link.excess(cast(tuple[float, ...], entry.send_s))  # link signals: records with send_s
             ratios = self._link.ratios(excess)
@@ -613,27 +616,47 @@ class SlowdownDetector:
         return signals[name]
 
     def _fill_signals(self, entries: Sequence[HistoryEntry], name: str) -> None:
-        """``_signal`` of the compute and link signals for every entry lacking them, all at once
-        (a baseline refined by a quiet step drops them from every entry of the window, so each step
-        computed them again entry by entry). The same answers: `net_compute_ratio_rows` and
-        `peer_ratio_rows` are `net_compute_ratios` and `peer_ratios` row by row, bit for bit."""
-        kind = "link" if name.startswith("link") else COMPUTE if name.startswith(COMPUTE) else None
+        """``_signal`` of every entry lacking ``name`` (and the signals computed with it), all entries
+        and ranks in one numpy pass from 8 ranks up (a baseline refined by a quiet step drops the
+        compute and link signals from every entry of the window, so each step computed them again
+        entry by entry, rank by rank). The same answers bit for bit: `net_compute_ratio_rows`,
+        `peer_ratio_rows`, `LinkBaseline.excess_and_ratio_rows` and `CommBaseline.beyond_peer_rows`
+        are their per-rank readings row by row (tests/unit/test_rolling.py)."""
         missing = [e for e in entries if name not in e.signals]
-        if kind is None or len(missing) < 2 or cast(int, self._num_ranks) < VECTOR_FROM_RANKS:
-            return  # one entry, or a few ranks: `_signal` entry by entry is as quick
-        if kind == "link":
-            excess = [self._link.excess(cast(tuple[float, ...], e.send_s)) for e in missing]
-            ratios = [self._link.ratios(x) for x in excess]
-            peers = peer_ratio_rows(np.array(ratios)).tolist()
-            for entry, x, r, p in zip(missing, excess, ratios, peers):
+        if not missing or cast(int, self._num_ranks) < VECTOR_FROM_RANKS:
+            return  # a few ranks: `_signal` entry by entry is as quick
+        if name.startswith("link"):
+            send = np.array([cast(tuple[float, ...], e.send_s) for e in missing], dtype=np.float64)
+            excess, ratios = self._link.excess_and_ratio_rows(send)
+            peers = peer_ratio_rows(ratios)
+            for entry, x, r, p in zip(missing, excess.tolist(), ratios.tolist(), peers.tolist()):
                 entry.signals.update(link_excess=x, link_ratio=r, link_peer=p)
-            return
-        baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
-        raw = np.array([e.compute_s for e in missing], dtype=np.float64) / np.maximum(baseline, _TINY_S)
-        raw[:, list(self._compute.pending)] = 1.0  # a rank still re-learning its baseline is not judged
-        net = net_compute_ratio_rows(raw, baseline, self._margin, self._pipelines)
-        for entry, r, n, p in zip(missing, raw.tolist(), net.tolist(), peer_ratio_rows(net).tolist()):
-            entry.signals.update(compute_raw=r, compute_ratio=n, compute_peer=p)
+        elif name.startswith(COMPUTE):
+            baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
+            raw = np.array([e.compute_s for e in missing], dtype=np.float64) / np.maximum(baseline, _TINY_S)
+            raw[:, list(self._compute.pending)] = 1.0  # a rank still re-learning its baseline is not judged
+            net = net_compute_ratio_rows(raw, baseline, self._margin, self._pipelines)
+            for entry, r, n, p in zip(missing, raw.tolist(), net.tolist(), peer_ratio_rows(net).tolist()):
+                entry.signals.update(compute_raw=r, compute_ratio=n, compute_peer=p)
+        else:
+            comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt
+            beyond_comm, beyond_step = comm.beyond_peer_rows(
+                np.array([e.compute_s for e in missing], dtype=np.float64),
+                np.array([e.comm_s for e in missing], dtype=np.float64))
+            # 1 + max(0, min(a, b)) / denominator, as `_signal` takes them: min(a, b) is b only where b < a
+            least = np.where(beyond_step < beyond_comm, beyond_step, beyond_comm)
+            ratios = 1.0 + np.where(least > 0.0, least, 0.0) / self._comm_denominators()
+            peers = peer_ratio_rows(ratios)
+            for entry, a, b, r, p in zip(missing, beyond_comm.tolist(), beyond_step.tolist(), ratios.tolist(),
+                                         peers.tolist()):
+                entry.signals.update(comm_beyond_comm=a, comm_beyond_step=b, comm_ratio=r, comm_peer=p)
+
+    def _comm_denominators(self) -> np.ndarray:
+        """`_denominator` of comm for every rank (a maximum with _TINY_S > 0: a tie is one value)."""
+        if self._link_mode:
+            return self._link.denominators()
+        comm_s = np.asarray(cast(CommBaseline, self._comm_baseline).comm_s, dtype=np.float64)
+        return np.maximum(comm_s, max(self.config.min_comm_s, _TINY_S))
 
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
