@@ -51,9 +51,6 @@ class PeerWander:
     def __init__(self, window: int, keep: int, z: float) -> None:
         self.window, self.keep, self.z = window, keep, z
         self._history: list[deque[float]] = []
-        # A rank's steps wait here DELAY_WINDOWS windows before they count: the first steps of a
-        # slowdown come before it is in excess, and must not teach the rank that it wanders so far.
-        self.waiting: list[deque[float]] = []
         self._fresh(0)
 
     @property
@@ -68,7 +65,6 @@ class PeerWander:
     def reset(self, num_ranks: int) -> None:
         self.history = [deque(maxlen=self.keep) for _ in range(num_ranks)]
         self._fresh(num_ranks)
-        self.waiting = [deque() for _ in range(num_ranks)]
 
     def observe(self, ratios: Sequence[float], calm: Sequence[int]) -> None:
         """One step's per-rank compute ratios (to each rank's baseline). A rank in ``calm`` (not in
@@ -76,30 +72,41 @@ class PeerWander:
         rank drops its waiting steps (they may have been its slowdown's start)."""
         calm_ranks = list(calm)
         calm_values = [ratios[p] for p in calm_ranks]
+        rows = np.array(calm_ranks, dtype=np.intp)
+        others = np.ones(len(self.history), dtype=bool)
+        others[rows] = False
+        self._waiting_len[others] = 0
+        if len(calm_ranks) < 2:  # a calm rank without calm peers neither waits nor drops its waiting steps
+            return
         # the median of a calm rank's calm peers: the calm ranks' values without its own, sorted once
-        peer_medians = dict(zip(calm_ranks, medians_without_each(calm_values)))
-        counted_ranks, counted_values = [], []
-        for rank in range(len(self.history)):
-            if rank not in peer_medians:
-                self.waiting[rank].clear()
-                continue
-            peer_median = peer_medians[rank]
-            if peer_median is not None:
-                self.waiting[rank].append(ratios[rank] / max(peer_median, _TINY))
-                if len(self.waiting[rank]) > DELAY_WINDOWS * self.window:
-                    value = self.waiting[rank].popleft()
-                    self.history[rank].append(value)
-                    self._counted[rank] += 1
-                    counted_ranks.append(rank)
-                    counted_values.append(value)
-        if counted_ranks:
-            self._ring_counted(counted_ranks, counted_values)
+        peer_medians = np.array(medians_without_each(calm_values), dtype=np.float64)
+        size = self._waiting.shape[1]  # DELAY_WINDOWS * window + 1: the waiting steps and the one that counts
+        self._waiting[rows, self._waiting_appended[rows] % size] = calm_values / np.maximum(peer_medians, _TINY)
+        self._waiting_appended[rows] += 1
+        self._waiting_len[rows] += 1
+        counting = rows[self._waiting_len[rows] == size]  # waited DELAY_WINDOWS windows: the oldest counts
+        if not len(counting):
+            return
+        self._waiting_len[counting] = size - 1
+        values = self._waiting[counting, self._waiting_appended[counting] % size].tolist()
+        ranks = counting.tolist()
+        for rank, value in zip(ranks, values):
+            self.history[rank].append(value)
+            self._counted[rank] += 1
+        self._ring_counted(ranks, values)
 
     def _fresh(self, num_ranks: int) -> None:
         """Per rank: steps ever counted into its history (the count of its first step is this less its
         length); the rings are built from the histories when next read."""
         self._counted = [0] * num_ranks
         self._rings_built = False
+        # A rank's steps wait DELAY_WINDOWS windows before they count: the first steps of a slowdown
+        # come before it is in excess, and must not teach the rank that it wanders so far. Per rank, a
+        # ring of its latest ratios to its peers, how many of them wait (its calm steps in a row, at
+        # most the delay) and how many it ever took (where the next goes)
+        self._waiting = np.zeros((num_ranks, DELAY_WINDOWS * self.window + 1))
+        self._waiting_len = np.zeros(num_ranks, dtype=np.intp)
+        self._waiting_appended = np.zeros(num_ranks, dtype=np.intp)
 
     def _build_rings(self) -> None:
         """The rings from the histories as they stand: ``_values[r, c % size]`` is the step rank r counted
@@ -184,7 +191,6 @@ class PeerWander:
         """Over a re-partition: new rank i keeps old rank ``mapping[i]``'s steps, unless it is ``fresh``."""
         self.history = [deque(() if new in fresh else self.history[old], maxlen=self.keep)
                         for new, old in enumerate(mapping)] if self.history else []
-        self.waiting = [deque() for _ in self.history]
         self._fresh(len(self.history))
 
     def state_dict(self) -> list[list[float]]:
@@ -192,5 +198,4 @@ class PeerWander:
 
     def load_state_dict(self, state: Sequence[Sequence[float]]) -> None:
         self.history = [deque(map(float, h), maxlen=self.keep) for h in state]
-        self.waiting = [deque() for _ in self.history]
         self._fresh(len(self.history))
