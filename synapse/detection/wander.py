@@ -72,16 +72,20 @@ class PeerWander:
         rank drops its waiting steps (they may have been its slowdown's start)."""
         calm_ranks = list(calm)
         calm_values = [ratios[p] for p in calm_ranks]
+        # a calm rank beyond the ranks tracked is a peer of the others, with no steps of its own
         rows = np.array(calm_ranks, dtype=np.intp)
+        tracked = rows < len(self.history)
         others = np.ones(len(self.history), dtype=bool)
-        others[rows] = False
+        others[rows[tracked]] = False
         self._waiting_len[others] = 0
         if len(calm_ranks) < 2:  # a calm rank without calm peers neither waits nor drops its waiting steps
             return
         # the median of a calm rank's calm peers: the calm ranks' values without its own, sorted once
         peer_medians = np.array(medians_without_each(calm_values), dtype=np.float64)
+        ratios_to_peers = (np.array(calm_values, dtype=np.float64) / np.maximum(peer_medians, _TINY))[tracked]
+        rows = rows[tracked]
         size = self._waiting.shape[1]  # DELAY_WINDOWS * window + 1: the waiting steps and the one that counts
-        self._waiting[rows, self._waiting_appended[rows] % size] = calm_values / np.maximum(peer_medians, _TINY)
+        self._waiting[rows, self._waiting_appended[rows] % size] = ratios_to_peers
         self._waiting_appended[rows] += 1
         self._waiting_len[rows] += 1
         counting = rows[self._waiting_len[rows] == size]  # waited DELAY_WINDOWS windows: the oldest counts
