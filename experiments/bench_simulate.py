@@ -1,5 +1,6 @@
 # python experiments/bench_simulate.py [--steps 10000] [--devices 64] [--layouts 64x1,8x8] [--policy eta]
-#                                     [--repeats 1]
+#                                     [--repeats 1] [--record-detector DIR]
+# python experiments/bench_simulate.py --replay-detector DIR/8x8_0.json.gz [--repeats 1]
 """How fast mode=simulate is: a ``--steps``-step run of ``--devices`` simulated H200s (ViT-L ->
 ResNet-152 on the H200 block profiles), one per layout (R replicas x K stages), timed end to end
 in this process (config, planner, first plan, the steps, the records) and for the steps alone,
@@ -7,10 +8,18 @@ in this process (config, planner, first plan, the steps, the records) and for th
 The issue's target: 10,000 steps of 64 GPUs in under 30 s on one core. One slowdown (device 5
 compute x3 for 500 steps from the middle step) makes the controller decide as in a real run.
 Writes experiments/results/simulate_speed.{json,md}.
+
+``--record-detector DIR`` also writes every call each run makes on its slowdown detector to
+DIR/<layout>_<repeat>.json.gz; ``--replay-detector FILE`` replays one such file on the detector of this
+script's tree and prints the CPU time of its calls and a digest of every answer (events, ratios, active
+slowdowns, baselines, the state every 97 steps and at the end): the detector alone, its speed and its
+sameness. To compare two trees on the same calls, run this script from each (copied into the other).
 """
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -44,6 +53,57 @@ def simulate(overrides: list[str], run_dir: Path) -> dict:
     return {**result, "total_s": time.perf_counter() - began, "cpu_s": time.process_time() - cpu_began}
 
 
+DETECTOR_CALLS = ("update", "set_replicas", "set_expected", "rebase", "rewind", "load_state_dict")
+
+
+def record_detector_calls() -> list[dict]:
+    """From now on, every call on a `SlowdownDetector` in this process, as JSON-friendly dicts."""
+    from synapse.detection import SlowdownDetector
+
+    calls: list[dict] = []
+
+    def recorded(name: str):
+        method = getattr(SlowdownDetector, name)
+
+        def call(detector, *args, **kwargs):
+            if name == "update":
+                calls.append({"call": name, "args": [args[0].to_dict()], "kwargs": {}})
+            else:
+                calls.append({"call": name, "args": json.loads(json.dumps(list(args))),
+                              "kwargs": json.loads(json.dumps(kwargs))})
+            if len(calls) == 1:  # the settings, once a run
+                calls[0]["config"] = dict(vars(detector.config))
+            return method(detector, *args, **kwargs)
+        return call
+
+    for name in DETECTOR_CALLS:
+        setattr(SlowdownDetector, name, recorded(name))
+    return calls
+
+
+def replay_detector_calls(path: Path) -> dict:
+    """The calls of one recording on a fresh detector: their CPU time and a digest of every answer."""
+    from synapse.detection import DetectorConfig, SlowdownDetector, StepTiming
+
+    calls = json.loads(gzip.decompress(path.read_bytes()))
+    steps = [(c["call"], [StepTiming.from_dict(c["args"][0])] if c["call"] == "update" else c["args"], c["kwargs"])
+             for c in calls]
+    detector, digest, spent = SlowdownDetector(DetectorConfig(**calls[0]["config"])), hashlib.sha256(), 0.0
+    for name, args, kwargs in steps:
+        began = time.process_time()
+        answer = getattr(detector, name)(*args, **kwargs)
+        spent += time.process_time() - began
+        digest.update(repr([e.to_dict() for e in answer or []]).encode())
+        digest.update(repr((detector.latest_ratios, detector.active, detector.baseline("compute"),
+                            detector.baseline("comm"), detector.prior_replaced)).encode())
+        if name == "update" and args[0].step % 97 == 0:
+            digest.update(json.dumps(detector.state_dict(), sort_keys=True).encode())
+    digest.update(json.dumps(detector.state_dict(), sort_keys=True).encode())
+    updates = sum(name == "update" for name, _, _ in steps)
+    return {"file": str(path), "digest": digest.hexdigest(), "updates": updates, "cpu_s": spent,
+            "ms_per_update": 1e3 * spent / max(1, updates), "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
@@ -52,7 +112,14 @@ def main() -> None:
     parser.add_argument("--policy", default="eta")
     parser.add_argument("--repeats", type=int, default=1, help="runs per layout (n)")
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "simulate_speed.json")
+    parser.add_argument("--record-detector", type=Path, help="write each run's detector calls here")
+    parser.add_argument("--replay-detector", type=Path, help="replay one recording (--repeats times) and stop")
     args = parser.parse_args()
+    if args.replay_detector is not None:
+        for _ in range(args.repeats):
+            print(json.dumps(replay_detector_calls(args.replay_detector)), flush=True)
+        return
+    calls = record_detector_calls() if args.record_detector is not None else None
     runs = []
     with tempfile.TemporaryDirectory(prefix="synapse-bench-simulate-") as tmp:
         for layout, repeat in itertools.product(args.layouts.split(","), range(args.repeats)):
@@ -64,6 +131,11 @@ def main() -> None:
                          "pipeline.microbatches=4", "partition=auto", f"policy={args.policy}", "injection.name=bench",
                          fault, "failover.max_restarts=100"]
             result = simulate(overrides, Path(tmp) / f"{layout}_{repeat}")
+            if calls is not None:
+                args.record_detector.mkdir(parents=True, exist_ok=True)
+                recording = args.record_detector / f"{layout}_{repeat}.json.gz"
+                recording.write_bytes(gzip.compress(json.dumps(calls).encode()))
+                calls.clear()
             runs.append({"layout": layout, "steps": result["steps"], "total_s": result["total_s"],
                          "cpu_s": result["cpu_s"], "load_average": os.getloadavg()[0],
                          "steps_s": result["simulate_s"], "decisions": result["decisions"],

@@ -107,8 +107,18 @@ def peer_ratio_rows(ratios: np.ndarray) -> np.ndarray:
     """`synapse.detection.waiting.peer_ratios` of every row of ``ratios`` (one row per step, one column
     per rank) at once: each ratio over the median of its row's others (floored at 1e-9), the same
     division; without others (one rank), over itself."""
-    if ratios.shape[1] < 2:
+    width = ratios.shape[1]
+    if width < 2:
         others = ratios
+    elif width % 2 == 0:
+        # An odd count of others: the median without a value is the row's (half)-th smallest where the
+        # value ranks above it, else the (half + 1)-th, so two order statistics (a partition, not a
+        # stable sort) give it. A value equal to the (half)-th may rank above it, where the (half + 1)-th
+        # is equal to it too: the same number, the sign of a zero aside, which the floor below erases.
+        half = (width - 1) // 2
+        ranked = np.partition(ratios, [half, half + 1], axis=1)
+        lower, upper = ranked[:, half:half + 1], ranked[:, half + 1:half + 2]
+        others = np.where(ratios > lower, lower, upper)
     else:
         others = medians_without_each_rows(ratios)
     peers: np.ndarray = ratios / np.maximum(others, _TINY_S)

@@ -283,6 +283,15 @@ class HistoryEntry:
     step_s: float = 0.0
     send_s: tuple[float, ...] | None = None  # own send seconds per rank (None: not measured)
     signals: dict[str, list[float]] = field(default_factory=dict)  # per-step signals, computed lazily
+    # the same signals as numpy rows, where all ranks' were computed at once (8 ranks up); a list in
+    # ``signals`` is made from its row when first read
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def forget(self, names: Sequence[str]) -> None:
+        """Drop these signals (computed against a baseline that has moved)."""
+        for name in names:
+            self.signals.pop(name, None)
+            self.rows.pop(name, None)
 
 
 @dataclass
@@ -592,6 +601,10 @@ class SlowdownDetector:
         signals = entry.signals
         if name in signals:
             return signals[name]
+        if cast(int, self._num_ranks) >= VECTOR_FROM_RANKS:  # all ranks in one numpy pass: the same answers
+            self._fill_signals((entry,), name)
+            signals[name] = entry.rows[name].tolist()
+            return signals[name]
         if name.startswith("link"):
             excess = self._link.excess(cast(tuple[float, ...], entry.send_s))  # link signals: records with send_s
             ratios = self._link.ratios(excess)
@@ -613,36 +626,58 @@ class SlowdownDetector:
         return signals[name]
 
     def _fill_signals(self, entries: Sequence[HistoryEntry], name: str) -> None:
-        """``_signal`` of the compute and link signals for every entry lacking them, all at once
-        (a baseline refined by a quiet step drops them from every entry of the window, so each step
-        computed them again entry by entry). The same answers: `net_compute_ratio_rows` and
-        `peer_ratio_rows` are `net_compute_ratios` and `peer_ratios` row by row, bit for bit."""
-        kind = "link" if name.startswith("link") else COMPUTE if name.startswith(COMPUTE) else None
-        missing = [e for e in entries if name not in e.signals]
-        if kind is None or len(missing) < 2 or cast(int, self._num_ranks) < VECTOR_FROM_RANKS:
-            return  # one entry, or a few ranks: `_signal` entry by entry is as quick
-        if kind == "link":
-            excess = [self._link.excess(cast(tuple[float, ...], e.send_s)) for e in missing]
-            ratios = [self._link.ratios(x) for x in excess]
-            peers = peer_ratio_rows(np.array(ratios)).tolist()
-            for entry, x, r, p in zip(missing, excess, ratios, peers):
-                entry.signals.update(link_excess=x, link_ratio=r, link_peer=p)
-            return
-        baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
-        raw = np.array([e.compute_s for e in missing], dtype=np.float64) / np.maximum(baseline, _TINY_S)
-        raw[:, list(self._compute.pending)] = 1.0  # a rank still re-learning its baseline is not judged
-        net = net_compute_ratio_rows(raw, baseline, self._margin, self._pipelines)
-        for entry, r, n, p in zip(missing, raw.tolist(), net.tolist(), peer_ratio_rows(net).tolist()):
-            entry.signals.update(compute_raw=r, compute_ratio=n, compute_peer=p)
+        """``_signal`` of every entry lacking ``name`` (and the signals computed with it), all entries
+        and ranks in one numpy pass from 8 ranks up (a baseline refined by a quiet step drops the
+        compute and link signals from every entry of the window, so each step computed them again
+        entry by entry, rank by rank). The same answers bit for bit: `net_compute_ratio_rows`,
+        `peer_ratio_rows`, `LinkBaseline.excess_and_ratio_rows` and `CommBaseline.beyond_peer_rows`
+        are their per-rank readings row by row (tests/unit/test_rolling.py)."""
+        missing = [e for e in entries if name not in e.rows]
+        if not missing or cast(int, self._num_ranks) < VECTOR_FROM_RANKS:
+            return  # a few ranks: `_signal` entry by entry is as quick
+        if name.startswith("link"):
+            send = np.array([cast(tuple[float, ...], e.send_s) for e in missing], dtype=np.float64)
+            excess, ratios = self._link.excess_and_ratio_rows(send)
+            for entry, x, r, p in zip(missing, excess, ratios, peer_ratio_rows(ratios)):
+                entry.rows.update(link_excess=x, link_ratio=r, link_peer=p)
+        elif name.startswith(COMPUTE):
+            baseline = cast(list[float], self._compute.values)  # evaluated only once learnt
+            raw = np.array([e.compute_s for e in missing], dtype=np.float64) / np.maximum(baseline, _TINY_S)
+            raw[:, list(self._compute.pending)] = 1.0  # a rank still re-learning its baseline is not judged
+            net = net_compute_ratio_rows(raw, baseline, self._margin, self._pipelines)
+            for entry, r, n, p in zip(missing, raw, net, peer_ratio_rows(net)):
+                entry.rows.update(compute_raw=r, compute_ratio=n, compute_peer=p)
+        else:
+            comm = cast(CommBaseline, self._comm_baseline)  # comm signals: asked only once learnt
+            beyond_comm, beyond_step = comm.beyond_peer_rows(
+                np.array([e.compute_s for e in missing], dtype=np.float64),
+                np.array([e.comm_s for e in missing], dtype=np.float64))
+            # 1 + max(0, min(a, b)) / denominator, as `_signal` takes them: min(a, b) is b only where b < a
+            least = np.where(beyond_step < beyond_comm, beyond_step, beyond_comm)
+            ratios = 1.0 + np.where(least > 0.0, least, 0.0) / self._comm_denominators()
+            for entry, a, b, r, p in zip(missing, beyond_comm, beyond_step, ratios, peer_ratio_rows(ratios)):
+                entry.rows.update(comm_beyond_comm=a, comm_beyond_step=b, comm_ratio=r, comm_peer=p)
+
+    def _comm_denominators(self) -> np.ndarray:
+        """`_denominator` of comm for every rank (a maximum with _TINY_S > 0: a tie is one value)."""
+        if self._link_mode:
+            return self._link.denominators()
+        comm_s = np.asarray(cast(CommBaseline, self._comm_baseline).comm_s, dtype=np.float64)
+        return np.maximum(comm_s, max(self.config.min_comm_s, _TINY_S))
 
     def _evaluate(self, timing: StepTiming) -> list[Detection]:
         recent = list(islice(self._history, len(self._history) - self.config.window, None))
+        windows: dict[str, Any] = {}  # a signal's window, one row per step (an array from 8 ranks up), once a step
 
         def window_median(name: str, reading: Callable[[Sequence[Sequence[float]]], list[float]] = column_medians
                           ) -> list[float]:
             """Each rank's ``reading`` of a signal over the window (all ranks at once: one row per step)."""
-            self._fill_signals(recent, name)
-            return reading([self._signal(e, name) for e in recent])
+            if name not in windows:  # read twice (median and trend) before the baselines move, so kept
+                self._fill_signals(recent, name)
+                vector = cast(int, self._num_ranks) >= VECTOR_FROM_RANKS
+                windows[name] = (np.array([e.rows[name] for e in recent]) if vector
+                                 else [self._signal(e, name) for e in recent])
+            return reading(windows[name])
 
         ratios = window_median("compute_ratio")
         cfg = self.config
@@ -699,8 +734,7 @@ class SlowdownDetector:
                      if ratio < self.config.recover_below]
             self._link.refine(cast(tuple[float, ...], latest.send_s), quiet)  # link mode: the latest has send_s
             for entry in self._history:
-                for name in ("link_excess", "link_ratio", "link_peer"):
-                    entry.signals.pop(name, None)
+                entry.forget(("link_excess", "link_ratio", "link_peer"))
         if self._comm_own and self._comm_baseline is not None:  # a better estimate of comm's noise
             own = self._signal(latest, "comm_beyond_comm")
             for rank, samples in enumerate(self._comm_own):
@@ -723,8 +757,7 @@ class SlowdownDetector:
 
     def _forget_compute_signals(self) -> None:
         for entry in self._history:
-            for name in ("compute_raw", "compute_ratio", "compute_peer"):
-                entry.signals.pop(name, None)
+            entry.forget(("compute_raw", "compute_ratio", "compute_peer"))
 
     def _denominator(self, kind: str, rank: int) -> float:
         if kind == COMM and self._link_mode:
@@ -751,7 +784,12 @@ class SlowdownDetector:
         def excess(ratio: float, peer: float, beyond_noise: bool, least_peer: float) -> bool:
             return ratio >= cfg.threshold and beyond_noise and (skip_peers or peer >= least_peer)
 
+        levels, trackers = None if trend is None else trend[0], self._trackers
         for rank, ratio in enumerate(ratios):
+            tracker = trackers.get((kind, rank))
+            if (tracker is not None and tracker.active is None and tracker.above == 0 and ratio < cfg.threshold
+                    and (levels is None or levels[rank] < cfg.threshold)):
+                continue  # in excess needs a reading >= threshold: nothing to count, nothing changes
             # peer_threshold is None only where skip_peers holds, and then least_peer is not read
             least_peer = cast(float, cfg.peer_threshold) if peer_floors is None else peer_floors[rank]
             in_excess = excess(ratio, peers[rank], above_floor[rank], least_peer)

@@ -22,6 +22,8 @@ from collections.abc import Collection, Mapping, Sequence
 from statistics import median
 from typing import Any, cast
 
+import numpy as np
+
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, robust_sd
 from synapse.detection.rolling import SortedWindow
 
@@ -96,6 +98,20 @@ class LinkBaseline:
     def ratios(self, excess: Sequence[float]) -> list[float]:
         least = max(self.min_comm_s, _TINY_S)  # max(b, m, t) == max(b, max(m, t)): `denominator` per rank
         return [1.0 + max(0.0, x) / max(b, least) for b, x in zip(cast(list[float], self.baseline), excess)]
+
+    def excess_and_ratio_rows(self, send_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`excess` and `ratios` of every row of ``send_s`` (one step per row) at once, bit for bit: the
+        same subtraction and quotient elementwise, ``max(0.0, x)`` as ``x if x > 0.0 else 0.0`` and
+        ``max(b, least)`` as the larger (least > 0, so a tie is one value)."""
+        baseline = np.asarray(cast(list[float], self.baseline), dtype=np.float64)  # asked only when ready
+        excess = send_s - baseline
+        ratios = 1.0 + np.where(excess > 0.0, excess, 0.0) / np.maximum(baseline, max(self.min_comm_s, _TINY_S))
+        return excess, ratios
+
+    def denominators(self) -> np.ndarray:
+        """`denominator` of every rank (the larger of three, all but the baseline > 0: a tie is one value)."""
+        baseline = np.asarray(cast(list[float], self.baseline), dtype=np.float64)  # asked only when ready
+        return np.maximum(baseline, max(self.min_comm_s, _TINY_S))
 
     def floor(self, rank: int, window: int, noise_z: float) -> float:
         """Smallest window-median own excess (s) that is neither below min_comm_s nor noise."""

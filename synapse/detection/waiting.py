@@ -38,7 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 
-from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
+import numpy as np
+
+from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, medians_without_each_rows, robust_sd
 
 _TINY_S = 1e-9  # a zero baseline must not divide by zero
 COMM_BASELINE_FIELDS = ("comm_s", "compute_s", "spread_s")
@@ -62,6 +64,11 @@ class CommBaseline:
     def beyond_peers(self, compute_s: Sequence[float], comm_s: Sequence[float]) -> tuple[list[float], list[float]]:
         """(beyond_peer_comm, beyond_peer_step) of one step against this baseline."""
         return own_comm_per_step(_excess(compute_s, self.compute_s), _excess(comm_s, self.comm_s))
+
+    def beyond_peer_rows(self, compute_s: np.ndarray, comm_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`beyond_peers` of every row (one step per row, two or more ranks) at once (`own_comm_rows`)."""
+        return own_comm_rows(compute_s - np.asarray(self.compute_s, dtype=np.float64),
+                             comm_s - np.asarray(self.comm_s, dtype=np.float64))
 
     def carried(self, mapping: Sequence[int], comm_scale: Sequence[float],
                 compute_scale: Sequence[float]) -> CommBaseline:
@@ -107,6 +114,17 @@ def own_comm_per_step(compute_excess: Sequence[float],
     comm_others, occupancy_others = others_medians(comm_excess, 0.0), others_medians(occupancy, 0.0)
     beyond_comm = [comm_excess[r] - comm_others[r] for r in ranks]
     beyond_step = [comm_excess[r] + min(0.0, compute_excess[r]) - occupancy_others[r] for r in ranks]
+    return beyond_comm, beyond_step
+
+
+def own_comm_rows(compute_excess: np.ndarray, comm_excess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`own_comm_per_step` of every row (one step per row, two or more ranks) at once, bit for bit: the
+    same sums and differences elementwise in the same order, each rank's others' median as
+    `medians_without_each` gives it, and ``min(0.0, x)`` as ``x if x < 0.0 else 0.0``."""
+    occupancy = compute_excess + comm_excess
+    beyond_comm = comm_excess - medians_without_each_rows(comm_excess)
+    shortened = np.where(compute_excess < 0.0, compute_excess, 0.0)
+    beyond_step = comm_excess + shortened - medians_without_each_rows(occupancy)
     return beyond_comm, beyond_step
 
 

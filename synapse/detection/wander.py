@@ -25,15 +25,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from itertools import islice
 from statistics import median
-from typing import cast
 
 import numpy as np
 
 from synapse.detection.baseline import MEDIAN_SD_FACTOR, medians_without_each, robust_sd
-from synapse.detection.rolling import robust_sd_rows
-from synapse.detection.window import VECTOR_FROM_RANKS
+from synapse.detection.rolling import median_along, robust_sd_rows
 
 MIN_BLOCKS = 4  # blocks of window steps before their spread is trusted over the prior
 PRIOR_FACTOR = 2.0  # until then: this times the independent-steps sd of a window median
@@ -43,20 +40,31 @@ _TINY = 1e-9
 
 
 class PeerWander:
-    """Per rank: its per-step compute ratio to its calm peers over its last ``keep`` calm steps."""
+    """Per rank: its per-step compute ratio to its calm peers over its last ``keep`` calm steps.
+
+    ``history`` (per rank, a deque of those ratios) is the state; beside it, for every rank at once,
+    numpy rings of the same ratios by the count at which each was counted and of the median of every
+    ``window`` consecutive ones by the count at which they start (a block's steps never change, while
+    the history's first step moves on), so that the spreads of all ranks are read in a few numpy passes
+    instead of a walk per rank (a tenth of a simulated 64-rank step)."""
 
     def __init__(self, window: int, keep: int, z: float) -> None:
         self.window, self.keep, self.z = window, keep, z
-        self.history: list[deque[float]] = []
-        # A rank's steps wait here DELAY_WINDOWS windows before they count: the first steps of a
-        # slowdown come before it is in excess, and must not teach the rank that it wanders so far.
-        self.waiting: list[deque[float]] = []
+        self._history: list[deque[float]] = []
         self._fresh(0)
+
+    @property
+    def history(self) -> list[deque[float]]:
+        return self._history
+
+    @history.setter
+    def history(self, history: list[deque[float]]) -> None:
+        self._history = history
+        self._rings_built = False
 
     def reset(self, num_ranks: int) -> None:
         self.history = [deque(maxlen=self.keep) for _ in range(num_ranks)]
         self._fresh(num_ranks)
-        self.waiting = [deque() for _ in range(num_ranks)]
 
     def observe(self, ratios: Sequence[float], calm: Sequence[int]) -> None:
         """One step's per-rank compute ratios (to each rank's baseline). A rank in ``calm`` (not in
@@ -64,56 +72,88 @@ class PeerWander:
         rank drops its waiting steps (they may have been its slowdown's start)."""
         calm_ranks = list(calm)
         calm_values = [ratios[p] for p in calm_ranks]
+        # a calm rank beyond the ranks tracked is a peer of the others, with no steps of its own
+        rows = np.array(calm_ranks, dtype=np.intp)
+        tracked = rows < len(self.history)
+        others = np.ones(len(self.history), dtype=bool)
+        others[rows[tracked]] = False
+        self._waiting_len[others] = 0
+        if len(calm_ranks) < 2:  # a calm rank without calm peers neither waits nor drops its waiting steps
+            return
         # the median of a calm rank's calm peers: the calm ranks' values without its own, sorted once
-        peer_medians = dict(zip(calm_ranks, medians_without_each(calm_values)))
-        for rank in range(len(self.history)):
-            if rank not in peer_medians:
-                self.waiting[rank].clear()
-                continue
-            peer_median = peer_medians[rank]
-            if peer_median is not None:
-                self.waiting[rank].append(ratios[rank] / max(peer_median, _TINY))
-                if len(self.waiting[rank]) > DELAY_WINDOWS * self.window:
-                    self.history[rank].append(self.waiting[rank].popleft())
-                    self._counted[rank] += 1
+        peer_medians = np.array(medians_without_each(calm_values), dtype=np.float64)
+        ratios_to_peers = (np.array(calm_values, dtype=np.float64) / np.maximum(peer_medians, _TINY))[tracked]
+        rows = rows[tracked]
+        size = self._waiting.shape[1]  # DELAY_WINDOWS * window + 1: the waiting steps and the one that counts
+        self._waiting[rows, self._waiting_appended[rows] % size] = ratios_to_peers
+        self._waiting_appended[rows] += 1
+        self._waiting_len[rows] += 1
+        counting = rows[self._waiting_len[rows] == size]  # waited DELAY_WINDOWS windows: the oldest counts
+        if not len(counting):
+            return
+        self._waiting_len[counting] = size - 1
+        values = self._waiting[counting, self._waiting_appended[counting] % size].tolist()
+        ranks = counting.tolist()
+        for rank, value in zip(ranks, values):
+            self.history[rank].append(value)
+            self._counted[rank] += 1
+        self._ring_counted(ranks, values)
 
     def _fresh(self, num_ranks: int) -> None:
-        """Per rank: steps ever counted into its history, and its blocks' medians by the count at which
-        each block starts (a block's steps never change, while the history's first step moves on)."""
+        """Per rank: steps ever counted into its history (the count of its first step is this less its
+        length); the rings are built from the histories when next read."""
         self._counted = [0] * num_ranks
-        self._block_medians: list[dict[int, float]] = [{} for _ in range(num_ranks)]
+        self._rings_built = False
+        # A rank's steps wait DELAY_WINDOWS windows before they count: the first steps of a slowdown
+        # come before it is in excess, and must not teach the rank that it wanders so far. Per rank, a
+        # ring of its latest ratios to its peers, how many of them wait (its calm steps in a row, at
+        # most the delay) and how many it ever took (where the next goes)
+        self._waiting = np.zeros((num_ranks, DELAY_WINDOWS * self.window + 1))
+        self._waiting_len = np.zeros(num_ranks, dtype=np.intp)
+        self._waiting_appended = np.zeros(num_ranks, dtype=np.intp)
+
+    def _build_rings(self) -> None:
+        """The rings from the histories as they stand: ``_values[r, c % size]`` is the step rank r counted
+        c-th, ``_block_medians[r, s % size]`` the median of its ``window`` steps from the s-th on (the
+        blocks of the history's steps; `observe` adds each one its last step completes)."""
+        # a history spans at most its length of counts, so no two of its steps share a slot
+        size = max(self.keep, 1, *(len(h) for h in self.history))
+        self._values = np.zeros((len(self.history), size))
+        self._block_medians = np.zeros((len(self.history), size))
+        for rank, history in enumerate(self.history):
+            first = self._counted[rank] - len(history)
+            for offset, value in enumerate(history):
+                self._values[rank, (first + offset) % size] = value
+            steps = list(history)
+            for offset in range(len(steps) - self.window + 1):
+                self._block_medians[rank, (first + offset) % size] = median(steps[offset:offset + self.window])
+        self._rings_built = True
+
+    def _ring_counted(self, ranks: list[int], values: list[float]) -> None:
+        """The steps ``ranks`` just counted, into the rings, and the median of each one's block that ends
+        with it (all ranks in one pass: `median_along`, numpy's median, picks the same middle value or
+        averages the same two by (a + b) / 2 as ``statistics.median``)."""
+        if not self._rings_built:
+            self._build_rings()  # from the histories, which hold these steps already
+            return
+        size = self._values.shape[1]
+        rows = np.array(ranks, dtype=np.intp)
+        counts = np.array([self._counted[r] for r in ranks], dtype=np.intp) - 1  # the count of each new step
+        lengths = np.array([len(self.history[r]) for r in ranks], dtype=np.intp)
+        if lengths.max() > size:  # a history without a maxlen outgrew its ring
+            self._build_rings()
+            return
+        self._values[rows, counts % size] = values
+        complete = lengths >= self.window  # the block that ends with the new step lies in the history
+        if not complete.any():
+            return
+        rows, starts = rows[complete], counts[complete] - self.window + 1
+        steps = self._values[rows[:, None], (starts[:, None] + np.arange(self.window)) % size]
+        self._block_medians[rows, starts % size] = median_along(steps, axis=1)
 
     def spread(self, rank: int) -> float | None:
-        """The sd of a window median of this rank's peer ratio when nothing is wrong (None: no steps yet)."""
-        blocks = self._blocks(rank)
-        if blocks is None:
-            return None
-        if len(blocks) >= MIN_BLOCKS:
-            return robust_sd(blocks)
-        return self._prior(rank)
-
-    def _blocks(self, rank: int) -> list[float] | None:
-        """The medians of the rank's consecutive ``window``-step blocks of its history (None: < 4 steps)."""
-        history = self.history[rank]
-        if len(history) < 4:
-            return None
-        first = self._counted[rank] - len(history)
-        cached = self._block_medians[rank]
-        if len(cached) > 2 * len(history):  # blocks that began before the history's first step are gone
-            cached = self._block_medians[rank] = {start: m for start, m in cached.items() if start >= first}
-        starts = range(first, first + len(history) - self.window + 1, self.window)
-        blocks = list(map(cached.get, starts))
-        if None in blocks:  # mostly the newest block alone: read from the end of the deque, not walked to
-            missing = range(len(blocks)) if None in blocks[:-1] else (len(blocks) - 1,)
-            for index in missing:
-                if blocks[index] is None:
-                    start = starts[index]
-                    i = start - first
-                    from_end = len(history) - i - self.window
-                    steps = (islice(history, i, i + self.window) if i <= from_end
-                             else islice(reversed(history), from_end, from_end + self.window))
-                    blocks[index] = cached[start] = median(steps)
-        return cast(list[float], blocks)
+        """The sd of a window median of this rank's peer ratio when nothing is wrong (None: < 4 steps yet)."""
+        return self._spreads()[rank]
 
     def _prior(self, rank: int) -> float:
         """Too few blocks yet: the spread independent steps would give a window median, times PRIOR_FACTOR."""
@@ -124,24 +164,30 @@ class PeerWander:
         return [least if sd is None else max(least, min(FLOOR_CAP, 1.0 + self.z * sd)) for sd in self._spreads()]
 
     def _spreads(self) -> list[float | None]:
-        """`spread` of every rank; the ranks with as many blocks as each other (every rank, once their
-        histories are full) in one numpy pass (`robust_sd_rows`: the same answers bit for bit)."""
+        """`spread` of every rank: the robust sd of the medians of its history's consecutive ``window``-step
+        blocks (from its first step), MIN_BLOCKS of them or more; fewer, `_prior`; under 4 steps, None.
+        The ranks with as many blocks as each other (every rank, once their histories are full) in one
+        numpy pass (`robust_sd_rows`: the same answers bit for bit as `robust_sd` of each row)."""
+        if not self._rings_built:
+            self._build_rings()
         spreads: list[float | None] = [None] * len(self.history)
-        by_count: dict[int, list[tuple[int, list[float]]]] = {}
-        for rank in range(len(self.history)):
-            blocks = self._blocks(rank)
-            if blocks is None:
+        by_count: dict[int, list[int]] = {}
+        for rank, history in enumerate(self.history):
+            length = len(history)
+            if length < 4:
                 continue
-            if len(blocks) < MIN_BLOCKS:
+            blocks = (length - self.window) // self.window + 1 if length >= self.window else 0
+            if blocks < MIN_BLOCKS:
                 spreads[rank] = self._prior(rank)
             else:
-                by_count.setdefault(len(blocks), []).append((rank, blocks))
-        for group in by_count.values():
-            if len(group) < VECTOR_FROM_RANKS:
-                sds = [robust_sd(blocks) for _, blocks in group]
-            else:
-                sds = robust_sd_rows(np.array([blocks for _, blocks in group], dtype=np.float64)).tolist()
-            for (rank, _), sd in zip(group, sds):
+                by_count.setdefault(blocks, []).append(rank)
+        size = self._values.shape[1]
+        for blocks, ranks in by_count.items():
+            rows = np.array(ranks, dtype=np.intp)
+            firsts = np.array([self._counted[r] - len(self.history[r]) for r in ranks], dtype=np.intp)
+            starts = (firsts[:, None] + self.window * np.arange(blocks)) % size
+            sds = robust_sd_rows(self._block_medians[rows[:, None], starts]).tolist()
+            for rank, sd in zip(ranks, sds):
                 spreads[rank] = sd
         return spreads
 
@@ -149,7 +195,6 @@ class PeerWander:
         """Over a re-partition: new rank i keeps old rank ``mapping[i]``'s steps, unless it is ``fresh``."""
         self.history = [deque(() if new in fresh else self.history[old], maxlen=self.keep)
                         for new, old in enumerate(mapping)] if self.history else []
-        self.waiting = [deque() for _ in self.history]
         self._fresh(len(self.history))
 
     def state_dict(self) -> list[list[float]]:
@@ -157,5 +202,4 @@ class PeerWander:
 
     def load_state_dict(self, state: Sequence[Sequence[float]]) -> None:
         self.history = [deque(map(float, h), maxlen=self.keep) for h in state]
-        self.waiting = [deque() for _ in self.history]
         self._fresh(len(self.history))
