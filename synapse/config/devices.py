@@ -1,7 +1,7 @@
 """Which accelerator and which device ids a run uses, checked against the machine."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from omegaconf import DictConfig, ListConfig
@@ -95,11 +95,13 @@ def num_stages(trainer: TrainerSettings) -> int | None:
 
 
 def run_topology(trainer: TrainerSettings) -> NodeTopology:
-    """The run's nodes and their devices (run-wide device ids: ``synapse.partitioning.topology``)."""
-    return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)))
+    """The run's nodes, their devices and their spares (run-wide device ids: ``synapse.partitioning.topology``)."""
+    return NodeTopology(int(trainer.nodes), tuple(resolve_devices(trainer)),
+                        tuple(int(d) for d in trainer.spare_devices))
 
 
-def check_gpu_ids(ids: list[int]) -> None:
+def check_gpu_ids(ids: list[int], key: str = "trainer.devices") -> None:
+    """``ids`` (the setting ``key``'s) are GPUs of this host."""
     import torch
 
     if not torch.cuda.is_available():
@@ -107,7 +109,7 @@ def check_gpu_ids(ids: list[int]) -> None:
     count = torch.cuda.device_count()
     missing = [i for i in ids if i >= count]
     if missing:
-        fail("trainer.devices", f"GPU ids {missing} do not exist (this machine has {count}: 0..{count - 1})",
+        fail(key, f"GPU ids {missing} do not exist (this machine has {count}: 0..{count - 1})",
               f"choose ids below {count}")
 
 
@@ -119,27 +121,38 @@ class NodeDevices:
     accelerator: str  # the node's resolved trainer.accelerator
     visible_gpus: int  # CUDA devices the node sees (0: none)
     devices: list[int]  # the node's trainer.devices, in order
-    names: list[str]  # of each of those devices
-    memory_bytes: list[float]  # of each of those devices; inf for a CPU slot (the planner bounds no memory there)
-    # the CUDA device each of those runs on: itself, or the one GPU all share (trainer.shared_gpu); None: as devices
+    names: list[str]  # of each of those devices, then of each spare
+    memory_bytes: list[float]  # of each device, then spare; inf for a CPU slot (the planner bounds no memory there)
+    # the CUDA device each device, then spare, runs on: itself, or the one GPU all share (trainer.shared_gpu);
+    # None: as devices and spares
     gpus: list[int] | None = None
+    spares: list[int] = field(default_factory=list)  # the node's trainer.spare_devices, in order
+
+    @property
+    def held(self) -> list[int]:
+        """The node's devices, then its spares: what ``names``, ``memory_bytes`` and ``gpus`` describe."""
+        return [*self.devices, *self.spares]
 
     def describe(self) -> str:
         """E.g. ``devices [0, 1]: gpu-a 8.0 GB, gpu-a 8.0 GB`` (as the decider's log names a node's devices)."""
         sizes = ["" if m == float("inf") else f" {m / 1e9:.1f} GB" for m in self.memory_bytes]
-        return f"devices {self.devices}: " + ", ".join(f"{n}{size}" for n, size in zip(self.names, sizes))
+        spares = f" (spares {self.spares})" if self.spares else ""
+        return f"devices {self.devices}{spares}: " + ", ".join(f"{n}{size}" for n, size in zip(self.names, sizes))
 
     def memory_of(self, device_id: int) -> float:
-        return self.memory_bytes[self.devices.index(device_id)]
+        return self.memory_bytes[self.held.index(device_id)]
 
     def unfit(self, accelerator: str) -> str | None:
         """Why these devices cannot run a decider's ``accelerator`` run (None: they can)."""
-        gpus = self.devices if self.gpus is None else self.gpus  # trainer.shared_gpu: rank slots on one GPU
+        gpus = self.held if self.gpus is None else self.gpus  # trainer.shared_gpu: rank slots on one GPU
         if accelerator == "cuda" and gpus and self.visible_gpus <= max(gpus):
             needed = max(gpus) + 1
-            fix = (f"give trainer.devices ids below {self.visible_gpus} (the same on every node), or "
+            which = f"trainer.devices={self.devices}" + (f" with trainer.spare_devices={self.spares}"
+                                                           if self.spares else "")
+            keys = "trainer.devices and trainer.spare_devices" if self.spares else "trainer.devices"
+            fix = (f"give {keys} ids below {self.visible_gpus} (the same on every node), or "
                    if self.visible_gpus else "")
-            return (f"its host sees {self.visible_gpus} CUDA device(s), and trainer.devices={self.devices} needs "
+            return (f"its host sees {self.visible_gpus} CUDA device(s), and {which} needs "
                     f"{needed} (GPU ids up to {needed - 1}). Fix: {fix}start that node on a host with at least "
                     f"{needed} GPU(s)")
         if self.accelerator != accelerator:
@@ -162,12 +175,15 @@ def local_devices(trainer: TrainerSettings) -> NodeDevices:
     import torch
 
     accelerator, ids = resolve_accelerator(trainer), resolve_devices(trainer)
+    spares = [int(d) for d in trainer.spare_devices]
+    held = [*ids, *spares]
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if accelerator != "cuda":
-        return NodeDevices(accelerator, visible, ids, [f"cpu:{i}" for i in ids], [float("inf")] * len(ids))
-    gpus = [cuda_index(trainer, i) for i in ids]
+        return NodeDevices(accelerator, visible, ids, [f"cpu:{i}" for i in held], [float("inf")] * len(held),
+                           spares=spares)
+    gpus = [cuda_index(trainer, i) for i in held]
     properties = [torch.cuda.get_device_properties(g) for g in gpus]
-    # ranks sharing one GPU (trainer.shared_gpu) each get their share of its memory
+    # ranks sharing one GPU (trainer.shared_gpu) each get their share of its memory (a spare takes a lost rank's)
     share = len(ids) if trainer.shared_gpu is not None else 1
     return NodeDevices(accelerator, visible, ids, [p.name for p in properties],
-                       [float(p.total_memory) / share for p in properties], gpus)
+                       [float(p.total_memory) / share for p in properties], gpus, spares=spares)

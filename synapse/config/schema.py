@@ -223,7 +223,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     accelerator: Accelerator = Accelerator.auto
-    spare_devices: tuple[int, ...] = ()  # idle devices a REPLACE may swap in
+    spare_devices: tuple[int, ...] = ()  # idle devices a REPLACE may swap in (local ids, the same on every node)
     # Per node: CPU, the number of worker slots (or their ids); CUDA, a list of GPU ids (or a count).
     # A count or a list, which OmegaConf cannot type as one union: validate() checks it.
     devices: Any = 1

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from synapse.config.devices import (
     MAX_CPU_SLOTS,
     check_gpu_ids,
+    decides_elsewhere,
     fixed_replicas,
     num_ranks,
     num_stages,
@@ -239,9 +240,6 @@ def validate_failover(cfg: DictConfig) -> None:
     positive("failover.decider_restarts", failover.decider_restarts, allow_zero=True)
     positive("failover.decider_grace_s", failover.decider_grace_s)
     positive("trainer.decider_epoch", cfg.trainer.decider_epoch, allow_zero=True)
-    if cfg.trainer.nodes > 1 and list(cfg.trainer.spare_devices):
-        fail("trainer.spare_devices", f"spares are not supported across nodes yet (trainer.nodes={cfg.trainer.nodes})",
-             "leave trainer.spare_devices empty: a failed device's node-mates take over its blocks (DEGRADE)")
     for key, settings, error in (("failover.detector", DetectorConfig, DetectorConfigError),
                                  ("failover.estimator", EstimatorConfig, EstimatorConfigError)):
         try:
@@ -333,18 +331,28 @@ def _validate_torchft_nodes(trainer: DictConfig) -> None:
 
 
 def _validate_spare_devices(cfg: DictConfig) -> None:
-    spares = [int(d) for d in cfg.trainer.spare_devices]
-    if spares and min(spares) < 0:
+    """Spares are local ids, like trainer.devices: across nodes the same list on every node (each node's own
+    idle devices), so the checks are one node's. A decider on a host of its own checks no GPU here: each
+    node's agent checks its host (this check on its own config) and says what it has (``NodeDevices``)."""
+    trainer = cfg.trainer
+    spares = [int(d) for d in trainer.spare_devices]
+    if not spares:
+        return
+    across = f" (on every node: trainer.nodes={trainer.nodes})" if trainer.nodes > 1 else ""
+    if min(spares) < 0:
         fail("trainer.spare_devices", f"negative device id in {spares}", "device ids start at 0")
-    if spares and resolve_accelerator(cfg.trainer) == "cpu" and max(spares) >= 64:
+    if resolve_accelerator(trainer) == "cpu" and max(spares) >= 64:
         fail("trainer.spare_devices", f"CPU slot ids {[d for d in spares if d >= 64]} are out of range (slots are "
               f"0..63)", "number CPU slots from 0")
-    clash = sorted(set(spares) & set(resolve_devices(cfg.trainer)))
+    devices = resolve_devices(trainer)
+    clash = sorted(set(spares) & set(devices))
     if clash or len(set(spares)) != len(spares):
-        fail("trainer.spare_devices", f"spares {spares} repeat a device or overlap the running devices "
-              f"{resolve_devices(cfg.trainer)}", "list idle devices only, each once")
-    if resolve_accelerator(cfg.trainer) == "cuda" and spares and cfg.trainer.shared_gpu is None:
-        check_gpu_ids(spares)
+        what = f"{clash} are also in trainer.devices={devices}" if clash else "repeat a device"
+        fail("trainer.spare_devices", f"spares {spares} {what}{across}",
+             "list each idle device once, none of trainer.devices (across nodes both list each node's local ids: "
+             "trainer.devices=[0,1] trainer.spare_devices=[2])")
+    if resolve_accelerator(trainer) == "cuda" and trainer.shared_gpu is None and not decides_elsewhere(trainer):
+        check_gpu_ids(spares, "trainer.spare_devices")
 
 
 def schedule_steps(cfg: DictConfig) -> tuple[int, str] | None:

@@ -15,7 +15,8 @@ Options (``OptionKind``):
 * KEEP    carry on as is; predicted step = the *measured* current step, no restart.
 * REPLAN  same devices, partition re-planned for the current alphas/betas.
 * DEGRADE the failed or slowest device dropped, K-1 devices, re-planned.
-* REPLACE the bad device swapped for a spare (only when spares exist), re-planned.
+* REPLACE the bad device swapped for a spare (only when spares exist), re-planned. Across nodes
+          (``node_of``) a spare on the bad device's node first; the devices then in node order.
 
 With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and:
 
@@ -24,7 +25,7 @@ With R > 1 replicas (``replica_options``) every replica keeps the same cuts, and
 * REBALANCE the same devices, the batch shared out so that all replicas finish a step together
             (the global batch unchanged): shares by speed, then moved a micro-batch's worth at a time
             while the planner, pricing each share at its own micro-batch, says the step gets shorter.
-* REPLACE   the bad device swapped for a spare.
+* REPLACE   the bad device swapped for a spare (across nodes only where the swap keeps node order).
 * SHRINK    the replica that holds the bad device re-cut over its survivors (K - 1 stages there), with the
             share at which the replicas finish a step together (the REBALANCE search); the others keep
             their cuts. Replicas then differ in stage count (``Placement.replica_stages``).
@@ -204,10 +205,14 @@ PlanFn = Callable[
 # A device that has never run (a spare) is assumed to run at nominal speed.
 SPARE_DEFAULT_ALPHA = 1.0
 
+# The node of a run-wide device id (``synapse.partitioning.NodeTopology.node_of``); None: the run is on one node.
+NodeOf = Callable[[DeviceId], int]
+
 
 def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
                   bad_device: DeviceId | None, plan_fn: PlanFn, restart_costs: Mapping[OptionKind, float],
-                  spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = ()) -> list[Option]:
+                  spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = (),
+                  node_of: NodeOf | None = None) -> list[Option]:
     """All options open to the run now: KEEP, REPLAN, DEGRADE (K > 1), REPLACE (spares).
 
     ``alphas`` maps device id -> slowdown factor (1.0 = nominal); it must cover
@@ -217,6 +222,7 @@ def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], b
     device with the largest alpha). Re-planned step predictions are multiplied
     by ``current.calibration`` (see module docstring). ``lost_devices``: devices gone with the bad
     one (a node lost with all its devices): DEGRADE drops them too, and no REPLACE is offered.
+    ``node_of``: across nodes, each device's node (REPLACE keeps the launch's ranks node-ordered: ``_replacement``).
     """
     running_alphas = {d: _alpha_of(alphas, d, required=True) for d in current.devices}
     bad = _resolve_bad_device(current.devices, running_alphas, bad_device)
@@ -229,9 +235,9 @@ def build_options(current: RunningPartition, alphas: Mapping[DeviceId, float], b
     if survivors:
         dropped = {"dropped_devices": [d for d in current.devices if d not in survivors]} if lost_devices else {}
         candidates.append((OptionKind.DEGRADE, survivors, {"dropped_device": bad, **dropped}))
-    if spares and not lost_devices:
-        spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
-        swapped = tuple(spare if d == bad else d for d in current.devices)
+    replacement = _replacement(current.devices, bad, spares, alphas, node_of, reorder=True)
+    if replacement is not None and not lost_devices:
+        spare, swapped = replacement
         candidates.append((OptionKind.REPLACE, swapped, {"replaced_device": bad, "spare_device": spare}))
     for kind, devices, extra in candidates:
         restart_s = _restart_seconds(restart_costs, kind)
@@ -255,11 +261,11 @@ class LayoutPricer(Protocol):
 def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float], betas: Any,
                     bad_device: DeviceId | None, pricer: LayoutPricer, restart_costs: Mapping[OptionKind, float],
                     spare_devices: Sequence[DeviceId] = (), lost_devices: Sequence[DeviceId] = (),
-                    excluded: Collection[OptionKind] = ()) -> list[Option]:
+                    excluded: Collection[OptionKind] = (), node_of: NodeOf | None = None) -> list[Option]:
     """The options of a layout of R > 1 replicas: KEEP, REPLAN, DEGRADE (drop a replica), SHRINK (re-cut
     a replica over its survivors), REBALANCE and REPLACE, each priced by the planner's ``layout_cost`` at
     the current alphas (x the calibration). ``excluded``: kinds not to offer (one that fell short of its
-    prediction in this slowdown)."""
+    prediction in this slowdown). ``node_of``: as for ``build_options``."""
     running = current.placement
     running_alphas = {d: _alpha_of(alphas, d, required=True) for d in running.devices}
     bad = _resolve_bad_device(running.devices, running_alphas, bad_device)
@@ -286,9 +292,9 @@ def replica_options(current: RunningPartition, alphas: Mapping[DeviceId, float],
         rebalanced = _finish_together(running, pricer, alphas, betas, batch, microbatches)
         if rebalanced.shares != running.shares:
             candidates.append((OptionKind.REBALANCE, rebalanced, {"shares": list(rebalanced.shares)}))
-    if spares and not lost_devices:
-        spare = min(spares, key=lambda d: _alpha_of(alphas, d, required=False))
-        swapped = tuple(spare if d == bad else d for d in running.devices)
+    replacement = _replacement(running.devices, bad, spares, alphas, node_of, reorder=False)
+    if replacement is not None and not lost_devices:
+        spare, swapped = replacement
         candidates.append((OptionKind.REPLACE, running.on(swapped), {"replaced_device": bad, "spare_device": spare}))
     options = [_keep_option(current)]
     for kind, placement, extra in candidates:
@@ -370,6 +376,38 @@ def _finish_together(running: Placement, pricer: LayoutPricer, alphas: Mapping[D
             break
         best, best_step = trial, trial_step
     return best
+
+
+def _replacement(devices: tuple[DeviceId, ...], bad: DeviceId, spares: Sequence[DeviceId],
+                 alphas: Mapping[DeviceId, float], node_of: NodeOf | None, *, reorder: bool
+                 ) -> tuple[DeviceId, tuple[DeviceId, ...]] | None:
+    """REPLACE: the spare that takes ``bad``'s place and the devices after the swap; None when no spare fits.
+
+    A launch across nodes numbers node 0's ranks first and rank r runs on devices[r]
+    (``NodeTopology.check_node_ordered``), so a placement must list each node's devices together, nodes
+    ascending. The spare: one on the bad device's own node first (its neighbours keep their links; the
+    swap in place keeps node order), the fastest of them; else the fastest of another node's. With
+    ``reorder`` (one pipeline: REPLACE re-plans its cuts, so the order of its devices is free) the swapped
+    devices are put in node order, a stable sort (each node's devices keep their order; a spare of
+    another node sits where the bad device was among its node's devices); without it (replicas keep their
+    cuts, and with them each device's place) another node's spare is offered only where the swap in place
+    is node-ordered. Ties: the first spare listed."""
+    def node(device: DeviceId) -> int:
+        return 0 if node_of is None else node_of(device)
+
+    fitting = []
+    for order, spare in enumerate(spares):
+        swapped = tuple(spare if d == bad else d for d in devices)
+        if reorder:
+            swapped = tuple(sorted(swapped, key=node))
+        nodes = [node(d) for d in swapped]
+        if nodes == sorted(nodes):
+            fitting.append(((node(spare) != node(bad), _alpha_of(alphas, spare, required=False), order),
+                            spare, swapped))
+    if not fitting:
+        return None
+    _, spare, swapped = min(fitting)
+    return spare, swapped
 
 
 def _alpha_of(alphas: Mapping[DeviceId, float], device: DeviceId, *, required: bool) -> float:

@@ -96,7 +96,8 @@ class FailoverController:
     restart_costs: RestartCostModel
     detector: SlowdownDetector = field(default_factory=SlowdownDetector)
     estimator: AlphaBetaEstimator = field(default_factory=AlphaBetaEstimator)
-    spare_devices: tuple[int, ...] = ()
+    spare_devices: tuple[int, ...] = ()  # run-wide ids (every node's spares across nodes)
+    node_of: Callable[[int], int] | None = None  # across nodes: a run-wide device's node (None: one node)
     prior_alphas: Mapping[int, float] = field(default_factory=dict)  # slowdowns the first plan was made for
     decide_every: int = 1
     log_event: Callable[..., Any] = lambda event, **fields: None
@@ -377,9 +378,9 @@ class FailoverController:
         costs = self.restart_costs.costs_by_kind(restarting=restarting)
         if placement.replicas > 1:
             return replica_options(current, alphas, betas, bad_device, self.priced, costs, self.spare_devices,
-                                   lost_devices=lost, excluded=self.episode.fell_short)
+                                   lost_devices=lost, excluded=self.episode.fell_short, node_of=self.node_of)
         return build_options(current, alphas, betas, bad_device, self.priced.plan, costs, self.spare_devices,
-                             lost_devices=lost)
+                             lost_devices=lost, node_of=self.node_of)
 
     def takes_live(self, kind: OptionKind, chosen: Placement) -> bool:
         """Whether the running workers carry a decision of ``kind`` to ``chosen`` out in place (as priced)."""
@@ -435,6 +436,8 @@ class FailoverController:
         supervisor reports), the error is logged and the baseline rule decides: DEGRADE to the
         survivors, REPLACE if DEGRADE is impossible. The run resumes either way."""
         measured = self.measured_step_s if self._recent else None
+        if lost_with_it and self.node_of is not None:
+            self._drop_spares_of_lost_nodes((failed_device, *lost_with_it), step)
         options = self._options(failed_device, measured, lost_with_it)
         ctx = DecisionContext(step=step, remaining_steps=max(0, total_steps - step), options=options,
                               hard_failure=True, failed_device=failed_device)
@@ -447,6 +450,16 @@ class FailoverController:
             decision = FALLBACK_POLICY.decide(ctx)
         return self._record(decision, step, cause=cause,
                             **({"lost_devices": list(lost_with_it)} if lost_with_it else {}))
+
+    def _drop_spares_of_lost_nodes(self, lost: Sequence[int], step: int) -> None:
+        """A node lost takes its spares with it: no later REPLACE may launch on a node whose agent is gone
+        (they come back with its devices if it rejoins: the decider's ``on_spares``)."""
+        assert self.node_of is not None
+        nodes = {self.node_of(d) for d in lost}
+        gone = [d for d in self.spare_devices if self.node_of(d) in nodes]
+        if gone:
+            self.spare_devices = tuple(d for d in self.spare_devices if d not in gone)
+            self.log_event("spares_lost", step=step, nodes=sorted(nodes), spares=gone)
 
     def _record(self, decision: Decision, step: int, **extra: Any) -> Decision:
         record = {"time": time.time(), **decision.to_dict(), **extra, "alphas": self.alphas(), "betas": self.betas(),

@@ -82,19 +82,24 @@ from synapse.rundir import (
 
 def segment_node_settings(topology: NodeTopology, devices: Sequence[int], endpoint: str | None,
                         node: int | None = None) -> dict[str, Any]:
-    """What makes a segment's config one node's: its local devices and its place among the segment's
-    nodes (default: the first node of the segment, whose config the supervisor saves)."""
+    """What makes a segment's config one node's: its local devices, its spares the segment leaves idle (a
+    spare a REPLACE swapped in is no longer spare; the device it replaced is bad, not spare) and its place
+    among the segment's nodes (default: the first node of the segment, whose config the supervisor saves)."""
     if topology.nodes == 1:
-        return {"trainer.devices": list(devices)}
+        return {"trainer.devices": list(devices),
+                "trainer.spare_devices": [d for d in topology.local_spares if d not in devices]}
     nodes = topology.nodes_of(devices)
     node = nodes[0] if node is None else node
+    idle_spares = [topology.local_id(d) for d in topology.spares_on(node) if d not in devices]
     # a segment's config is its workers': they take no launcher's role (trainer.role=decider names the
     # decider's host, and is refused for a one-node config)
     if len(nodes) == 1:  # the segment runs on one node: a one-node launch there (its own loopback rendezvous)
         return {"trainer.devices": topology.local_devices_of(node, devices), "trainer.node_devices": None,
-                "trainer.nodes": 1, "trainer.node_rank": 0, "trainer.rdzv_endpoint": None, "trainer.role": "auto"}
+                "trainer.spare_devices": idle_spares, "trainer.nodes": 1, "trainer.node_rank": 0,
+                "trainer.rdzv_endpoint": None, "trainer.role": "auto"}
     return {"trainer.node_devices": [topology.local_devices_of(n, devices) for n in nodes], "trainer.nodes": len(nodes),
-            "trainer.node_rank": nodes.index(node), "trainer.rdzv_endpoint": endpoint, "trainer.role": "auto"}
+            "trainer.spare_devices": idle_spares, "trainer.node_rank": nodes.index(node),
+            "trainer.rdzv_endpoint": endpoint, "trainer.role": "auto"}
 
 
 class NodeDecider:
@@ -196,7 +201,7 @@ class NodeDecider:
         self.incarnations[node] = hello.incarnation
         if problem:
             return False
-        spares = self.topology.devices_on(node)
+        spares = [*self.topology.devices_on(node), *self.topology.spares_on(node)]  # its configured spares too
         self.lost.discard(node)
         self.joined.add(node)
         self.events.append("node_rejoined", node=node, incarnation=hello.incarnation, spares=spares, epoch=self.epoch)
@@ -212,6 +217,11 @@ class NodeDecider:
         if list(hello.devices) != list(local_devices):
             return (f"it has trainer.devices={hello.devices}, the decider has {list(local_devices)}. Fix: the same "
                     f"trainer.devices on every node")
+        told = NodeDevices.of(hello.host_devices)
+        if told is not None and list(told.spares) != list(self.topology.local_spares):
+            return (f"it has trainer.spare_devices={list(told.spares)}, the decider has "
+                    f"{list(self.topology.local_spares)}. Fix: the same trainer.spare_devices on every node (each "
+                    f"node's local ids)")
         if self.elsewhere:  # this host has none of the run's devices: the node's own facts decide
             facts = NodeDevices.of(hello.host_devices)
             if facts is None:

@@ -9,7 +9,14 @@ from typing import Any
 
 from synapse import checkpoint as ckpt
 from synapse.calibration import AlphaBetaEstimator
-from synapse.config import FailoverConfig, SynapseConfig, TrainerConfig, resolve_accelerator, resolve_devices
+from synapse.config import (
+    FailoverConfig,
+    SynapseConfig,
+    TrainerConfig,
+    resolve_accelerator,
+    resolve_devices,
+    run_topology,
+)
 from synapse.decision import OptionKind, RestartCost, RestartCostModel, make_policy
 from synapse.detection import SlowdownDetector
 from synapse.failover.controller import FailoverController
@@ -17,7 +24,7 @@ from synapse.failover.live import LIVE_KINDS
 from synapse.failover.segments import Segment, SegmentComposer, read_segments, user_overrides
 from synapse.failover.supervisor import Supervisor, first_segment
 from synapse.launch import launch_pipeline, launch_replica_groups
-from synapse.partitioning import Placement, StagePlanner
+from synapse.partitioning import NodeTopology, Placement, StagePlanner
 from synapse.planning import RunPlan, configured_alphas
 from synapse.rundir import CONTROLLER_STATE, EXPERIMENT_SUMMARY, EventLog, events_path
 from synapse.trackers import open_tracker
@@ -60,9 +67,11 @@ def _benchmark_cost(path: str | None, default: Path, name: str, fallback: Restar
 
 
 def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, log: Callable[[str], None],
-                     first: Placement | None = None) -> FailoverController:
+                     first: Placement | None = None, topology: NodeTopology | None = None) -> FailoverController:
     """The controller of a run whose first placement is ``first``: with ``partition.alphas`` the
-    first plan was made for slow devices, a slowdown known before the first step (not slow blocks)."""
+    first plan was made for slow devices, a slowdown known before the first step (not slow blocks).
+    ``topology``: a run across nodes (its spares are every node's, run-wide ids; a REPLACE keeps the
+    ranks node-ordered); None: trainer.spare_devices are the run's ids as they stand (one node, or simulated)."""
     prior = (dict(zip(first.devices, configured_alphas(cfg.partition, len(first.devices))))
              if first and cfg.partition.alphas else {})
     return FailoverController(
@@ -71,7 +80,8 @@ def build_controller(cfg: SynapseConfig, planner: StagePlanner, run_dir: Path, l
         restart_costs=restart_cost_model(cfg.trainer, cfg.failover, log),
         detector=SlowdownDetector(cfg.failover.detector),
         estimator=AlphaBetaEstimator(cfg.failover.estimator),
-        spare_devices=tuple(cfg.trainer.spare_devices),
+        spare_devices=tuple(cfg.trainer.spare_devices) if topology is None else tuple(topology.spares),
+        node_of=None if topology is None else topology.node_of,
         prior_alphas=prior,
         decide_every=cfg.failover.decide_every,
         log_event=EventLog(events_path(run_dir), source="controller").append,
@@ -89,7 +99,12 @@ def run_with_failover(cfg: SynapseConfig, run_dir: Path, planner: StagePlanner, 
     ``launch`` runs one segment (across nodes: the decider's ``failover.multinode.NodeDecider``)."""
     if str(cfg.failover.replica_engine) == "torchft" and cfg.trainer.nodes == 1:  # across nodes: the NodeDecider's
         launch = launch_replica_groups
-    controller = build_controller(cfg, planner, run_dir, log, first=plan.placement)
+    across_nodes = run_topology(cfg.trainer) if cfg.trainer.nodes > 1 else None
+    controller = build_controller(cfg, planner, run_dir, log, first=plan.placement, topology=across_nodes)
+    lost_nodes = set(getattr(launch, "lost", ()))  # a restarted decider's: nodes declared lost, with their spares
+    if across_nodes is not None and lost_nodes:
+        controller.spare_devices = tuple(d for d in controller.spare_devices
+                                         if across_nodes.node_of(d) not in lost_nodes)
     if hasattr(launch, "on_spares"):  # across nodes: a node declared lost that comes back is a spare
         def add_spares(devices: list[int]) -> None:
             controller.spare_devices = tuple(sorted({*controller.spare_devices, *devices}))

@@ -246,8 +246,6 @@ def segment_settings(cfg: SynapseConfig, run_dir: Path, spec: Segment, worker_ev
             "trainer.replicas": spec.placement.replicas,
             "trainer.replica_shares": list(spec.placement.shares) if spec.placement.replicas > 1 else None,
             "injection.faults": faults_for_segment(faults, topology.devices, spec.devices, fired),
-            # a spare swapped in is no longer spare (the device it replaced is bad, not spare)
-            "trainer.spare_devices": [d for d in cfg.trainer.spare_devices if d not in spec.devices],
             "resume": spec.resume,
             "failover.replica_engine": replica_engine_for(cfg, spec.placement)}
 
