@@ -190,7 +190,8 @@ def _plan_and_run(cfg: SynapseConfig, run_dir: Path, log: Callable[[str], None],
     if partition.replica_stages:  # replicas cut differently: the counts list every replica's stages
         replicated = f"{partition.replicas} replicas of {list(partition.replica_stages)} stages; replica 0: "
     if partition.replicas > 1 and cfg.pipeline.cuda_graphs and resolve_accelerator(cfg.trainer) == "cuda":
-        log("pipeline.cuda_graphs: the stages run eagerly with replicas (not measured with graphs yet)")
+        log("pipeline.cuda_graphs: the replicas' stages are graphed, but planned on eager profiles (graphed "
+            "replicas are not measured for speed yet)")
     log(f"pipeline: {replicated}{k} stage{'' if k == 1 else 's'}, teacher blocks per stage "
         f"{list(partition.teacher_counts)}, "
         f"student blocks per stage {list(partition.student_counts)}, {cfg.pipeline.schedule} with "
