@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from synapse.rundir import PERFORMANCE, read_jsonl
+from synapse.rundir import EVENTS, PERFORMANCE, SEGMENT_RECORD, read_jsonl
 
 SHIPPED = Path(__file__).resolve().parent / "first_launch"
 
@@ -49,10 +49,10 @@ class FirstLaunch:
 def first_launch_of(run_dir: str | Path) -> FirstLaunch:
     """The first launch of a finished run in ``run_dir`` (module docstring: what each part counts)."""
     run_dir = Path(run_dir)
-    segment_file = run_dir / "segments" / "0" / "segment.json"
-    events_file = run_dir / "failover_events.jsonl"
+    segment_file = SEGMENT_RECORD.path(run_dir, segment=0)
+    events_file = EVENTS.path(run_dir)
     if not segment_file.is_file() or not events_file.is_file() or not PERFORMANCE.path(run_dir).is_file():
-        raise FirstLaunchError(f"{run_dir} has no segments/0/segment.json, failover_events.jsonl or "
+        raise FirstLaunchError(f"{run_dir} has no {segment_file.relative_to(run_dir)}, {EVENTS.shown} or "
                                f"{PERFORMANCE.shown}: give the directory of a finished train.py run")
     started_at = float(json.loads(segment_file.read_text())["started_at"])
     ready = [e for e in read_jsonl(events_file) if e.get("event") == "launch_ready" and e.get("segment", 0) == 0]
