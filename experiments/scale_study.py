@@ -49,12 +49,16 @@ RESULTS = REPO / "experiments" / "results"
 FAIL_STOP_MTBF_H = 7.9 * 1024
 FAIL_SLOW_MTBF_H = 13_700.0 * 2  # each kind: half of the fail-slows
 POLICIES = ("eta", "keep", "replan", "degrade", "ski_rental")
+IMAGENET_TRAIN, IMAGENET_VAL = 1_281_167, 50_000  # ImageNet-1k's splits
 IMAGES_PER_GPU = 256  # per step: a step of about half a second on an H200, so 600 steps span minutes
 
 
 def overrides(devices: int, steps: int, stress: float, args: argparse.Namespace) -> list[str]:
     slow, stop = args.kinds in ("slow", "both"), args.kinds in ("stop", "both")
     return ["mode=simulate", "report=false", "teacher=vit_large", "student=resnet152", "data=synthetic",
+            # an ImageNet-sized set: the 4,096 synthetic images made an epoch of 1-2 steps at 8-16 GPUs, each
+            # with an evaluation and an epoch-end checkpoint (the 2026-12-05 rerun's 8- and 16-GPU cells)
+            f"data.synthetic_train_size={IMAGENET_TRAIN}", f"data.synthetic_val_size={IMAGENET_VAL}",
             f"data.batch_size={IMAGES_PER_GPU * devices}", "trainer.accelerator=cuda", f"trainer.devices={devices}",
             "trainer.replicas=auto", "partition=auto", "pipeline.microbatches=auto", f"trainer.max_steps={steps}",
             "checkpoint.every=100", "failover.max_restarts=1000", "injection=none",
