@@ -5,7 +5,7 @@ composed Hydra config; the run's summary and console; and the decider and agents
 from synapse.failover.controller import FailoverController
 from synapse.failover.decider import NodeDecider
 from synapse.failover.keeper import DeciderJob, DeciderLostError, keeps_the_decider, run_across_nodes
-from synapse.failover.live import LIVE_OUTCOMES, live_kinds, replica_engine, taken_live
+from synapse.failover.live import LIVE_OUTCOMES, replica_engine
 from synapse.failover.node_channel import (
     ExitOrder,
     LaunchOrder,
@@ -36,7 +36,7 @@ __all__ = ["DeciderJob", "DeciderLostError", "ExitOrder", "FailoverController", 
            "LIVE_OUTCOMES", "LaunchOrder", "NodeChannel", "NodeChannelError", "NodeDecider", "NodeHello", "NodeReport",
            "NodeSetupError", "Restart", "RunProgress", "Segment", "StopOrder", "Welcome",
            "build_controller", "compose_segment_config", "merge_overrides", "print_failover_story",
-           "keeps_the_decider", "live_kinds", "replica_engine", "read_segment_overrides", "read_segments",
+           "keeps_the_decider", "replica_engine", "read_segment_overrides", "read_segments",
            "run_across_nodes",
-           "run_with_failover", "supervised_console", "taken_live", "user_overrides", "write_experiment_summary",
+           "run_with_failover", "supervised_console", "user_overrides", "write_experiment_summary",
            "write_segment"]

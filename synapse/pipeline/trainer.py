@@ -351,8 +351,9 @@ class PipelineRunner:
         self.blocks.release(self.rank, self.partition, new)
         self.finish_steps()  # the old stage's last step is recorded as the old segment's
         old = self.runtime
-        # Replicas: the groups that sum each block's gradients follow the new cut; a group of the same ranks as
-        # one already made is reused (every rank holds the same ones and makes the missing ones in one order)
+        # Replicas: the groups that sum each block's gradients follow the new cut; a group of the same use and
+        # ranks as one already made is reused (every rank holds the same ones and makes the missing ones in one
+        # order)
         made = old.replicas.groups if isinstance(old.replicas, ReplicaMesh) else None
         mesh = (ReplicaMesh.build(new, self.rank, self.images_per_step, old.microbatches, made) if new.replicas > 1
                 else None)
