@@ -49,13 +49,23 @@ def assert_identical_states(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
     (model_a, optim_a), (model_b, optim_b) = a, b
     assert model_a.keys() == model_b.keys()
     for name in model_a:
-        assert torch.equal(model_a[name], model_b[name]), f"student tensor {name} differs"
+        assert torch.equal(model_a[name], model_b[name]), (
+            f"student tensor {name} differs: {largest_difference(model_a[name], model_b[name])}")
     assert optim_a.keys() == optim_b.keys()
     for name in optim_a:
         for key, value in optim_a[name].items():
             other = optim_b[name][key]
             same = torch.equal(value, other) if torch.is_tensor(value) else value == other
-            assert same, f"optimizer state {name}.{key} differs"
+            assert same, f"optimizer state {name}.{key} differs: {largest_difference(value, other)}"
+
+
+def largest_difference(a, b) -> str:
+    """How far apart two tensors are, for a failure message (a bit-exact test says only that they differ)."""
+    if not (torch.is_tensor(a) and torch.is_tensor(b)) or a.shape != b.shape:
+        return f"{a!r} against {b!r}"
+    gap = (a.double() - b.double()).abs()
+    scale = b.double().abs().max().clamp_min(1e-30)
+    return f"largest |difference| {gap.max().item():.3g}, {(gap.max() / scale).item():.3g} of its largest magnitude"
 
 
 def plant_heartbeat(run_dir: Path, rank: int, pid: int) -> None:
@@ -76,3 +86,24 @@ def outputs_of(launchers: list[subprocess.Popen], timeout: float) -> list[str]:
         for launcher in launchers:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
+
+
+# Runs that sum in another order than the reference (replicas' all-reduce, a GPU's other kernels)
+# agree to rounding: every tensor within this share of its scale (test_replicas.py says why 1e-5).
+CLOSE_TOLERANCE = 1e-5
+
+
+def assert_close_states(a: tuple[dict, dict], b: tuple[dict, dict], tolerance: float = CLOSE_TOLERANCE) -> None:
+    """Every student tensor and optimizer state within ``tolerance`` x max(1, its largest magnitude)."""
+    (model_a, optim_a), (model_b, optim_b) = a, b
+    assert model_a.keys() == model_b.keys() and optim_a.keys() == optim_b.keys()
+    pairs = [(name, model_a[name], model_b[name]) for name in model_a]
+    pairs += [(f"{name}.{key}", value, optim_b[name][key]) for name in optim_a for key, value in optim_a[name].items()
+              if torch.is_tensor(value)]
+    ratios = {}
+    for name, x, y in pairs:
+        scale = max(1.0, float(y.double().abs().max()))
+        ratios[name] = float((x.double() - y.double()).abs().max()) / scale
+    name = max(ratios, key=ratios.__getitem__)
+    print(f"largest difference: {name}, {ratios[name]:.2g} of its scale")
+    assert ratios[name] <= tolerance, f"{name} differs by {ratios[name]:.3g} of its scale"

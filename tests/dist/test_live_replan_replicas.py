@@ -16,8 +16,8 @@ from synapse.failover import read_segments
 from synapse.health import read_heartbeats
 from synapse.rundir import events_path, read_events, read_jsonl
 
-from .helpers import SHARED_GPU, compose_config, final_student_state
-from .test_replicas import COMMON, VIT, assert_close_states, reference_run
+from .helpers import SHARED_GPU, assert_close_states, compose_config, final_student_state
+from .test_replicas import COMMON, VIT, reference_run
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 

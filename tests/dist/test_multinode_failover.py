@@ -23,7 +23,7 @@ from synapse.failover import compose_segment_config, read_segments
 from synapse.launch import free_port
 from synapse.rundir import read_events, read_jsonl
 
-from .helpers import BASE_OVERRIDES, assert_identical_states, compose_config, final_student_state
+from .helpers import BASE_OVERRIDES, assert_close_states, assert_identical_states, compose_config, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 REPO = Path(__file__).resolve().parents[2]
@@ -459,7 +459,6 @@ def test_a_rank_killed_in_node_1s_replica_drops_that_replica_and_node_0_finishes
     """Two nodes of two CPU ranks as two replicas (one per node, LayerNorm student): rank 3 (node 1) is
     killed at step 5; the decider drops replica 1, node 0 runs the rest on the whole batch from the
     step-4 checkpoint, and the run ends within 1e-5 of one device on the same micro-batches."""
-    from .test_replicas import assert_close_states
 
     student = ["student=vit_micro", "optim.name=sgd", "data.batch_size=32", "pipeline.microbatches=2"]
     reference_dir = tmp_path / "one_device"

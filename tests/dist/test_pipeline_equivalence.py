@@ -13,9 +13,11 @@ import pytest
 from synapse.app import run
 from synapse.engine import distil_on_one_device
 
-from .helpers import assert_identical_states, compose_config, final_student_state
+from .helpers import SHARED_GPU, assert_close_states, assert_identical_states, compose_config, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+COMPILED_ON_GPU_TOLERANCE = 1e-4  # of each tensor's scale after 4 steps; measured on the H200: docs/gpu.md
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +67,22 @@ def test_one_device_runs_supervised_and_learns_what_the_single_device_loop_learn
 
 
 def test_a_pipeline_of_compiled_stages_learns_what_one_device_learns(tmp_path, teacher_file, reference):
-    """pipeline.compiler=aot_eager on CPU ranks: every block goes through torch.compile's graph
-    capture and AOT autograd (the path inductor takes on a GPU, with eager kernels), across a 1F1B
-    pipeline of 2 stages and 4 micro-batches, and the student ends where one eager device ends."""
+    """pipeline.compiler=aot_eager: every block goes through torch.compile's graph capture and AOT
+    autograd (the path inductor takes on a GPU, with eager kernels), across a 1F1B pipeline of 2
+    stages and 4 micro-batches, and the student ends where one eager device ends: bit for bit on CPU
+    ranks; on a GPU within COMPILED_ON_GPU_TOLERANCE, with SGD (docs/gpu.md says why)."""
     overrides = [f"teacher.checkpoint={teacher_file}", "trainer.devices=2", "pipeline=1f1b",
                  "pipeline.microbatches=4", "pipeline.compiler=aot_eager"]
-    run(compose_config(tmp_path, overrides), log=lambda m: None)
-    assert_identical_states(final_student_state(tmp_path), reference)
+    if SHARED_GPU is None:
+        run(compose_config(tmp_path, overrides), log=lambda m: None)
+        assert_identical_states(final_student_state(tmp_path), reference)
+        return
+    # On a GPU, AOT autograd's decompositions (batch norm's among them) round unlike the eager
+    # kernels. Under AdamW a rounding difference on a near-zero gradient moves that weight by up to
+    # the learning rate, so the GPU form compares SGD runs, where rounding stays rounding.
+    sgd = ["optim.name=sgd"]
+    single, piped = tmp_path / "single", tmp_path / "pipeline"
+    distil_on_one_device(compose_config(single, [f"teacher.checkpoint={teacher_file}", "trainer.devices=1", *sgd]),
+                         single, log=lambda m: None)
+    run(compose_config(piped, overrides + sgd), log=lambda m: None)
+    assert_close_states(final_student_state(piped), final_student_state(single), COMPILED_ON_GPU_TOLERANCE)

@@ -20,14 +20,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from synapse.app import run
 from synapse.engine import distil_on_one_device
 from synapse.failover import read_segments
 from synapse.rundir import events_path
 
-from .helpers import SHARED_GPU, compose_config, final_student_state
+from .helpers import SHARED_GPU, assert_close_states, compose_config, final_student_state
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -36,24 +35,7 @@ COMMON = [f"data.batch_size={BATCH}", "trainer.max_steps=6", "optim.name=sgd", "
 # A LayerNorm student: rounding stays small, and its gradients do not depend on how a step's images
 # are grouped into micro-batches, so a replica that changes its share still learns what one device learns.
 VIT = ["student=vit_micro"]
-TOLERANCE = 1e-5
 BATCHNORM_STEPS, BATCHNORM_TOLERANCE = 2, 1e-4
-
-
-def assert_close_states(a: tuple[dict, dict], b: tuple[dict, dict], tolerance: float = TOLERANCE) -> None:
-    """Every student tensor and optimizer state within ``tolerance`` x max(1, its largest magnitude)."""
-    (model_a, optim_a), (model_b, optim_b) = a, b
-    assert model_a.keys() == model_b.keys() and optim_a.keys() == optim_b.keys()
-    pairs = [(name, model_a[name], model_b[name]) for name in model_a]
-    pairs += [(f"{name}.{key}", value, optim_b[name][key]) for name in optim_a for key, value in optim_a[name].items()
-              if torch.is_tensor(value)]
-    ratios = {}
-    for name, x, y in pairs:
-        scale = max(1.0, float(y.double().abs().max()))
-        ratios[name] = float((x.double() - y.double()).abs().max()) / scale
-    name = max(ratios, key=ratios.__getitem__)
-    print(f"largest difference: {name}, {ratios[name]:.2g} of its scale")
-    assert ratios[name] <= tolerance, f"{name} differs by {ratios[name]:.3g} of its scale"
 
 
 def losses(run_dir) -> list[float]:

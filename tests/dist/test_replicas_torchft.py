@@ -17,8 +17,8 @@ from synapse.app import run
 from synapse.failover import read_segments
 from synapse.rundir import events_path
 
-from .helpers import SHARED_GPU, final_student_state
-from .test_replicas import COMMON, VIT, assert_close_states, compose_config, losses, reference_run
+from .helpers import SHARED_GPU, assert_close_states, final_student_state
+from .test_replicas import COMMON, VIT, compose_config, losses, reference_run
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600),
               pytest.mark.skipif(SHARED_GPU is not None, reason="torchft's replica groups run on gloo CPU ranks here")]

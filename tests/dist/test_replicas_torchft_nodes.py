@@ -21,8 +21,8 @@ from synapse.health import read_heartbeats
 from synapse.launch import free_port
 from synapse.rundir import read_jsonl
 
-from .helpers import BASE_OVERRIDES, SHARED_GPU, final_student_state, outputs_of
-from .test_replicas import COMMON, VIT, assert_close_states, reference_run
+from .helpers import BASE_OVERRIDES, SHARED_GPU, assert_close_states, final_student_state, outputs_of
+from .test_replicas import COMMON, VIT, reference_run
 from .test_replicas_torchft import KILL_STEP, events
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600),
