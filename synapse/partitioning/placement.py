@@ -189,6 +189,14 @@ class Placement:
         bounds = [0, *accumulate(self.share_sizes(batch, microbatches))]
         return range(bounds[replica], bounds[replica + 1])
 
+    def evaluation_batch(self, batch: int, microbatches: int) -> int:
+        """Images each replica forwards per validation batch: the largest equal share. The replicas split
+        the validation set as they split a step (every R-th batch each), in their training micro-batch's
+        shape rather than the global batch's (which would be R times a replica's micro-batch on its GPU,
+        with R - 1 replicas idle on a small split). Equal shares whatever a REBALANCE gave, so that the
+        size is one per launch: a pipelining stage keeps its first shapes."""
+        return max(equal_shares(batch, self.replicas, microbatches))
+
     def with_shares(self, shares: Sequence[int]) -> Placement:
         return replace(self, shares=tuple(shares))
 

@@ -188,6 +188,11 @@ class QuorumReplicas:
     share = None  # every step's whole batch is loaded; the quorum cuts it (``step_share``)
     evaluation_shard = (0, 1)  # each replica evaluates the whole split: no collective outside a step's quorum
 
+    @property
+    def evaluation_batch(self) -> int:
+        """The whole batch: each replica evaluates the whole split alone."""
+        return self.batch
+
     def __init__(self, spec: ReplicaGroupSpec, stage: int, stages: int, batch: int, microbatches: int,
                  record: Callable[..., Any], key: bytes, log: Callable[[str], None] = print):
         from torchft import Manager  # type: ignore[import-untyped]

@@ -49,6 +49,7 @@ class ReplicaMesh:
     size: int  # R: the replicas of the run
     share: range  # which images of each step's global batch this replica trains on
     batch: int  # the global batch (data.batch_size)
+    evaluation_batch: int  # images per validation batch (Placement.evaluation_batch): one size per launch
     pipeline_group: dist.ProcessGroup  # this replica's pipeline
     last_ranks_group: dist.ProcessGroup | None  # every replica's last rank (None: this rank is not a last one)
     gradient_groups: tuple[GradientGroup, ...]  # this rank's student blocks by owners, in block order
@@ -86,6 +87,7 @@ class ReplicaMesh:
             if rank in owners:
                 mine.append(GradientGroup(group, range(blocks.start - first_block, blocks.stop - first_block)))
         return cls(replica, placement.replicas, placement.share_range(replica, batch, microbatches), batch,
+                   placement.evaluation_batch(batch, microbatches),
                    pipelines[replica], last_group if rank in last_ranks else None, tuple(mine), groups)
 
     def reshared(self, placement: Placement, microbatches: int) -> ReplicaMesh:
@@ -144,7 +146,8 @@ class ReplicaMesh:
 
     @property
     def evaluation_shard(self) -> tuple[int, int]:
-        """Each replica evaluates every R-th validation batch (``add_up`` adds the counts)."""
+        """Each replica evaluates every R-th validation batch of ``evaluation_batch`` images (``add_up`` adds
+        the counts)."""
         return self.replica, self.size
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -179,6 +182,9 @@ class ReplicaReduction(Protocol):
 
     @property
     def evaluation_shard(self) -> tuple[int, int]: ...
+
+    @property
+    def evaluation_batch(self) -> int: ...
 
     def remember_statistics(self, student: torch.nn.Module) -> None: ...
 

@@ -445,8 +445,9 @@ class PipelineRunner:
 class PipelineEvaluation:
     """Forward-only pipeline over the validation split, batches padded to the training shape; the
     result lands on the last rank (the others get None). Reads the runner's current stage at each
-    call: a live re-partition changes it. With replicas each replica evaluates every R-th batch and
-    their last ranks add up the counts (one all-reduce)."""
+    call: a live re-partition changes it. With replicas each replica evaluates every R-th batch, each of
+    an equal share's size (``Placement.evaluation_batch``), and their last ranks add up the counts (one
+    all-reduce)."""
 
     runner: PipelineRunner
     val_ds: Any
@@ -454,11 +455,11 @@ class PipelineEvaluation:
     num_workers: int
 
     def __call__(self) -> dict[str, float] | None:
-        batch = self.batch_size
         hits = {"student": {1: 0, 5: 0}, "teacher": {1: 0, 5: 0}}
         seen = 0
         load = "images" if self.runner.needs_images else "labels"  # images enter at rank 0 only
         replicas = self.runner.runtime.replicas
+        batch = self.batch_size if replicas is None else replicas.evaluation_batch
         shard = (0, 1) if replicas is None else replicas.evaluation_shard
         for images, labels in eval_batches(self.val_ds, batch, self.num_workers, self.runner.device, load, shard):
             real = labels.shape[0]

@@ -321,20 +321,22 @@ class SimulatedRun:
 
     def _evaluation_s(self, alphas: tuple[float, ...]) -> float:
         """A forward-only pass of ``eval_images`` through the running placement, as
-        ``PipelineEvaluation`` runs it: each replica forwards every R-th batch of the training batch's
-        size, pipelined (GPipe) over its stages in micro-batches of the planner's profiles (teacher and
-        student forward times, each stage's times its rank's compute factor and the ranks' share of the
-        host's cores, as a step's compute is priced); the slowest replica ends the pass. Link time is
-        left out (forward activations only, small beside the compute)."""
+        ``PipelineEvaluation`` runs it: each replica forwards every R-th batch of an equal share's size
+        (``Placement.evaluation_batch``), pipelined (GPipe) over its stages in micro-batches of the
+        planner's profiles (teacher and student forward times, each stage's times its rank's compute
+        factor and the ranks' share of the host's cores, as a step's compute is priced); the slowest
+        replica ends the pass. Link time is left out (forward activations only, small beside the
+        compute)."""
         key = (self.placement, alphas)
         if key not in self._eval_cache:
             placement, planner, batch = self.placement, self.setup.planner, self.setup.batch_size
             contention = self._planner_running().facts.contention
             teacher = [b.forward_time_ms / 1000.0 for b in planner.teacher.blocks]
             student = [b.forward_time_ms / 1000.0 for b in planner.student.blocks]
-            passes = math.ceil(math.ceil(self.setup.eval_images / batch) / placement.replicas)
+            chunk = placement.evaluation_batch(batch, self.setup.microbatches)
+            passes = math.ceil(math.ceil(self.setup.eval_images / chunk) / placement.replicas)
             micro = max(1, batch // (placement.replicas * self.setup.microbatches))  # the profiles' micro-batch
-            per_pass = math.ceil(batch / micro)
+            per_pass = math.ceil(chunk / micro)
             slowest = 0.0
             for ranks in placement.pipeline_ranks():
                 stage_s = [alphas[r] * contention * (sum(teacher[i] for i in placement.teacher_range(r)) +

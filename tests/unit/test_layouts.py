@@ -61,6 +61,24 @@ def test_equal_shares_come_in_whole_micro_batches():
         equal_shares(8, 4, 4)
 
 
+@given(replicas=st.integers(1, 8), units=st.integers(1, 40), microbatches=st.integers(1, 4),
+       skew=st.integers(0, 3))
+def test_a_replica_evaluates_in_an_equal_shares_shape_whatever_its_training_share(replicas, units, microbatches,
+                                                                                 skew):
+    """Every R-th validation batch, each of the largest equal share: the R replicas' batches together are one
+    training batch or a little more, each splits into the run's micro-batches, and a REBALANCE's shares
+    do not change it (one size per launch)."""
+    batch = max(units, replicas) * microbatches
+    one = Placement(tuple(range(replicas)), (1,), (1,), replicas=replicas)
+    size = one.evaluation_batch(batch, microbatches)
+    assert size % microbatches == 0 and batch <= size * replicas < batch + replicas * microbatches
+    shares = list(equal_shares(batch, replicas, microbatches))
+    if replicas > 1 and shares[0] > microbatches * skew:  # move some micro-batches from replica 0 to replica 1
+        shares[0], shares[1] = shares[0] - microbatches * skew, shares[1] + microbatches * skew
+    assert one.with_shares(shares).evaluation_batch(batch, microbatches) == size
+    assert Placement((0,), (1,), (1,)).evaluation_batch(batch, microbatches) == batch  # one pipeline: as trained
+
+
 def test_share_ranges_cover_the_batch_in_replica_order():
     p = Placement((0, 1, 2), (2,), (2,), replicas=3, shares=(24, 20, 20))
     assert [p.share_range(r, 64, 4) for r in range(3)] == [range(0, 24), range(24, 44), range(44, 64)]

@@ -21,7 +21,7 @@ def test_a_group_of_parameter_free_blocks_is_passed_by_and_the_others_are_summed
         for p in student.parameters():
             p.grad = torch.ones_like(p)
         groups = tuple(GradientGroup(world, range(i, i + 1)) for i in range(3))  # block 1 (ReLU) alone
-        mesh = ReplicaMesh(replica=0, size=2, share=range(0, 6), batch=8, pipeline_group=world,
+        mesh = ReplicaMesh(replica=0, size=2, share=range(0, 6), batch=8, evaluation_batch=4, pipeline_group=world,
                            last_ranks_group=None, gradient_groups=groups)
         mesh.reduce_gradients(student)
         for p in student.parameters():  # one owner: its gradient times its share of the batch

@@ -111,3 +111,21 @@ def test_an_injected_slowdown_leaves_the_evaluations_as_fast_as_before(tmp_path)
     # the steps themselves are slowed
     records = {r["step"]: r for r in read_jsonl(PERFORMANCE.path(tmp_path))}
     assert records[60]["compute_s"][0] > 2 * records[40]["compute_s"][0]
+
+
+def test_replicas_evaluate_their_part_of_the_split_in_their_training_micro_batches(tmp_path):
+    """R = 4 replicas on a validation split of one training batch: each forwards one equal share (a quarter of
+    the batch) in the run's M micro-batches, side by side, so the evaluation takes what one device's M
+    micro-batches take (the shared profiles are used at their own micro-batch, whatever its images). It
+    took 4x that when each replica forwarded whole training batches, R x M micro-batches each."""
+    def evaluation_s(run_dir: Path, replicas: int) -> float:
+        simulate(run_dir, f"trainer.devices={replicas}", f"trainer.replicas={replicas}", "data=synthetic",
+                 f"data.batch_size={BATCH}", f"data.synthetic_train_size={BATCH * PER_EPOCH}",
+                 f"data.synthetic_val_size={BATCH}", f"trainer.max_steps={PER_EPOCH}",
+                 f"pipeline.microbatches={MICROBATCHES}", "simulate.step_noise=none")
+        [evaluation] = read_events(run_dir, "evaluation")
+        return float(evaluation["seconds"])
+
+    one = evaluation_s(tmp_path / "one", 1)
+    assert one == pytest.approx(MICROBATCHES * forward_pass_s() / (math.ceil(VAL / BATCH) * MICROBATCHES))
+    assert evaluation_s(tmp_path / "four", 4) == pytest.approx(one)
