@@ -90,6 +90,22 @@ class Episode:
 
 
 @dataclass
+class AwaitedOutcome:
+    """An action whose realised gain is checked once ``OUTCOME_STEPS`` steps ran on its placement, on the
+    devices it was taken for (found slow, their compute to be cut): their slowest compute a step, measured,
+    against the gain the cost model predicts for them. Judged on the whole step, a device
+    slowing after the action (at scale, fail-slows overlap) read as the action falling short, and took
+    REBALANCE away for the rest of a slowdown that then never ended."""
+
+    kind: OptionKind
+    placement: Placement  # the action's
+    devices: tuple[int, ...]
+    before_s: float  # their slowest compute a step before it, measured (the median of the recent steps)
+    predicted_s: float  # ... under the action: before_s times the cost model's ratio of action to KEEP
+    measured: list[float] = field(default_factory=list)  # ... measured, a step at a time on the action's placement
+
+
+@dataclass
 class FailoverController:
     policy: Policy
     planner: StagePlanner
@@ -115,8 +131,8 @@ class FailoverController:
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
     errors: int = 0  # controller errors survived (each read as KEEP; see observe)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
-    # An action whose outcome is to be checked: (kind, measured step before, predicted step after)
-    _awaiting: tuple[OptionKind, float, float] | None = None
+    _recent_compute: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))  # each rank's, those steps
+    _awaiting: AwaitedOutcome | None = None  # an action whose outcome is to be checked
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
     _last_keep_reason: str | None = None
@@ -182,8 +198,11 @@ class FailoverController:
         if start_step is not None:
             self.rewind(start_step)
         previous, self.placement = self.placement, placement
+        if self._awaiting is not None and self._awaiting.placement != placement:
+            self._awaiting = None  # another placement than the awaited action's: nothing left to judge it on
         self.spare_devices = tuple(d for d in self.spare_devices if d not in placement.devices)
         self._recent.clear()
+        self._recent_compute.clear()
         planner = self.priced
         self._nominal = self._nominal_of(placement)
         self.detector.set_replicas(placement.stage_peers(),
@@ -258,7 +277,8 @@ class FailoverController:
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._calibrate(timing)
         self._recent.append((timing.step, timing.step_seconds))
-        self._check_outcome()
+        self._recent_compute.append(timing.compute_s)
+        self._check_outcome(timing)
         drill = self._due_drill(timing.step)
         if drill is not None:
             return self.run_drill(drill, timing.step, int(record["total_steps"]))
@@ -316,17 +336,41 @@ class FailoverController:
     def measured_step_s(self) -> float:
         return statistics.median(s for _, s in self._recent)
 
-    def _check_outcome(self) -> None:
-        """The awaited action's realised gain, once ``OUTCOME_STEPS`` steps ran after it (see OUTCOME_STEPS)."""
-        if self._awaiting is None or len(self._recent) < OUTCOME_STEPS:
+    def _check_outcome(self, timing: StepTiming) -> None:
+        """The awaited action's realised gain, once ``OUTCOME_STEPS`` steps ran on its placement."""
+        awaited = self._awaiting
+        if awaited is None or self.placement != awaited.placement:
             return
-        kind, before_s, predicted_s = self._awaiting
+        ranks = [awaited.placement.devices.index(d) for d in awaited.devices]
+        awaited.measured.append(max(timing.compute_s[r] for r in ranks))
+        if len(awaited.measured) < OUTCOME_STEPS:
+            return
         self._awaiting = None
-        after_s = self.measured_step_s
-        if before_s - after_s < 0.5 * (before_s - predicted_s):
-            self.episode.fell_short.add(kind)
-            self.log_event("action_fell_short", action=kind.value, step=self._recent[-1][0],
-                           measured_before_s=before_s, predicted_s=predicted_s, measured_after_s=after_s)
+        after_s = statistics.median(awaited.measured)
+        if awaited.before_s - after_s < 0.5 * (awaited.before_s - awaited.predicted_s):
+            self.episode.fell_short.add(awaited.kind)
+            self.log_event("action_fell_short", action=awaited.kind.value, step=timing.step,
+                           devices=list(awaited.devices), measured_before_s=awaited.before_s,
+                           predicted_s=awaited.predicted_s, measured_after_s=after_s)
+
+    def _awaited_outcome(self, decision: Decision) -> AwaitedOutcome | None:
+        """What ``decision`` is to be judged on: the devices the detector finds slow whose compute it is
+        predicted to cut by a tenth or more (a REBALANCE: whose share it cut), their slowest compute measured
+        over the recent steps, and the cost model's ratio of it under the action to under KEEP (a ratio, so
+        that the model's units need not be the clock's). A device not yet found slow is left out: the
+        estimate its share was cut by still lags its slowdown. None: nothing to judge on."""
+        running, chosen = self.running_placement, decision.chosen.placement
+        alphas, betas = self.alphas(), self.betas()
+        now = dict(zip(running.devices, self.priced.layout_cost(running, alphas, betas).compute_s))
+        then = dict(zip(chosen.devices, self.priced.layout_cost(chosen, alphas, betas).compute_s))
+        slow = {running.devices[d.rank] for d in self.detector.active if d.kind == COMPUTE}
+        devices = tuple(d for d in running.devices if d in slow and d in then and then[d] <= 0.9 * now[d])
+        if not devices or not self._recent_compute:
+            return None
+        ranks = [running.devices.index(d) for d in devices]
+        before_s = statistics.median(max(c[r] for r in ranks) for c in self._recent_compute)
+        ratio = max(then[d] for d in devices) / max(now[d] for d in devices)
+        return AwaitedOutcome(decision.action, chosen, devices, before_s, before_s * ratio)
 
     def _nominal_of(self, placement: Placement) -> tuple[list[float], list[float], list[float]]:
         """Each rank's compute, comm and own-link time in one step at nominal speed."""
@@ -473,8 +517,7 @@ class FailoverController:
             self.log_event("decision", **record)
         self._last_keep_reason = reason_kind if decision.action is OptionKind.KEEP else None
         if decision.action is OptionKind.REBALANCE:  # its outcome is checked (OUTCOME_STEPS)
-            keep = next(o for o in decision.options if o.kind is OptionKind.KEEP)
-            self._awaiting = (decision.action, keep.predicted_step_s, decision.chosen.predicted_step_s)
+            self._awaiting = self._awaited_outcome(decision)
         if decision.action is not OptionKind.KEEP:
             self.episode.actions += 1
             self.episode.time_lost_s = 0.0  # the policies count time lost since the last action
