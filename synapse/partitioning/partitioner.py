@@ -87,6 +87,7 @@ class _StageGrid:
     work_scale_s: float  # the largest block work a stage time adds (profile seconds)
     comm_max_s: float
     threshold_base: np.ndarray  # SW[j1] + teacher work + (comm + fixed) / compute scale, shape (P, J)
+    threshold_index_base: np.ndarray  # threshold_base in buckets of `_clear_sum_index`, + 2 (its first index)
     scaled_teacher_work: np.ndarray  # compute scale * teacher work, shape (P, 1)
     end_cost: np.ndarray  # what the min-sum DP adds per (end pair, j1): scale * SW[j1] + fixed + comm
     window_ends: np.ndarray  # (i0 - first i0) * (S + 1) + j1: a min-sum window's end in a `_WindowMin` of the rows
@@ -160,6 +161,7 @@ class PartitionDP:
         k, nt, ns = model.num_stages, model.num_teacher_blocks, model.num_student_blocks
         self.grids = [_StageGrid(r, k, nt, ns) for r in range(k)]
         sw = model.student_work_prefix_s
+        self._clear_buckets_per_s = _clear_buckets_per_s(sw)
         for stage, grid in enumerate(self.grids):  # parts of the stage time that do not depend on j0
             grid.teacher_work = _KEPT_BY_PROFILES.get(model, ("teacher work", stage),
                                                       functools.partial(model.teacher_work_s, grid.i0, grid.i1))
@@ -174,6 +176,7 @@ class PartitionDP:
             grid.comm_max_s = float(np.max(grid.comm))
             scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
             grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
+            grid.threshold_index_base = grid.threshold_base * self._clear_buckets_per_s + 2.0
             grid.scaled_teacher_work = scale * grid.teacher_work
             grid.end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
         self._padded_student_work = _KEPT_BY_PROFILES.get(
@@ -185,7 +188,6 @@ class PartitionDP:
             sw, edges / self._buckets_per_s if sw[-1] > 0 else edges * 0.0))
         self._bucket_first_sum = _KEPT_BY_PROFILES.get(
             model, ("bucket first sum",), lambda: self._padded_student_work[self._bucket_first_cut + 1])
-        self._clear_buckets_per_s = _clear_buckets_per_s(sw)
         self._clear_count = _KEPT_BY_PROFILES.get(model, ("clear count",), lambda: _clear_sum_index(sw)[0])
         self._murky = _KEPT_BY_PROFILES.get(model, ("in doubt",), lambda: _clear_sum_index(sw)[1])
         self._memory_lo = [
@@ -258,7 +260,7 @@ class PartitionDP:
         window_min = self._window_minima(stage, values)
 
         def h(q: np.ndarray) -> np.ndarray:
-            return window_min.query(q, grid.j1 - 1)
+            return window_min.query_to_ends(q, grid.j1_cells, grid.window_ends)
 
         cross = _first_true(lambda q: h(q) >= self._stage_time(stage, q), lo, hi)
         at_cross = np.where(cross < hi, np.maximum(h(cross), self._stage_time(stage, cross)), np.inf)
@@ -302,17 +304,16 @@ class PartitionDP:
         """
         model, grid = self.model, self.grids[stage]
         scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
-        # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
-        threshold = grid.threshold_base - bound / scale
         hi = grid.j1_cells
         # |every rounding| <= a few ulps of this scale (the terms' sizes, in profile seconds)
         margin = 1e-9 * (grid.work_scale_s + (abs(bound) + grid.comm_max_s + abs(fixed)) / scale)
-        guess, doubtful = self._sums_below_clearly(threshold, margin)
+        guess, doubtful = self._sums_below_clearly(grid, bound / scale, margin)
         first: np.ndarray = np.minimum(np.maximum(guess, lo), hi)
         if doubtful is None:  # the margin does not fit the index's buckets: every cell checked as below
             doubtful = np.arange(first.size)
         if doubtful.size:  # the cells near a prefix sum: sure where both sums beside the threshold are clear of it
-            near = threshold.take(doubtful)
+            # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
+            near = grid.threshold_base.take(doubtful) - bound / scale
             guess = self._prefix_sums_below(near)
             lo_near, hi_near = lo.take(doubtful), hi.take(doubtful)
             np.put(first, doubtful, np.minimum(np.maximum(guess, lo_near), hi_near))
@@ -333,15 +334,17 @@ class PartitionDP:
             np.put(first, unsure, _first_true_near(fast_enough, first.take(unsure), lo.take(unsure), j1))
         return first
 
-    def _sums_below_clearly(self, threshold: np.ndarray, margin: float) -> tuple[np.ndarray, np.ndarray | None]:
-        """How many student prefix sums lie below each threshold, read from a coarse index
-        (`_clear_sum_index`) and right where no prefix sum lies within `margin` of the threshold; and the
-        cells where one might (None: all of them, the margin being too wide for the index)."""
+    def _sums_below_clearly(self, grid: _StageGrid, bound_work_s: float, margin: float
+                            ) -> tuple[np.ndarray, np.ndarray | None]:
+        """How many student prefix sums lie below each threshold (`grid.threshold_base` - bound_work_s), read
+        from a coarse index (`_clear_sum_index`) and right where no prefix sum lies within `margin` of the
+        threshold; and the cells where one might (None: all of them, the margin too wide for the index)."""
         buckets_per_s = self._clear_buckets_per_s
         if not margin * buckets_per_s < _CLEAR_MARGIN_BUCKETS:  # also an infinite margin or no index
-            return self._clear_count[:1].repeat(threshold.size).reshape(threshold.shape), None
-        scaled = threshold * buckets_per_s
-        scaled += 2.0  # index k: thresholds in bucket k - 2, the first and last indices open-ended
+            return self._clear_count[:1].repeat(grid.threshold_base.size).reshape(grid.threshold_base.shape), None
+        # index k: thresholds in bucket k - 2, the first and last indices open-ended; the threshold in buckets
+        # rounds apart from the threshold by far less than the half bucket the index allows for
+        scaled = grid.threshold_index_base - bound_work_s * buckets_per_s
         index = np.clip(scaled, 0.0, len(self._clear_count) - 1.0, out=scaled).astype(np.intp)
         return self._clear_count.take(index), np.flatnonzero(self._murky.take(index))
 
