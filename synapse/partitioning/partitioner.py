@@ -362,20 +362,24 @@ class PartitionDP:
         model = self.model
         i1, j1 = model.num_teacher_blocks, model.num_student_blocks
         t_cuts, s_cuts = [i1], [j1]
+        sw = model.student_work_prefix_s
         for stage in reversed(range(model.num_stages)):
-            t_starts = self.grids[stage].i0_starts
-            i0 = t_starts[t_starts < i1][:, None]
-            j0 = self.grids[stage].j0[self.grids[stage].j0 < j1][None, :]
-            times = model.stage_time_s(stage, i0, i1, j0, j1)
+            # the start cuts before the end cuts (runs of consecutive cuts), so slices of the grid's tables
+            grid = self.grids[stage]
+            i0_first, j0_first = int(grid.i0_starts[0]), int(grid.j0[0])
+            i0_stop, j0_stop = min(int(grid.i0_starts[-1]) + 1, i1), min(int(grid.j0[-1]) + 1, j1)
+            rows = grid.pair_row[i0_first:i0_stop, i1]  # the pairs (i0, i1)
+            teacher_work = grid.teacher_work[rows]  # shape (i0s, 1)
+            student_work = sw[j1] - sw[j0_first:j0_stop]  # the cost model's student_work_s, shape (j0s,)
+            times = model.combine_stage_time(stage, teacher_work, student_work, model.comm_time_s(stage, i1, j1))
             ok = _within(times, bound, strict)
             # fits memory: j0 from the memory window's start (the same test, `_memory_window_start`)
-            grid = self.grids[stage]
-            ok &= j0 >= self._memory_lo[stage][grid.pair_row[i0[:, 0], i1], j1 - grid.j1[0, 0]][:, None]
-            total = np.where(ok, history[stage][i0, j0] + times, np.inf)
+            ok &= np.arange(j0_first, j0_stop) >= self._memory_lo[stage][rows, j1 - grid.j1[0, 0]][:, None]
+            total = np.where(ok, history[stage][i0_first:i0_stop, j0_first:j0_stop] + times, np.inf)
             a, b = np.unravel_index(np.argmin(total), total.shape)
             if not math.isfinite(total[a, b]):
                 raise RuntimeError(f"partitioner bug: no predecessor for stage {stage} ending at ({i1}, {j1})")
-            i1, j1 = int(i0[a, 0]), int(j0[0, b])
+            i1, j1 = i0_first + int(a), j0_first + int(b)
             t_cuts.append(i1)
             s_cuts.append(j1)
         t_counts = tuple(np.diff(t_cuts[::-1]).tolist())
