@@ -591,7 +591,8 @@ def _clear_sum_index(prefix_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _clear_buckets_per_s(prefix_sums: np.ndarray) -> float:
     """The buckets a profile second of `_clear_sum_index` (0.0 if every sum is 0: no index)."""
     total = float(prefix_sums[-1])
-    return _CLEAR_BUCKETS_PER_BLOCK * (len(prefix_sums) - 1) / total if total > 0 else 0.0
+    buckets_per_s = _CLEAR_BUCKETS_PER_BLOCK * (len(prefix_sums) - 1) / total if total > 0 else 0.0
+    return buckets_per_s if math.isfinite(buckets_per_s) else 0.0  # sums too small for buckets: no index
 
 
 _REL_TOL = 1e-12
