@@ -214,7 +214,7 @@ class PartitionDP:
     def _stage_time(self, stage: int, j0: np.ndarray) -> np.ndarray:
         """Canonical stage time for every (pair, j1) of the grid, student start cut j0."""
         grid = self.grids[stage]
-        student_work = self.model.student_work_s(j0, grid.j1)
+        student_work = grid.student_end_work - self.model.student_work_prefix_s.take(j0)  # student_work_s(j0, j1)
         return self.model.combine_stage_time(stage, grid.teacher_work, student_work, grid.comm)
 
     def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
@@ -263,9 +263,9 @@ class PartitionDP:
             return window_min.query_to_ends(q, grid.j1_cells, grid.window_ends)
 
         cross = _first_true(lambda q: h(q) >= self._stage_time(stage, q), lo, hi)
-        at_cross = np.where(cross < hi, np.maximum(h(cross), self._stage_time(stage, cross)), np.inf)
-        before = np.maximum(cross - 1, 0)
-        at_before = np.where(cross > lo, np.maximum(h(before), self._stage_time(stage, before)), np.inf)
+        # max(h, t) is h at the crossing (h >= t there) and t just before it (h < t there)
+        at_cross = np.where(cross < hi, h(cross), np.inf)
+        at_before = np.where(cross > lo, self._stage_time(stage, np.maximum(cross - 1, 0)), np.inf)
         per_end = np.minimum.reduceat(np.minimum(at_cross, at_before), grid.group_starts, axis=0)
         return self._scatter(stage, per_end, values)
 

@@ -22,7 +22,7 @@ from synapse.partitioning.partitioner import (
     _clear_sum_index,
     _WindowMin,
 )
-from tests.unit.test_partitioner import random_profile
+from tests.unit.test_partitioner import compositions, random_case, random_profile
 
 FIELDS = ("alpha", "beta", "memory_bytes", "contention", "link_latency_s")
 
@@ -142,3 +142,23 @@ def test_the_coarse_index_counts_the_sums_below_a_threshold_wherever_it_is_not_i
             continue
         for near in (x - 0.25 / buckets_per_s, x, x + 0.25 / buckets_per_s):
             assert below[index] == np.searchsorted(prefix, near), (x, near)
+
+
+@pytest.mark.parametrize("batch", range(2))
+def test_the_min_max_dp_is_the_exact_smallest_bottleneck_of_brute_force(batch):
+    """The min-max DP reads max(h, t) as h at the crossing and t just before it: exactly the smallest
+    largest canonical stage time over every partition that fits memory (no rounding: max and min only)."""
+    checked = 0
+    for seed in range(batch * 60, batch * 60 + 60):
+        model = random_case(seed)
+        t_cuts = compositions(model.num_teacher_blocks, model.num_stages)[:, None, :]
+        s_cuts = compositions(model.num_student_blocks, model.num_stages)[None, :, :]
+        worst, fits = np.full((t_cuts.shape[0], s_cuts.shape[1]), -np.inf), True
+        for r, device in enumerate(model.devices):
+            args = (t_cuts[..., r], t_cuts[..., r + 1], s_cuts[..., r], s_cuts[..., r + 1])
+            worst = np.maximum(worst, model.stage_time_s(r, *args))
+            fits = fits & (model.stage_memory_bytes(r, *args) <= device.memory_bytes)
+        expected = float(np.where(fits, worst, np.inf).min())
+        assert PartitionDP(model).min_bottleneck() == expected, seed
+        checked += math.isfinite(expected)
+    assert checked > 20
