@@ -38,6 +38,16 @@ prefixes, on the cost model's canonical stage times and memory, vectorised (inde
 stage, windows whose start is read from the prefix sums and checked by the canonical stage time
 where it is in doubt, a sparse table for window minima); the search calls
 them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
+
+Kept across searches (a controller searches a slowdown step after step, on cost models that differ
+in a device or two): each DP's values after each stage, by its question and the first stages'
+devices (`KeptStageValues`: a DP starts after the longest run of first stages answered before,
+from the very arrays computed then); the index grids by shape; what depends on the profiles alone
+(teacher work per pair, each stage's memory window starts per capacity, the prefix sums' indexes).
+A window start is read from a coarse index of the prefix sums (`_clear_sum_index`) wherever no
+prefix sum lies near its threshold, and from the finer one and the canonical time elsewhere. None of
+these changes a number: the same expressions on the same inputs, or a lookup of their result
+(tests/unit/test_partitioner_kept.py against the plain path).
 """
 from __future__ import annotations
 
