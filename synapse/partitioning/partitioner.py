@@ -45,7 +45,7 @@ devices (`KeptStageValues`: a DP starts after the longest run of first stages an
 from the very arrays computed then); the index grids by shape; what depends on the profiles alone
 (teacher work per pair, each stage's memory window starts per capacity, the prefix sums' indexes).
 A window start is read from a coarse index of the prefix sums (`_clear_sum_index`) wherever no
-prefix sum lies near its threshold, and from the finer one and the canonical time elsewhere. None of
+prefix sum lies near its threshold, and by np.searchsorted and the canonical time elsewhere. None of
 these changes a number: the same expressions on the same inputs, or a lookup of their result
 (tests/unit/test_partitioner_kept.py against the plain path).
 """
@@ -101,6 +101,9 @@ class _StageGrid:
     scaled_teacher_work: np.ndarray  # compute scale * teacher work, shape (P, 1)
     end_cost: np.ndarray  # what the min-sum DP adds per (end pair, j1): scale * SW[j1] + fixed + comm
     window_ends: np.ndarray  # (i0 - first i0) * (S + 1) + j1: a min-sum window's end in a `_WindowMin` of the rows
+    scale: float  # the cost model's compute_scale(stage)
+    fixed: float  # the cost model's stage_fixed_s(stage)
+    rows_first: int  # the first teacher start cut (the first row of the DP's values a window table reads)
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
         shape = _grid_shape(stage, num_stages, num_teacher, num_student)  # shared, read-only
@@ -185,19 +188,14 @@ class PartitionDP:
             grid.work_scale_s = float(sw[-1] + np.max(grid.teacher_work))
             grid.comm_max_s = float(np.max(grid.comm))
             scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+            grid.scale, grid.fixed = scale, fixed
+            grid.rows_first = int(grid.i0_starts[0])  # the DP's rows a window table needs: i0_starts, in order
             grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
             grid.threshold_index_base = grid.threshold_base * self._clear_buckets_per_s + 2.0
             grid.scaled_teacher_work = scale * grid.teacher_work
             grid.end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
         self._padded_student_work = _KEPT_BY_PROFILES.get(
             model, ("padded sums",), lambda: np.concatenate(([-np.inf], sw, [np.inf])))
-        # an even grid of _BUCKETS_PER_BLOCK buckets per block over the prefix sums, and the cut each bucket starts at
-        edges = np.arange(_BUCKETS_PER_BLOCK * len(sw) + 1)
-        self._buckets_per_s = (len(edges) - 1) / sw[-1] if sw[-1] > 0 else 0.0
-        self._bucket_first_cut = _KEPT_BY_PROFILES.get(model, ("bucket first cut",), lambda: np.searchsorted(
-            sw, edges / self._buckets_per_s if sw[-1] > 0 else edges * 0.0))
-        self._bucket_first_sum = _KEPT_BY_PROFILES.get(
-            model, ("bucket first sum",), lambda: self._padded_student_work[self._bucket_first_cut + 1])
         self._clear_count = _KEPT_BY_PROFILES.get(model, ("clear count",), lambda: _clear_sum_index(sw)[0])
         self._murky = _KEPT_BY_PROFILES.get(model, ("in doubt",), lambda: _clear_sum_index(sw)[1])
         self._memory_lo = [
@@ -229,8 +227,8 @@ class PartitionDP:
 
     def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
         """Window minima over rows[i0, lo..hi] for the grid's teacher start cuts i0."""
-        first, last = int(self.grids[stage].i0.min()), int(self.grids[stage].i0.max())
-        return _WindowMin(rows[first : last + 1], self.grids[stage].i0 - first)
+        grid = self.grids[stage]
+        return _WindowMin(rows[grid.rows_first : grid.rows_first + len(grid.i0_starts)], grid.i0 - grid.rows_first)
 
     def _initial_values(self) -> np.ndarray:
         values = np.full((self.model.num_teacher_blocks + 1, self.model.num_student_blocks + 1), np.inf)
@@ -289,7 +287,7 @@ class PartitionDP:
 
     def _advance_sum(self, stage: int, values: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         model, grid = self.model, self.grids[stage]
-        scale, lo, sw = model.compute_scale(stage), self._memory_lo[stage], model.student_work_prefix_s
+        scale, lo, sw = grid.scale, self._memory_lo[stage], model.student_work_prefix_s
         if math.isfinite(bound):
             lo = self._first_fast_enough(stage, lo, bound, strict)
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
@@ -313,7 +311,7 @@ class PartitionDP:
         promise), so the answer is the one a search of the canonical times from any start finds.
         """
         model, grid = self.model, self.grids[stage]
-        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+        scale, fixed = grid.scale, grid.fixed  # the cost model's compute_scale and stage_fixed_s
         hi = grid.j1_cells
         # |every rounding| <= a few ulps of this scale (the terms' sizes, in profile seconds)
         margin = 1e-9 * (grid.work_scale_s + (abs(bound) + grid.comm_max_s + abs(fixed)) / scale)
@@ -324,7 +322,7 @@ class PartitionDP:
         if doubtful.size:  # the cells near a prefix sum: sure where both sums beside the threshold are clear of it
             # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
             near = grid.threshold_base.take(doubtful) - bound / scale
-            guess = self._prefix_sums_below(near)
+            guess = np.searchsorted(model.student_work_prefix_s, near)  # how many sums lie below
             lo_near, hi_near = lo.take(doubtful), hi.take(doubtful)
             np.put(first, doubtful, np.minimum(np.maximum(guess, lo_near), hi_near))
             padded = self._padded_student_work  # padded[g + 1] = SW[g]: -inf before the first cut, inf after the last
@@ -357,16 +355,6 @@ class PartitionDP:
         scaled = grid.threshold_index_base - bound_work_s * buckets_per_s
         index = np.clip(scaled, 0.0, len(self._clear_count) - 1.0, out=scaled).astype(np.intp)
         return self._clear_count.take(index), np.flatnonzero(self._murky.take(index))
-
-    def _prefix_sums_below(self, threshold: np.ndarray) -> np.ndarray:
-        """How many student prefix sums lie below each threshold, right or off by one where two sums
-        share a bucket of a fine even grid (np.searchsorted exactly, but several times slower)."""
-        buckets = self._bucket_first_cut
-        scaled = threshold * self._buckets_per_s
-        bucket = np.clip(scaled, 0.0, len(buckets) - 1.0, out=scaled).astype(np.intp)
-        below: np.ndarray = buckets.take(bucket)  # the sums below the bucket's left edge
-        below += self._bucket_first_sum.take(bucket) < threshold  # and the first sum in it, if below too
-        return below
 
     def _backtrack(self, history: list[np.ndarray], bound: float, strict: bool) -> Solution:
         model = self.model
@@ -608,7 +596,6 @@ def _clear_buckets_per_s(prefix_sums: np.ndarray) -> float:
 _REL_TOL = 1e-12
 _CLEAR_BUCKETS_PER_BLOCK = 256  # a sum marks ~3 of them: ~1% of thresholds checked further
 _CLEAR_MARGIN_BUCKETS = 0.25  # a margin wider than this many buckets: no cell is read from the index
-_BUCKETS_PER_BLOCK = 64  # two prefix sums rarely share a bucket; a shared one costs a canonical check
 _GIB = float(1 << 30)
 
 
