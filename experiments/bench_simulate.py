@@ -1,6 +1,7 @@
 # python experiments/bench_simulate.py [--steps 10000] [--devices 64] [--layouts 64x1,8x8] [--policy eta]
-#                                     [--repeats 1] [--record-detector DIR]
+#                                     [--repeats 1] [--record-detector DIR] [--record-searches DIR]
 # python experiments/bench_simulate.py --replay-detector DIR/8x8_0.json.gz [--repeats 1]
+# python experiments/bench_simulate.py --replay-searches DIR/8x8_0.json.gz [--repeats 1]
 """How fast mode=simulate is: a ``--steps``-step run of ``--devices`` simulated H200s (ViT-L ->
 ResNet-152 on the H200 block profiles), one per layout (R replicas x K stages), timed end to end
 in this process (config, planner, first plan, the steps, the records) and for the steps alone,
@@ -14,10 +15,16 @@ DIR/<layout>_<repeat>.json.gz; ``--replay-detector FILE`` replays one such file 
 script's tree and prints the CPU time of its calls and a digest of every answer (events, ratios, active
 slowdowns, baselines, the state every 97 steps and at the end): the detector alone, its speed and its
 sameness. To compare two trees on the same calls, run this script from each (copied into the other).
+
+``--record-searches DIR`` likewise writes every partition search a run makes (each cost model: profiles,
+devices, step; and the plan) to DIR/<layout>_<repeat>.json.gz; ``--replay-searches FILE`` runs them
+again, in order and on shared profile objects as in the run, on the partitioner of this script's tree
+and prints their CPU time, a digest of every plan and how many equal the recorded ones.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -104,6 +111,52 @@ def replay_detector_calls(path: Path) -> dict:
             "ms_per_update": 1e3 * spent / max(1, updates), "load_average": os.getloadavg()[0]}
 
 
+def record_searches() -> list[dict]:
+    """From now on, every partition search of the planner in this process (`plan_with_cost_model`): its cost
+    model's profiles (by name, each once), devices and step, and the plan, as JSON-friendly dicts."""
+    import synapse.partitioning.planner as planner
+
+    searches: list[dict] = []
+    search = planner.plan_with_cost_model
+
+    def recorded(model):
+        plan = search(model)
+        searches.append({"teacher": dataclasses.asdict(model.teacher), "student": dataclasses.asdict(model.student),
+                         "devices": [dataclasses.asdict(d) for d in model.devices],
+                         "step": {**dataclasses.asdict(model.step), "schedule": model.step.schedule.value},
+                         "plan": plan.to_dict()})
+        return plan
+
+    planner.plan_with_cost_model = recorded
+    return searches
+
+
+def replay_searches(path: Path) -> dict:
+    """The searches of one recording on this tree's partitioner: their CPU time and a digest of every plan."""
+    from synapse.partitioning import BlockProfile, CostModel, DeviceSpec, ModelProfile, StepSpec, plan_with_cost_model
+
+    profiles: dict[str, ModelProfile] = {}  # one object per profile, as in the run (the planner keeps tables by it)
+
+    def profile(fields: dict) -> ModelProfile:
+        key = json.dumps(fields, sort_keys=True)
+        if key not in profiles:
+            profiles[key] = ModelProfile(**{**fields, "blocks": tuple(BlockProfile(**b) for b in fields["blocks"])})
+        return profiles[key]
+
+    recorded = json.loads(gzip.decompress(path.read_bytes()))
+    models = [CostModel(profile(r["teacher"]), profile(r["student"]), [DeviceSpec(**d) for d in r["devices"]],
+                        StepSpec(**r["step"])) for r in recorded]
+    digest, same, spent = hashlib.sha256(), 0, 0.0
+    for model, r in zip(models, recorded):
+        began = time.process_time()
+        plan = plan_with_cost_model(model)
+        spent += time.process_time() - began
+        digest.update(repr(plan).encode())
+        same += json.loads(json.dumps(plan.to_dict())) == r["plan"]
+    return {"file": str(path), "searches": len(models), "same_plans": same, "digest": digest.hexdigest(),
+            "cpu_s": spent, "load_average": os.getloadavg()[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
@@ -114,12 +167,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "simulate_speed.json")
     parser.add_argument("--record-detector", type=Path, help="write each run's detector calls here")
     parser.add_argument("--replay-detector", type=Path, help="replay one recording (--repeats times) and stop")
+    parser.add_argument("--record-searches", type=Path, help="write each run's partition searches here")
+    parser.add_argument("--replay-searches", type=Path, help="replay one recording (--repeats times) and stop")
     args = parser.parse_args()
     if args.replay_detector is not None:
         for _ in range(args.repeats):
             print(json.dumps(replay_detector_calls(args.replay_detector)), flush=True)
         return
+    if args.replay_searches is not None:
+        for _ in range(args.repeats):
+            print(json.dumps(replay_searches(args.replay_searches)), flush=True)
+        return
     calls = record_detector_calls() if args.record_detector is not None else None
+    searches = record_searches() if args.record_searches is not None else None
     runs = []
     with tempfile.TemporaryDirectory(prefix="synapse-bench-simulate-") as tmp:
         for layout, repeat in itertools.product(args.layouts.split(","), range(args.repeats)):
@@ -136,6 +196,11 @@ def main() -> None:
                 recording = args.record_detector / f"{layout}_{repeat}.json.gz"
                 recording.write_bytes(gzip.compress(json.dumps(calls).encode()))
                 calls.clear()
+            if searches is not None:
+                args.record_searches.mkdir(parents=True, exist_ok=True)
+                recording = args.record_searches / f"{layout}_{repeat}.json.gz"
+                recording.write_bytes(gzip.compress(json.dumps(searches).encode()))
+                searches.clear()
             runs.append({"layout": layout, "steps": result["steps"], "total_s": result["total_s"],
                          "cpu_s": result["cpu_s"], "load_average": os.getloadavg()[0],
                          "steps_s": result["simulate_s"], "decisions": result["decisions"],

@@ -38,11 +38,23 @@ prefixes, on the cost model's canonical stage times and memory, vectorised (inde
 stage, windows whose start is read from the prefix sums and checked by the canonical stage time
 where it is in doubt, a sparse table for window minima); the search calls
 them (min-max, and min-sum under a bound) as its oracle. Pure numpy.
+
+Kept across searches (a controller searches a slowdown step after step, on cost models that differ
+in a device or two): each DP's values after each stage, by its question and the first stages'
+devices (`KeptStageValues`: a DP starts after the longest run of first stages answered before,
+from the very arrays computed then); the index grids by shape; what depends on the profiles alone
+(teacher work per pair, each stage's memory window starts per capacity, the prefix sums' indexes).
+A window start is read from a coarse index of the prefix sums (`_clear_sum_index`) wherever no
+prefix sum lies near its threshold, and by np.searchsorted and the canonical time elsewhere. None of
+these changes a number: the same expressions on the same inputs, or a lookup of their result
+(tests/unit/test_partitioner_kept.py against the plain path).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -85,17 +97,61 @@ class _StageGrid:
     work_scale_s: float  # the largest block work a stage time adds (profile seconds)
     comm_max_s: float
     threshold_base: np.ndarray  # SW[j1] + teacher work + (comm + fixed) / compute scale, shape (P, J)
+    threshold_index_base: np.ndarray  # threshold_base in buckets of `_clear_sum_index`, + 2 (its first index)
     scaled_teacher_work: np.ndarray  # compute scale * teacher work, shape (P, 1)
     end_cost: np.ndarray  # what the min-sum DP adds per (end pair, j1): scale * SW[j1] + fixed + comm
+    window_ends: np.ndarray  # (i0 - first i0) * (S + 1) + j1: a min-sum window's end in a `_WindowMin` of the rows
+    scale: float  # the cost model's compute_scale(stage)
+    fixed: float  # the cost model's stage_fixed_s(stage)
+    rows_first: int  # the first teacher start cut (the first row of the DP's values a window table reads)
 
     def __init__(self, stage: int, num_stages: int, num_teacher: int, num_student: int):
-        t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
-        s_starts, s_ends = _cut_range(stage, num_stages, num_student)
-        i1, i0 = np.meshgrid(t_ends, t_starts, indexing="ij")
-        keep = i0 < i1
-        self.i0, self.i1 = i0[keep][:, None], i1[keep][:, None]
-        self.ends, self.group_starts = np.unique(self.i1[:, 0], return_index=True)
-        self.i0_starts, self.j0, self.j1 = t_starts, s_starts, s_ends[None, :]
+        shape = _grid_shape(stage, num_stages, num_teacher, num_student)  # shared, read-only
+        self.i0, self.i1, self.ends, self.group_starts, self.i0_starts, self.j0, self.j1, self.pair_row = shape
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_shape(stage: int, num_stages: int, num_teacher: int, num_student: int) -> tuple[np.ndarray, ...]:
+    """A `_StageGrid`'s index arrays (i0, i1, ends, group_starts, i0_starts, j0, j1, pair_row), read-only:
+    they depend on the stage, the stage count and the block counts alone, and every DP on such a model reads
+    them. pair_row[i0, i1] is the row of the pair (i0, i1), -1 for none."""
+    t_starts, t_ends = _cut_range(stage, num_stages, num_teacher)
+    s_starts, s_ends = _cut_range(stage, num_stages, num_student)
+    i1, i0 = np.meshgrid(t_ends, t_starts, indexing="ij")
+    keep = i0 < i1
+    pair_i0, pair_i1 = i0[keep][:, None], i1[keep][:, None]
+    ends, group_starts = np.unique(pair_i1[:, 0], return_index=True)
+    pair_row = np.full((num_teacher + 1, num_teacher + 1), -1, dtype=np.intp)  # (i0, i1) -> its row
+    pair_row[pair_i0[:, 0], pair_i1[:, 0]] = np.arange(len(pair_i0))
+    arrays = (pair_i0, pair_i1, ends, group_starts, t_starts, s_starts, s_ends[None, :], pair_row)
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
+
+
+class _KeptByProfiles:
+    """Arrays a DP derives from its cost model's profiles, step and stage count (and a few numbers more, in
+    the key) alone, kept for the next DP on them: a controller searching a slowdown builds a DP per search
+    on the same profiles. Keyed by the profiles' identity; each entry holds them, so an id is not reused
+    while it is kept. Read-only arrays; at most `most` entries (all dropped when full)."""
+
+    def __init__(self, most: int):
+        self._most = most
+        self._kept: dict[tuple[object, ...], tuple[object, object, np.ndarray]] = {}
+
+    def get(self, model: CostModel, key: tuple[object, ...], compute: Callable[[], np.ndarray]) -> np.ndarray:
+        full_key = (id(model.teacher), id(model.student), model.step, model.num_stages, *key)
+        entry = self._kept.get(full_key)
+        if entry is None or entry[0] is not model.teacher or entry[1] is not model.student:
+            if len(self._kept) >= self._most:
+                self._kept.clear()
+            value = compute()
+            value.setflags(write=False)
+            entry = self._kept[full_key] = (model.teacher, model.student, value)
+        return entry[2]
+
+
+_KEPT_BY_PROFILES = _KeptByProfiles(most=256)
 
 
 class PartitionDP:
@@ -110,29 +166,41 @@ class PartitionDP:
     over [q, j1 - 1] rising in q, min_q max of the two sits at their crossing.
     """
 
-    def __init__(self, model: CostModel):
+    def __init__(self, model: CostModel, kept: KeptStageValues | None = None):
         self.model, self.solves = model, 0
+        # the values after each stage kept across DPs and searches (None: every DP from its first stage)
+        self._kept = kept
+        self._prefix_ids = kept.prefix_ids(model) if kept is not None else []
         k, nt, ns = model.num_stages, model.num_teacher_blocks, model.num_student_blocks
         self.grids = [_StageGrid(r, k, nt, ns) for r in range(k)]
         sw = model.student_work_prefix_s
+        self._clear_buckets_per_s = _clear_buckets_per_s(sw)
         for stage, grid in enumerate(self.grids):  # parts of the stage time that do not depend on j0
-            grid.teacher_work = model.teacher_work_s(grid.i0, grid.i1)
+            grid.teacher_work = _KEPT_BY_PROFILES.get(model, ("teacher work", stage),
+                                                      functools.partial(model.teacher_work_s, grid.i0, grid.i1))
             grid.comm = model.comm_time_s(stage, grid.i1, grid.j1)
             grid.student_end_work = sw[grid.j1]
-            grid.j1_cells = np.ascontiguousarray(np.broadcast_to(grid.j1, grid.comm.shape))
+            grid.j1_cells = _KEPT_BY_PROFILES.get(model, ("j1 cells", stage), functools.partial(
+                lambda grid: np.ascontiguousarray(np.broadcast_to(grid.j1, (len(grid.i0), grid.j1.shape[1]))), grid))
+            # each cell's flat offset of its window's end in a `_WindowMin` of the DP's rows, less its width
+            grid.window_ends = _KEPT_BY_PROFILES.get(model, ("window ends", stage), functools.partial(
+                lambda grid: (grid.i0 - grid.i0.min()) * (ns + 1) + grid.j1, grid))
             grid.work_scale_s = float(sw[-1] + np.max(grid.teacher_work))
             grid.comm_max_s = float(np.max(grid.comm))
             scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
+            grid.scale, grid.fixed = scale, fixed
+            grid.rows_first = int(grid.i0_starts[0])  # the DP's rows a window table needs: i0_starts, in order
             grid.threshold_base = grid.student_end_work + grid.teacher_work + (grid.comm + fixed) / scale
+            grid.threshold_index_base = grid.threshold_base * self._clear_buckets_per_s + 2.0
             grid.scaled_teacher_work = scale * grid.teacher_work
             grid.end_cost = scale * sw[grid.j1] + fixed + model.comm_time_s(stage, grid.ends[:, None], grid.j1)
-        self._padded_student_work = np.concatenate(([-np.inf], sw, [np.inf]))
-        # an even grid of _BUCKETS_PER_BLOCK buckets per block over the prefix sums, and the cut each bucket starts at
-        edges = np.arange(_BUCKETS_PER_BLOCK * len(sw) + 1)
-        self._buckets_per_s = (len(edges) - 1) / sw[-1] if sw[-1] > 0 else 0.0
-        self._bucket_first_cut = np.searchsorted(sw, edges / self._buckets_per_s if sw[-1] > 0 else edges * 0.0)
-        self._bucket_first_sum = self._padded_student_work[self._bucket_first_cut + 1]
-        self._memory_lo = [self._memory_window_start(r) for r in range(k)]
+        self._padded_student_work = _KEPT_BY_PROFILES.get(
+            model, ("padded sums",), lambda: np.concatenate(([-np.inf], sw, [np.inf])))
+        self._clear_count = _KEPT_BY_PROFILES.get(model, ("clear count",), lambda: _clear_sum_index(sw)[0])
+        self._murky = _KEPT_BY_PROFILES.get(model, ("in doubt",), lambda: _clear_sum_index(sw)[1])
+        self._memory_lo = [
+            _KEPT_BY_PROFILES.get(model, ("memory", r, model.devices[r].memory_bytes),
+                                  functools.partial(self._memory_window_start, r)) for r in range(k)]
 
     def _memory_window_start(self, stage: int) -> np.ndarray:
         """First j0 per (pair, j1) whose stage fits memory; j1 (empty window) if none."""
@@ -154,13 +222,13 @@ class PartitionDP:
     def _stage_time(self, stage: int, j0: np.ndarray) -> np.ndarray:
         """Canonical stage time for every (pair, j1) of the grid, student start cut j0."""
         grid = self.grids[stage]
-        student_work = self.model.student_work_s(j0, grid.j1)
+        student_work = grid.student_end_work - self.model.student_work_prefix_s.take(j0)  # student_work_s(j0, j1)
         return self.model.combine_stage_time(stage, grid.teacher_work, student_work, grid.comm)
 
     def _window_minima(self, stage: int, rows: np.ndarray) -> _WindowMin:
         """Window minima over rows[i0, lo..hi] for the grid's teacher start cuts i0."""
-        first, last = int(self.grids[stage].i0.min()), int(self.grids[stage].i0.max())
-        return _WindowMin(rows[first : last + 1], self.grids[stage].i0 - first)
+        grid = self.grids[stage]
+        return _WindowMin(rows[grid.rows_first : grid.rows_first + len(grid.i0_starts)], grid.i0 - grid.rows_first)
 
     def _initial_values(self) -> np.ndarray:
         values = np.full((self.model.num_teacher_blocks + 1, self.model.num_student_blocks + 1), np.inf)
@@ -176,10 +244,21 @@ class PartitionDP:
     def min_bottleneck(self) -> float:
         """min over plans of max_r t_r (inf if no plan fits memory); exact: only max/min of stage times."""
         self.solves += 1
-        values = self._initial_values()
-        for stage in range(self.model.num_stages):
-            values = self._advance_max(stage, values)
-        return float(values[-1, -1])
+        history = self._run_stages(("max",), lambda stage, values: self._advance_max(stage, values))
+        return float(history[-1][-1, -1])
+
+    def _run_stages(self, question: tuple[object, ...], advance: Callable[[int, np.ndarray], np.ndarray]
+                    ) -> list[np.ndarray]:
+        """The values before the first stage and after each: those of the longest run of first stages this
+        DP's question (its kind and bound) was answered on before (`KeptStageValues`), the rest advanced."""
+        history = [self._initial_values()]
+        if self._kept is not None:
+            history += self._kept.longest_prefix(self._prefix_ids, question)
+        for stage in range(len(history) - 1, self.model.num_stages):
+            history.append(advance(stage, history[-1]))
+            if self._kept is not None:
+                self._kept.keep(self._prefix_ids[stage], question, history[1:])
+        return history
 
     def _advance_max(self, stage: int, values: np.ndarray) -> np.ndarray:
         # For a window [lo, j1 - 1], min_j0 max(V(i0, j0), t(j0)) = min_q max(t(q), h(q)) with
@@ -189,32 +268,32 @@ class PartitionDP:
         window_min = self._window_minima(stage, values)
 
         def h(q: np.ndarray) -> np.ndarray:
-            return window_min.query(q, grid.j1 - 1)
+            return window_min.query_to_ends(q, grid.j1_cells, grid.window_ends)
 
         cross = _first_true(lambda q: h(q) >= self._stage_time(stage, q), lo, hi)
-        at_cross = np.where(cross < hi, np.maximum(h(cross), self._stage_time(stage, cross)), np.inf)
-        before = np.maximum(cross - 1, 0)
-        at_before = np.where(cross > lo, np.maximum(h(before), self._stage_time(stage, before)), np.inf)
+        # max(h, t) is h at the crossing (h >= t there) and t just before it (h < t there)
+        at_cross = np.where(cross < hi, h(cross), np.inf)
+        at_before = np.where(cross > lo, self._stage_time(stage, np.maximum(cross - 1, 0)), np.inf)
         per_end = np.minimum.reduceat(np.minimum(at_cross, at_before), grid.group_starts, axis=0)
         return self._scatter(stage, per_end, values)
 
     def min_sum(self, bound: float, strict: bool) -> Solution | None:
         self.solves += 1
-        history = [self._initial_values()]
-        for stage in range(self.model.num_stages):
-            history.append(self._advance_sum(stage, history[-1], bound, strict))
+        history = self._run_stages(("sum", bound, strict),
+                                   lambda stage, values: self._advance_sum(stage, values, bound, strict))
         if not math.isfinite(history[-1][-1, -1]):
             return None
         return self._backtrack(history, bound, strict)
 
     def _advance_sum(self, stage: int, values: np.ndarray, bound: float, strict: bool) -> np.ndarray:
         model, grid = self.model, self.grids[stage]
-        scale, lo, sw = model.compute_scale(stage), self._memory_lo[stage], model.student_work_prefix_s
+        scale, lo, sw = grid.scale, self._memory_lo[stage], model.student_work_prefix_s
         if math.isfinite(bound):
             lo = self._first_fast_enough(stage, lo, bound, strict)
         # V(i0, j0) + t = [V(i0, j0) - s * SW[j0]] + s * (TF[i1] - TF[i0]) + s * SW[j1] + fixed + comm,
         # s = compute scale (alpha * contention)
-        best_j0 = self._window_minima(stage, values - scale * sw[None, :]).query(lo, grid.j1 - 1)
+        best_j0 = self._window_minima(stage, values - scale * sw[None, :]).query_to_ends(lo, grid.j1_cells,
+                                                                                         grid.window_ends)
         best_j0 += grid.scaled_teacher_work
         per_end = np.minimum.reduceat(best_j0, grid.group_starts, axis=0)
         per_end += grid.end_cost
@@ -232,21 +311,26 @@ class PartitionDP:
         promise), so the answer is the one a search of the canonical times from any start finds.
         """
         model, grid = self.model, self.grids[stage]
-        scale, fixed = model.compute_scale(stage), model.stage_fixed_s(stage)
-        # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
-        threshold = grid.threshold_base - bound / scale
-        guess = self._prefix_sums_below(threshold)
+        scale, fixed = grid.scale, grid.fixed  # the cost model's compute_scale and stage_fixed_s
         hi = grid.j1_cells
-        first: np.ndarray = np.minimum(np.maximum(guess, lo), hi)
         # |every rounding| <= a few ulps of this scale (the terms' sizes, in profile seconds)
         margin = 1e-9 * (grid.work_scale_s + (abs(bound) + grid.comm_max_s + abs(fixed)) / scale)
-        if not math.isfinite(margin):
-            unsure = np.arange(first.size)
-        else:
+        guess, doubtful = self._sums_below_clearly(grid, bound / scale, margin)
+        first: np.ndarray = np.minimum(np.maximum(guess, lo), hi)
+        if doubtful is None:  # the margin does not fit the index's buckets: every cell checked as below
+            doubtful = np.arange(first.size)
+        if doubtful.size:  # the cells near a prefix sum: sure where both sums beside the threshold are clear of it
+            # SW[j1] - ((bound - comm - fixed) / scale - teacher work), the bound's part apart (within the margin)
+            near = grid.threshold_base.take(doubtful) - bound / scale
+            guess = np.searchsorted(model.student_work_prefix_s, near)  # how many sums lie below
+            lo_near, hi_near = lo.take(doubtful), hi.take(doubtful)
+            np.put(first, doubtful, np.minimum(np.maximum(guess, lo_near), hi_near))
             padded = self._padded_student_work  # padded[g + 1] = SW[g]: -inf before the first cut, inf after the last
-            fast = (guess >= hi) | (padded[1:].take(guess) - threshold > margin)
-            slow_before = (guess <= lo) | (threshold - padded.take(guess) > margin)
-            unsure = np.flatnonzero(~(fast & slow_before))
+            fast = (guess >= hi_near) | (padded[1:].take(guess) - near > margin)
+            slow_before = (guess <= lo_near) | (near - padded.take(guess) > margin)
+            unsure = doubtful[~(fast & slow_before)]
+        else:
+            unsure = doubtful
         if unsure.size:
             rows, cols = np.divmod(unsure, first.shape[1])
             teacher_work, comm, j1 = grid.teacher_work[rows, 0], grid.comm[rows, cols], grid.j1[0, cols]
@@ -258,38 +342,115 @@ class PartitionDP:
             np.put(first, unsure, _first_true_near(fast_enough, first.take(unsure), lo.take(unsure), j1))
         return first
 
-    def _prefix_sums_below(self, threshold: np.ndarray) -> np.ndarray:
-        """How many student prefix sums lie below each threshold, right or off by one where two sums
-        share a bucket of a fine even grid (np.searchsorted exactly, but several times slower)."""
-        buckets = self._bucket_first_cut
-        scaled = threshold * self._buckets_per_s
-        bucket = np.clip(scaled, 0.0, len(buckets) - 1.0, out=scaled).astype(np.intp)
-        below: np.ndarray = buckets.take(bucket)  # the sums below the bucket's left edge
-        below += self._bucket_first_sum.take(bucket) < threshold  # and the first sum in it, if below too
-        return below
+    def _sums_below_clearly(self, grid: _StageGrid, bound_work_s: float, margin: float
+                            ) -> tuple[np.ndarray, np.ndarray | None]:
+        """How many student prefix sums lie below each threshold (`grid.threshold_base` - bound_work_s), read
+        from a coarse index (`_clear_sum_index`) and right where no prefix sum lies within `margin` of the
+        threshold; and the cells where one might (None: all of them, the margin too wide for the index)."""
+        buckets_per_s = self._clear_buckets_per_s
+        if not margin * buckets_per_s < _CLEAR_MARGIN_BUCKETS:  # also an infinite margin or no index
+            return self._clear_count[:1].repeat(grid.threshold_base.size).reshape(grid.threshold_base.shape), None
+        # index k: thresholds in bucket k - 2, the first and last indices open-ended; the threshold in buckets
+        # rounds apart from the threshold by far less than the half bucket the index allows for
+        scaled = grid.threshold_index_base - bound_work_s * buckets_per_s
+        index = np.clip(scaled, 0.0, len(self._clear_count) - 1.0, out=scaled).astype(np.intp)
+        return self._clear_count.take(index), np.flatnonzero(self._murky.take(index))
 
     def _backtrack(self, history: list[np.ndarray], bound: float, strict: bool) -> Solution:
         model = self.model
         i1, j1 = model.num_teacher_blocks, model.num_student_blocks
         t_cuts, s_cuts = [i1], [j1]
+        sw = model.student_work_prefix_s
         for stage in reversed(range(model.num_stages)):
-            t_starts = self.grids[stage].i0_starts
-            i0 = t_starts[t_starts < i1][:, None]
-            j0 = self.grids[stage].j0[self.grids[stage].j0 < j1][None, :]
-            times = model.stage_time_s(stage, i0, i1, j0, j1)
+            # the start cuts before the end cuts (runs of consecutive cuts), so slices of the grid's tables
+            grid = self.grids[stage]
+            i0_first, j0_first = int(grid.i0_starts[0]), int(grid.j0[0])
+            i0_stop, j0_stop = min(int(grid.i0_starts[-1]) + 1, i1), min(int(grid.j0[-1]) + 1, j1)
+            rows = grid.pair_row[i0_first:i0_stop, i1]  # the pairs (i0, i1)
+            teacher_work = grid.teacher_work[rows]  # shape (i0s, 1)
+            student_work = sw[j1] - sw[j0_first:j0_stop]  # the cost model's student_work_s, shape (j0s,)
+            times = model.combine_stage_time(stage, teacher_work, student_work, model.comm_time_s(stage, i1, j1))
             ok = _within(times, bound, strict)
-            ok &= model.stage_memory_bytes(stage, i0, i1, j0, j1) <= model.devices[stage].memory_bytes
-            total = np.where(ok, history[stage][i0, j0] + times, np.inf)
+            # fits memory: j0 from the memory window's start (the same test, `_memory_window_start`)
+            ok &= np.arange(j0_first, j0_stop) >= self._memory_lo[stage][rows, j1 - grid.j1[0, 0]][:, None]
+            total = np.where(ok, history[stage][i0_first:i0_stop, j0_first:j0_stop] + times, np.inf)
             a, b = np.unravel_index(np.argmin(total), total.shape)
             if not math.isfinite(total[a, b]):
                 raise RuntimeError(f"partitioner bug: no predecessor for stage {stage} ending at ({i1}, {j1})")
-            i1, j1 = int(i0[a, 0]), int(j0[0, b])
+            i1, j1 = i0_first + int(a), j0_first + int(b)
             t_cuts.append(i1)
             s_cuts.append(j1)
         t_counts = tuple(np.diff(t_cuts[::-1]).tolist())
         s_counts = tuple(np.diff(s_cuts[::-1]).tolist())
         stage_times = model.evaluate(t_counts, s_counts).stage_times_s
         return Solution(t_counts, s_counts, math.fsum(stage_times), max(stage_times), model.step_time_s(stage_times))
+
+
+class KeptStageValues:
+    """The DPs' values after each stage, kept across DPs and searches, by what they depend on.
+
+    A DP's values after stage r are a function of its question (min-max, or min-sum under a bound,
+    strict or not) and of stages 0..r alone: the profiles, the step, the number of stages and the
+    first r + 1 devices (`DeviceSpec`s: speed, link, memory, contention). A controller searching a
+    slowdown step after step asks about cost models that differ in a stage or two, so a DP whose first
+    stages and question were seen before starts after them, from the very arrays computed then: the
+    same answers by construction. A prefix of stages is named by a number (interned: profiles, step
+    and stage count, then one device at a time), so a question's key is cheap to hash. Read-only
+    arrays; at most `budget_bytes` of them kept (least recently used dropped first); thread-safe.
+    """
+
+    def __init__(self, budget_bytes: int = 32 << 20):
+        self.budget_bytes, self.kept_bytes = budget_bytes, 0
+        self._lock = threading.Lock()
+        # (the previous prefix's id, or the profiles' ids, step and stage count; the next device) -> id;
+        # the first stage's entry holds the profiles, so their ids are not reused while it is kept
+        self._prefix_ids: dict[tuple[object, ...], tuple[int, object]] = {}
+        self._numbers = itertools.count()
+        self._values: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
+
+    def prefix_ids(self, model: CostModel) -> list[int]:
+        """The id of each run of first stages 0..r of `model`."""
+        ids: list[int] = []
+        head: object = (id(model.teacher), id(model.student), model.step, model.num_stages)
+        with self._lock:
+            if len(self._prefix_ids) > _MOST_PREFIX_IDS:  # forgotten ids only cost their values' reuse
+                self._prefix_ids.clear()
+            for device in model.devices:
+                key = (head, device)
+                entry = self._prefix_ids.get(key)
+                if entry is None:
+                    entry = self._prefix_ids[key] = (next(self._numbers), (model.teacher, model.student))
+                ids.append(entry[0])
+                head = entry[0]
+        return ids
+
+    def longest_prefix(self, prefix_ids: Sequence[int], question: tuple[object, ...]) -> list[np.ndarray]:
+        """The values after stages 0..r for the longest such run answered before (empty if none)."""
+        with self._lock:
+            for prefix_id in reversed(prefix_ids):
+                key = (prefix_id, *question)
+                values = self._values.pop(key, None)
+                if values is not None:
+                    self._values[key] = values  # the most recently used last
+                    return list(values)
+        return []
+
+    def keep(self, prefix_id: int, question: tuple[object, ...], values: Sequence[np.ndarray]) -> None:
+        """Keep the values after stages 0..r (r + 1 = len(values)); the last array is new."""
+        values[-1].setflags(write=False)
+        key = (prefix_id, *question)
+        with self._lock:
+            replaced = self._values.pop(key, None)  # kept meanwhile by another thread's DP (the same values)
+            self.kept_bytes -= 0 if replaced is None else replaced[-1].nbytes
+            self._values[key] = tuple(values)
+            self.kept_bytes += values[-1].nbytes
+            while self.kept_bytes > self.budget_bytes and self._values:
+                oldest = next(iter(self._values))
+                self.kept_bytes -= self._values.pop(oldest)[-1].nbytes
+
+
+_MOST_PREFIX_IDS = 1 << 16
+_KEPT_STAGE_VALUES = KeptStageValues()
 
 
 # A monotone test over an array of cuts: elementwise False up to some cut, True from there on.
@@ -343,6 +504,17 @@ def _window_offsets(n: int, level_size: int) -> tuple[np.ndarray, np.ndarray, in
     return left, right, levels
 
 
+@functools.cache
+def _window_offsets_by_width(n: int, level_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_window_offsets` read from a window's end: for a window [end - w, end - 1] of row `row`, its two
+    covering entries sit at left[w] + row * n + end and right[w] + row * n + end (read-only, shared)."""
+    left, right, _ = _window_offsets(n, level_size)
+    from_end = (left - np.arange(n + 1), right - 1)
+    for offsets in from_end:
+        offsets.setflags(write=False)
+    return from_end
+
+
 class _WindowMin:
     """min(rows[row, lo..hi]) elementwise (inclusive; inf where lo > hi) via a sparse table.
 
@@ -365,6 +537,20 @@ class _WindowMin:
         flat[levels * rows.size :] = np.inf
         self.table = flat
         self.row_offset = row * n  # flat offset of each query's row within a level
+        self.row_length, self.level_size = n, rows.size
+
+    def query_to_ends(self, lo: np.ndarray, ends: np.ndarray, window_ends: np.ndarray) -> np.ndarray:
+        """`query(lo, ends - 1)`, with `window_ends` = row * n + ends given: the two reads' offsets less that
+        part depend on the width alone (fewer index sums on the min-sum DP's every cell)."""
+        width = ends - lo
+        left, right = _window_offsets_by_width(self.row_length, self.level_size)
+        first = left.take(width)
+        first += window_ends
+        second = right.take(width)
+        second += window_ends
+        minima: np.ndarray = self.table.take(first)
+        np.minimum(minima, self.table.take(second), out=minima)
+        return minima
 
     def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Needs 0 <= lo <= hi + 1 <= n (true for the DP windows [lo, j1 - 1])."""
@@ -380,8 +566,36 @@ class _WindowMin:
         return minima
 
 
+def _clear_sum_index(prefix_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An index over the (non-decreasing, from 0) prefix sums by an even grid of buckets
+    (`_CLEAR_BUCKETS_PER_BLOCK` a block): a threshold x falls in bucket floor(x * buckets_per_s), read at
+    index k = bucket + 2 (clipped: index 0 holds every x below bucket -1, the last every x above the last
+    sum by more than a bucket). Per index: how many sums lie below its thresholds, and whether that is in
+    doubt: a sum within half a bucket of its thresholds' range (their neighbourhood within any margin
+    under `_CLEAR_MARGIN_BUCKETS` buckets, with the rounding of x * buckets_per_s, a bucket's edge either
+    way). Returns (sums below, in doubt) per index; one index, in doubt, if every sum is 0."""
+    buckets_per_s = _clear_buckets_per_s(prefix_sums)
+    if buckets_per_s == 0.0:
+        return np.zeros(1, dtype=np.intp), np.ones(1, dtype=bool)
+    buckets = _CLEAR_BUCKETS_PER_BLOCK * (len(prefix_sums) - 1)
+    index = np.arange(buckets + 5, dtype=float)  # index k: thresholds in [(k - 2) / buckets_per_s, (k - 1) / ...)
+    low_edge, high_edge = (index - 2.5) / buckets_per_s, (index - 0.5) / buckets_per_s
+    low_edge[0], high_edge[-1] = -np.inf, np.inf
+    below = np.searchsorted(prefix_sums, low_edge, side="left")  # sums < the range's low edge
+    in_doubt = np.searchsorted(prefix_sums, high_edge, side="right") > below  # a sum within the range
+    return below, in_doubt
+
+
+def _clear_buckets_per_s(prefix_sums: np.ndarray) -> float:
+    """The buckets a profile second of `_clear_sum_index` (0.0 if every sum is 0: no index)."""
+    total = float(prefix_sums[-1])
+    buckets_per_s = _CLEAR_BUCKETS_PER_BLOCK * (len(prefix_sums) - 1) / total if total > 0 else 0.0
+    return buckets_per_s if math.isfinite(buckets_per_s) else 0.0  # sums too small for buckets: no index
+
+
 _REL_TOL = 1e-12
-_BUCKETS_PER_BLOCK = 64  # two prefix sums rarely share a bucket; a shared one costs a canonical check
+_CLEAR_BUCKETS_PER_BLOCK = 256  # a sum marks ~3 of them: ~1% of thresholds checked further
+_CLEAR_MARGIN_BUCKETS = 0.25  # a margin wider than this many buckets: no cell is read from the index
 _GIB = float(1 << 30)
 
 
@@ -449,7 +663,7 @@ def plan_partition(
 def plan_with_cost_model(model: CostModel) -> PartitionPlan:
     """`plan_partition` for an already built cost model."""
     _check_enough_blocks(model)
-    dp = PartitionDP(model)
+    dp = PartitionDP(model, _KEPT_STAGE_VALUES)
     best = _BottleneckSearch(dp, model).run()
     cost = model.evaluate(best.teacher_counts, best.student_counts)
     return PartitionPlan(
