@@ -269,12 +269,19 @@ class RebalancePolicy(Policy):
 class ShrinkPolicy(Policy):
     """Baseline for replicas: re-cut the slow device's replica without it, on its other devices with a
     share that finishes with the others, as soon as a slowdown is detected (once per slowdown); KEEP
-    where no replica can shrink (one pipeline, or replicas of one device)."""
+    where no replica can shrink (one pipeline, or replicas of one device). A lost device's replica is
+    shrunk too, where it can be (the other baselines drop it)."""
 
     name = "shrink"
 
     def _on_running(self, ctx: DecisionContext) -> Decision:
         return self._act_once(ctx, OptionKind.SHRINK)
+
+    def _on_hard_failure(self, ctx: DecisionContext) -> Decision:
+        shrink = next((o for o in self._survivors(ctx) if o.kind is OptionKind.SHRINK), None)
+        if shrink is None:
+            return super()._on_hard_failure(ctx)
+        return self._decision(ctx, shrink, f"hard failure of device {ctx.failed_device}: shrink")
 
 
 @dataclass(frozen=True)

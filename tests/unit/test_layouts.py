@@ -390,7 +390,7 @@ def test_a_shrunk_layout_is_replanned_replica_by_replica_and_shrinks_again():
     assert again == Placement((0, 2), (8,), (8,), 2, again.shares) and sum(again.shares) == BATCH
 
 
-def test_on_a_hard_failure_eta_shrinks_and_the_baselines_drop_the_replica():
+def test_on_a_hard_failure_eta_and_shrink_shrink_and_the_other_baselines_drop_the_replica():
     from synapse.decision import DecisionContext, make_policy
 
     running = Placement((0, 1, 2, 3), (4, 4), (4, 4), 2, (32, 32))
@@ -399,6 +399,11 @@ def test_on_a_hard_failure_eta_shrinks_and_the_baselines_drop_the_replica():
     assert make_policy("eta").decide(ctx).action is OptionKind.SHRINK
     assert make_policy("degrade").decide(ctx).action is OptionKind.DEGRADE
     assert make_policy("keep").decide(ctx).action is OptionKind.DEGRADE
+    assert make_policy("shrink").decide(ctx).action is OptionKind.SHRINK
+    one_device_replicas = Placement((0, 1), (8,), (8,), 2, (32, 32))  # nothing to shrink to: the replica goes
+    alone = tuple(options_for(one_device_replicas, 1, dict.fromkeys(range(2), 1.0)).values())
+    lost = DecisionContext(step=5, remaining_steps=100, options=alone, hard_failure=True, failed_device=1)
+    assert make_policy("shrink").decide(lost).action is OptionKind.DEGRADE
 
 
 def test_policy_shrink_shrinks_the_slow_replica_once_per_slowdown():
