@@ -454,39 +454,51 @@ def test_the_first_replan_is_priced_on_the_detected_level_not_a_lagging_average(
     assert controller.alphas()[2] == pytest.approx(3.0, rel=0.15)
 
 
-def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_in_that_slowdown(planner):
-    """R = 4 x K = 1 where rank 3's compute is four times its peers' and does not shrink with its share (a
-    step's fixed costs at a few images a replica): the REBALANCE is decided, realises nothing, is logged
-    as fallen short, and the next decisions of the slowdown offer no REBALANCE."""
-    import dataclasses
+class FourReplicas:
+    """R = 4 x K = 1 of the test planner under eta (no saving floor, no cooldown), fed noisy steps: each rank's
+    compute is its slowdown, times its share of 16 images where ``by_share`` (else a step's fixed cost)."""
 
-    layout_planner = dataclasses.replace(planner, replicas=4)
-    events: list[dict] = []
-    controller = make_controller(layout_planner, policy="eta", events=events, min_saving_s=0.0, cooldown_steps=0)
-    blocks = (len(planner.teacher), len(planner.student))
-    placement = Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16))
-    controller.begin_segment(placement)
-    rng, clock, step = random.Random(3), 1000.0, 0
+    def __init__(self, planner, by_share: bool):
+        import dataclasses
 
-    def feed(slow: bool, steps: int):
-        nonlocal clock, step
+        self.events: list[dict] = []
+        self.controller = make_controller(dataclasses.replace(planner, replicas=4), policy="eta", events=self.events,
+                                          min_saving_s=0.0, cooldown_steps=0)
+        blocks = (len(planner.teacher), len(planner.student))
+        self.controller.begin_segment(Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16)))
+        self.by_share, self.rng, self.clock, self.step = by_share, random.Random(3), 1000.0, 0
+
+    def feed(self, slow: dict[int, float], steps: int):
+        """Up to ``steps`` steps; the first decision to act, or None."""
+        shares = self.controller.running_placement.shares
         for _ in range(steps):
-            compute = [rng.uniform(0.95, 1.05) * (4.0 if slow and rank == 3 else 1.0) for rank in range(4)]
-            step, clock = step + 1, clock + max(compute) + 0.01
-            decision = controller.observe({"step": step, "time": clock, "step_seconds": max(compute) + 0.01,
-                                           "total_steps": TOTAL, "compute_s": compute, "comm_s": [0.01] * 4})
+            compute = [self.rng.uniform(0.95, 1.05) * slow.get(rank, 1.0)
+                       * (shares[rank] / 16 if self.by_share else 1.0) for rank in range(4)]
+            self.step, self.clock = self.step + 1, self.clock + max(compute) + 0.01
+            decision = self.controller.observe({"step": self.step, "time": self.clock, "total_steps": TOTAL,
+                                                "step_seconds": max(compute) + 0.01, "compute_s": compute,
+                                                "comm_s": [0.01] * 4})
             if decision is not None:
                 return decision
         return None
 
-    assert feed(False, 45) is None
-    decision = feed(True, 60)
+    def fell_short(self) -> list[str]:
+        return [e["action"] for e in self.events if e["event"] == "action_fell_short"]
+
+
+def test_a_rebalance_that_gains_under_half_its_prediction_is_not_offered_again_in_that_slowdown(planner):
+    """R = 4 x K = 1 where rank 3's compute is four times its peers' and does not shrink with its share (a
+    step's fixed costs at a few images a replica): the REBALANCE is decided, realises nothing, is logged
+    as fallen short, and the next decisions of the slowdown offer no REBALANCE."""
+    run = FourReplicas(planner, by_share=False)
+    assert run.feed({}, 45) is None
+    decision = run.feed({3: 4.0}, 60)
     assert decision is not None and decision.action is OptionKind.REBALANCE
     assert decision.chosen.placement.shares[3] < 16
-    controller.begin_segment(decision.chosen.placement, start_step=step)
-    later = feed(True, 40)  # the same compute: the smaller share gained nothing
-    assert [e["action"] for e in events if e["event"] == "action_fell_short"] == ["rebalance"]
-    after = later if later is not None else controller.decide(step, TOTAL)
+    run.controller.begin_segment(decision.chosen.placement, start_step=run.step)
+    later = run.feed({3: 4.0}, 40)  # the same compute: the smaller share gained nothing
+    assert run.fell_short() == ["rebalance"]
+    after = later if later is not None else run.controller.decide(run.step, TOTAL)
     assert OptionKind.REBALANCE not in {o.kind for o in after.options}
 
 
@@ -495,34 +507,13 @@ def test_a_rebalance_is_judged_on_the_devices_it_was_for_not_on_a_device_that_sl
     scale fail-slows overlap). The step stays slow, but rank 3's compute fell with its share as predicted:
     the REBALANCE did not fall short, and the next decisions of the slowdown may REBALANCE again (they do,
     for rank 1). Judged on the whole step it was logged as fallen short and never offered again."""
-    import dataclasses
-
-    layout_planner = dataclasses.replace(planner, replicas=4)
-    events: list[dict] = []
-    controller = make_controller(layout_planner, policy="eta", events=events, min_saving_s=0.0, cooldown_steps=0)
-    blocks = (len(planner.teacher), len(planner.student))
-    placement = Placement((0, 1, 2, 3), (blocks[0],), (blocks[1],), 4, (16, 16, 16, 16))
-    controller.begin_segment(placement)
-    rng, clock, step = random.Random(3), 1000.0, 0
-
-    def feed(slow: dict[int, float], steps: int):
-        nonlocal clock, step
-        shares = controller.running_placement.shares
-        for _ in range(steps):  # compute in proportion to the rank's share, times its slowdown
-            compute = [rng.uniform(0.95, 1.05) * slow.get(rank, 1.0) * shares[rank] / 16 for rank in range(4)]
-            step, clock = step + 1, clock + max(compute) + 0.01
-            decision = controller.observe({"step": step, "time": clock, "step_seconds": max(compute) + 0.01,
-                                           "total_steps": TOTAL, "compute_s": compute, "comm_s": [0.01] * 4})
-            if decision is not None:
-                return decision
-        return None
-
-    assert feed({}, 45) is None
-    first = feed({3: 4.0}, 60)
+    run = FourReplicas(planner, by_share=True)
+    assert run.feed({}, 45) is None
+    first = run.feed({3: 4.0}, 60)
     assert first is not None and first.action is OptionKind.REBALANCE and first.chosen.placement.shares[3] < 16
-    controller.begin_segment(first.chosen.placement, start_step=step)
-    second = feed({3: 4.0, 1: 3.0}, 60)
-    assert not [e for e in events if e["event"] == "action_fell_short"]
+    run.controller.begin_segment(first.chosen.placement, start_step=run.step)
+    second = run.feed({3: 4.0, 1: 3.0}, 60)
+    assert run.fell_short() == []
     assert second is not None and second.action is OptionKind.REBALANCE
     assert second.chosen.placement.shares[1] < first.chosen.placement.shares[1]
 
