@@ -130,8 +130,8 @@ class FailoverController:
     replica_engine: str = "restart"  # of the running launch (begin_segment), kept through its live changes
     time_lost_total_s: float = 0.0  # slow steps over the healthy step time, whole run
     errors: int = 0  # controller errors survived (each read as KEEP; see observe)
+    # the last steps of this segment: (step, step_seconds, each rank's compute_s)
     _recent: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
-    _recent_compute: deque = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))  # each rank's, those steps
     _awaiting: AwaitedOutcome | None = None  # an action whose outcome is to be checked
     _healthy: deque = field(default_factory=lambda: deque(maxlen=BASELINE_STEPS))
     _last_step: int = 0
@@ -202,7 +202,6 @@ class FailoverController:
             self._awaiting = None  # another placement than the awaited action's: nothing left to judge it on
         self.spare_devices = tuple(d for d in self.spare_devices if d not in placement.devices)
         self._recent.clear()
-        self._recent_compute.clear()
         planner = self.priced
         self._nominal = self._nominal_of(placement)
         self.detector.set_replicas(placement.stage_peers(),
@@ -276,8 +275,7 @@ class FailoverController:
                                           timing.step - detection.onset_step)
         self._update_estimator(timing, link_send_seconds(record.get("ranks")))
         self._calibrate(timing)
-        self._recent.append((timing.step, timing.step_seconds))
-        self._recent_compute.append(timing.compute_s)
+        self._recent.append((timing.step, timing.step_seconds, timing.compute_s))
         self._check_outcome(timing)
         drill = self._due_drill(timing.step)
         if drill is not None:
@@ -291,7 +289,7 @@ class FailoverController:
         if self.episode.onset_step is None:  # detected now: the steps since the onset were lost too
             self.episode.onset_step = min(d.onset_step for d in self.detector.active)
             self.episode.detected_at = timing.wall_time
-            slow = [s for step, s in self._recent if step >= self.episode.onset_step]
+            slow = [s for step, s, _ in self._recent if step >= self.episode.onset_step]
         else:
             slow = [timing.step_seconds]
         lost = sum(max(0.0, s - self.baseline_step_s) for s in slow)
@@ -334,7 +332,7 @@ class FailoverController:
 
     @property
     def measured_step_s(self) -> float:
-        return statistics.median(s for _, s in self._recent)
+        return statistics.median(s for _, s, _ in self._recent)
 
     def _check_outcome(self, timing: StepTiming) -> None:
         """The awaited action's realised gain, once ``OUTCOME_STEPS`` steps ran on its placement."""
@@ -365,10 +363,10 @@ class FailoverController:
         then = dict(zip(chosen.devices, self.priced.layout_cost(chosen, alphas, betas).compute_s))
         slow = {running.devices[d.rank] for d in self.detector.active if d.kind == COMPUTE}
         devices = tuple(d for d in running.devices if d in slow and d in then and then[d] <= 0.9 * now[d])
-        if not devices or not self._recent_compute:
+        if not devices or not self._recent:
             return None
         ranks = [running.devices.index(d) for d in devices]
-        before_s = statistics.median(max(c[r] for r in ranks) for c in self._recent_compute)
+        before_s = statistics.median(max(compute[r] for r in ranks) for _, _, compute in self._recent)
         ratio = max(then[d] for d in devices) / max(now[d] for d in devices)
         return AwaitedOutcome(decision.action, chosen, devices, before_s, before_s * ratio)
 
